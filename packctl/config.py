@@ -1,0 +1,229 @@
+"""The options of `packctl pack`: one dataclass shared by the CLI, TOML config files and the API.
+
+Every field is a CLI flag (`capacity` -> `--capacity`, `too_long` -> `--too-long`) and a TOML key
+(either spelling). Precedence: defaults < `--config FILE` < flags given on the command line.
+
+    >>> cfg = PackConfig(inputs=["sample_data"], output="out", capacity=4096, cp_size=2)
+    >>> cfg.align, cfg.resolved_pack_multiple
+    (4, 4)
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packctl.errors import PackctlError
+
+ALGORITHMS = ("concat", "ffd", "bfd", "mffd", "ffs", "split")
+ORDERS = ("input", "shuffle", "curriculum")
+CURRICULUM_ORDERS = ("asc", "desc")
+PAD_TO = ("capacity", "multiple")
+TOO_LONG = ("error", "drop", "truncate", "split")
+
+IGNORE_INDEX = -100
+INT32_MAX = 2**31 - 1
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
+          "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
+
+
+def parse_bytes(value: str | int, option: str = "memory_budget") -> int:
+    """`"4GiB"`, `"512M"`, `"1e9"` or an int -> bytes.
+
+    >>> parse_bytes("2G"), parse_bytes(1024)
+    (2147483648, 1024)
+    """
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().lower().replace("_", "")
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz ")
+    unit = text[len(number):].strip()
+    try:
+        scaled = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise PackctlError(f"--{option.replace('_', '-')} {value!r}: expected a size such as 4GiB, 512M or 1000000") from None
+    return int(scaled)
+
+
+def default_memory_budget() -> int:
+    """A quarter of physical memory: room for the token cache without crowding the machine."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError, AttributeError):
+        return 4 * 2**30
+
+
+@dataclass
+class PackConfig:
+    """Everything `packctl pack` needs. Field names are the flag names with `_` for `-`.
+
+    Args:
+        inputs: Parquet files, directories (every `*.parquet` below) or globs.
+        output: output directory OUT; refused if it exists unless `overwrite`.
+        capacity: tokens per pack (the bin size).
+        algorithm: one of concat, ffd, bfd, mffd, ffs, split (docs/algorithms.md).
+        order: input, shuffle (seeded) or curriculum (by padded length, ties by global id).
+        curriculum_order: asc or desc, for `order="curriculum"`.
+        seed: seed of `shuffle` order and of the `ffs` algorithm.
+        window: sequences per planning window (global positions; each window is packed on its own).
+        cp_size: context-parallel size; with cp > 1 each sequence is padded to a multiple of 2*cp*tp.
+        tp_size: tensor-parallel size (sequence parallelism pads to a multiple of tp).
+        seq_multiple: extra per-sequence multiple (e.g. 8 or 64 for kernels that like aligned lengths).
+        pad_to: "capacity" (every pack exactly `capacity` tokens) or "multiple" (rounded up to
+            `pack_multiple`).
+        pack_multiple: pack-length multiple for `pad_to="multiple"`; default the alignment.
+        pad_token_id: token id written into padding.
+        max_seqs_per_bin: at most this many sequences in a pack (None: no limit).
+        too_long: what to do with a sequence longer than the capacity: error, drop, truncate, split.
+        tokens_column: input column of token ids.
+        labels_column: input column of labels; None uses `labels` when every input file has it,
+            otherwise labels are the tokens.
+        shard_rows: packs per output Parquet shard.
+        overwrite: replace an existing OUT.
+        memory_budget: bytes of decoded tokens held in memory at once ("8GiB" also accepted).
+    """
+
+    inputs: list[str] = field(default_factory=list)
+    output: str = ""
+    capacity: int = 4096
+    algorithm: str = "bfd"
+    order: str = "input"
+    curriculum_order: str = "asc"
+    seed: int = 0
+    window: int = 100_000
+    cp_size: int = 1
+    tp_size: int = 1
+    seq_multiple: int = 1
+    pad_to: str = "capacity"
+    pack_multiple: int | None = None
+    pad_token_id: int = 0
+    max_seqs_per_bin: int | None = None
+    too_long: str = "error"
+    tokens_column: str = "input_ids"
+    labels_column: str | None = None
+    shard_rows: int = 1024
+    overwrite: bool = False
+    memory_budget: int | str | None = None
+
+    @property
+    def align(self) -> int:
+        """Per-sequence padding multiple: lcm(seq_multiple, 2*cp*tp if cp > 1 else tp)."""
+        parallel = 2 * self.cp_size * self.tp_size if self.cp_size > 1 else self.tp_size
+        return math.lcm(self.seq_multiple, parallel)
+
+    @property
+    def resolved_pack_multiple(self) -> int:
+        return self.pack_multiple if self.pack_multiple is not None else self.align
+
+    @property
+    def plan_capacity(self) -> int:
+        """The bin size the planner fills: the capacity, or with `pad_to="multiple"` the largest
+        multiple of `pack_multiple` not above it (so rounding a pack up never exceeds capacity)."""
+        if self.pad_to == "multiple":
+            return self.capacity // self.resolved_pack_multiple * self.resolved_pack_multiple
+        return self.capacity
+
+    @property
+    def resolved_memory_budget(self) -> int:
+        if self.memory_budget is None:
+            return default_memory_budget()
+        return parse_bytes(self.memory_budget)
+
+    def validate(self) -> "PackConfig":
+        """Raise PackctlError naming the option and the fix for any unusable combination."""
+        if not self.inputs:
+            raise PackctlError("no INPUT given: pass Parquet files, directories or globs")
+        if not self.output:
+            raise PackctlError("no output directory: pass -o OUT")
+        _choice("algorithm", self.algorithm, ALGORITHMS)
+        _choice("order", self.order, ORDERS)
+        _choice("curriculum_order", self.curriculum_order, CURRICULUM_ORDERS)
+        _choice("pad_to", self.pad_to, PAD_TO)
+        _choice("too_long", self.too_long, TOO_LONG)
+        for name in ("capacity", "window", "cp_size", "tp_size", "seq_multiple", "shard_rows"):
+            _positive(name, getattr(self, name))
+        if self.max_seqs_per_bin is not None:
+            _positive("max_seqs_per_bin", self.max_seqs_per_bin)
+        if self.pack_multiple is not None:
+            _positive("pack_multiple", self.pack_multiple)
+        if not 0 <= self.seed < 2**63:
+            raise PackctlError(f"--seed {self.seed}: must be in [0, 2^63)")
+        if not 0 <= self.pad_token_id <= INT32_MAX:
+            raise PackctlError(f"--pad-token-id {self.pad_token_id}: must be in [0, {INT32_MAX}]")
+        align = self.align
+        if self.capacity < align:
+            raise PackctlError(
+                f"--capacity {self.capacity} is smaller than the alignment {align} "
+                f"(seq-multiple {self.seq_multiple}, cp {self.cp_size}, tp {self.tp_size}): raise --capacity")
+        if self.capacity % align:
+            raise PackctlError(
+                f"--capacity {self.capacity} is not a multiple of the alignment {align}: "
+                f"use --capacity {self.capacity // align * align} or {(self.capacity // align + 1) * align}")
+        multiple = self.resolved_pack_multiple
+        if multiple % align:
+            raise PackctlError(f"--pack-multiple {multiple} is not a multiple of the alignment {align}")
+        if multiple > self.capacity:
+            raise PackctlError(f"--pack-multiple {multiple} is larger than --capacity {self.capacity}")
+        if self.shard_rows * self.capacity > INT32_MAX:
+            raise PackctlError(
+                f"--shard-rows {self.shard_rows} x --capacity {self.capacity} exceeds 2^31-1 tokens per shard: "
+                "lower --shard-rows")
+        if self.resolved_memory_budget <= 0:
+            raise PackctlError("--memory-budget must be positive")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every option, resolved where a default depends on others (for the manifest)."""
+        out = dataclasses.asdict(self)
+        out["pack_multiple"] = self.resolved_pack_multiple
+        out["memory_budget"] = self.resolved_memory_budget
+        return out
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise PackctlError(f"--{name.replace('_', '-')} {value!r}: choose one of {', '.join(allowed)}")
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise PackctlError(f"--{name.replace('_', '-')} {value!r}: must be a whole number >= 1")
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(PackConfig)}
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file into PackConfig field values (keys may use `-` or `_`).
+
+    A `[pack]` table is read if present, else the top level. Unknown keys are an error.
+    """
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise PackctlError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PackctlError(f"{path}: not valid TOML ({exc})") from None
+    if isinstance(data.get("pack"), dict):
+        data = data["pack"]
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in FIELDS:
+            raise PackctlError(f"{path}: unknown key {key!r}; known keys: {', '.join(sorted(FIELDS))}")
+        if name == "inputs" and isinstance(value, str):
+            value = [value]
+        values[name] = value
+    return values
+
+
+def build_config(file_values: dict[str, Any] | None = None, **flags: Any) -> PackConfig:
+    """Merge config-file values with flags given on the command line (None = not given)."""
+    values = dict(file_values or {})
+    values.update({k: v for k, v in flags.items() if v is not None})
+    return PackConfig(**values)
