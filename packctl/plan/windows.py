@@ -1,0 +1,170 @@
+"""Plan the whole corpus window by window: over-long policy, padding, packing, pieces.
+
+The ordered sequences are cut into windows of `window` sequences at global positions; each window
+is packed on its own and its bins follow the previous window's. A *piece* is a whole sequence, or
+a part of one when it was split; every piece becomes one sequence of a pack.
+
+    capacity 8, align 1, algorithm concat, too_long split, window 10
+    lengths by gid: [3, 19, 4]   (gid 1 is over-long: full chunks of 8 and 8, then a last piece of 3)
+    concat packs the items [3, 3 (last piece of gid 1), 4] as [3, 3] [4]; the full chunks go
+    right before the pack that holds the sequence's last piece, so its pieces stay in order:
+             bin 0: (gid 1, start 0, len 8)
+             bin 1: (gid 1, start 8, len 8)
+             bin 2: (gid 0, start 0, len 3) (gid 1, start 16, len 3)
+             bin 3: (gid 2, start 0, len 4)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from packctl.arrays import ranges
+from packctl.plan.algorithms import pack_lengths
+from packctl.plan.align import round_up
+from packctl.plan.order import window_seed
+
+
+class SequenceTooLong(ValueError):
+    """A sequence does not fit the capacity and the policy is `error`."""
+
+    def __init__(self, gid: int, length: int, padded: int, capacity: int):
+        self.gid, self.length, self.padded, self.capacity = gid, length, padded, capacity
+        super().__init__(f"sequence {gid} of {length} tokens (padded {padded}) exceeds capacity {capacity}")
+
+
+@dataclass
+class PackPlan:
+    """Every pack of the corpus as CSR over pieces, with the window each pack belongs to."""
+
+    window_bins: np.ndarray  # int64, W+1: packs of window w are window_bins[w]:window_bins[w+1]
+    bin_offsets: np.ndarray  # int64, B+1: pieces of pack b are bin_offsets[b]:bin_offsets[b+1]
+    piece_gid: np.ndarray  # int64
+    piece_start: np.ndarray  # int64, first token of the piece inside its sequence
+    piece_len: np.ndarray  # int64, true tokens
+    piece_padded: np.ndarray  # int64, after alignment padding
+    dropped: np.ndarray  # gids left out (too long, policy drop)
+    truncated: np.ndarray  # gids cut to the capacity (policy truncate)
+    tokens_dropped: int
+    tokens_truncated: int
+
+    @property
+    def num_bins(self) -> int:
+        return len(self.bin_offsets) - 1
+
+    @property
+    def num_windows(self) -> int:
+        return len(self.window_bins) - 1
+
+    def loads(self, padded: bool = True) -> np.ndarray:
+        """Per-pack sum of padded (or true) piece lengths."""
+        values = self.piece_padded if padded else self.piece_len
+        sums = np.concatenate([[0], np.cumsum(values)])
+        return sums[self.bin_offsets[1:]] - sums[self.bin_offsets[:-1]]
+
+    def split_gids(self) -> np.ndarray:
+        """gids that appear in more than one piece."""
+        if len(self.piece_gid) == 0:
+            return np.zeros(0, np.int64)
+        gids, counts = np.unique(self.piece_gid, return_counts=True)
+        return gids[counts > 1]
+
+
+def plan_windows(lengths: np.ndarray, permutation: np.ndarray, *, capacity: int, align: int,
+                 algorithm: str, too_long: str, window: int, max_seqs_per_bin: int | None = None,
+                 seed: int = 0, progress=None) -> PackPlan:
+    """Pack `lengths` (true lengths by gid) in `permutation` order, window by window.
+
+    `capacity` must be a multiple of `align`. Raises SequenceTooLong for the first over-long
+    sequence in gid order when `too_long == "error"`.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    permutation = np.asarray(permutation, dtype=np.int64)
+    padded_all = round_up(lengths, align)
+    over = padded_all > capacity
+    if too_long == "error" and over.any():
+        gid = int(np.argmax(over))
+        raise SequenceTooLong(gid, int(lengths[gid]), int(padded_all[gid]), capacity)
+    dropped = np.flatnonzero(over) if too_long == "drop" else np.zeros(0, np.int64)
+    truncated = np.flatnonzero(over) if too_long == "truncate" else np.zeros(0, np.int64)
+
+    parts: list[tuple[np.ndarray, ...]] = []
+    window_bins = [0]
+    for w, lo in enumerate(range(0, len(permutation), window)):
+        gids = permutation[lo:lo + window]
+        result = _plan_one_window(gids, lengths[gids], capacity=capacity, align=align, algorithm=algorithm,
+                                  too_long=too_long, max_seqs_per_bin=max_seqs_per_bin,
+                                  seed=window_seed(seed, w))
+        parts.append(result)
+        window_bins.append(window_bins[-1] + len(result[0]) - 1)
+        if progress is not None:
+            progress(len(gids))
+
+    bin_offsets = [np.zeros(1, np.int64)]
+    base = 0
+    for part in parts:
+        bin_offsets.append(part[0][1:] + base)
+        base += int(part[0][-1])
+    cat = (lambda k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64))
+    return PackPlan(
+        window_bins=np.asarray(window_bins, dtype=np.int64),
+        bin_offsets=np.concatenate(bin_offsets),
+        piece_gid=cat(1), piece_start=cat(2), piece_len=cat(3), piece_padded=cat(4),
+        dropped=dropped, truncated=truncated,
+        tokens_dropped=int(lengths[dropped].sum()),
+        tokens_truncated=int((lengths[truncated] - capacity).sum()),
+    )
+
+
+def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max_seqs_per_bin, seed):
+    """One window -> (bin_offsets, piece gid, start, len, padded)."""
+    padded = round_up(lengths, align)
+    over = padded > capacity
+    start = np.zeros(len(gids), np.int64)
+    full_chunks = np.zeros(len(gids), np.int64)
+    if too_long == "drop":
+        keep = ~over
+        gids, lengths, start, full_chunks = gids[keep], lengths[keep], start[keep], full_chunks[keep]
+    elif too_long == "truncate":
+        lengths = np.where(over, capacity, lengths)
+    elif too_long == "split" and algorithm != "split":
+        # Full chunks of `capacity` fill a pack each; only the last piece is packed by the algorithm.
+        full_chunks = np.where(over, (lengths - 1) // capacity, 0)
+        start = full_chunks * capacity
+        lengths = lengths - start
+    item_padded = round_up(lengths, align)
+
+    bins = pack_lengths(item_padded, capacity, algorithm, max_seqs_per_bin=max_seqs_per_bin,
+                        seed=seed, align=align)
+    members = bins.members
+    p_gid = gids[members]
+    p_start = start[members] + bins.starts
+    p_len = np.minimum(bins.lens, lengths[members] - bins.starts)
+    p_padded = bins.lens.astype(np.int64)
+    offsets = bins.offsets.astype(np.int64)
+    if not full_chunks.any():
+        return offsets, p_gid, p_start, p_len, p_padded
+
+    # Insert each split sequence's full-chunk packs right before the pack holding its last piece.
+    n_bins, n_pieces = len(offsets) - 1, len(members)
+    chunks_per_piece = full_chunks[members]
+    piece_bin = np.repeat(np.arange(n_bins), np.diff(offsets))
+    chunk_piece = np.repeat(np.arange(n_pieces), chunks_per_piece)
+    chunk_j = np.arange(len(chunk_piece)) - np.repeat(np.cumsum(chunks_per_piece) - chunks_per_piece,
+                                                      chunks_per_piece)
+    # records: main bins (bin, 1, 0, 0) and chunk bins (bin of the piece, 0, piece, j)
+    rec_bin = np.concatenate([np.arange(n_bins), piece_bin[chunk_piece]])
+    rec_kind = np.concatenate([np.ones(n_bins, np.int64), np.zeros(len(chunk_piece), np.int64)])
+    rec_piece = np.concatenate([np.zeros(n_bins, np.int64), chunk_piece])
+    rec_j = np.concatenate([np.zeros(n_bins, np.int64), chunk_j])
+    rec_first = np.concatenate([offsets[:-1], n_pieces + np.arange(len(chunk_piece))])
+    rec_count = np.concatenate([np.diff(offsets), np.ones(len(chunk_piece), np.int64)])
+    rank = np.lexsort((rec_j, rec_piece, rec_kind, rec_bin))
+    take = ranges(rec_first[rank], rec_count[rank])
+    all_gid = np.concatenate([p_gid, p_gid[chunk_piece]])
+    all_start = np.concatenate([p_start, chunk_j * capacity])
+    all_len = np.concatenate([p_len, np.full(len(chunk_piece), capacity, np.int64)])
+    all_padded = np.concatenate([p_padded, np.full(len(chunk_piece), capacity, np.int64)])
+    new_offsets = np.concatenate([[0], np.cumsum(rec_count[rank])]).astype(np.int64)
+    return new_offsets, all_gid[take], all_start[take], all_len[take], all_padded[take]
+
