@@ -1,0 +1,63 @@
+"""manifest.json and the `packctl` Parquet metadata key (format version 1, docs/format.md)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from packctl import __version__
+from packctl.config import IGNORE_INDEX, PackConfig
+from packctl.io.reader import InputFile
+from packctl.io.writer import ShardInfo
+from packctl.schema import FORMAT_VERSION
+
+# Options that say where and how a run executes, never what it writes: kept out of the shards'
+# metadata so the same packing has the same bytes wherever it is written.
+EXECUTION_ONLY = ("output", "overwrite", "memory_budget")
+
+
+def layout_of(config: PackConfig) -> dict[str, Any]:
+    return {
+        "capacity": config.capacity,
+        "align": config.align,
+        "pad_to": config.pad_to,
+        "pack_multiple": config.resolved_pack_multiple,
+        "pad_token_id": config.pad_token_id,
+        "ignore_index": IGNORE_INDEX,
+        "cp_size": config.cp_size,
+        "tp_size": config.tp_size,
+    }
+
+
+def resolved_config(config: PackConfig, labels_column: str | None) -> dict[str, Any]:
+    out = config.to_dict()
+    out["labels_column"] = labels_column
+    return out
+
+
+def shard_metadata(config: PackConfig, labels_column: str | None, inputs: list[InputFile]) -> bytes:
+    """JSON for every shard's `packctl` key: what produced it, without execution-only options."""
+    cfg = resolved_config(config, labels_column)
+    for key in EXECUTION_ONLY:
+        cfg.pop(key)
+    return json.dumps({
+        "format_version": FORMAT_VERSION,
+        "packctl_version": __version__,
+        "config": cfg,
+        "layout": layout_of(config),
+        "inputs": [asdict(f) for f in inputs],
+    }, sort_keys=True).encode()
+
+
+def build_manifest(config: PackConfig, labels_column: str | None, inputs: list[InputFile],
+                   shards: list[ShardInfo], counts: dict[str, int], timings: dict[str, float]) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "packctl_version": __version__,
+        "config": resolved_config(config, labels_column),
+        "layout": layout_of(config),
+        "inputs": [asdict(f) for f in inputs],
+        "shards": [asdict(s) for s in shards],
+        "counts": counts,
+        "timings": timings,
+    }

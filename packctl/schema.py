@@ -1,0 +1,31 @@
+"""The output contract (format version 1): column names and Arrow types of a packed shard.
+
+One Parquet row per pack. A pack of capacity 16 holding sequences of 5 and 6 tokens with align 4
+(pad id 0; `.` = -100):
+
+    input_ids          a0 a1 a2 a3 a4  0  0  0 b0 b1 b2 b3 b4 b5  0  0
+    labels              .  a1 a2 a3 a4  .  .  .  .  b1 b2 b3 b4 b5  .  .
+    position_ids        0  1  2  3  4  5  6  7  0  1  2  3  4  5  6  7
+    seq_lens           [5, 6]            seq_lens_padded   [8, 8]
+    cu_seqlens         [0, 5, 11]        cu_seqlens_padded [0, 8, 16]
+    sample_ids         [gid_a, gid_b]    num_tokens        11
+
+The last entry of `seq_lens_padded` also holds the tail padding of the pack, so the padded
+lengths always sum to len(input_ids).
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+FORMAT_VERSION = 1
+METADATA_KEY = b"packctl"
+
+LIST_INT32_COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "seq_lens_padded",
+                      "cu_seqlens", "cu_seqlens_padded")
+BALANCE_COLUMNS = ("step", "dp_rank", "micro_batch")
+
+PACK_SCHEMA = pa.schema(
+    [pa.field(name, pa.list_(pa.int32()), nullable=False) for name in LIST_INT32_COLUMNS]
+    + [pa.field("sample_ids", pa.list_(pa.int64()), nullable=False),
+       pa.field("num_tokens", pa.int32(), nullable=False)]
+)

@@ -1,0 +1,103 @@
+"""Build THD pack rows (flat tokens + cumulative sequence lengths) from planned pieces.
+
+Everything is vectorized over a whole shard: no per-pack or per-token Python loop.
+See `packctl.schema` for a drawn pack.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from packctl.arrays import offsets_of, positions_in_segments, ranges
+from packctl.config import IGNORE_INDEX
+
+
+@dataclass
+class PackRows:
+    """Column values (flat numpy) and row offsets for a run of packs."""
+
+    token_offsets: np.ndarray  # int64, R+1 over input_ids / labels / position_ids
+    input_ids: np.ndarray
+    labels: np.ndarray
+    position_ids: np.ndarray
+    seq_offsets: np.ndarray  # int64, R+1 over seq_lens / seq_lens_padded / sample_ids
+    seq_lens: np.ndarray
+    seq_lens_padded: np.ndarray
+    sample_ids: np.ndarray
+    cu_offsets: np.ndarray  # int64, R+1 over cu_seqlens / cu_seqlens_padded
+    cu_seqlens: np.ndarray
+    cu_seqlens_padded: np.ndarray
+    num_tokens: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.token_offsets) - 1
+
+
+def build_pack_rows(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded: np.ndarray,
+                    piece_gid: np.ndarray, tokens: np.ndarray, labels: np.ndarray, pack_lens: np.ndarray,
+                    *, pad_token_id: int) -> PackRows:
+    """Lay pieces out as packs.
+
+    Args:
+        bin_offsets: CSR offsets of the pieces of each pack (starting at 0).
+        piece_len, piece_padded, piece_gid: true length, aligned length and sample id of each piece.
+        tokens, labels: the pieces' source tokens and labels, concatenated in piece order.
+        pack_lens: final length of each pack (>= its padded load).
+
+    Example: one pack of capacity 8, pieces of 3 and 2 tokens, align 2:
+
+        seq_lens [3, 2]  seq_lens_padded [4, 4] (2 + 2 tail)  cu_seqlens_padded [0, 4, 8]
+        input_ids    t t t 0 u u 0 0      position_ids 0 1 2 3 0 1 2 3
+    """
+    bin_offsets = np.asarray(bin_offsets, dtype=np.int64)
+    rows = len(bin_offsets) - 1
+    pieces_per_row = np.diff(bin_offsets)
+    if (pieces_per_row < 1).any():
+        raise ValueError("every pack needs at least one piece")
+    row_of_piece = np.repeat(np.arange(rows), pieces_per_row)
+    last_piece = bin_offsets[1:] - 1
+
+    loads = np.add.reduceat(piece_padded, bin_offsets[:-1]) if rows else np.zeros(0, np.int64)
+    tail = np.asarray(pack_lens, dtype=np.int64) - loads
+    if (tail < 0).any():
+        raise ValueError("a pack is longer than its pack length")
+    seq_lens_padded = piece_padded.astype(np.int64).copy()
+    seq_lens_padded[last_piece] += tail
+
+    token_offsets = offsets_of(pack_lens)
+    piece_flat_start = offsets_of(seq_lens_padded)[:-1]
+    total = int(token_offsets[-1])
+    real = ranges(piece_flat_start, piece_len)
+
+    input_ids = np.full(total, pad_token_id, dtype=np.int32)
+    input_ids[real] = tokens
+    out_labels = np.full(total, IGNORE_INDEX, dtype=np.int32)
+    out_labels[real] = labels
+    # The first token of each sequence has no predecessor in that sequence: after the usual shift
+    # its label would be predicted from the previous sequence's last token, so it is ignored.
+    out_labels[piece_flat_start] = IGNORE_INDEX
+    position_ids = positions_in_segments(seq_lens_padded).astype(np.int32)
+
+    cu_offsets = bin_offsets + np.arange(rows + 1)
+    cu_seqlens = _row_cumsums(piece_len, bin_offsets, row_of_piece)
+    cu_seqlens_padded = _row_cumsums(seq_lens_padded, bin_offsets, row_of_piece)
+    num_tokens = np.add.reduceat(piece_len, bin_offsets[:-1]) if rows else np.zeros(0, np.int64)
+    return PackRows(
+        token_offsets=token_offsets, input_ids=input_ids, labels=out_labels, position_ids=position_ids,
+        seq_offsets=bin_offsets, seq_lens=piece_len.astype(np.int32),
+        seq_lens_padded=seq_lens_padded.astype(np.int32), sample_ids=piece_gid.astype(np.int64),
+        cu_offsets=cu_offsets, cu_seqlens=cu_seqlens, cu_seqlens_padded=cu_seqlens_padded,
+        num_tokens=num_tokens.astype(np.int32),
+    )
+
+
+def _row_cumsums(values: np.ndarray, bin_offsets: np.ndarray, row_of_piece: np.ndarray) -> np.ndarray:
+    """[0, cumsum(values of the row)] for every row, flattened: rows [3, 2], [4] -> 0 3 5 0 4."""
+    rows = len(bin_offsets) - 1
+    inclusive = np.cumsum(values, dtype=np.int64)
+    row_base = np.concatenate([[0], inclusive])[bin_offsets[:-1]]
+    out = np.zeros(len(values) + rows, dtype=np.int32)
+    out[np.arange(len(values)) + row_of_piece + 1] = inclusive - row_base[row_of_piece]
+    return out
