@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import pytest
+
+from packctl import PackConfig, PackctlError, load_config
+from packctl.config import build_config, parse_bytes
+
+
+@pytest.mark.parametrize("cp, tp, seq_multiple, align", [
+    (1, 1, 1, 1), (2, 1, 1, 4), (2, 2, 1, 8), (1, 4, 1, 4), (1, 1, 64, 64), (4, 2, 24, 48), (1, 2, 3, 6),
+])
+def test_alignment(cp, tp, seq_multiple, align):
+    assert PackConfig(cp_size=cp, tp_size=tp, seq_multiple=seq_multiple).align == align
+
+
+def test_plan_capacity_for_pad_to_multiple():
+    cfg = PackConfig(capacity=4096, pad_to="multiple", pack_multiple=1000)
+    assert cfg.plan_capacity == 4000
+    assert PackConfig(capacity=4096).plan_capacity == 4096
+
+
+def test_toml_keys_in_either_spelling_and_flags_win(tmp_path):
+    path = tmp_path / "pack.toml"
+    path.write_text('inputs = "data"\noutput = "o"\ncapacity = 2048\ntoo-long = "split"\n[other]\nx = 1\n')
+    with pytest.raises(PackctlError, match="unknown key 'other'"):
+        load_config(path)
+    path.write_text('[pack]\ninputs = ["data"]\ncapacity = 2048\ntoo-long = "split"\ncp_size = 2\n')
+    values = load_config(path)
+    assert values == {"inputs": ["data"], "capacity": 2048, "too_long": "split", "cp_size": 2}
+    cfg = build_config(values, output="o", capacity=None, cp_size=4)
+    assert (cfg.capacity, cfg.too_long, cfg.cp_size, cfg.output) == (2048, "split", 4, "o")
+
+
+def test_wrong_types_in_config_are_reported(tmp_path):
+    with pytest.raises(PackctlError, match="--capacity '4096': must be a whole number"):
+        PackConfig(inputs=["x"], output="o", capacity="4096").validate()
+
+
+def test_parse_bytes():
+    assert parse_bytes("4GiB") == 4 * 2**30
+    assert parse_bytes("512M") == 512 * 2**20
+    assert parse_bytes("1e6") == 1_000_000
+    with pytest.raises(PackctlError, match="--memory-budget 'lots'"):
+        parse_bytes("lots")
+
+
+def test_every_field_is_a_cli_flag():
+    import dataclasses
+
+    from typer.testing import CliRunner
+
+    from packctl.cli import app
+
+    help_text = CliRunner().invoke(app, ["pack", "--help"], env={"COLUMNS": "200"}).output
+    for f in dataclasses.fields(PackConfig):
+        flag = "--output" if f.name == "output" else f"--{f.name.replace('_', '-')}"
+        if f.name != "inputs":
+            assert flag in help_text, flag
