@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from packctl.config import build_config, load_config
-from packctl.errors import EXIT_BAD_INPUT, PackctlError
+from packctl.errors import PackctlError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
                   help="Pack variable-length tokenized Parquet datasets into THD shards for LLM training.")

@@ -139,8 +139,9 @@ def test_failed_run_leaves_previous_output_untouched(tmp_path, sample_data):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_manifest_counts_and_metrics(tmp_path, sample_data):
-    result, out = pack_to(tmp_path, [sample_data], capacity=4096, too_long="split", algorithm="bfd")
+@pytest.mark.parametrize("algorithm", ["ffd", "bfd"])
+def test_manifest_counts_and_metrics(tmp_path, sample_data, algorithm):
+    result, out = pack_to(tmp_path, [sample_data], capacity=4096, too_long="split", algorithm=algorithm)
     manifest = json.loads((out / "manifest.json").read_text())
     metrics = json.loads((out / "metrics.json").read_text())
     c = manifest["counts"]
@@ -151,5 +152,5 @@ def test_manifest_counts_and_metrics(tmp_path, sample_data):
     assert metrics["tokens"] == sum(_read(out, "num_tokens"))
     assert metrics["packs"] <= 1.01 * metrics["lower_bound_packs"]
     meta = json.loads(pq.read_schema(out / manifest["shards"][0]["path"]).metadata[b"packctl"])
-    assert meta["format_version"] == 1 and meta["config"]["algorithm"] == "bfd"
+    assert meta["format_version"] == 1 and meta["config"]["algorithm"] == algorithm
     assert set(manifest["timings"]) >= {"scan", "order", "plan", "materialize", "report", "total"}
