@@ -1,6 +1,7 @@
 """Small vectorized helpers over CSR-style segments (numpy only)."""
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 
@@ -23,4 +24,41 @@ def offsets_of(lens: np.ndarray) -> np.ndarray:
     """CSR offsets of segment lengths: [2, 3] -> [0, 2, 5]."""
     out = np.zeros(len(lens) + 1, dtype=np.int64)
     np.cumsum(lens, out=out[1:])
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _copy_segments(src, src_starts, dst, dst_starts, lens):
+    for i in range(len(lens)):
+        s = src_starts[i]
+        d = dst_starts[i]
+        for j in range(lens[i]):
+            dst[d + j] = src[s + j]
+
+
+def copy_segments(src: np.ndarray, src_starts: np.ndarray, dst: np.ndarray, dst_starts: np.ndarray,
+                  lens: np.ndarray) -> None:
+    """dst[dst_starts[i] : +lens[i]] = src[src_starts[i] : +lens[i]] for every i, without index arrays.
+
+    Same result as `dst[ranges(dst_starts, lens)] = src[ranges(src_starts, lens)]` with no int64
+    temporaries the size of the data, and without holding the GIL (writer threads run in parallel).
+    """
+    _copy_segments(src, np.asarray(src_starts, np.int64), dst, np.asarray(dst_starts, np.int64),
+                   np.asarray(lens, np.int64))
+
+
+@numba.njit(cache=True, nogil=True)
+def _segment_positions(lens, out):
+    k = 0
+    for i in range(len(lens)):
+        for j in range(lens[i]):
+            out[k] = j
+            k += 1
+
+
+def segment_positions(lens: np.ndarray, dtype=np.int32) -> np.ndarray:
+    """`positions_in_segments` straight into `dtype`: lens [2, 3] -> [0, 1, 0, 1, 2]."""
+    lens = np.asarray(lens, dtype=np.int64)
+    out = np.empty(int(lens.sum()), dtype=dtype)
+    _segment_positions(lens, out)
     return out

@@ -1,7 +1,7 @@
 """`packctl.pack(config)`: scan -> order -> plan -> materialize -> report.
 
-Only lengths travel through scan, order and plan; tokens are gathered per output shard in
-materialize, from the decoded files scan kept within the memory budget.
+Only lengths travel through scan, order and plan; tokens are read in materialize (from the
+blocks scan kept within the memory budget, or decoded again) and routed to their shards.
 """
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ import numpy as np
 from packctl.config import PackConfig
 from packctl.errors import PackctlError
 from packctl.io.manifest import build_manifest, shard_metadata
-from packctl.io.reader import SequenceIndex, TokenSource, scan
-from packctl.io.writer import OutputDir, ShardInfo, check_output_path, rows_to_table
+from packctl.io.reader import SequenceIndex, scan
+from packctl.io.writer import OutputDir, ShardInfo, check_output_path
+from packctl.materialize import materialize
 from packctl.metrics import pack_metrics
 from packctl.plan.align import pack_lengths_padded, round_up
 from packctl.plan.order import order_sequences
 from packctl.plan.windows import PackPlan, SequenceTooLong, plan_windows
-from packctl.thd import build_pack_rows
 
 STAGES = ("scan", "order", "plan", "materialize", "report")
 
@@ -92,8 +92,12 @@ def pack(config: PackConfig, *, progress: Progress | None = None) -> PackResult:
     output = OutputDir(out, overwrite=config.overwrite)
     try:
         with _timed(timings, "materialize"):
-            shards = materialize(plan, pack_lens, index, source, config, output,
-                                 progress=progress.stage("materialize", plan.num_bins))
+            written = materialize(plan, pack_lens, index, source, output=output,
+                                  metadata=shard_metadata(config, index.labels_column, index.files),
+                                  shard_rows=config.shard_rows, pad_token_id=config.pad_token_id,
+                                  budget=config.resolved_memory_budget,
+                                  progress=progress.stage("materialize", plan.num_bins))
+            shards = written.shards
         with _timed(timings, "report"):
             counts = plan_counts(index, plan)
             metrics = pack_metrics(plan.piece_len, plan.bin_offsets, pack_lens, capacity=config.capacity,
@@ -106,7 +110,10 @@ def pack(config: PackConfig, *, progress: Progress | None = None) -> PackResult:
             "sequences_per_s": index.num_sequences / timings["total"],
             "tokens_per_s": counts["tokens_in"] / timings["total"],
             "peak_rss_bytes": peak_rss_bytes(),
-            "input_files_read": len(index.files) + source.files_read,
+            "blocks": len(index.blocks),
+            "blocks_read_twice": written.blocks_reread,
+            "spill_files": written.spill_files,
+            "spilled_bytes": written.spilled_bytes,
         }
         metrics["timings"] = timings
         output.write_json("metrics.json", metrics)
@@ -119,30 +126,6 @@ def pack(config: PackConfig, *, progress: Progress | None = None) -> PackResult:
     finally:
         progress.close()
     return PackResult(output=out, counts=counts, metrics=metrics, timings=timings, shards=shards)
-
-
-def materialize(plan: PackPlan, pack_lens: np.ndarray, index: SequenceIndex, source: TokenSource,
-                config: PackConfig, output: OutputDir, *, progress: Callable[[int], None]) -> list[ShardInfo]:
-    """Write the packs of every window as shards of at most `shard_rows` packs.
-
-    Shards never straddle windows, and are numbered in window order: part-00000.parquet, ...
-    """
-    metadata = shard_metadata(config, index.labels_column, index.files)
-    shards: list[ShardInfo] = []
-    for w in range(plan.num_windows):
-        first, end = int(plan.window_bins[w]), int(plan.window_bins[w + 1])
-        for lo in range(first, end, config.shard_rows):
-            hi = min(lo + config.shard_rows, end)
-            p_lo, p_hi = int(plan.bin_offsets[lo]), int(plan.bin_offsets[hi])
-            gids = plan.piece_gid[p_lo:p_hi]
-            file_idx, rows = index.locate(gids)
-            tokens, labels = source.gather(file_idx, rows, plan.piece_start[p_lo:p_hi], plan.piece_len[p_lo:p_hi])
-            pack_rows = build_pack_rows(plan.bin_offsets[lo:hi + 1] - p_lo, plan.piece_len[p_lo:p_hi],
-                                        plan.piece_padded[p_lo:p_hi], gids, tokens, labels, pack_lens[lo:hi],
-                                        pad_token_id=config.pad_token_id)
-            shards.append(output.write_shard(f"part-{len(shards):05d}.parquet", rows_to_table(pack_rows, metadata)))
-            progress(hi - lo)
-    return shards
 
 
 def plan_counts(index: SequenceIndex, plan: PackPlan) -> dict[str, int]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packctl.arrays import offsets_of, positions_in_segments, ranges
+from packctl.arrays import copy_segments, offsets_of, segment_positions
 from packctl.config import IGNORE_INDEX
 
 
@@ -68,17 +68,17 @@ def build_pack_rows(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded
 
     token_offsets = offsets_of(pack_lens)
     piece_flat_start = offsets_of(seq_lens_padded)[:-1]
+    piece_src_start = offsets_of(piece_len)[:-1]
     total = int(token_offsets[-1])
-    real = ranges(piece_flat_start, piece_len)
 
     input_ids = np.full(total, pad_token_id, dtype=np.int32)
-    input_ids[real] = tokens
+    copy_segments(tokens, piece_src_start, input_ids, piece_flat_start, piece_len)
     out_labels = np.full(total, IGNORE_INDEX, dtype=np.int32)
-    out_labels[real] = labels
+    copy_segments(labels, piece_src_start, out_labels, piece_flat_start, piece_len)
     # The first token of each sequence has no predecessor in that sequence: after the usual shift
     # its label would be predicted from the previous sequence's last token, so it is ignored.
     out_labels[piece_flat_start] = IGNORE_INDEX
-    position_ids = positions_in_segments(seq_lens_padded).astype(np.int32)
+    position_ids = segment_positions(seq_lens_padded, np.int32)
 
     cu_offsets = bin_offsets + np.arange(rows + 1)
     cu_seqlens = _row_cumsums(piece_len, bin_offsets, row_of_piece)

@@ -5,14 +5,15 @@ so ids do not depend on how many processes read them:
 
     a.parquet (3 rows) b.parquet (2 rows)  ->  gids 0 1 2 | 3 4,  file_offsets = [0, 3, 5]
 
-Token values are validated once, where they are decoded; a bad row is reported as
-`FILE row R column C: what is wrong; what to do`.
+Files are read in **blocks** (Parquet row groups). Token values are validated where they are
+decoded; a bad row is reported as `FILE row R column C: what is wrong; what to do`.
 """
 from __future__ import annotations
 
 import glob
 import os
-from collections import OrderedDict
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packctl.arrays import ranges
+from packctl.arrays import copy_segments, offsets_of
 from packctl.config import IGNORE_INDEX, INT32_MAX
 from packctl.errors import PackctlError
 
@@ -34,12 +35,24 @@ class InputFile:
     bytes: int
 
 
+@dataclass(frozen=True)
+class Block:
+    """One Parquet row group: the unit in which tokens are decoded, cached and routed."""
+
+    file: int
+    row_group: int
+    first_row: int  # row of the file where the block starts
+    rows: int
+
+
 @dataclass
 class SequenceIndex:
-    """What scan learns about the corpus: files in gid order and one length per gid."""
+    """What scan learns about the corpus: files and blocks in gid order, one length per gid."""
 
     files: list[InputFile]
     file_offsets: np.ndarray  # int64, len(files) + 1
+    blocks: list[Block]
+    block_offsets: np.ndarray  # int64, len(blocks) + 1: gids of block b are [block_offsets[b], block_offsets[b+1])
     lengths: np.ndarray  # int64, one per gid
     tokens_column: str
     labels_column: str | None
@@ -59,8 +72,8 @@ class SequenceIndex:
 
 
 @dataclass
-class DecodedFile:
-    """One file's tokens (and labels) as flat int32 values with int64 row offsets."""
+class DecodedBlock:
+    """One block's tokens (and labels) as flat int32 values with int64 row offsets."""
 
     offsets: np.ndarray
     tokens: np.ndarray
@@ -69,6 +82,21 @@ class DecodedFile:
     @property
     def nbytes(self) -> int:
         return self.offsets.nbytes + self.tokens.nbytes + (0 if self.labels is None else self.labels.nbytes)
+
+    def gather(self, rows: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and labels of pieces (row, start, len) of this block, concatenated in order.
+
+        rows [7, 2], starts [0, 4], lens [3, 2] -> row 7 [0:3] then row 2 [4:6]
+        """
+        src_starts = self.offsets[rows] + starts
+        dst_starts = offsets_of(lens)[:-1]
+        tokens = np.empty(int(lens.sum()), dtype=np.int32)
+        copy_segments(self.tokens, src_starts, tokens, dst_starts, lens)
+        if self.labels is None:
+            return tokens, tokens
+        labels = np.empty_like(tokens)
+        copy_segments(self.labels, src_starts, labels, dst_starts, lens)
+        return tokens, labels
 
 
 def resolve_inputs(inputs: list[str]) -> list[str]:
@@ -145,11 +173,11 @@ def resolve_labels_column(paths: list[str], requested: str | None) -> str | None
     return "labels" if having else None
 
 
-def _flat(path: str, arr: pa.Array, column: str) -> tuple[np.ndarray, pa.Array]:
+def _flat(where: "_Where", arr: pa.Array, column: str) -> tuple[np.ndarray, pa.Array]:
     """Validated row offsets (int64, starting at 0) and the referenced child values of a list array."""
     if arr.null_count:
         row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-        raise PackctlError(f"{path} row {row} column '{column}': null instead of a list; "
+        raise PackctlError(f"{where.row(row)} column '{column}': null instead of a list; "
                            "drop or fill null rows before packing")
     offsets = np.asarray(arr.offsets, dtype=np.int64)
     values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
@@ -157,7 +185,7 @@ def _flat(path: str, arr: pa.Array, column: str) -> tuple[np.ndarray, pa.Array]:
     if values.null_count:
         k = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
         row = int(np.searchsorted(offsets, k, side="right") - 1)
-        raise PackctlError(f"{path} row {row} column '{column}': null value at position {k - offsets[row]}; "
+        raise PackctlError(f"{where.row(row)} column '{column}': null value at position {k - offsets[row]}; "
                            "token lists must not hold nulls")
     return offsets, values
 
@@ -167,8 +195,10 @@ def _row_of(offsets: np.ndarray, flat_index: int) -> tuple[int, int]:
     return row, flat_index - int(offsets[row])
 
 
-def decode_file(path: str, tokens_column: str, labels_column: str | None) -> DecodedFile:
-    """Read and validate one file: tokens in [0, 2^31), no nulls, no empty rows, labels aligned."""
+def decode_block(path: str, row_group: int | None, first_row: int, tokens_column: str,
+                 labels_column: str | None) -> DecodedBlock:
+    """Read and validate one row group (or the whole file with row_group=None): tokens in
+    [0, 2^31), no nulls, no empty rows, labels aligned. Errors name rows of the file."""
     pf = _open(path)
     schema = pf.schema_arrow
     _check_list_type(path, schema, tokens_column, "tokens")
@@ -177,31 +207,46 @@ def decode_file(path: str, tokens_column: str, labels_column: str | None) -> Dec
         _check_list_type(path, schema, labels_column, "labels")
         columns.append(labels_column)
     try:
-        table = pf.read(columns=columns, use_threads=True)
+        if row_group is None:
+            table = pf.read(columns=columns, use_threads=True)
+        else:
+            table = pf.read_row_group(row_group, columns=columns, use_threads=True)
     except (pa.ArrowException, OSError) as exc:
         raise PackctlError(f"{path}: cannot read column(s) {', '.join(columns)} ({_short(exc)}); "
                            "the file may be truncated or corrupt") from None
+    where = _Where(path, first_row)
     tok_arr = table.column(tokens_column).combine_chunks()
-    offsets, tok_values = _flat(path, tok_arr, tokens_column)
+    offsets, tok_values = _flat(where, tok_arr, tokens_column)
     lengths = np.diff(offsets)
     if len(lengths) and (lengths == 0).any():
         row = int(np.argmax(lengths == 0))
-        raise PackctlError(f"{path} row {row} column '{tokens_column}': empty sequence; remove empty rows")
-    tokens = _as_int32(path, tok_values, offsets, tokens_column, allow_ignore=False)
+        raise PackctlError(f"{where.row(row)} column '{tokens_column}': empty sequence; remove empty rows")
+    tokens = _as_int32(where, tok_values, offsets, tokens_column, allow_ignore=False)
     labels = None
     if labels_column is not None:
         lab_arr = table.column(labels_column).combine_chunks()
-        lab_offsets, lab_values = _flat(path, lab_arr, labels_column)
+        lab_offsets, lab_values = _flat(where, lab_arr, labels_column)
         if not np.array_equal(lab_offsets, offsets):
             row = int(np.argmax(np.diff(lab_offsets) != lengths))
             raise PackctlError(
-                f"{path} row {row} column '{labels_column}': {int(np.diff(lab_offsets)[row])} labels for "
+                f"{where.row(row)} column '{labels_column}': {int(np.diff(lab_offsets)[row])} labels for "
                 f"{int(lengths[row])} tokens; labels must have one entry per token")
-        labels = _as_int32(path, lab_values, offsets, labels_column, allow_ignore=True)
-    return DecodedFile(offsets=offsets, tokens=tokens, labels=labels)
+        labels = _as_int32(where, lab_values, offsets, labels_column, allow_ignore=True)
+    return DecodedBlock(offsets=offsets, tokens=tokens, labels=labels)
 
 
-def _as_int32(path: str, values: pa.Array, offsets: np.ndarray, column: str, *, allow_ignore: bool) -> np.ndarray:
+@dataclass(frozen=True)
+class _Where:
+    """Names rows of a block by their row in the file."""
+
+    path: str
+    first_row: int
+
+    def row(self, row_in_block: int) -> str:
+        return f"{self.path} row {self.first_row + row_in_block}"
+
+
+def _as_int32(where: _Where, values: pa.Array, offsets: np.ndarray, column: str, *, allow_ignore: bool) -> np.ndarray:
     arr = values.to_numpy(zero_copy_only=False)
     if len(arr) == 0:
         return arr.astype(np.int32)
@@ -215,16 +260,17 @@ def _as_int32(path: str, values: pa.Array, offsets: np.ndarray, column: str, *, 
         k = int(np.argmax(bad))
         row, pos = _row_of(offsets, k)
         allowed = f"[0, {INT32_MAX}]" + (f" or {IGNORE_INDEX}" if allow_ignore else "")
-        raise PackctlError(f"{path} row {row} column '{column}': value {int(arr[k])} at position {pos} "
+        raise PackctlError(f"{where.row(row)} column '{column}': value {int(arr[k])} at position {pos} "
                            f"is outside {allowed}")
     return arr.astype(np.int32, copy=False)
 
 
 class TokenSource:
-    """Decoded input files, kept while they fit in `budget` bytes (least recently used go first).
+    """Decoded blocks, kept while they fit in `budget` bytes.
 
-    Scan decodes every file once to learn lengths; when the corpus fits in the budget,
-    materialize reuses those arrays and the input is read only once.
+    Scan decodes every block once to learn lengths and keeps as many as the budget allows;
+    materialize `take`s each block exactly once, in order, so a corpus that fits is read once and
+    a larger one is read twice (the blocks that did not fit are decoded again).
     """
 
     def __init__(self, paths: list[str], tokens_column: str, labels_column: str | None, budget: int):
@@ -232,74 +278,93 @@ class TokenSource:
         self.tokens_column = tokens_column
         self.labels_column = labels_column
         self.budget = budget
-        self._cache: OrderedDict[int, DecodedFile] = OrderedDict()
-        self._held = 0
-        self.files_read = 0
+        self._cache: dict[int, DecodedBlock] = {}
+        self.held = 0
+        self.blocks_reread = 0
 
-    def offer(self, file_idx: int, decoded: DecodedFile) -> None:
-        if decoded.nbytes > self.budget:
-            return
-        while self._held + decoded.nbytes > self.budget and self._cache:
-            _, old = self._cache.popitem(last=False)
-            self._held -= old.nbytes
-        self._cache[file_idx] = decoded
-        self._held += decoded.nbytes
+    def offer(self, b: int, decoded: DecodedBlock) -> bool:
+        """Keep a decoded block if it fits in the budget; scan offers blocks in order, so the
+        cache holds a prefix of the corpus, which materialize consumes first."""
+        if self.held + decoded.nbytes > self.budget:
+            return False
+        self._cache[b] = decoded
+        self.held += decoded.nbytes
+        return True
 
-    def file(self, file_idx: int) -> DecodedFile:
-        hit = self._cache.get(file_idx)
-        if hit is not None:
-            self._cache.move_to_end(file_idx)
-            return hit
-        decoded = decode_file(self.paths[file_idx], self.tokens_column, self.labels_column)
-        self.files_read += 1
-        self.offer(file_idx, decoded)
-        return decoded
+    def cached(self, b: int) -> bool:
+        return b in self._cache
 
-    def gather(self, file_idx: np.ndarray, rows: np.ndarray, starts: np.ndarray,
-               lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens and labels of pieces (file, row, start, len), concatenated in the given order.
+    def take(self, b: int, block: Block) -> DecodedBlock:
+        """Block b's tokens, from the cache (and released from it) or decoded again."""
+        decoded = self._cache.pop(b, None)
+        if decoded is not None:
+            self.held -= decoded.nbytes
+            return decoded
+        self.blocks_reread += 1
+        return self.decode(block)
 
-        Pieces (file 0, row 7, start 0, len 3), (file 1, row 2, start 4, len 2)
-        -> tokens of row 7 [0:3] of file 0, then row 2 [4:6] of file 1.
-        """
-        total = int(lens.sum())
-        tokens = np.empty(total, dtype=np.int32)
-        labels = np.empty(total, dtype=np.int32)
-        out_starts = np.cumsum(lens) - lens
-        for f in np.unique(file_idx):
-            sel = np.flatnonzero(file_idx == f)
-            decoded = self.file(int(f))
-            src = ranges(decoded.offsets[rows[sel]] + starts[sel], lens[sel])
-            dst = ranges(out_starts[sel], lens[sel])
-            tokens[dst] = decoded.tokens[src]
-            labels[dst] = (decoded.tokens if decoded.labels is None else decoded.labels)[src]
-        return tokens, labels
+    def decode(self, block: Block) -> DecodedBlock:
+        return decode_block(self.paths[block.file], block.row_group, block.first_row, self.tokens_column,
+                            self.labels_column)
 
+
+def _blocks_of(path: str, f: int) -> tuple[list[Block], int]:
+    meta = _open(path).metadata
+    blocks, first = [], 0
+    for g in range(meta.num_row_groups):
+        rows = meta.row_group(g).num_rows
+        blocks.append(Block(file=f, row_group=g, first_row=first, rows=rows))
+        first += rows
+    return blocks, first
 
 
 def scan(inputs: list[str], tokens_column: str, labels_column: str | None,
          budget: int, progress=None) -> tuple[SequenceIndex, TokenSource]:
-    """Resolve INPUTs, validate every file and return the length index plus the token source."""
+    """Resolve INPUTs, validate every block and return the length index plus the token source.
+
+    Blocks are decoded by a small thread pool (Parquet decoding releases the GIL), in order.
+    """
     paths = resolve_inputs(inputs)
     labels = resolve_labels_column(paths, labels_column)
     source = TokenSource(paths, tokens_column, labels, budget)
     files: list[InputFile] = []
-    lengths: list[np.ndarray] = []
+    blocks: list[Block] = []
     for f, path in enumerate(paths):
-        decoded = decode_file(path, tokens_column, labels)
-        files.append(InputFile(path=path, rows=len(decoded.offsets) - 1, bytes=os.path.getsize(path)))
-        lengths.append(np.diff(decoded.offsets))
-        source.offer(f, decoded)
+        file_blocks, rows = _blocks_of(path, f)
+        _check_list_type(path, _open(path).schema_arrow, tokens_column, "tokens")
+        files.append(InputFile(path=path, rows=rows, bytes=os.path.getsize(path)))
+        blocks += file_blocks
+    block_rows = np.array([b.rows for b in blocks], dtype=np.int64)
+    lengths = np.zeros(int(block_rows.sum()), dtype=np.int64)
+    block_offsets = offsets_of(block_rows)
+    for b, decoded in _decode_in_order(source, blocks):
+        lengths[block_offsets[b]:block_offsets[b + 1]] = np.diff(decoded.offsets)
+        source.offer(b, decoded)
         if progress is not None:
             progress(1)
-    row_counts = np.array([f.rows for f in files], dtype=np.int64)
     index = SequenceIndex(
         files=files,
-        file_offsets=np.concatenate([[0], np.cumsum(row_counts)]).astype(np.int64),
-        lengths=np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, np.int64),
+        file_offsets=offsets_of(np.array([f.rows for f in files], dtype=np.int64)),
+        blocks=blocks,
+        block_offsets=block_offsets,
+        lengths=lengths,
         tokens_column=tokens_column,
         labels_column=labels,
     )
     if index.num_sequences == 0:
         raise PackctlError(f"{', '.join(inputs)}: the input holds no rows")
     return index, source
+
+
+def _decode_in_order(source: TokenSource, blocks: list[Block], workers: int = 2):
+    """Yield (b, decoded block) in order, decoding up to `workers` blocks ahead."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: deque = deque()
+        for b, block in enumerate(blocks):
+            pending.append((b, pool.submit(source.decode, block)))
+            if len(pending) > workers:
+                done_b, future = pending.popleft()
+                yield done_b, future.result()
+        while pending:
+            done_b, future = pending.popleft()
+            yield done_b, future.result()

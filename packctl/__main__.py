@@ -1,0 +1,4 @@
+"""`python -m packctl` = the `packctl` command."""
+from packctl.cli import main
+
+main()
