@@ -14,6 +14,14 @@ Worked example: C = 8, a = 2, packs [3, 2] and [5] (pack lengths 8, 8):
     utilization 10/16 = 0.625, loads/C = [0.625, 0.625] -> bin_balance 1.0,
     padded lengths [4, 2] [6] -> ceil(12/8) = 2 bins needed, efficiency 2/2 = 1.0,
     padding_alignment 2 (3->4, 5->6), padding_tail 16 - 12 = 4.
+
+`packctl stats` reports these same functions (docs/stats.md), plus:
+
+    fill_histogram       packs by load_b / C: [0, 0.1) ... [0.9, 0.95) [0.95, 0.99) [0.99, 1.0]
+    length_summary       min, mean, max and percentiles (inverted CDF: the smallest length L with
+                         at least q% of the lengths <= L)
+    dp_balance           per training step, max over DP ranks / mean over DP ranks of the tokens
+                         and of the attention cost sum(a*L + L^2) of the packs each rank gets
 """
 from __future__ import annotations
 
@@ -100,7 +108,7 @@ def pack_metrics(seq_lens: np.ndarray, seq_offsets: np.ndarray, pack_lens: np.nd
     tokens = int(seq_lens.sum())
     padded = round_up(seq_lens, align)
     per_pack = np.diff(seq_offsets)
-    loads = np.add.reduceat(seq_lens, seq_offsets[:-1]) if packs else np.zeros(0, np.int64)
+    loads = pack_loads(seq_lens, seq_offsets)
     utilization = tokens / (packs * capacity) if packs else 0.0
     fill = loads / capacity
     balance = 1.0 - float(fill.std()) / utilization if packs and utilization > 0 else 0.0
@@ -139,4 +147,106 @@ def pack_metrics(seq_lens: np.ndarray, seq_offsets: np.ndarray, pack_lens: np.nd
             "packed_tokens": written,
             "estimated_gain": baseline / written if written else 0.0,
         },
+    }
+
+
+def pack_loads(values: np.ndarray, seq_offsets: np.ndarray) -> np.ndarray:
+    """Per-pack sums of a per-sequence value: values [3, 2, 5], offsets [0, 2, 3] -> [5, 5].
+
+    The result has the dtype of `values` (int64 for lengths, float64 for costs); a pack without
+    sequences sums to 0.
+    """
+    values = np.asarray(values)
+    seq_offsets = np.asarray(seq_offsets, dtype=np.int64)
+    cumulative = np.concatenate([np.zeros(1, values.dtype if values.size else np.int64), np.cumsum(values)])
+    return cumulative[seq_offsets[1:]] - cumulative[seq_offsets[:-1]]
+
+
+# Per mille. Finer near full, where good packings put nearly every pack.
+FILL_EDGES = (0, 100, 200, 300, 400, 500, 600, 700, 800, 900, 950, 990, 1000)
+
+
+def fill_histogram(loads: np.ndarray, capacity: int) -> dict[str, list]:
+    """Packs by fill `load / capacity` in the buckets [0, 0.1) [0.1, 0.2) ... [0.9, 0.95)
+    [0.95, 0.99) [0.99, 1.0]: finer near full, where a good packing puts nearly every pack.
+
+    loads [9, 9, 16, 14, 7], capacity 16 (fills .5625 .5625 1.0 .875 .4375)
+    -> counts [0, 0, 0, 0, 1, 2, 0, 0, 1, 0, 0, 1] over edges [0.0, 0.1, ..., 0.9, 0.95, 0.99, 1.0].
+    """
+    loads = np.asarray(loads, dtype=np.int64)
+    # Integer per mille: in floating point 0.3 * 10 is not 3.
+    per_mille = loads * 1000 // capacity
+    bucket = np.minimum(np.searchsorted(FILL_EDGES, per_mille, side="right") - 1, len(FILL_EDGES) - 2)
+    return {"edges": [e / 1000 for e in FILL_EDGES],
+            "counts": np.bincount(bucket, minlength=len(FILL_EDGES) - 1)[:len(FILL_EDGES) - 1].tolist()}
+
+
+PERCENTILES = (10, 50, 90, 99, 99.9)
+
+
+def length_summary(lengths: np.ndarray) -> dict[str, Any]:
+    """min, mean, max and the percentiles of PERCENTILES, by the inverted CDF (always a length of
+    the data): lengths [1, 2, 3, 4, 100] -> p50 3, p90 100, p10 1."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(lengths) == 0:
+        return {"min": 0, "mean": 0.0, "max": 0, "percentiles": {f"p{q:g}": 0 for q in PERCENTILES}}
+    values = np.percentile(lengths, PERCENTILES, method="inverted_cdf")
+    return {
+        "min": int(lengths.min()),
+        "mean": float(lengths.mean()),
+        "max": int(lengths.max()),
+        "percentiles": {f"p{q:g}": int(v) for q, v in zip(PERCENTILES, values)},
+    }
+
+
+def attention_cost(lengths: np.ndarray, attn_coeff: float) -> np.ndarray:
+    """Compute cost of each sequence, `a*L + L^2` (float64): the L^2 term is causal attention,
+    `a*L` the per-token work. For a transformer layer of hidden size h, a = 12*h puts both in the
+    same unit (forward FLOPs 24*L*h^2 for the projections and MLP, 2*L^2*h for causal attention)."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    return attn_coeff * lengths + lengths * lengths
+
+
+def dp_balance(step: np.ndarray, dp_rank: np.ndarray, token_loads: np.ndarray, attention_loads: np.ndarray, *,
+               attn_coeff: float, micro_batch: np.ndarray | None = None) -> dict[str, Any]:
+    """Data-parallel imbalance of balanced packs, step by step.
+
+    Every pack has a `step` and a `dp_rank`; rank r's load at step s is the sum over its packs. The
+    imbalance of a step is max over ranks / mean over ranks (ranks 0 .. max(dp_rank), a rank without
+    packs at that step counts 0): 1.0 is perfect, 2.0 means the slowest rank does twice the average,
+    so the others wait half the step.
+
+    packs (step, rank, tokens): (0, 0, 9) (0, 1, 9) (1, 0, 16) (1, 1, 14) (2, 0, 7)
+    -> tokens per step 9/9 = 1.0, 16/15, 7/3.5 = 2.0: mean 1.356, max 2.0 at step 2.
+    """
+    step = np.asarray(step, dtype=np.int64)
+    dp_rank = np.asarray(dp_rank, dtype=np.int64)
+    if len(step) == 0:
+        return {"attn_coeff": attn_coeff, "steps": 0, "dp_size": 0, "micro_batches": 0,
+                "tokens": {"mean": 1.0, "max": 1.0, "worst_step": None},
+                "attention": {"mean": 1.0, "max": 1.0, "worst_step": None},
+                "per_step": {"step": [], "tokens": [], "attention": []}}
+    steps, step_index = np.unique(step, return_inverse=True)
+    dp_size = int(dp_rank.max()) + 1
+    cell = step_index * dp_size + dp_rank
+
+    def imbalance(loads: np.ndarray) -> np.ndarray:
+        grid = np.bincount(cell, weights=np.asarray(loads, dtype=np.float64),
+                           minlength=len(steps) * dp_size).reshape(len(steps), dp_size)
+        return grid.max(axis=1) / grid.mean(axis=1)
+
+    def summary(per_step: np.ndarray) -> dict[str, Any]:
+        worst = int(np.argmax(per_step))
+        return {"mean": float(per_step.mean()), "max": float(per_step[worst]), "worst_step": int(steps[worst])}
+
+    tokens = imbalance(token_loads)
+    attention = imbalance(attention_loads)
+    return {
+        "attn_coeff": attn_coeff,
+        "steps": len(steps),
+        "dp_size": dp_size,
+        "micro_batches": int(np.asarray(micro_batch).max()) + 1 if micro_batch is not None else None,
+        "tokens": summary(tokens),
+        "attention": summary(attention),
+        "per_step": {"step": steps.tolist(), "tokens": tokens.tolist(), "attention": attention.tolist()},
     }

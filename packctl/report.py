@@ -67,3 +67,213 @@ def summary_table(result: PackResult) -> Table:
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+# --- packctl stats ------------------------------------------------------------------------------
+
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+BAR_WIDTH = 28
+
+
+def bar(value: float, top: float, width: int = BAR_WIDTH) -> str:
+    """A horizontal bar of block characters, `width` cells for `top`: bar(3, 4, 4) -> '███'."""
+    if top <= 0 or value <= 0:
+        return ""
+    eighths = max(1, round(8 * width * value / top))  # anything above zero shows
+    return "█" * (eighths // 8) + (_EIGHTHS[eighths % 8] if eighths % 8 else "")
+
+
+def histogram_table(title: str, labels: list[str], counts: list[int], *, width: int = BAR_WIDTH) -> Table:
+    """Label, bar, count and share of each bucket."""
+    table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 1))
+    table.add_column(justify="right", style="dim")
+    table.add_column(style="cyan", no_wrap=True)
+    table.add_column(justify="right")
+    table.add_column(justify="right", style="dim")
+    total = sum(counts) or 1
+    top = max(counts, default=0)
+    for label, count in zip(labels, counts):
+        table.add_row(label, bar(count, top, width), f"{count:,}", f"{count / total:.1%}")
+    return table
+
+
+def _trimmed(edges: list, counts: list[int]) -> tuple[list, list[int]]:
+    """Buckets from the first to the last non-empty one: (lower edges + last upper edge, counts)."""
+    nonzero = [i for i, c in enumerate(counts) if c]
+    if not nonzero:
+        return edges[:1], []
+    lo, hi = nonzero[0], nonzero[-1] + 1
+    return edges[lo:hi + 1], counts[lo:hi]
+
+
+def length_histogram_table(histogram: dict[str, list[int]], title: str = "sequence lengths") -> Table:
+    edges, counts = _trimmed(histogram["edges"], histogram["counts"])
+    labels = [f"{a:,} - {b - 1:,}" for a, b in zip(edges[:-1], edges[1:])]
+    return histogram_table(title, labels, counts)
+
+
+def fill_histogram_table(histogram: dict[str, list], title: str = "pack fill (true tokens / capacity)") -> Table:
+    edges, counts = histogram["edges"], histogram["counts"]
+    first = next((i for i, c in enumerate(counts) if c), len(counts) - 1)  # empty low buckets say nothing
+    labels = [f"[{a:.0%}, {b:.0%}" + ("]" if i == len(counts) - 1 else ")")
+              for i, (a, b) in enumerate(zip(edges[:-1], edges[1:]))]
+    return histogram_table(title, labels[first:], counts[first:])
+
+
+def per_pack_histogram_table(histogram: list[int], title: str = "sequences per pack", buckets: int = 12) -> Table:
+    """The bincount of sequences per pack, grouped into at most `buckets` ranges."""
+    lo = next((i for i, c in enumerate(histogram) if c), 0)
+    values = histogram[lo:]
+    step = max(1, -(-len(values) // buckets))
+    labels, counts = [], []
+    for k in range(0, len(values), step):
+        a, b = lo + k, lo + min(k + step, len(values)) - 1
+        labels.append(f"{a}" if a == b else f"{a} - {b}")
+        counts.append(sum(values[k:k + step]))
+    return histogram_table(title, labels, counts)
+
+
+def _packs_line(m: dict[str, Any]) -> str:
+    return (f"{m['packs']:,}  (lower bounds: ceil(sum/C) {m['lower_bound_packs']:,}, "
+            f"Martello-Toth L2 {m['lower_bound_packs_l2']:,})")
+
+
+def _lengths_line(lengths: dict[str, Any]) -> str:
+    p = lengths["percentiles"]
+    return (f"min {lengths['min']:,} · mean {lengths['mean']:,.1f} · "
+            + " · ".join(f"{k} {v:,}" for k, v in p.items()) + f" · max {lengths['max']:,}")
+
+
+def _padding_line(pad: dict[str, Any]) -> str:
+    return (f"alignment {pad['alignment_tokens']:,} + tail {pad['tail_tokens']:,} = "
+            f"{_pct(pad['fraction_of_written'])} of {pad['written_tokens']:,} written")
+
+
+def _gain_line(pb: dict[str, Any]) -> str:
+    return (f"{pb['estimated_gain']:.2f}x fewer tokens ({pb['tokens']:,} in padded batches of {pb['batch_size']} "
+            f"vs {pb['packed_tokens']:,} packed)")
+
+
+def packed_overview_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) rows of a packed output's overview, shared by the single and side-by-side views."""
+    c, lay, spp = r["counts"], r["layout"], r["sequences_per_pack"]
+    rows = [
+        ("algorithm / order", f"{r['algorithm']} / {r['order']}"),
+        ("layout", f"capacity {lay['capacity']:,}, align {lay['align']}, pad to {lay['pad_to']}"
+                   + (f" (multiple {lay['pack_multiple']})" if lay["pad_to"] == "multiple" else "")),
+        ("packs", _packs_line(r)),
+        ("sequences / tokens", f"{r['sequences']:,} / {r['tokens']:,}"),
+        ("utilization", _pct(r["utilization"])),
+        ("waste ratio", _pct(r["waste_ratio"])),
+        ("packing efficiency", _pct(r["packing_efficiency"])),
+        ("bin balance", f"{r['bin_balance']:.4f}"),
+        ("padding", _padding_line(r["padding"])),
+        ("sequences per pack", f"{spp['min']} / {spp['mean']:.2f} / {spp['max']} (min / mean / max)"),
+        ("lengths", _lengths_line(r["lengths"])),
+        ("dropped / truncated / split", f"{c['sequences_dropped']:,} / {c['sequences_truncated']:,} / "
+                                        f"{c['sequences_split']:,}  (of {c['sequences_in']:,} in)"),
+        ("vs padded batching", _gain_line(r["padded_batching"])),
+    ]
+    dp = r.get("dp_balance")
+    if dp:
+        rows += [
+            ("DP balance", f"{dp['steps']:,} steps x {dp['dp_size']} ranks"
+                           + (f" x {dp['micro_batches']} micro-batches" if dp["micro_batches"] else "")),
+            ("  tokens max/mean", f"mean {dp['tokens']['mean']:.3f}, worst {dp['tokens']['max']:.3f} "
+                                  f"(step {dp['tokens']['worst_step']})"),
+            (f"  attention (a={dp['attn_coeff']:g})", f"mean {dp['attention']['mean']:.3f}, worst "
+                                                      f"{dp['attention']['max']:.3f} (step {dp['attention']['worst_step']})"),
+        ]
+    return rows
+
+
+def packed_renderables(r: dict[str, Any]) -> list:
+    from rich.columns import Columns
+
+    table = Table(title=f"packctl stats {r['path']}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in packed_overview_rows(r):
+        table.add_row(key, value)
+    return [table, Columns([length_histogram_table(r["length_histogram"]),
+                            fill_histogram_table(r["fill_histogram"]),
+                            per_pack_histogram_table(r["sequences_per_pack"]["histogram"])], padding=(0, 4))]
+
+
+def compare_renderables(r: dict[str, Any]) -> list:
+    from rich.columns import Columns
+
+    outputs = r["outputs"]
+    table = Table(title="packctl stats: side by side", title_justify="left")
+    table.add_column("", style="bold")
+    for o in outputs:
+        table.add_column(o["path"])
+    rows = [packed_overview_rows(o) for o in outputs]
+    labels = list(dict.fromkeys(label for per in rows for label, _ in per))
+    for label in labels:
+        table.add_row(label, *[dict(per).get(label, "") for per in rows])
+    fills = [fill_histogram_table(o["fill_histogram"], title=f"pack fill: {o['path']}") for o in outputs]
+    lengths = [length_histogram_table(o["length_histogram"], title=f"lengths: {o['path']}") for o in outputs]
+    return [table, Columns(fills, padding=(0, 4)), Columns(lengths, padding=(0, 4))]
+
+
+def what_if_table(r: dict[str, Any]) -> Table:
+    """One row per (capacity, algorithm), then padded batching; the best row bold green with a star.
+
+    `+L2`: packs above the Martello-Toth lower bound; `padding`: alignment + tail tokens."""
+    from rich import box
+
+    best = r["best"]
+    table = Table(title=f"what if: {r['sequences']:,} sequences, " + ", ".join(
+        f"--capacity {c['capacity']}" for c in r["capacities"]), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+        padding=(0, 1), pad_edge=False)
+    for name in ("C", "algorithm", "packs", "+L2", "util", "effic", "padding", "split", "plan"):
+        table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
+    for cap in r["capacities"]:
+        for k, row in enumerate(w for w in r["what_if"] if w["capacity"] == cap["capacity"]):
+            is_best = row["capacity"] == best["capacity"] and row["algorithm"] == best["algorithm"]
+            table.add_row(
+                f"{row['capacity']:,}" if k == 0 else "", row["algorithm"] + (" ★" if is_best else ""), f"{row['packs']:,}",
+                f"+{row['packs'] - row['lower_bound_packs_l2']:,}", _pct(row["utilization"]),
+                _pct(row["packing_efficiency"]),
+                f"{row['padding']['alignment_tokens'] + row['padding']['tail_tokens']:,}",
+                f"{row['counts']['sequences_split']:,}", f"{row['plan_seconds']:.2f}s",
+                style="bold green" if is_best else None)
+        pb = cap["padded_batching"]
+        table.add_row("", f"padded b={pb['batch_size']}", f"{pb['batches']:,}", "",
+                      _pct(pb["utilization"]), "", f"{pb['padding_tokens']:,}", "", "", style="dim",
+                      end_section=True)
+    return table
+
+
+def input_renderables(r: dict[str, Any]) -> list:
+    from rich.text import Text
+
+    s = r["settings"]
+    head = Table(title=f"packctl stats: {len(r['inputs'])} file(s), column '{r['tokens_column']}'",
+                 show_header=False, title_justify="left")
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("sequences / tokens", f"{r['sequences']:,} / {r['tokens']:,}")
+    head.add_row("lengths", _lengths_line(r["lengths"]))
+    for cap in r["capacities"]:
+        head.add_row(f"over --capacity {cap['capacity']:,}",
+                     f"{cap['sequences_over_capacity']:,} sequences (--too-long {s['too_long']})")
+    head.add_row("settings", f"order {s['order']}, window {s['window']:,}, align {s['align']} (cp {s['cp_size']}, "
+                             f"tp {s['tp_size']}, seq-multiple {s['seq_multiple']}), pad to {s['pad_to']}, "
+                             f"max seqs per pack {s['max_seqs_per_bin'] or 'no limit'}")
+    t = r["stats_seconds"]
+    head.add_row("time", f"read lengths {t['read_lengths']:.2f}s, plan {t['plan']:.2f}s, "
+                         f"metrics {t['metrics']:.2f}s, total {t['total']:.2f}s")
+    return [head, length_histogram_table(r["length_histogram"]), what_if_table(r),
+            Text.assemble(("recommended: ", "bold green"), r["recommendation"])]
+
+
+def stats_renderables(report: dict[str, Any]) -> list:
+    """Rich tables for a report of `packctl.stats.stats` (packed, compare or input)."""
+    kind = report["kind"]
+    if kind == "packed":
+        return packed_renderables(report)
+    if kind == "compare":
+        return compare_renderables(report)
+    return input_renderables(report)

@@ -1,0 +1,71 @@
+"""`packctl stats`: how good a packing is, and what a corpus would pack into before a long run.
+
+    packctl stats OUT                      a packed output (holds manifest.json), recomputed from its shards
+    packctl stats OUT_A OUT_B              packed outputs side by side
+    packctl stats INPUT --capacity 4096    raw tokenized shards: lengths and a what-if table of every
+                                           algorithm (repeat --capacity to compare capacities)
+
+Every report is a dict with stable keys (docs/stats.md); `packctl.report` draws it in the
+terminal and `packctl.stats.plot` draws it as a PNG. The metric formulas live in `packctl.metrics`.
+
+    >>> report = stats(["sample_data"], capacities=[4096], too_long="split")   # doctest: +SKIP
+    >>> report["best"], report["recommendation"]                              # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from packctl.config import build_config
+from packctl.errors import PackctlError
+from packctl.stats.packed import compare_stats, is_packed_output, looks_like_unfinished_output, packed_stats
+from packctl.stats.whatif import PLANNING_OPTIONS, input_stats, read_lengths, what_if_row
+
+__all__ = ["compare_stats", "input_stats", "is_packed_output", "packed_stats", "read_lengths", "stats",
+           "what_if_row", "PLANNING_OPTIONS"]
+
+DEFAULT_CAPACITY = 4096
+
+
+def stats(paths: list[str], *, capacities: list[int] | None = None, attn_coeff: float | None = None,
+          file_values: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
+    """The report for PATHs: packed outputs (one, or several to compare) or raw input.
+
+    Args:
+        paths: packed output directories, or raw Parquet files, directories and globs.
+        capacities: what-if capacities (raw input only); default the `capacity` of
+            `file_values`, else 4096, as `pack`.
+        attn_coeff: `a` of the attention cost a*L + L^2 in the DP balance (packed outputs only).
+        file_values: values of a `--config` TOML file (PackConfig fields), for the what-if.
+        options: PackConfig fields given as flags (None = not given): tokens_column and the
+            planning options of PLANNING_OPTIONS.
+    """
+    file_values = dict(file_values or {})
+    given = {k: v for k, v in options.items() if v is not None}
+    if not paths:
+        paths = list(file_values.get("inputs") or [])
+    if not paths:
+        raise PackctlError("no PATH given: pass a packed output directory or tokenized Parquet files")
+    for path in paths:
+        if looks_like_unfinished_output(path):
+            raise PackctlError(f"{path}: packed shards without manifest.json, a run that did not finish: "
+                               "pack again")
+    packed = [is_packed_output(p) for p in paths]
+    if any(packed):
+        if not all(packed):
+            raw = paths[packed.index(False)]
+            raise PackctlError(f"{raw}: not a packed output (no manifest.json) while {paths[packed.index(True)]} "
+                               "is one; compare packed outputs together, or run stats on raw input alone")
+        what_if_flags = [f"--{k.replace('_', '-')}" for k in given] + (["--capacity"] if capacities else [])
+        if what_if_flags or file_values:
+            flags = ", ".join(what_if_flags) or "--config"
+            raise PackctlError(f"{paths[0]} is a packed output, whose settings are in its manifest.json: {flags} "
+                               "only apply to raw input; drop them, or point stats at the tokenized input")
+        a = attn_coeff if attn_coeff is not None else 0.0
+        return packed_stats(paths[0], attn_coeff=a) if len(paths) == 1 else compare_stats(paths, attn_coeff=a)
+    if attn_coeff is not None:
+        raise PackctlError("--attn-coeff applies to packed outputs with balancing columns; drop it for raw input")
+    config = build_config(file_values, **given)
+    if not capacities:
+        capacities = [int(file_values.get("capacity", DEFAULT_CAPACITY))]
+    return input_stats(paths, capacities, config)

@@ -1,0 +1,214 @@
+"""Stats of a packed output, recomputed from its shards.
+
+Only the small columns are read: `seq_lens`, `sample_ids`, `num_tokens`, the list lengths of
+`input_ids` (the pack lengths) and, when balancing was asked for, `step`, `dp_rank` and
+`micro_batch`. The metrics come from `packctl.metrics.pack_metrics`, the function `pack` writes
+metrics.json with, so the two agree on any output `pack` wrote, and the report works on any
+contract-conforming output whatever wrote it.
+
+    OUT: capacity 16, align 2, packs [9] [9] [16] [7 4 3] [6 1]   (true sequence lengths)
+    -> utilization 55/80, packing efficiency ceil(60/16)/5 = 0.8, padding: alignment 5, tail 20
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packctl.errors import PackctlError
+from packctl.metrics import attention_cost, dp_balance, fill_histogram, length_summary, pack_loads, pack_metrics
+from packctl.schema import BALANCE_COLUMNS, FORMAT_VERSION, METADATA_KEY
+from packctl.stats.lazy import collect_streaming
+
+MANIFEST = "manifest.json"
+READ_COLUMNS = ("seq_lens", "sample_ids", "num_tokens")
+
+
+@dataclass
+class PackedArrays:
+    """The small columns of every pack, in output order (shard by shard, row by row)."""
+
+    seq_lens: np.ndarray  # int64, every sequence, pack by pack
+    seq_offsets: np.ndarray  # int64, B+1: sequences of pack b are seq_offsets[b]:seq_offsets[b+1]
+    sample_ids: np.ndarray  # int64, one per sequence
+    num_tokens: np.ndarray  # int64, one per pack
+    pack_lens: np.ndarray  # int64, len(input_ids) of each pack
+    balance: dict[str, np.ndarray] | None  # step, dp_rank, micro_batch when present
+
+
+def is_packed_output(path: str | Path) -> bool:
+    """A directory holding manifest.json (or the manifest file itself)."""
+    path = Path(path)
+    return (path.is_dir() and (path / MANIFEST).is_file()) or (path.is_file() and path.name == MANIFEST)
+
+
+def looks_like_unfinished_output(path: str | Path) -> bool:
+    """A directory of packctl shards without manifest.json: a run that did not finish."""
+    path = Path(path)
+    if not path.is_dir() or (path / MANIFEST).exists():
+        return False
+    first = next(iter(sorted(path.glob("part-*.parquet"))), None)
+    if first is None:
+        return False
+    try:
+        metadata = pq.read_schema(first).metadata or {}
+    except (pa.ArrowException, OSError):  # unreadable: the input reader names the problem
+        return False
+    return METADATA_KEY in metadata
+
+
+def load_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """(OUT directory, parsed manifest.json), or a PackctlError naming the file and the fix."""
+    path = Path(path)
+    out = path.parent if path.name == MANIFEST and path.is_file() else path
+    manifest_path = out / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except FileNotFoundError:
+        raise PackctlError(f"{out}: no {MANIFEST}; the output is incomplete: run packctl pack again") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PackctlError(f"{manifest_path}: not valid JSON ({exc}); run packctl pack again") from None
+    version = manifest.get("format_version") if isinstance(manifest, dict) else None
+    if version != FORMAT_VERSION:
+        raise PackctlError(f"{manifest_path}: format_version {version!r}, this packctl reads version "
+                           f"{FORMAT_VERSION}: use the packctl that wrote it, or pack again")
+    for key in ("layout", "shards", "counts"):
+        if key not in manifest:
+            raise PackctlError(f"{manifest_path}: no '{key}' entry; not a packctl manifest (docs/format.md)")
+    return out, manifest
+
+
+def read_packed(out: Path, manifest: dict[str, Any]) -> PackedArrays:
+    """Read the small columns of every shard listed in the manifest, in order."""
+    parts: list[dict[str, np.ndarray]] = []
+    balance_columns: tuple[str, ...] | None = None
+    for shard in manifest["shards"]:
+        path = out / shard["path"]
+        if not path.is_file():
+            raise PackctlError(f"{path}: listed in {out / MANIFEST} but missing; the output was moved or "
+                               "damaged: pack again")
+        try:
+            scan = pl.scan_parquet(path, glob=False, hive_partitioning=False)
+            names = scan.collect_schema().names()
+        except pl.exceptions.PolarsError as exc:
+            raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)}); pack again") from None
+        missing = [c for c in (*READ_COLUMNS, "input_ids") if c not in names]
+        if missing:
+            raise PackctlError(f"{path}: no column {', '.join(repr(c) for c in missing)}; not a packed "
+                               "shard of format version 1 (docs/format.md)")
+        present = tuple(c for c in BALANCE_COLUMNS if c in names)
+        if balance_columns is None:
+            balance_columns = present
+        elif present != balance_columns:
+            raise PackctlError(f"{path}: balancing columns {list(present)} differ from the first shard's "
+                               f"{list(balance_columns)}; pack again")
+        try:
+            frame = collect_streaming(scan.select(*READ_COLUMNS, pl.col("input_ids").list.len().alias("pack_len"),
+                                                  *present))
+        except pl.exceptions.PolarsError as exc:
+            raise PackctlError(f"{path}: cannot read the packs ({_short(exc)}); the file may be truncated or "
+                               "corrupt: pack again") from None
+        parts.append(_shard_arrays(path, frame, present, shard.get("rows")))
+
+    def cat(key: str) -> np.ndarray:
+        return np.concatenate([p[key] for p in parts]) if parts else np.zeros(0, np.int64)
+
+    counts = cat("seqs_per_pack")
+    seq_offsets = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=seq_offsets[1:])
+    return PackedArrays(
+        seq_lens=cat("seq_lens"), seq_offsets=seq_offsets, sample_ids=cat("sample_ids"),
+        num_tokens=cat("num_tokens"), pack_lens=cat("pack_len"),
+        balance={c: cat(c) for c in balance_columns} if balance_columns else None,
+    )
+
+
+def _shard_arrays(path: Path, frame: pl.DataFrame, balance: tuple[str, ...], rows: int | None) -> dict[str, np.ndarray]:
+    if rows is not None and frame.height != rows:
+        raise PackctlError(f"{path}: {frame.height} packs, the manifest says {rows}; pack again")
+    for column in frame.columns:
+        if frame[column].null_count():
+            row = int(frame[column].is_null().arg_max())
+            raise PackctlError(f"{path} row {row} column '{column}': null; not a valid packed shard: pack again")
+    seq_lens, seqs_per_pack = _flat_list(frame["seq_lens"])
+    sample_ids, ids_per_pack = _flat_list(frame["sample_ids"])
+    if not np.array_equal(seqs_per_pack, ids_per_pack):
+        row = int(np.argmax(seqs_per_pack != ids_per_pack))
+        raise PackctlError(f"{path} row {row}: {ids_per_pack[row]} sample_ids for {seqs_per_pack[row]} seq_lens; "
+                           "not a valid packed shard: pack again")
+    offsets = np.concatenate([[0], np.cumsum(seqs_per_pack)])
+    num_tokens = frame["num_tokens"].to_numpy().astype(np.int64)
+    sums = pack_loads(seq_lens, offsets)
+    if not np.array_equal(sums, num_tokens):
+        row = int(np.argmax(sums != num_tokens))
+        raise PackctlError(f"{path} row {row}: num_tokens {num_tokens[row]} but seq_lens sum to {sums[row]}; "
+                           "not a valid packed shard: pack again")
+    out = {"seq_lens": seq_lens, "seqs_per_pack": seqs_per_pack, "sample_ids": sample_ids,
+           "num_tokens": num_tokens, "pack_len": frame["pack_len"].to_numpy().astype(np.int64)}
+    for column in balance:
+        values = frame[column].to_numpy().astype(np.int64)
+        if len(values) and values.min() < 0:
+            row = int(np.argmax(values < 0))
+            raise PackctlError(f"{path} row {row} column '{column}': {values[row]} is negative; pack again")
+        out[column] = values
+    return out
+
+
+def _flat_list(series: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A list column -> (flat values int64, list lengths int64), through Arrow's offsets."""
+    array = series.rechunk().to_arrow()
+    offsets = np.asarray(array.offsets, dtype=np.int64)
+    values = array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_numpy(zero_copy_only=False)
+    return values.astype(np.int64), np.diff(offsets)
+
+
+def packed_stats(path: str | Path, *, attn_coeff: float = 0.0) -> dict[str, Any]:
+    """The report of one packed output (keys in docs/stats.md): every key of its metrics.json
+    except `throughput` and `timings`, recomputed from the shards, plus `path`, `layout`,
+    `lengths`, `fill_histogram` and `dp_balance` (None without balancing columns)."""
+    t0 = time.perf_counter()
+    out, manifest = load_manifest(path)
+    layout = manifest["layout"]
+    packed = read_packed(out, manifest)
+    t1 = time.perf_counter()
+    capacity, align = int(layout["capacity"]), int(layout["align"])
+    # Stable: the pieces of a split sample keep their output order, as in `pack`.
+    input_order = np.argsort(packed.sample_ids, kind="stable")
+    metrics = pack_metrics(packed.seq_lens, packed.seq_offsets, packed.pack_lens, capacity=capacity, align=align,
+                           input_order=input_order)
+    config = manifest.get("config", {})
+    report: dict[str, Any] = {"kind": "packed", "path": str(out), "format_version": manifest["format_version"]}
+    report.update(metrics)
+    report.update({
+        "algorithm": config.get("algorithm"),
+        "order": config.get("order"),
+        "counts": manifest["counts"],
+        "layout": layout,
+        "lengths": length_summary(packed.seq_lens),
+        "fill_histogram": fill_histogram(packed.num_tokens, capacity),
+        "dp_balance": None,
+    })
+    if packed.balance is not None and {"step", "dp_rank"} <= packed.balance.keys():
+        costs = pack_loads(attention_cost(packed.seq_lens, attn_coeff), packed.seq_offsets)
+        report["dp_balance"] = dp_balance(packed.balance["step"], packed.balance["dp_rank"], packed.num_tokens,
+                                          costs, attn_coeff=attn_coeff, micro_batch=packed.balance.get("micro_batch"))
+    t2 = time.perf_counter()
+    report["stats_seconds"] = {"read": t1 - t0, "compute": t2 - t1, "total": t2 - t0}
+    return report
+
+
+def compare_stats(paths: list[str | Path], *, attn_coeff: float = 0.0) -> dict[str, Any]:
+    """Several packed outputs side by side: {"kind": "compare", "outputs": [packed_stats(p), ...]}."""
+    return {"kind": "compare", "outputs": [packed_stats(p, attn_coeff=attn_coeff) for p in paths]}
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,279 @@
+"""What-if analysis of raw tokenized shards: every algorithm at the given settings, before packing.
+
+Only the list lengths of the tokens column are kept (polars, lazy streamed scan of that one
+column; labels are never read). Each (capacity, algorithm) is planned with the code `pack` runs
+(`order_sequences`, `plan_windows` with the over-long policy, `pack_lengths_padded`) and measured
+with `pack_metrics`, so a what-if row predicts exactly the packs `pack` would write with the same
+options, and equals the metrics.json it would write (but for `throughput` and `timings`).
+
+    lengths [9, 9, 7, 20, 3, 6, 1], --capacity 16 --seq-multiple 2 --too-long split
+    padded  [10, 10, 8, 16 + 4, 4, 6, 2]       (the 20 becomes a full chunk of 16 and a piece of 4)
+    concat  [10] [10] [16] [8 4 4] [6 2]  -> 5 packs, utilization 55/80, efficiency 4/5
+    ffd     [16] [10 6] [10 4 2] [8 4]    -> 4 packs, utilization 55/64, efficiency 1.0
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+import polars as pl
+
+from packctl.config import PackConfig
+from packctl.errors import PackctlError
+from packctl.io.reader import InputFile, _check_list_type, _open, resolve_inputs
+from packctl.metrics import fill_histogram, length_histogram, length_summary, pack_metrics
+from packctl.pipeline import plan_counts
+from packctl.plan import ALGORITHMS, pack_lengths
+from packctl.plan.align import pack_lengths_padded, round_up
+from packctl.plan.order import order_sequences
+from packctl.plan.windows import PackPlan, SequenceTooLong, plan_windows
+from packctl.stats.lazy import collect_streaming
+
+# The options of PackConfig that change what `pack` plans; the what-if reports them.
+PLANNING_OPTIONS = ("order", "curriculum_order", "seed", "window", "cp_size", "tp_size", "seq_multiple",
+                    "pad_to", "pack_multiple", "max_seqs_per_bin", "too_long")
+
+
+@dataclass
+class LengthIndex:
+    """Sequence lengths by global sample id, with the files they come from (gid order)."""
+
+    files: list[InputFile]
+    file_offsets: np.ndarray  # int64, len(files) + 1: gids of file f are file_offsets[f]:file_offsets[f+1]
+    lengths: np.ndarray  # int64, one per gid
+    tokens_column: str
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.file_offsets[-1])
+
+    def describe(self, gid: int) -> str:
+        """'FILE row R column C' of a gid, as `pack` names a row."""
+        f = int(np.searchsorted(self.file_offsets, gid, side="right") - 1)
+        return f"{self.files[f].path} row {gid - int(self.file_offsets[f])} column '{self.tokens_column}'"
+
+
+def read_lengths(inputs: list[str], tokens_column: str = "input_ids") -> LengthIndex:
+    """Sequence lengths of raw tokenized shards, in global sample id order.
+
+    Keeps only the list lengths of `tokens_column` (`pl.col(c).list.len()` over lazy scans of the
+    one column, streamed): polars has no lengths-only Parquet read, so it still decompresses and
+    decodes the column's pages, but drops them batch by batch, and the result is 8 bytes per
+    sequence. Null and empty rows are refused as `pack` refuses them; token values are not
+    checked here (`pack` checks them as it reads them).
+    """
+    paths = resolve_inputs(inputs)
+    files = []
+    for path in paths:
+        pf = _open(path)
+        _check_list_type(path, pf.schema_arrow, tokens_column, "tokens")
+        files.append(InputFile(path=path, rows=pf.metadata.num_rows, bytes=os.path.getsize(path)))
+
+    def scan(path: str) -> pl.LazyFrame:
+        return pl.scan_parquet(path, glob=False, hive_partitioning=False).select(
+            pl.col(tokens_column).list.len().alias("length"))
+
+    try:
+        lengths = collect_streaming(pl.concat([scan(p) for p in paths])).to_series()
+    except pl.exceptions.PolarsError:
+        for path in paths:  # name the file that fails
+            try:
+                collect_streaming(scan(path))
+            except pl.exceptions.PolarsError as exc:
+                raise PackctlError(f"{path}: cannot read column '{tokens_column}' ({_short(exc)}); "
+                                   "the file may be truncated or corrupt") from None
+        raise
+    rows = np.array([f.rows for f in files], dtype=np.int64)
+    index = LengthIndex(files=files, file_offsets=np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
+                        lengths=np.zeros(0, np.int64), tokens_column=tokens_column)
+    if len(lengths) != index.num_sequences:
+        raise PackctlError(f"{', '.join(inputs)}: read {len(lengths)} rows but the Parquet footers count "
+                           f"{index.num_sequences}; a file may be corrupt")
+    if index.num_sequences == 0:
+        raise PackctlError(f"{', '.join(inputs)}: the input holds no rows")
+    if lengths.null_count():
+        gid = int(lengths.is_null().arg_max())
+        raise PackctlError(f"{index.describe(gid)}: null instead of a list; drop or fill null rows before packing")
+    index.lengths = lengths.to_numpy().astype(np.int64)
+    if (index.lengths == 0).any():
+        gid = int(np.argmax(index.lengths == 0))
+        raise PackctlError(f"{index.describe(gid)}: empty sequence; remove empty rows")
+    return index
+
+
+def plan_like_pack(index: LengthIndex, config: PackConfig,
+                   permutation: np.ndarray | None = None) -> tuple[PackPlan, np.ndarray]:
+    """The plan and pack lengths `pack(config)` computes for these lengths.
+
+    `permutation` may pass a precomputed `order_sequences` result (it depends only on the order
+    options and the alignment, not on capacity or algorithm).
+    """
+    if permutation is None:
+        permutation = input_permutation(index, config)
+    try:
+        plan = plan_windows(index.lengths, permutation, capacity=config.plan_capacity, align=config.align,
+                            algorithm=config.algorithm, too_long=config.too_long, window=config.window,
+                            max_seqs_per_bin=config.max_seqs_per_bin, seed=config.seed)
+    except SequenceTooLong as exc:
+        raise PackctlError(
+            f"{index.describe(exc.gid)}: sequence of {exc.length} tokens (padded to {exc.padded}) is longer "
+            f"than the capacity {exc.capacity}; pass --too-long drop|truncate|split or raise --capacity"
+        ) from None
+    pack_lens = pack_lengths_padded(plan.loads(padded=True), config.capacity, config.pad_to,
+                                    config.resolved_pack_multiple)
+    return plan, pack_lens
+
+
+def input_permutation(index: LengthIndex, config: PackConfig) -> np.ndarray:
+    return order_sequences(round_up(index.lengths, config.align), config.order, seed=config.seed,
+                           curriculum_order=config.curriculum_order)
+
+
+def what_if_row(index: LengthIndex, config: PackConfig, permutation: np.ndarray | None = None) -> dict[str, Any]:
+    """One row of the what-if table: `pack`'s metrics for `config`, plus `plan_seconds` and
+    `fill_histogram`."""
+    t0 = time.perf_counter()
+    plan, pack_lens = plan_like_pack(index, config, permutation)
+    plan_seconds = time.perf_counter() - t0
+    row = pack_metrics(plan.piece_len, plan.bin_offsets, pack_lens, capacity=config.capacity, align=config.align,
+                       input_order=np.argsort(plan.piece_gid, kind="stable"))
+    row["algorithm"] = config.algorithm
+    row["order"] = config.order
+    row["counts"] = plan_counts(index, plan)
+    row["fill_histogram"] = fill_histogram(plan.loads(padded=False), config.capacity)
+    row["plan_seconds"] = plan_seconds
+    return row
+
+
+def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig | None = None,
+                algorithms: Iterable[str] = ALGORITHMS) -> dict[str, Any]:
+    """Length distribution and what-if table of raw tokenized shards (keys in docs/stats.md).
+
+    `config` carries the planning options (PackConfig fields: order, window, cp_size, too_long,
+    ...); `capacity` and `algorithm` are taken from `capacities` and `algorithms` instead.
+    """
+    started = time.perf_counter()
+    config = config or PackConfig()
+    capacities = list(dict.fromkeys(int(c) for c in capacities))
+    if not capacities:
+        raise PackctlError("no --capacity given: pass one or more, e.g. --capacity 4096 --capacity 8192")
+    algorithms = list(algorithms)
+    configs = {(c, a): _checked(dataclasses.replace(config, capacity=c, algorithm=a))
+               for c in capacities for a in algorithms}
+
+    index = read_lengths(inputs, config.tokens_column)
+    read_seconds = time.perf_counter() - started
+
+    t0 = time.perf_counter()
+    for algorithm in algorithms:  # load the compiled kernels outside the timed plans
+        pack_lengths(np.array([2, 1], np.int64), 2, algorithm)
+    t1 = time.perf_counter()
+    permutation = input_permutation(index, configs[capacities[0], algorithms[0]])
+    t2 = time.perf_counter()
+    rows = [what_if_row(index, configs[key], permutation) for key in configs]
+    t3 = time.perf_counter()
+    plan_seconds = (t2 - t1) + sum(r["plan_seconds"] for r in rows)
+
+    by_capacity = []
+    for capacity in capacities:
+        at = [r for r in rows if r["capacity"] == capacity]
+        best = _best(at, preferred=config.algorithm)
+        plan_capacity = configs[capacity, algorithms[0]].plan_capacity
+        baseline = best["padded_batching"]
+        by_capacity.append({
+            "capacity": capacity,
+            "plan_capacity": plan_capacity,
+            "sequences_over_capacity": int((round_up(index.lengths, config.align) > plan_capacity).sum()),
+            "best": best["algorithm"],
+            "padded_batching": {
+                "batch_size": baseline["batch_size"],
+                "batches": math.ceil(best["sequences"] / baseline["batch_size"]),
+                "tokens": baseline["tokens"],
+                "padding_tokens": baseline["tokens"] - best["tokens"],
+                "utilization": best["tokens"] / baseline["tokens"] if baseline["tokens"] else 0.0,
+                "estimated_gain": baseline["estimated_gain"],
+            },
+        })
+    # Across capacities: fewest tokens lost to --too-long drop|truncate, then utilization, then
+    # fewest cut sequences; max keeps the first of equals.
+    best = max((next(r for r in rows if r["capacity"] == c["capacity"] and r["algorithm"] == c["best"])
+                for c in by_capacity),
+               key=lambda r: (-_tokens_lost(r), r["utilization"], -r["counts"]["sequences_split"]))
+    total = time.perf_counter() - started
+    aligned = configs[capacities[0], algorithms[0]]
+    return {
+        "kind": "input",
+        "inputs": [dataclasses.asdict(f) for f in index.files],
+        "tokens_column": index.tokens_column,
+        "sequences": index.num_sequences,
+        "tokens": int(index.lengths.sum()),
+        "lengths": length_summary(index.lengths),
+        "length_histogram": length_histogram(index.lengths),
+        "settings": {**{k: getattr(aligned, k) for k in PLANNING_OPTIONS},
+                     "pack_multiple": aligned.resolved_pack_multiple, "align": aligned.align},
+        "capacities": by_capacity,
+        "what_if": rows,
+        "best": {"capacity": best["capacity"], "algorithm": best["algorithm"]},
+        "recommendation": recommendation(best, rows),
+        "stats_seconds": {"read_lengths": read_seconds, "load_kernels": t1 - t0, "plan": plan_seconds,
+                          "metrics": (t3 - t1) - plan_seconds, "total": total},
+    }
+
+
+def _checked(config: PackConfig) -> PackConfig:
+    # validate() wants an output directory; the what-if writes nothing.
+    dataclasses.replace(config, inputs=config.inputs or ["-"], output=config.output or "-").validate()
+    return config
+
+
+def _tokens_lost(row: dict[str, Any]) -> int:
+    return row["counts"]["tokens_dropped"] + row["counts"]["tokens_truncated"]
+
+
+def _best(rows: list[dict[str, Any]], preferred: str | None = None) -> dict[str, Any]:
+    """Highest utilization among the rows that split the fewest sequences; among equals the
+    `preferred` algorithm (the configured one, bfd by default), then the first in ALGORITHMS order.
+
+    `split` fills packs almost perfectly by cutting sequences anywhere; it is the best only when
+    it cuts no more sequences than the others (or is the only one asked for).
+    """
+    fewest = min(r["counts"]["sequences_split"] for r in rows)
+    whole = [r for r in rows if r["counts"]["sequences_split"] == fewest]
+    top = max(r["utilization"] for r in whole)
+    tied = [r for r in whole if r["utilization"] == top]
+    return next((r for r in tied if r["algorithm"] == preferred), tied[0])
+
+
+def recommendation(best: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """One line: the algorithm and capacity to use, and why.
+
+    'bfd at --capacity 4096: 98.61% utilization, 290 packs (1 above the lower bound 289),
+    2.03x fewer tokens than padded batching'
+    """
+    packs, bound = best["packs"], best["lower_bound_packs_l2"]
+    above = f"{packs - bound:,} above" if packs > bound else "at"
+    gain = best["padded_batching"]["estimated_gain"]
+    text = (f"{best['algorithm']} at --capacity {best['capacity']}: {best['utilization']:.2%} utilization, "
+            f"{packs:,} packs ({above} the lower bound {bound:,}), {gain:.2f}x fewer tokens than padded batching")
+    counts = best["counts"]
+    for what, key in (("drops", "dropped"), ("truncates", "truncated")):
+        if counts[f"sequences_{key}"]:
+            text += (f"; it {what} {counts[f'sequences_{key}']:,} over-long sequences "
+                     f"({counts[f'tokens_{key}']:,} tokens, --too-long)")
+    cutters = [r for r in rows if r["capacity"] == best["capacity"] and r["utilization"] > best["utilization"]
+               and r["counts"]["sequences_split"] > best["counts"]["sequences_split"]]
+    if cutters:
+        fuller = max(cutters, key=lambda r: r["utilization"])
+        cut = fuller["counts"]["sequences_split"] - best["counts"]["sequences_split"]
+        text += f"; {fuller['algorithm']} fills {fuller['utilization']:.2%} but cuts {cut:,} more sequences across packs"
+    return text
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
