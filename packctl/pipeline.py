@@ -18,7 +18,7 @@ import numpy as np
 from packctl.config import PackConfig
 from packctl.errors import PackctlError
 from packctl.io.manifest import build_manifest, shard_metadata
-from packctl.io.reader import SequenceIndex, scan
+from packctl.io.reader import scan
 from packctl.io.writer import OutputDir, ShardInfo, check_output_path
 from packctl.materialize import materialize
 from packctl.metrics import pack_metrics
@@ -72,23 +72,12 @@ def pack(config: PackConfig, *, progress: Progress | None = None) -> PackResult:
     check_output_path(out, overwrite=config.overwrite, inputs=[f.path for f in index.files])
 
     with _timed(timings, "order"):
-        permutation = order_sequences(round_up(index.lengths, config.align), config.order, seed=config.seed,
-                                      curriculum_order=config.curriculum_order)
+        permutation = order_corpus(index, config)
 
     with _timed(timings, "plan"):
-        try:
-            plan = plan_windows(index.lengths, permutation, capacity=config.plan_capacity, align=config.align,
-                                algorithm=config.algorithm, too_long=config.too_long, window=config.window,
-                                max_seqs_per_bin=config.max_seqs_per_bin, seed=config.seed,
-                                progress=progress.stage("plan", index.num_sequences))
-        except SequenceTooLong as exc:
-            raise PackctlError(
-                f"{index.describe(exc.gid)}: sequence of {exc.length} tokens (padded to {exc.padded}) is longer "
-                f"than the capacity {exc.capacity}; pass --too-long drop|truncate|split or raise --capacity"
-            ) from None
+        plan, pack_lens = plan_corpus(index, config, permutation,
+                                      progress=progress.stage("plan", index.num_sequences))
 
-    pack_lens = pack_lengths_padded(plan.loads(padded=True), config.capacity, config.pad_to,
-                                    config.resolved_pack_multiple)
     output = OutputDir(out, overwrite=config.overwrite)
     try:
         with _timed(timings, "materialize"):
@@ -99,12 +88,8 @@ def pack(config: PackConfig, *, progress: Progress | None = None) -> PackResult:
                                   progress=progress.stage("materialize", plan.num_bins))
             shards = written.shards
         with _timed(timings, "report"):
-            counts = plan_counts(index, plan)
-            metrics = pack_metrics(plan.piece_len, plan.bin_offsets, pack_lens, capacity=config.capacity,
-                                   align=config.align, input_order=np.argsort(plan.piece_gid, kind="stable"))
-            metrics["algorithm"] = config.algorithm
-            metrics["order"] = config.order
-            metrics["counts"] = counts
+            metrics = plan_metrics(index, plan, pack_lens, config)
+            counts = metrics["counts"]
         timings["total"] = time.perf_counter() - started
         metrics["throughput"] = {
             "sequences_per_s": index.num_sequences / timings["total"],
@@ -128,7 +113,46 @@ def pack(config: PackConfig, *, progress: Progress | None = None) -> PackResult:
     return PackResult(output=out, counts=counts, metrics=metrics, timings=timings, shards=shards)
 
 
-def plan_counts(index: SequenceIndex, plan: PackPlan) -> dict[str, int]:
+def order_corpus(index, config: PackConfig) -> np.ndarray:
+    """The sequence order of `config` (depends on the order options and the alignment only)."""
+    return order_sequences(round_up(index.lengths, config.align), config.order, seed=config.seed,
+                           curriculum_order=config.curriculum_order)
+
+
+def plan_corpus(index, config: PackConfig, permutation: np.ndarray | None = None,
+                progress: Callable[[int], None] | None = None) -> tuple[PackPlan, np.ndarray]:
+    """The packs of the corpus and their final lengths, exactly as `pack(config)` writes them.
+
+    `index` needs `lengths` (true length by gid) and `describe(gid)` (where a sequence comes
+    from, for the over-long error). Shared by `pack` and the what-if of `packctl stats`.
+    """
+    if permutation is None:
+        permutation = order_corpus(index, config)
+    try:
+        plan = plan_windows(index.lengths, permutation, capacity=config.plan_capacity, align=config.align,
+                            algorithm=config.algorithm, too_long=config.too_long, window=config.window,
+                            max_seqs_per_bin=config.max_seqs_per_bin, seed=config.seed, progress=progress)
+    except SequenceTooLong as exc:
+        raise PackctlError(
+            f"{index.describe(exc.gid)}: sequence of {exc.length} tokens (padded to {exc.padded}) is longer "
+            f"than the capacity {exc.capacity}; pass --too-long drop|truncate|split or raise --capacity"
+        ) from None
+    pack_lens = pack_lengths_padded(plan.loads(padded=True), config.capacity, config.pad_to,
+                                    config.resolved_pack_multiple)
+    return plan, pack_lens
+
+
+def plan_metrics(index, plan: PackPlan, pack_lens: np.ndarray, config: PackConfig) -> dict[str, Any]:
+    """metrics.json without throughput and timings: what the plan achieves."""
+    metrics = pack_metrics(plan.piece_len, plan.bin_offsets, pack_lens, capacity=config.capacity,
+                           align=config.align, input_order=np.argsort(plan.piece_gid, kind="stable"))
+    metrics["algorithm"] = config.algorithm
+    metrics["order"] = config.order
+    metrics["counts"] = plan_counts(index, plan)
+    return metrics
+
+
+def plan_counts(index, plan: PackPlan) -> dict[str, int]:
     """The manifest's `counts`."""
     packed_gids = index.num_sequences - len(plan.dropped)
     return {

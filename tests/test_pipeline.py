@@ -4,7 +4,6 @@ from __future__ import annotations
 import itertools
 import json
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 

@@ -128,7 +128,7 @@ def resolve_inputs(inputs: list[str]) -> list[str]:
     return sorted(paths)
 
 
-def _open(path: str) -> pq.ParquetFile:
+def open_parquet(path: str) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as exc:
@@ -139,7 +139,7 @@ def _short(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def _check_list_type(path: str, schema: pa.Schema, column: str, role: str) -> None:
+def check_list_column(path: str, schema: pa.Schema, column: str, role: str) -> None:
     if column not in schema.names:
         hint = "--tokens-column NAME" if role == "tokens" else "--labels-column NAME (or leave it unset)"
         raise PackctlError(
@@ -159,10 +159,10 @@ def _type_name(typ: pa.DataType) -> str:
 def resolve_labels_column(paths: list[str], requested: str | None) -> str | None:
     """The labels column to use: the requested one (every file must have it), else `labels` when
     every file has it, else none (labels = tokens). Files that disagree are an error."""
-    schemas = {p: _open(p).schema_arrow for p in paths}
+    schemas = {p: open_parquet(p).schema_arrow for p in paths}
     if requested is not None:
         for p, schema in schemas.items():
-            _check_list_type(p, schema, requested, "labels")
+            check_list_column(p, schema, requested, "labels")
         return requested
     having = [p for p, s in schemas.items() if "labels" in s.names]
     if having and len(having) != len(paths):
@@ -199,12 +199,12 @@ def decode_block(path: str, row_group: int | None, first_row: int, tokens_column
                  labels_column: str | None) -> DecodedBlock:
     """Read and validate one row group (or the whole file with row_group=None): tokens in
     [0, 2^31), no nulls, no empty rows, labels aligned. Errors name rows of the file."""
-    pf = _open(path)
+    pf = open_parquet(path)
     schema = pf.schema_arrow
-    _check_list_type(path, schema, tokens_column, "tokens")
+    check_list_column(path, schema, tokens_column, "tokens")
     columns = [tokens_column]
     if labels_column is not None:
-        _check_list_type(path, schema, labels_column, "labels")
+        check_list_column(path, schema, labels_column, "labels")
         columns.append(labels_column)
     try:
         if row_group is None:
@@ -309,7 +309,7 @@ class TokenSource:
 
 
 def _blocks_of(path: str, f: int) -> tuple[list[Block], int]:
-    meta = _open(path).metadata
+    meta = open_parquet(path).metadata
     blocks, first = [], 0
     for g in range(meta.num_row_groups):
         rows = meta.row_group(g).num_rows
@@ -331,7 +331,7 @@ def scan(inputs: list[str], tokens_column: str, labels_column: str | None,
     blocks: list[Block] = []
     for f, path in enumerate(paths):
         file_blocks, rows = _blocks_of(path, f)
-        _check_list_type(path, _open(path).schema_arrow, tokens_column, "tokens")
+        check_list_column(path, open_parquet(path).schema_arrow, tokens_column, "tokens")
         files.append(InputFile(path=path, rows=rows, bytes=os.path.getsize(path)))
         blocks += file_blocks
     block_rows = np.array([b.rows for b in blocks], dtype=np.int64)

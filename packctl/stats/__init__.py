@@ -13,7 +13,6 @@ terminal and `packctl.stats.plot` draws it as a PNG. The metric formulas live in
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from packctl.config import build_config

@@ -2,8 +2,9 @@
 
 Only the list lengths of the tokens column are kept (polars, lazy streamed scan of that one
 column; labels are never read). Each (capacity, algorithm) is planned with the code `pack` runs
-(`order_sequences`, `plan_windows` with the over-long policy, `pack_lengths_padded`) and measured
-with `pack_metrics`, so a what-if row predicts exactly the packs `pack` would write with the same
+(`packctl.pipeline.plan_corpus`: order, windows, the over-long policy, pack lengths) and measured
+with `packctl.pipeline.plan_metrics`, so a what-if row predicts exactly the packs `pack` would
+write with the same
 options, and equals the metrics.json it would write (but for `throughput` and `timings`).
 
     lengths [9, 9, 7, 20, 3, 6, 1], --capacity 16 --seq-multiple 2 --too-long split
@@ -25,13 +26,11 @@ import polars as pl
 
 from packctl.config import PackConfig
 from packctl.errors import PackctlError
-from packctl.io.reader import InputFile, _check_list_type, _open, resolve_inputs
-from packctl.metrics import fill_histogram, length_histogram, length_summary, pack_metrics
-from packctl.pipeline import plan_counts
+from packctl.io.reader import InputFile, check_list_column, open_parquet, resolve_inputs
+from packctl.metrics import fill_histogram, length_histogram, length_summary
+from packctl.pipeline import order_corpus, plan_corpus, plan_metrics
 from packctl.plan import ALGORITHMS, pack_lengths
-from packctl.plan.align import pack_lengths_padded, round_up
-from packctl.plan.order import order_sequences
-from packctl.plan.windows import PackPlan, SequenceTooLong, plan_windows
+from packctl.plan.align import round_up
 from packctl.stats.lazy import collect_streaming
 
 # The options of PackConfig that change what `pack` plans; the what-if reports them.
@@ -70,8 +69,8 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids") -> LengthI
     paths = resolve_inputs(inputs)
     files = []
     for path in paths:
-        pf = _open(path)
-        _check_list_type(path, pf.schema_arrow, tokens_column, "tokens")
+        pf = open_parquet(path)
+        check_list_column(path, pf.schema_arrow, tokens_column, "tokens")
         files.append(InputFile(path=path, rows=pf.metadata.num_rows, bytes=os.path.getsize(path)))
 
     def scan(path: str) -> pl.LazyFrame:
@@ -106,45 +105,14 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids") -> LengthI
     return index
 
 
-def plan_like_pack(index: LengthIndex, config: PackConfig,
-                   permutation: np.ndarray | None = None) -> tuple[PackPlan, np.ndarray]:
-    """The plan and pack lengths `pack(config)` computes for these lengths.
-
-    `permutation` may pass a precomputed `order_sequences` result (it depends only on the order
-    options and the alignment, not on capacity or algorithm).
-    """
-    if permutation is None:
-        permutation = input_permutation(index, config)
-    try:
-        plan = plan_windows(index.lengths, permutation, capacity=config.plan_capacity, align=config.align,
-                            algorithm=config.algorithm, too_long=config.too_long, window=config.window,
-                            max_seqs_per_bin=config.max_seqs_per_bin, seed=config.seed)
-    except SequenceTooLong as exc:
-        raise PackctlError(
-            f"{index.describe(exc.gid)}: sequence of {exc.length} tokens (padded to {exc.padded}) is longer "
-            f"than the capacity {exc.capacity}; pass --too-long drop|truncate|split or raise --capacity"
-        ) from None
-    pack_lens = pack_lengths_padded(plan.loads(padded=True), config.capacity, config.pad_to,
-                                    config.resolved_pack_multiple)
-    return plan, pack_lens
-
-
-def input_permutation(index: LengthIndex, config: PackConfig) -> np.ndarray:
-    return order_sequences(round_up(index.lengths, config.align), config.order, seed=config.seed,
-                           curriculum_order=config.curriculum_order)
-
-
 def what_if_row(index: LengthIndex, config: PackConfig, permutation: np.ndarray | None = None) -> dict[str, Any]:
     """One row of the what-if table: `pack`'s metrics for `config`, plus `plan_seconds` and
-    `fill_histogram`."""
+    `fill_histogram`. `permutation` may pass a precomputed `order_corpus` result (it depends only
+    on the order options and the alignment, not on capacity or algorithm)."""
     t0 = time.perf_counter()
-    plan, pack_lens = plan_like_pack(index, config, permutation)
+    plan, pack_lens = plan_corpus(index, config, permutation)
     plan_seconds = time.perf_counter() - t0
-    row = pack_metrics(plan.piece_len, plan.bin_offsets, pack_lens, capacity=config.capacity, align=config.align,
-                       input_order=np.argsort(plan.piece_gid, kind="stable"))
-    row["algorithm"] = config.algorithm
-    row["order"] = config.order
-    row["counts"] = plan_counts(index, plan)
+    row = plan_metrics(index, plan, pack_lens, config)
     row["fill_histogram"] = fill_histogram(plan.loads(padded=False), config.capacity)
     row["plan_seconds"] = plan_seconds
     return row
@@ -173,7 +141,7 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     for algorithm in algorithms:  # load the compiled kernels outside the timed plans
         pack_lengths(np.array([2, 1], np.int64), 2, algorithm)
     t1 = time.perf_counter()
-    permutation = input_permutation(index, configs[capacities[0], algorithms[0]])
+    permutation = order_corpus(index, configs[capacities[0], algorithms[0]])
     t2 = time.perf_counter()
     rows = [what_if_row(index, configs[key], permutation) for key in configs]
     t3 = time.perf_counter()
