@@ -1,18 +1,25 @@
 """Materialize: move every piece's tokens from its input block to its output shard, in bounded memory.
 
-Input blocks are visited once, in file order. Each block's pieces are gathered and appended to the
-bucket of the shard that will hold them; a shard whose last piece has arrived is built and written
-at once, on a writer thread, while the main thread goes on reading. When buffered tokens would
-exceed the memory budget, the largest buckets are spilled to disk and read back when their shard
-is complete.
+Each rank reads its own input blocks once, in order; each rank writes the shards of its own
+windows. In between, tokens travel (Alltoallv, one round per block; a single process sends to
+itself, with the same code):
+
+    1. requests   every piece planned here asks the rank that reads its block for
+                  (gid, start, len): one Alltoallv of int64 records
+    2. rounds     round k: every rank decodes its k-th block, gathers the requested pieces,
+                  grouped by the rank that asked, and sends them (Alltoallv of int32 tokens
+                  and labels); what arrives goes to the bucket of its shard
+    3. write      a shard whose last piece has arrived is built and written at once, on a writer
+                  thread, while the rounds go on
 
     blocks (input order)      shards (output order)
     b0 b1 b2 b3 ...   --->    part-00000 <- pieces from b0, b3     complete after b3: written
                               part-00001 <- pieces from b1, b2, b7 complete after b7: written
 
 With input order and `concat`, shards complete almost as fast as blocks are read and memory
-stays at a few blocks; with shuffle or curriculum order, a shard completes only when its last
-source block is read, and the budget decides how much waits in memory and how much is spilled.
+stays at a few blocks; with shuffle or curriculum order a shard completes only when its last
+source block is read, and the memory budget decides how much waits in memory and how much is
+spilled to disk (and read back when its shard is complete).
 """
 from __future__ import annotations
 
@@ -111,32 +118,80 @@ class _Writers:
         self._pool.shutdown(wait=True)
 
 
-@dataclass
-class MaterializeResult:
-    shards: list[ShardInfo]
-    spill_files: int  # bucket spills written (and read back)
-    spilled_bytes: int
-    blocks_reread: int  # input blocks decoded a second time (they did not fit the budget during scan)
+class ShardAssembler:
+    """Collects the tokens of this rank's pieces, shard by shard, and writes each complete shard.
 
+    `add` takes pieces (indices into this rank's plan) with their tokens and labels, in any
+    order and any grouping; memory held in buckets stays within `budget` (minus what
+    `held_elsewhere()` reports), the largest buckets being spilled to disk beyond it.
+    """
 
-def materialize(plan: PackPlan, pack_lens: np.ndarray, index: SequenceIndex, source: TokenSource, *,
-                output: OutputDir, metadata: bytes, shard_rows: int, pad_token_id: int, budget: int,
-                progress: Callable[[int], None] = lambda n: None,
-                writers: int | None = None) -> MaterializeResult:
-    """Write every pack of `plan` into shards part-00000.parquet ... (see the module docstring)."""
-    bounds = shard_bounds(plan.window_bins, shard_rows)
-    num_shards = len(bounds) - 1
-    shard_piece_offsets = plan.bin_offsets[bounds]
-    pieces_per_shard = np.diff(shard_piece_offsets)
-    piece_shard = np.repeat(np.arange(num_shards), pieces_per_shard)
-    remaining = pieces_per_shard.copy()
-    buckets: dict[int, _Bucket] = {}
-    buffered = 0
-    spill_dir = output.tmp / ".spill"
-    spills = spilled_bytes = 0
+    def __init__(self, plan: PackPlan, pack_lens: np.ndarray, *, output: OutputDir, metadata: bytes,
+                 shard_rows: int, first_shard: int, pad_token_id: int, budget: int,
+                 held_elsewhere: Callable[[], int] = lambda: 0, progress: Callable[[int], None] = lambda n: None,
+                 writers: int | None = None):
+        self.plan, self.pack_lens = plan, pack_lens
+        self.output, self.metadata = output, metadata
+        self.first_shard, self.pad_token_id = first_shard, pad_token_id
+        self.budget, self.held_elsewhere, self.progress = budget, held_elsewhere, progress
+        self.bounds = shard_bounds(plan.window_bins, shard_rows)
+        self.shard_piece_offsets = plan.bin_offsets[self.bounds]
+        self.num_shards = len(self.bounds) - 1
+        pieces_per_shard = np.diff(self.shard_piece_offsets)
+        self.piece_shard = np.repeat(np.arange(self.num_shards), pieces_per_shard)
+        self.remaining = pieces_per_shard.copy()
+        self.buckets: dict[int, _Bucket] = {}
+        self.buffered = 0
+        self.spill_dir = output.tmp / f".spill-{first_shard:05d}"
+        self.spill_files = self.spilled_bytes = 0
+        workers = writers if writers is not None else max(1, min(2, os.cpu_count() or 1))
+        self._writers = _Writers(workers, max_pending=2 * workers)
 
-    def build(s: int, bucket: _Bucket) -> ShardInfo:
-        # Pieces arrived block by block; put them (and their tokens) back in pack order.
+    def add(self, pieces: np.ndarray, tokens: np.ndarray, labels: np.ndarray) -> None:
+        """Pieces with their tokens and labels concatenated in the same order."""
+        if len(pieces) == 0:
+            return
+        lens = self.plan.piece_len[pieces]
+        shard = self.piece_shard[pieces]
+        order = np.argsort(shard, kind="stable")
+        src_starts = offsets_of(lens)[:-1]
+        shards_here, first = np.unique(shard[order], return_index=True)
+        cuts = np.append(first, len(pieces))
+        for k, s in enumerate(shards_here.tolist()):
+            sel = order[cuts[k]:cuts[k + 1]]
+            # Each shard's part gets arrays of its own, so spilling or writing it frees memory
+            # even while other shards still wait for their part of this batch.
+            part_lens = lens[sel]
+            dst_starts = offsets_of(part_lens)
+            part_tokens = np.empty(int(dst_starts[-1]), dtype=np.int32)
+            part_labels = np.empty_like(part_tokens)
+            copy_segments(tokens, src_starts[sel], part_tokens, dst_starts[:-1], part_lens)
+            copy_segments(labels, src_starts[sel], part_labels, dst_starts[:-1], part_lens)
+            bucket = self.buckets.setdefault(s, _Bucket())
+            self.buffered += bucket.add(pieces[sel], part_tokens, part_labels)
+            self.remaining[s] -= len(sel)
+            if self.remaining[s] == 0:
+                done = self.buckets.pop(s)
+                self.buffered -= done.nbytes
+                self._writers.submit(s, lambda s=s, done=done: self._build(s, done))
+        self._keep_within_budget()
+
+    def _keep_within_budget(self) -> None:
+        """Over budget: spill the largest buckets until half the budget is free for what comes."""
+        while self.buffered + self.held_elsewhere() > self.budget and self.buckets:
+            s = max(self.buckets, key=lambda key: self.buckets[key].nbytes)
+            if self.buckets[s].nbytes == 0:
+                break
+            self.spill_dir.mkdir(exist_ok=True)
+            freed = self.buckets[s].spill(self.spill_dir / f"{s:05d}-{self.spill_files}.npy")
+            self.buffered -= freed
+            self.spilled_bytes += freed
+            self.spill_files += 1
+            if self.buffered + self.held_elsewhere() <= self.budget // 2:
+                break
+
+    def _build(self, s: int, bucket: _Bucket) -> ShardInfo:
+        plan = self.plan
         pieces, tokens, labels = bucket.collect()
         lens = plan.piece_len[pieces]
         order = np.argsort(pieces, kind="stable")
@@ -147,65 +202,127 @@ def materialize(plan: PackPlan, pack_lens: np.ndarray, index: SequenceIndex, sou
             copy_segments(tokens, src_starts, in_order[0], dst_starts, lens)
             copy_segments(labels, src_starts, in_order[1], dst_starts, lens)
             tokens, labels = in_order
-        lo, hi = int(bounds[s]), int(bounds[s + 1])
-        p_lo, p_hi = int(shard_piece_offsets[s]), int(shard_piece_offsets[s + 1])
+        lo, hi = int(self.bounds[s]), int(self.bounds[s + 1])
+        p_lo, p_hi = int(self.shard_piece_offsets[s]), int(self.shard_piece_offsets[s + 1])
         rows = build_pack_rows(plan.bin_offsets[lo:hi + 1] - p_lo, plan.piece_len[p_lo:p_hi],
                                plan.piece_padded[p_lo:p_hi], plan.piece_gid[p_lo:p_hi], tokens, labels,
-                               pack_lens[lo:hi], pad_token_id=pad_token_id)
-        info = output.write_shard(f"part-{s:05d}.parquet", rows_to_table(rows, metadata))
-        progress(hi - lo)
+                               self.pack_lens[lo:hi], pad_token_id=self.pad_token_id)
+        info = self.output.write_shard(f"part-{self.first_shard + s:05d}.parquet", rows_to_table(rows, self.metadata))
+        self.progress(hi - lo)
         return info
 
-    workers = writers if writers is not None else max(1, min(2, (os.cpu_count() or 1)))
-    pool = _Writers(workers, max_pending=2 * workers)
+    def finish(self) -> list[ShardInfo]:
+        if self.buckets or self.remaining.any():
+            raise AssertionError(f"materialize left {int(self.remaining.sum())} pieces without tokens")
+        self._writers.finish()
+        if self.spill_dir.exists():
+            self.spill_dir.rmdir()
+        return [self._writers.results[s] for s in range(self.num_shards)]
+
+    def cancel(self) -> None:
+        self._writers.cancel()
+
+
+@dataclass
+class MaterializeResult:
+    shards: list[ShardInfo]
+    spill_files: int  # bucket spills written (and read back)
+    spilled_bytes: int
+    blocks_reread: int  # input blocks decoded a second time (they did not fit the budget during scan)
+    rounds: int  # exchange rounds (one per block of the rank with most blocks)
+
+
+def materialize(comm, plan: PackPlan, pack_lens: np.ndarray, index: SequenceIndex, source: TokenSource,
+                block_bounds: np.ndarray, *, output: OutputDir, metadata: bytes, shard_rows: int,
+                first_shard: int, pad_token_id: int, budget: int,
+                progress: Callable[[int], None] = lambda n: None) -> MaterializeResult:
+    """Write this rank's packs into shards part-{first_shard + k}.parquet (module docstring).
+
+    `block_bounds[r]:block_bounds[r+1]` are the blocks rank r reads; `source` holds this rank's.
+    """
+    assembler = ShardAssembler(plan, pack_lens, output=output, metadata=metadata, shard_rows=shard_rows,
+                               first_shard=first_shard, pad_token_id=pad_token_id, budget=budget,
+                               held_elsewhere=lambda: source.held, progress=progress)
     try:
-        src_order = np.argsort(plan.piece_gid, kind="stable")
-        sorted_gid = plan.piece_gid[src_order]
-        cuts = np.searchsorted(sorted_gid, index.block_offsets)
-        for b, block in enumerate(index.blocks):
-            lo, hi = int(cuts[b]), int(cuts[b + 1])
-            if lo == hi:  # every sequence of the block was dropped
-                if source.cached(b):
-                    source.take(b, block)
-                continue
-            decoded = source.take(b, block)
-            sel = src_order[lo:hi]
-            sel = sel[np.argsort(piece_shard[sel], kind="stable")]  # group by destination shard
-            rows = plan.piece_gid[sel] - index.block_offsets[b]
-            shards_here, first = np.unique(piece_shard[sel], return_index=True)
-            cuts_here = np.append(first, len(sel))
-            for k, s in enumerate(shards_here.tolist()):
-                a, z = cuts_here[k], cuts_here[k + 1]
-                # Each shard's part gets arrays of its own, so spilling or writing it frees memory
-                # even while other shards still wait for their part of this block.
-                tokens, labels = decoded.gather(rows[a:z], plan.piece_start[sel[a:z]], plan.piece_len[sel[a:z]])
-                bucket = buckets.setdefault(s, _Bucket())
-                buffered += bucket.add(sel[a:z], tokens, labels)
-                remaining[s] -= z - a
-                if remaining[s] == 0:
-                    done = buckets.pop(s)
-                    buffered -= done.nbytes
-                    pool.submit(s, lambda s=s, done=done: build(s, done))
-            del decoded
-            # Over budget: spill the largest buckets until half the budget is free for what comes next.
-            while buffered + source.held > budget and buckets:
-                s = max(buckets, key=lambda key: buckets[key].nbytes)
-                if buckets[s].nbytes == 0:
-                    break
-                spill_dir.mkdir(exist_ok=True)
-                freed = buckets[s].spill(spill_dir / f"{s:05d}-{spills}.npy")
-                buffered -= freed
-                spilled_bytes += freed
-                spills += 1
-                if buffered + source.held <= budget // 2:
-                    break
-        if buckets or remaining.any():
-            raise AssertionError(f"materialize left {int(remaining.sum())} pieces unrouted")
-        pool.finish()
+        rounds = route_tokens(comm, plan, index, source, block_bounds, assembler)
+        shards = assembler.finish()
     except BaseException:
-        pool.cancel()
+        assembler.cancel()
         raise
-    if spill_dir.exists():
-        spill_dir.rmdir()
-    return MaterializeResult(shards=[pool.results[s] for s in range(num_shards)], spill_files=spills,
-                             spilled_bytes=spilled_bytes, blocks_reread=source.blocks_reread)
+    return MaterializeResult(shards=shards, spill_files=assembler.spill_files,
+                             spilled_bytes=assembler.spilled_bytes, blocks_reread=source.blocks_reread,
+                             rounds=rounds)
+
+
+def route_tokens(comm, plan: PackPlan, index: SequenceIndex, source: TokenSource, block_bounds: np.ndarray,
+                 assembler: ShardAssembler) -> int:
+    """Requests, then one Alltoallv round per block (module docstring). Returns the round count."""
+    rank_of_gid_bound = index.block_offsets[block_bounds]  # gid where each rank's blocks start
+    # 1. requests: (piece index here, gid, start, len) to the rank that reads the gid's block
+    owner = np.searchsorted(rank_of_gid_bound, plan.piece_gid, side="right") - 1
+    order = np.argsort(owner, kind="stable")
+    requests = np.stack([order, plan.piece_gid[order], plan.piece_start[order], plan.piece_len[order]], axis=1)
+    counts = np.bincount(owner, minlength=comm.size).astype(np.int64) * 4
+    received, recv_counts = comm.alltoallv(requests.ravel(), counts)
+    received = received.reshape(-1, 4)
+    asker = np.repeat(np.arange(comm.size), recv_counts // 4)
+    # Serve them block by block, in input order: sort by gid (stable keeps each asker's order).
+    by_gid = np.argsort(received[:, 1], kind="stable")
+    received, asker = received[by_gid], asker[by_gid]
+
+    my_lo, my_hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
+    cuts = np.searchsorted(received[:, 1], index.block_offsets[my_lo:my_hi + 1])
+    rounds = int(comm.allreduce_max(my_hi - my_lo))
+    for k in range(rounds):
+        b = my_lo + k
+        if b < my_hi and cuts[k] < cuts[k + 1]:
+            decoded = source.take(b, index.blocks[b])
+            rows = received[cuts[k]:cuts[k + 1]]
+            to = asker[cuts[k]:cuts[k + 1]]
+            send_order = np.argsort(to, kind="stable")
+            rows, to = rows[send_order], to[send_order]
+            tokens, labels = decoded.gather(rows[:, 1] - index.block_offsets[b], rows[:, 2], rows[:, 3])
+            del decoded
+            if comm.size == 1:  # everything is for this rank: no message to pack
+                assembler.add(rows[:, 0], tokens, labels)
+                continue
+            piece_counts = np.bincount(to, minlength=comm.size).astype(np.int64)
+            token_counts = np.bincount(to, weights=rows[:, 3], minlength=comm.size).astype(np.int64)
+            meta = rows[:, 0]
+            payload = _interleave(tokens, labels, offsets_of(token_counts))
+        else:
+            if b < my_hi and source.cached(b):
+                source.take(b, index.blocks[b])  # every sequence of the block was dropped
+            piece_counts = token_counts = np.zeros(comm.size, np.int64)
+            meta = np.zeros(0, np.int64)
+            payload = np.zeros(0, np.int32)
+        got_meta, got_piece_counts = comm.alltoallv(meta, piece_counts)
+        got_payload, got_counts = comm.alltoallv(payload, token_counts * 2)
+        got_tokens, got_labels = _deinterleave(got_payload, offsets_of(got_counts // 2))
+        assembler.add(got_meta, got_tokens, got_labels)
+    return rounds
+
+
+def _interleave(tokens: np.ndarray, labels: np.ndarray, cuts: np.ndarray) -> np.ndarray:
+    """Per destination j: its tokens then its labels, so one Alltoallv carries both.
+    cuts = token offsets of each destination."""
+    out = np.empty(2 * len(tokens), dtype=np.int32)
+    for j in range(len(cuts) - 1):
+        a, z = int(cuts[j]), int(cuts[j + 1])
+        out[2 * a:a + z] = tokens[a:z]
+        out[a + z:2 * z] = labels[a:z]
+    return out
+
+
+def _deinterleave(payload: np.ndarray, cuts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of `_interleave`: cuts are token offsets per source rank."""
+    if len(cuts) == 2:  # one source: no copy
+        n = int(cuts[1])
+        return payload[:n], payload[n:]
+    tokens = np.empty(int(cuts[-1]), dtype=np.int32)
+    labels = np.empty_like(tokens)
+    for j in range(len(cuts) - 1):
+        a, z = int(cuts[j]), int(cuts[j + 1])
+        tokens[a:z] = payload[2 * a:a + z]
+        labels[a:z] = payload[a + z:2 * z]
+    return tokens, labels

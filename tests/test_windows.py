@@ -8,13 +8,19 @@ from hypothesis import given, settings, strategies as st
 from packctl.plan.windows import SequenceTooLong, plan_windows
 
 
+def plan_in_order(lengths, permutation, **options):
+    """plan_windows over all sequences, given the gid order."""
+    lengths, permutation = np.asarray(lengths), np.asarray(permutation)
+    return plan_windows(permutation, lengths[permutation], **options)
+
+
 def pieces(plan):
     return [[(int(g), int(s), int(l)) for g, s, l in zip(plan.piece_gid[a:b], plan.piece_start[a:b], plan.piece_len[a:b])]
             for a, b in zip(plan.bin_offsets[:-1], plan.bin_offsets[1:])]
 
 
 def test_split_chunks_go_right_before_the_last_piece():
-    plan = plan_windows(np.array([3, 19, 4]), np.arange(3), capacity=8, align=1, algorithm="concat",
+    plan = plan_in_order(np.array([3, 19, 4]), np.arange(3), capacity=8, align=1, algorithm="concat",
                         too_long="split", window=10)
     # concat packs [gid 0 (3), last piece of gid 1 (3)] then [gid 2 (4)]; gid 1's full chunks
     # come right before the pack holding its last piece
@@ -25,31 +31,31 @@ def test_split_chunks_go_right_before_the_last_piece():
 def test_split_with_ffd_keeps_pieces_in_order():
     # ffd puts the 3-token remainder of gid 1 into the first pack (with gid 0): its full chunk
     # must still come first
-    plan = plan_windows(np.array([4, 11]), np.arange(2), capacity=8, align=1, algorithm="ffd",
+    plan = plan_in_order(np.array([4, 11]), np.arange(2), capacity=8, align=1, algorithm="ffd",
                         too_long="split", window=10)
     assert pieces(plan) == [[(1, 0, 8)], [(0, 0, 4), (1, 8, 3)]]
 
 
 def test_drop_and_truncate_count():
     lengths = np.array([5, 12, 3, 20])
-    drop = plan_windows(lengths, np.arange(4), capacity=8, align=4, algorithm="ffd", too_long="drop", window=2)
+    drop = plan_in_order(lengths, np.arange(4), capacity=8, align=4, algorithm="ffd", too_long="drop", window=2)
     assert drop.dropped.tolist() == [1, 3] and drop.tokens_dropped == 32
     assert sorted(drop.piece_gid.tolist()) == [0, 2]
-    trunc = plan_windows(lengths, np.arange(4), capacity=8, align=4, algorithm="ffd", too_long="truncate", window=2)
+    trunc = plan_in_order(lengths, np.arange(4), capacity=8, align=4, algorithm="ffd", too_long="truncate", window=2)
     assert trunc.truncated.tolist() == [1, 3] and trunc.tokens_truncated == 4 + 12
     assert dict(zip(trunc.piece_gid.tolist(), trunc.piece_len.tolist())) == {0: 5, 1: 8, 2: 3, 3: 8}
 
 
 def test_error_names_the_first_sequence():
     with pytest.raises(SequenceTooLong) as err:
-        plan_windows(np.array([5, 9, 12]), np.array([2, 1, 0]), capacity=8, align=1, algorithm="ffd",
+        plan_in_order(np.array([5, 9, 12]), np.array([2, 1, 0]), capacity=8, align=1, algorithm="ffd",
                      too_long="error", window=10)
     assert err.value.gid == 1 and err.value.length == 9
 
 
 def test_alignment_is_applied_before_packing():
     # 5 -> 8 with align 4: two of them fill capacity 16; without alignment three would fit
-    plan = plan_windows(np.array([5, 5, 5]), np.arange(3), capacity=16, align=4, algorithm="ffd",
+    plan = plan_in_order(np.array([5, 5, 5]), np.arange(3), capacity=16, align=4, algorithm="ffd",
                         too_long="error", window=10)
     assert plan.num_bins == 2
     assert plan.piece_padded.tolist() == [8, 8, 8]
@@ -65,7 +71,7 @@ def test_pieces_cover_what_the_policy_keeps(lengths, algorithm, too_long, align,
     lengths = np.array(lengths)
     capacity = 32
     perm = np.random.default_rng(order_seed).permutation(len(lengths))
-    plan = plan_windows(lengths, perm, capacity=capacity, align=align, algorithm=algorithm, too_long=too_long,
+    plan = plan_in_order(lengths, perm, capacity=capacity, align=align, algorithm=algorithm, too_long=too_long,
                         window=window)
     assert (plan.loads() <= capacity).all()
     assert (plan.piece_padded == (plan.piece_len + align - 1) // align * align).all()

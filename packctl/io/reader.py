@@ -10,6 +10,7 @@ decoded; a bad row is reported as `FILE row R column C: what is wrong; what to d
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 from collections import deque
@@ -43,19 +44,22 @@ class Block:
     row_group: int
     first_row: int  # row of the file where the block starts
     rows: int
+    nbytes: int  # uncompressed size of its columns (what decoding it costs)
 
 
 @dataclass
 class SequenceIndex:
-    """What scan learns about the corpus: files and blocks in gid order, one length per gid."""
+    """What scan learns about the corpus: files and blocks in gid order (from Parquet footers, the
+    same on every rank) and the lengths of gids [gid_lo, gid_lo + len(lengths)) (this rank's)."""
 
     files: list[InputFile]
     file_offsets: np.ndarray  # int64, len(files) + 1
     blocks: list[Block]
     block_offsets: np.ndarray  # int64, len(blocks) + 1: gids of block b are [block_offsets[b], block_offsets[b+1])
-    lengths: np.ndarray  # int64, one per gid
+    lengths: np.ndarray  # int64, one per gid of this rank's blocks
     tokens_column: str
     labels_column: str | None
+    gid_lo: int = 0
 
     @property
     def num_sequences(self) -> int:
@@ -312,21 +316,16 @@ def _blocks_of(path: str, f: int) -> tuple[list[Block], int]:
     meta = open_parquet(path).metadata
     blocks, first = [], 0
     for g in range(meta.num_row_groups):
-        rows = meta.row_group(g).num_rows
-        blocks.append(Block(file=f, row_group=g, first_row=first, rows=rows))
-        first += rows
+        rg = meta.row_group(g)
+        blocks.append(Block(file=f, row_group=g, first_row=first, rows=rg.num_rows, nbytes=rg.total_byte_size))
+        first += rg.num_rows
     return blocks, first
 
 
-def scan(inputs: list[str], tokens_column: str, labels_column: str | None,
-         budget: int, progress=None) -> tuple[SequenceIndex, TokenSource]:
-    """Resolve INPUTs, validate every block and return the length index plus the token source.
-
-    Blocks are decoded by a small thread pool (Parquet decoding releases the GIL), in order.
-    """
+def index_inputs(inputs: list[str], tokens_column: str, labels_column: str | None) -> SequenceIndex:
+    """Resolve INPUTs and read their footers and schemas: files, blocks and gids, no lengths yet."""
     paths = resolve_inputs(inputs)
     labels = resolve_labels_column(paths, labels_column)
-    source = TokenSource(paths, tokens_column, labels, budget)
     files: list[InputFile] = []
     blocks: list[Block] = []
     for f, path in enumerate(paths):
@@ -334,34 +333,59 @@ def scan(inputs: list[str], tokens_column: str, labels_column: str | None,
         check_list_column(path, open_parquet(path).schema_arrow, tokens_column, "tokens")
         files.append(InputFile(path=path, rows=rows, bytes=os.path.getsize(path)))
         blocks += file_blocks
-    block_rows = np.array([b.rows for b in blocks], dtype=np.int64)
-    lengths = np.zeros(int(block_rows.sum()), dtype=np.int64)
-    block_offsets = offsets_of(block_rows)
-    for b, decoded in _decode_in_order(source, blocks):
-        lengths[block_offsets[b]:block_offsets[b + 1]] = np.diff(decoded.offsets)
-        source.offer(b, decoded)
-        if progress is not None:
-            progress(1)
     index = SequenceIndex(
         files=files,
         file_offsets=offsets_of(np.array([f.rows for f in files], dtype=np.int64)),
         blocks=blocks,
-        block_offsets=block_offsets,
-        lengths=lengths,
+        block_offsets=offsets_of(np.array([b.rows for b in blocks], dtype=np.int64)),
+        lengths=np.zeros(0, np.int64),
         tokens_column=tokens_column,
         labels_column=labels,
     )
     if index.num_sequences == 0:
         raise PackctlError(f"{', '.join(inputs)}: the input holds no rows")
-    return index, source
+    return index
 
 
-def _decode_in_order(source: TokenSource, blocks: list[Block], workers: int = 2):
-    """Yield (b, decoded block) in order, decoding up to `workers` blocks ahead."""
+def split_blocks(blocks: list[Block], parts: int) -> np.ndarray:
+    """Cut the block list into `parts` contiguous runs of about equal decoded size: bounds[r] is
+    the first block of part r. Sizes [4, 4, 4, 4], 2 parts -> [0, 2, 4]."""
+    sizes = np.array([max(b.nbytes, 1) for b in blocks], dtype=np.int64)
+    ends = np.cumsum(sizes)
+    targets = (np.arange(1, parts) * (int(ends[-1]) if len(ends) else 0)) // parts
+    inner = np.searchsorted(ends, targets, side="left") + 1 if len(ends) else np.zeros(parts - 1, np.int64)
+    return np.concatenate([[0], np.minimum(inner, len(blocks)), [len(blocks)]]).astype(np.int64)
+
+
+def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
+                progress=None) -> tuple[SequenceIndex, TokenSource]:
+    """Decode and validate blocks [block_lo, block_hi): their lengths, and a token source that
+    keeps as many of them decoded as the budget allows. Parquet decoding runs on a small thread
+    pool (it releases the GIL), results in order."""
+    source = TokenSource([f.path for f in index.files], index.tokens_column, index.labels_column, budget)
+    gid_lo, gid_hi = int(index.block_offsets[block_lo]), int(index.block_offsets[block_hi])
+    lengths = np.zeros(gid_hi - gid_lo, dtype=np.int64)
+    for b, decoded in _decode_in_order(source, index.blocks, block_lo, block_hi):
+        lengths[index.block_offsets[b] - gid_lo:index.block_offsets[b + 1] - gid_lo] = np.diff(decoded.offsets)
+        source.offer(b, decoded)
+        if progress is not None:
+            progress(1)
+    return dataclasses.replace(index, lengths=lengths, gid_lo=gid_lo), source
+
+
+def scan(inputs: list[str], tokens_column: str, labels_column: str | None,
+         budget: int, progress=None) -> tuple[SequenceIndex, TokenSource]:
+    """Index the inputs and decode every block (a single process)."""
+    index = index_inputs(inputs, tokens_column, labels_column)
+    return scan_blocks(index, 0, len(index.blocks), budget, progress)
+
+
+def _decode_in_order(source: TokenSource, blocks: list[Block], lo: int, hi: int, workers: int = 2):
+    """Yield (b, decoded block) for b in [lo, hi), in order, decoding up to `workers` blocks ahead."""
     with ThreadPoolExecutor(max_workers=workers) as pool:
         pending: deque = deque()
-        for b, block in enumerate(blocks):
-            pending.append((b, pool.submit(source.decode, block)))
+        for b in range(lo, hi):
+            pending.append((b, pool.submit(source.decode, blocks[b])))
             if len(pending) > workers:
                 done_b, future = pending.popleft()
                 yield done_b, future.result()

@@ -77,6 +77,13 @@ class OutputDir:
         except OSError as exc:
             raise PackctlError(f"{self.out}: cannot create the output directory ({exc.strerror or exc})") from None
 
+    @classmethod
+    def attach(cls, out: str | Path, tmp: Path) -> "OutputDir":
+        """The directory another rank created: this rank writes its shards into it."""
+        self = cls.__new__(cls)
+        self.out, self.tmp, self.overwrite = Path(out), Path(tmp), True
+        return self
+
     def write_shard(self, name: str, table: pa.Table) -> ShardInfo:
         path = self.tmp / name
         try:

@@ -70,35 +70,55 @@ class PackPlan:
         return gids[counts > 1]
 
 
-def plan_windows(lengths: np.ndarray, permutation: np.ndarray, *, capacity: int, align: int,
-                 algorithm: str, too_long: str, window: int, max_seqs_per_bin: int | None = None,
-                 seed: int = 0, progress=None) -> PackPlan:
-    """Pack `lengths` (true lengths by gid) in `permutation` order, window by window.
+def merge_plans(plans: list[PackPlan]) -> PackPlan:
+    """Plans of consecutive runs of windows (one per rank, in rank order) -> the plan of all."""
+    if len(plans) == 1:
+        return plans[0]
+    window_bins, bin_offsets = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
+    bins = pieces = 0
+    for p in plans:
+        window_bins.append(p.window_bins[1:] + bins)
+        bin_offsets.append(p.bin_offsets[1:] + pieces)
+        bins += p.num_bins
+        pieces += len(p.piece_gid)
+    cat = (lambda name: np.concatenate([getattr(p, name) for p in plans]))
+    return PackPlan(
+        window_bins=np.concatenate(window_bins), bin_offsets=np.concatenate(bin_offsets),
+        piece_gid=cat("piece_gid"), piece_start=cat("piece_start"), piece_len=cat("piece_len"),
+        piece_padded=cat("piece_padded"), dropped=np.sort(cat("dropped")), truncated=np.sort(cat("truncated")),
+        tokens_dropped=sum(p.tokens_dropped for p in plans), tokens_truncated=sum(p.tokens_truncated for p in plans),
+    )
 
-    `capacity` must be a multiple of `align`. Raises SequenceTooLong for the first over-long
-    sequence in gid order when `too_long == "error"`.
+
+def plan_windows(gids: np.ndarray, lengths: np.ndarray, *, capacity: int, align: int, algorithm: str,
+                 too_long: str, window: int, first_window: int = 0, max_seqs_per_bin: int | None = None,
+                 seed: int = 0, progress=None) -> PackPlan:
+    """Pack sequences given in order (`gids[i]` has true length `lengths[i]`), window by window.
+
+    The items are whole windows, the first being window `first_window` of the global order (its
+    index seeds `ffs`), so any run of whole windows plans the same wherever it is computed.
+    `capacity` must be a multiple of `align`. Raises SequenceTooLong for the over-long sequence
+    with the smallest gid when `too_long == "error"`.
     """
+    gids = np.asarray(gids, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
-    permutation = np.asarray(permutation, dtype=np.int64)
-    padded_all = round_up(lengths, align)
-    over = padded_all > capacity
+    over = round_up(lengths, align) > capacity
     if too_long == "error" and over.any():
-        gid = int(np.argmax(over))
-        raise SequenceTooLong(gid, int(lengths[gid]), int(padded_all[gid]), capacity)
-    dropped = np.flatnonzero(over) if too_long == "drop" else np.zeros(0, np.int64)
-    truncated = np.flatnonzero(over) if too_long == "truncate" else np.zeros(0, np.int64)
+        i = int(np.flatnonzero(over)[np.argmin(gids[over])])
+        raise SequenceTooLong(int(gids[i]), int(lengths[i]), int(round_up(lengths[i], align)), capacity)
+    dropped = np.sort(gids[over]) if too_long == "drop" else np.zeros(0, np.int64)
+    truncated = np.sort(gids[over]) if too_long == "truncate" else np.zeros(0, np.int64)
 
     parts: list[tuple[np.ndarray, ...]] = []
     window_bins = [0]
-    for w, lo in enumerate(range(0, len(permutation), window)):
-        gids = permutation[lo:lo + window]
-        result = _plan_one_window(gids, lengths[gids], capacity=capacity, align=align, algorithm=algorithm,
-                                  too_long=too_long, max_seqs_per_bin=max_seqs_per_bin,
-                                  seed=window_seed(seed, w))
+    for w, lo in enumerate(range(0, len(gids), window)):
+        result = _plan_one_window(gids[lo:lo + window], lengths[lo:lo + window], capacity=capacity, align=align,
+                                  algorithm=algorithm, too_long=too_long, max_seqs_per_bin=max_seqs_per_bin,
+                                  seed=window_seed(seed, first_window + w))
         parts.append(result)
         window_bins.append(window_bins[-1] + len(result[0]) - 1)
         if progress is not None:
-            progress(len(gids))
+            progress(min(window, len(gids) - lo))
 
     bin_offsets = [np.zeros(1, np.int64)]
     base = 0
@@ -111,8 +131,8 @@ def plan_windows(lengths: np.ndarray, permutation: np.ndarray, *, capacity: int,
         bin_offsets=np.concatenate(bin_offsets),
         piece_gid=cat(1), piece_start=cat(2), piece_len=cat(3), piece_padded=cat(4),
         dropped=dropped, truncated=truncated,
-        tokens_dropped=int(lengths[dropped].sum()),
-        tokens_truncated=int((lengths[truncated] - capacity).sum()),
+        tokens_dropped=int(lengths[over].sum()) if too_long == "drop" else 0,
+        tokens_truncated=int((lengths[over] - capacity).sum()) if too_long == "truncate" else 0,
     )
 
 

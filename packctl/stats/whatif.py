@@ -112,7 +112,7 @@ def what_if_row(index: LengthIndex, config: PackConfig, permutation: np.ndarray 
     t0 = time.perf_counter()
     plan, pack_lens = plan_corpus(index, config, permutation)
     plan_seconds = time.perf_counter() - t0
-    row = plan_metrics(index, plan, pack_lens, config)
+    row = plan_metrics(plan, pack_lens, config, index.num_sequences, int(index.lengths.sum()))
     row["fill_histogram"] = fill_histogram(plan.loads(padded=False), config.capacity)
     row["plan_seconds"] = plan_seconds
     return row

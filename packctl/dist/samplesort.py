@@ -1,0 +1,75 @@
+"""Distributed sample sort of (key, gid) int64 pairs, with a payload that travels along.
+
+    rank 0: keys [5, 1, 9]   rank 1: keys [2, 8, 3, 7]
+    1. sort locally                      [1, 5, 9]          [2, 3, 7, 8]
+    2. regular samples, allgathered      (p-1 evenly spaced per rank) -> sorted -> p-1 splitters
+    3. cut each local run at the splitters, Alltoall the counts, Alltoallv the pairs
+    4. merge what arrived                rank 0: [1, 2, 3, 5]   rank 1: [7, 8, 9]
+
+Ties in key are broken by gid, so the global order is a total order that does not depend on the
+number of ranks: rank r ends up with a contiguous range of it, rank r's range before rank r+1's.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _lex_order(keys: np.ndarray, gids: np.ndarray) -> np.ndarray:
+    return np.lexsort((gids, keys))
+
+
+def sample_sort(comm, keys: np.ndarray, gids: np.ndarray, payload: np.ndarray | None = None,
+                oversample: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Globally sort (key, gid) pairs over the ranks of `comm`; `payload` (int64, one per pair)
+    moves with its pair. Returns this rank's contiguous part of the sorted sequence."""
+    keys = np.asarray(keys, dtype=np.int64)
+    gids = np.asarray(gids, dtype=np.int64)
+    order = _lex_order(keys, gids)
+    keys, gids = keys[order], gids[order]
+    if payload is not None:
+        payload = np.asarray(payload, dtype=np.int64)[order]
+    if comm.size == 1:
+        return keys, gids, payload
+
+    # Regular sampling: `oversample * p` evenly spaced pairs of each sorted run.
+    p = comm.size
+    picks = np.linspace(0, len(keys), oversample * p, endpoint=False).astype(np.int64) if len(keys) else []
+    samples = np.stack([keys[picks], gids[picks]], axis=1) if len(keys) else np.zeros((0, 2), np.int64)
+    every = np.concatenate(comm.allgather(samples))
+    every = every[_lex_order(every[:, 0], every[:, 1])]
+    if len(every):
+        at = (np.arange(1, p) * len(every)) // p
+        splitters = every[at]
+    else:
+        splitters = np.zeros((p - 1, 2), np.int64)
+    # Destination of each pair: number of splitters (key, gid) <= the pair, lexicographically.
+    dest = _count_le(splitters, keys, gids)
+    counts = np.bincount(dest, minlength=p).astype(np.int64)
+    columns = [keys, gids] if payload is None else [keys, gids, payload]
+    packed = np.stack(columns, axis=1).ravel()  # already grouped by destination: the run is sorted
+    recv, recv_counts = comm.alltoallv(packed, counts * len(columns))
+    recv = recv.reshape(-1, len(columns))
+    merged = recv[_lex_order(recv[:, 0], recv[:, 1])]
+    return merged[:, 0].copy(), merged[:, 1].copy(), (merged[:, 2].copy() if payload is not None else None)
+
+
+def _count_le(splitters: np.ndarray, keys: np.ndarray, gids: np.ndarray) -> np.ndarray:
+    """For each (key, gid): how many splitter pairs are <= it (lexicographic)."""
+    dest = np.zeros(len(keys), dtype=np.int64)
+    for s_key, s_gid in splitters:
+        dest += (keys > s_key) | ((keys == s_key) & (gids >= s_gid))
+    return dest
+
+
+def redistribute(comm, values: list[np.ndarray], first_position: int, owner_of_position) -> list[np.ndarray]:
+    """Move rows of a globally ordered sequence (this rank holds positions
+    [first_position, first_position + len)) to the rank that owns each position
+    (`owner_of_position(positions) -> ranks`, non-decreasing). Columns are int64 arrays."""
+    n = len(values[0])
+    positions = first_position + np.arange(n, dtype=np.int64)
+    dest = owner_of_position(positions) if n else np.zeros(0, np.int64)
+    counts = np.bincount(dest, minlength=comm.size).astype(np.int64)
+    packed = np.stack(values, axis=1).ravel() if n else np.zeros(0, np.int64)
+    recv, _ = comm.alltoallv(packed, counts * len(values))
+    recv = recv.reshape(-1, len(values))
+    return [recv[:, k].copy() for k in range(len(values))]
