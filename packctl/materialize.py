@@ -149,24 +149,34 @@ class ShardAssembler:
 
     def add(self, pieces: np.ndarray, tokens: np.ndarray, labels: np.ndarray) -> None:
         """Pieces with their tokens and labels concatenated in the same order."""
+        src_starts = offsets_of(self.plan.piece_len[pieces])[:-1]
+
+        def part(sel: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            dst_starts = offsets_of(lens)
+            part_tokens = np.empty(int(dst_starts[-1]), dtype=np.int32)
+            part_labels = np.empty_like(part_tokens)
+            copy_segments(tokens, src_starts[sel], part_tokens, dst_starts[:-1], lens)
+            copy_segments(labels, src_starts[sel], part_labels, dst_starts[:-1], lens)
+            return part_tokens, part_labels
+
+        self._add_by_shard(pieces, part)
+
+    def add_from_block(self, pieces: np.ndarray, decoded, rows: np.ndarray, starts: np.ndarray) -> None:
+        """Pieces read straight from a decoded block (row in the block, start in the sequence)."""
+        self._add_by_shard(pieces, lambda sel, lens: decoded.gather(rows[sel], starts[sel], lens))
+
+    def _add_by_shard(self, pieces: np.ndarray, part: Callable[[np.ndarray, np.ndarray], tuple]) -> None:
+        # Each shard's part gets arrays of its own (`part` gathers them), so spilling or writing it
+        # frees memory even while other shards still wait for their part of this batch.
         if len(pieces) == 0:
             return
-        lens = self.plan.piece_len[pieces]
         shard = self.piece_shard[pieces]
         order = np.argsort(shard, kind="stable")
-        src_starts = offsets_of(lens)[:-1]
         shards_here, first = np.unique(shard[order], return_index=True)
         cuts = np.append(first, len(pieces))
         for k, s in enumerate(shards_here.tolist()):
             sel = order[cuts[k]:cuts[k + 1]]
-            # Each shard's part gets arrays of its own, so spilling or writing it frees memory
-            # even while other shards still wait for their part of this batch.
-            part_lens = lens[sel]
-            dst_starts = offsets_of(part_lens)
-            part_tokens = np.empty(int(dst_starts[-1]), dtype=np.int32)
-            part_labels = np.empty_like(part_tokens)
-            copy_segments(tokens, src_starts[sel], part_tokens, dst_starts[:-1], part_lens)
-            copy_segments(labels, src_starts[sel], part_labels, dst_starts[:-1], part_lens)
+            part_tokens, part_labels = part(sel, self.plan.piece_len[pieces[sel]])
             bucket = self.buckets.setdefault(s, _Bucket())
             self.buffered += bucket.add(pieces[sel], part_tokens, part_labels)
             self.remaining[s] -= len(sel)
@@ -278,14 +288,14 @@ def route_tokens(comm, plan: PackPlan, index: SequenceIndex, source: TokenSource
         if b < my_hi and cuts[k] < cuts[k + 1]:
             decoded = source.take(b, index.blocks[b])
             rows = received[cuts[k]:cuts[k + 1]]
+            if comm.size == 1:  # everything is for this rank: gather straight into the shard buckets
+                assembler.add_from_block(rows[:, 0], decoded, rows[:, 1] - index.block_offsets[b], rows[:, 2])
+                continue
             to = asker[cuts[k]:cuts[k + 1]]
             send_order = np.argsort(to, kind="stable")
             rows, to = rows[send_order], to[send_order]
             tokens, labels = decoded.gather(rows[:, 1] - index.block_offsets[b], rows[:, 2], rows[:, 3])
             del decoded
-            if comm.size == 1:  # everything is for this rank: no message to pack
-                assembler.add(rows[:, 0], tokens, labels)
-                continue
             piece_counts = np.bincount(to, minlength=comm.size).astype(np.int64)
             token_counts = np.bincount(to, weights=rows[:, 3], minlength=comm.size).astype(np.int64)
             meta = rows[:, 0]
