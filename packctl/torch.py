@@ -1,0 +1,478 @@
+"""Train on packctl output with PyTorch: a dataset over the packed shards and one collate function
+per kind of trainer (flash-attn, Hugging Face padding-free, Transformer Engine / Megatron THD).
+
+    from torch.utils.data import DataLoader
+    from packctl.torch import PackedDataset, collate_flash_attn
+
+    loader = DataLoader(PackedDataset("packed"), batch_size=2, collate_fn=collate_flash_attn)
+
+Every collate function lays the packs of a batch end to end in one row of shape [1, T] (the THD
+layout: no batch dimension, sequences told apart by cumulative lengths). Two packs, pad id 0,
+`.` = -100 (docs/format.md draws one pack column by column):
+
+    pack 0   input_ids  a0 a1 a2  0 b0 b1 b2 b3     cu_seqlens_padded [0, 4, 8]   seq_lens [3, 4]
+    pack 1   input_ids  c0 c1 c2 c3 c4 c5  0  0     cu_seqlens_padded [0, 8]      seq_lens [6]
+
+    collate_flash_attn([pack 0, pack 1])
+      input_ids     [[a0 a1 a2  0 b0 b1 b2 b3 c0 c1 c2 c3 c4 c5  0  0]]       int64 [1, 16]
+      labels        [[ . a1 a2  .  . b1 b2 b3  . c1 c2 c3 c4 c5  .  .]]       int64 [1, 16]
+      position_ids  [[ 0  1  2  3  0  1  2  3  0  1  2  3  4  5  6  7]]       int64 [1, 16]
+      cu_seqlens    [0, 4, 8, 16]   int32 (from cu_seqlens_padded)            max_seqlen 8 (int)
+
+Padding belongs to the sequence it follows, so a padded segment is attended as one causal
+sequence whose real tokens come first: padding never sees into another sequence and no real token
+sees padding. Its labels are -100, so it adds nothing to the loss or the gradients.
+
+torch is an optional extra: importing this module without it fails with the pip line.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packctl.config import IGNORE_INDEX
+from packctl.errors import PackctlError, require
+from packctl.schema import BALANCE_COLUMNS, FORMAT_VERSION, LIST_INT32_COLUMNS
+from packctl.thd import cp_partition_indices
+
+torch = require("torch", "torch", "packctl.torch")
+
+LR_SCALE_COLUMN = "lr_scale"
+
+__all__ = [
+    "PackedDataset", "collate_flash_attn", "collate_hf", "collate_thd", "cp_slice", "packed_seq_params",
+    "block_causal_mask", "varlen_attention", "read_lr_scales", "apply_lr_scale",
+]
+
+
+class PackedDataset(torch.utils.data.Dataset):
+    """Map-style dataset over the packs of a packctl output directory; item i is one pack.
+
+    The shards are those listed in `OUT/manifest.json`, in that order, read through a memory map
+    and decoded one shard at a time (the last `cache_shards` decoded shards are kept, per process:
+    each DataLoader worker holds its own). `len()` comes from the manifest's row counts (a balanced
+    output also has its three small balance columns read once, to find the rank's packs).
+
+    Which packs a data-parallel rank sees, and in which order:
+
+    - the output was balanced (it has `step`, `dp_rank`, `micro_batch` columns): rank r sees the
+      packs whose `dp_rank` is r, ordered by (`step`, `micro_batch`); without `dp_rank` every pack,
+      ordered by (`step`, `dp_rank`, `micro_batch`). Ties keep output order.
+    - otherwise, with `dp_size` given: the packs are strided over the ranks exactly as
+      `torch.utils.data.DistributedSampler(dataset, dp_size, dp_rank, shuffle=False,
+      drop_last=drop_last)` strides them: rank r sees packs r, r + dp_size, r + 2*dp_size, ...
+      With `drop_last=False` the list is first extended by wrapping around to its start until its
+      length divides by dp_size (every rank gets ceil(N / dp_size) packs, a few packs twice);
+      with `drop_last=True` the last N % dp_size packs are left out (floor(N / dp_size) each).
+      Equal lengths keep the ranks' steps in lockstep.
+    - otherwise: every pack, in output order.
+
+        7 packs, dp_size 3, drop_last False:  rank 0 -> [0, 3, 6]  rank 1 -> [1, 4, 0]  rank 2 -> [2, 5, 1]
+
+    An item is a dict of numpy arrays, the pack's columns (docs/format.md): `input_ids`, `labels`,
+    `position_ids`, `seq_lens`, `seq_lens_padded`, `cu_seqlens`, `cu_seqlens_padded`,
+    `sample_ids`, the int `num_tokens` and `index` (the pack's row in output order), plus `step`,
+    `dp_rank`, `micro_batch` and `lr_scale` when the output has them. The arrays are read-only views
+    of the decoded shard; the collate functions copy them.
+
+    Args:
+        path: the output directory OUT (or its `manifest.json`).
+        dp_rank: this process's data-parallel rank (None: all packs).
+        dp_size: the data-parallel world size; needed with `dp_rank` unless the output is balanced.
+        drop_last: with strided ranks, leave out the remainder instead of wrapping around.
+        cache_shards: decoded shards kept in memory.
+    """
+
+    def __init__(self, path: str | Path, dp_rank: int | None = None, dp_size: int | None = None, *,
+                 drop_last: bool = False, cache_shards: int = 2):
+        self.manifest_path = _manifest_path(Path(path))
+        self.root = self.manifest_path.parent
+        self.manifest = _read_manifest(self.manifest_path)
+        self.layout: dict[str, Any] = self.manifest.get("layout", {})
+        self.shard_paths = [self.root / s["path"] for s in self.manifest["shards"]]
+        rows = np.array([int(s["rows"]) for s in self.manifest["shards"]], dtype=np.int64)
+        self._shard_offsets = np.concatenate([[0], np.cumsum(rows)])
+        self.num_packs = int(self._shard_offsets[-1])
+        self.dp_rank, self.dp_size = dp_rank, dp_size
+        self.cache_shards = max(1, int(cache_shards))
+        self._cache: OrderedDict[int, dict[str, Any]] = OrderedDict()
+
+        schema = pq.read_schema(self.shard_paths[0], memory_map=True) if self.shard_paths else pa.schema([])
+        self.balanced = all(name in schema.names for name in BALANCE_COLUMNS)
+        self._extra_scalars = [c for c in (*BALANCE_COLUMNS, LR_SCALE_COLUMN) if c in schema.names]
+        if self.balanced:
+            self.order = self._balanced_order(dp_rank, dp_size)
+        else:
+            self.order = _strided_order(self.num_packs, dp_rank, dp_size, drop_last)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        n = len(self.order)
+        if not -n <= i < n:
+            raise IndexError(f"pack {i} out of range for a dataset of {n} packs")
+        row = int(self.order[i])
+        shard = int(np.searchsorted(self._shard_offsets, row, side="right") - 1)
+        local = row - int(self._shard_offsets[shard])
+        columns = self._shard(shard)
+        item: dict[str, Any] = {}
+        for name in (*LIST_INT32_COLUMNS, "sample_ids"):
+            offsets, values = columns[name]
+            item[name] = values[offsets[local]:offsets[local + 1]]
+        item["num_tokens"] = int(columns["num_tokens"][local])
+        for name in self._extra_scalars:
+            item[name] = columns[name][local].item()
+        item["index"] = row
+        return item
+
+    def __repr__(self) -> str:
+        rank = "" if self.dp_rank is None else f", dp_rank={self.dp_rank}, dp_size={self.dp_size}"
+        return f"PackedDataset({str(self.root)!r}{rank}: {len(self)} of {self.num_packs} packs)"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # DataLoader workers receive a copy: send the index, not the decoded shards.
+        state = dict(self.__dict__)
+        state["_cache"] = OrderedDict()
+        return state
+
+    def _shard(self, shard: int) -> dict[str, Any]:
+        if shard in self._cache:
+            self._cache.move_to_end(shard)
+            return self._cache[shard]
+        table = pq.read_table(self.shard_paths[shard], memory_map=True)
+        columns: dict[str, Any] = {}
+        for name in (*LIST_INT32_COLUMNS, "sample_ids"):
+            array = table.column(name).combine_chunks()
+            columns[name] = (array.offsets.to_numpy(), array.values.to_numpy())
+        for name in ("num_tokens", *self._extra_scalars):
+            columns[name] = table.column(name).to_numpy()
+        self._cache[shard] = columns
+        while len(self._cache) > self.cache_shards:
+            self._cache.popitem(last=False)
+        return columns
+
+    def _balanced_order(self, dp_rank: int | None, dp_size: int | None) -> np.ndarray:
+        tables = [pq.read_table(p, columns=list(BALANCE_COLUMNS), memory_map=True) for p in self.shard_paths]
+        cols = {name: np.concatenate([t.column(name).to_numpy() for t in tables]).astype(np.int64)
+                for name in BALANCE_COLUMNS}
+        ranks_in_output = int(cols["dp_rank"].max()) + 1 if len(cols["dp_rank"]) else 0
+        if dp_size is not None and ranks_in_output != dp_size:
+            raise PackctlError(f"{self.root}: the packs were balanced over {ranks_in_output} data-parallel ranks, "
+                               f"not dp_size={dp_size}: repack for {dp_size} ranks or pass dp_size={ranks_in_output}")
+        rows = np.arange(self.num_packs, dtype=np.int64)
+        if dp_rank is None:
+            return rows[np.lexsort((rows, cols["micro_batch"], cols["dp_rank"], cols["step"]))]
+        if dp_rank < 0 or (dp_size is not None and dp_rank >= dp_size):
+            raise PackctlError(f"dp_rank {dp_rank} is not in [0, dp_size={dp_size})")
+        mine = rows[cols["dp_rank"] == dp_rank]
+        return mine[np.lexsort((mine, cols["micro_batch"][mine], cols["step"][mine]))]
+
+
+def _strided_order(num_packs: int, dp_rank: int | None, dp_size: int | None, drop_last: bool) -> np.ndarray:
+    """The indices DistributedSampler(shuffle=False) gives rank `dp_rank` of `dp_size`."""
+    rows = np.arange(num_packs, dtype=np.int64)
+    if dp_rank is None and dp_size is None:
+        return rows
+    if dp_rank is None or dp_size is None:
+        raise PackctlError("pass both dp_rank and dp_size (this output has no dp_rank column to follow)")
+    if dp_size < 1 or not 0 <= dp_rank < dp_size:
+        raise PackctlError(f"dp_rank {dp_rank} is not in [0, dp_size={dp_size})")
+    if drop_last:
+        total = num_packs // dp_size * dp_size
+    else:
+        total = math.ceil(num_packs / dp_size) * dp_size
+        if num_packs:
+            rows = np.resize(rows, total)  # np.resize repeats the array from its start
+    return rows[:total][dp_rank::dp_size]
+
+
+def _manifest_path(path: Path) -> Path:
+    manifest = path if path.name == "manifest.json" else path / "manifest.json"
+    if not manifest.is_file():
+        raise PackctlError(f"{manifest}: not found; point at the directory written by `packctl pack -o OUT` "
+                           "(manifest.json is written last, so an interrupted run has none)")
+    return manifest
+
+
+def _read_manifest(manifest_path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise PackctlError(f"{manifest_path}: not valid JSON ({exc}); repack the output") from None
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise PackctlError(f"{manifest_path}: format version {version}, this packctl reads version "
+                           f"{FORMAT_VERSION}; install the packctl that wrote it or repack")
+    return manifest
+
+
+# ---- collate functions -------------------------------------------------------------------------
+
+
+def _concat_offsets(cus: Iterable[np.ndarray]) -> np.ndarray:
+    """Cumulative offsets of several packs laid end to end: [0, 4, 8] + [0, 8] -> [0, 4, 8, 16]."""
+    parts, base = [np.zeros(1, np.int64)], 0
+    for cu in cus:
+        cu = np.asarray(cu, dtype=np.int64)
+        parts.append(cu[1:] + base)
+        base += int(cu[-1])
+    return np.concatenate(parts)
+
+
+def _flat(packs: Sequence[Mapping[str, Any]], name: str) -> np.ndarray:
+    return np.concatenate([np.asarray(p[name]) for p in packs]).astype(np.int64)
+
+
+def _row(values: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).unsqueeze(0)
+
+
+def _padded_offsets(packs: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    if not packs:
+        raise ValueError("cannot collate an empty list of packs")
+    for p in packs:
+        cu, n = np.asarray(p["cu_seqlens_padded"]), len(p["input_ids"])
+        if len(cu) < 2 or cu[0] != 0 or cu[-1] != n:
+            raise ValueError(f"a pack's cu_seqlens_padded {cu[:3].tolist()}..{cu[-1:].tolist()} does not span its "
+                             f"{n} tokens; collate packs read from a packctl output (PackedDataset)")
+    return _concat_offsets(p["cu_seqlens_padded"] for p in packs)
+
+
+def collate_flash_attn(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Packs -> the inputs of a model built on `flash_attn_varlen_func`.
+
+    Returns `input_ids`, `labels`, `position_ids` (int64, [1, T]), `cu_seqlens` (int32, [S+1], the
+    segment offsets `cu_seqlens_padded` of all packs laid end to end) and `max_seqlen` (Python
+    int, the longest padded segment). The attention call is
+
+        flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True)
+
+    with q, k, v of shape [T, heads, head_dim] (`varlen_attention` does it, with an SDPA fallback).
+    `labels` are not shifted: logits[i] predicts labels[i + 1] (see the module docstring).
+    """
+    cu = _padded_offsets(packs)
+    return {
+        "input_ids": _row(_flat(packs, "input_ids")),
+        "labels": _row(_flat(packs, "labels")),
+        "position_ids": _row(_flat(packs, "position_ids")),
+        "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
+        "max_seqlen": int(np.diff(cu).max()),
+    }
+
+
+def collate_hf(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Packs -> the batch `transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`
+    makes: `input_ids`, `labels`, `position_ids` (int64, [1, T]), `cu_seq_lens_q` and
+    `cu_seq_lens_k` (the same int32 tensor, [S+1]) and `max_length_q`, `max_length_k` (Python ints).
+
+    Pass it whole to a Hugging Face causal LM: `model(**batch, use_cache=False).loss`. With
+    `attn_implementation="flash_attention_2"` the model calls flash-attn's varlen kernel with the
+    cu_seq_lens; with "sdpa", "eager" or "flex_attention", transformers >= 4.53 finds the sequence
+    boundaries from `position_ids` (a position that does not follow its predecessor starts a
+    sequence) and builds the block-causal mask from them, but only when it creates no KV cache:
+    with `use_cache` on, the whole row is one causal sequence (docs/training.md).
+
+    The differences from that collator: each segment carries its alignment padding (the
+    boundaries are `cu_seqlens_padded`), and the first label of each sequence is already -100 in
+    the pack (the collator's `separator_id`).
+    """
+    out = collate_flash_attn(packs)
+    cu = out.pop("cu_seqlens")
+    max_len = out.pop("max_seqlen")
+    out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_len, max_length_k=max_len)
+    return out
+
+
+def collate_thd(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Packs -> a Transformer Engine / Megatron THD micro-batch (Megatron's `get_batch` keys).
+
+    Returns:
+        tokens, position_ids: int64 [1, T].
+        labels: int64 [1, T], **already shifted** as Megatron's GPT loss expects: labels[i] is the
+            target of position i (the pack's label i + 1), -100 where there is none.
+        loss_mask: float32 [1, T], 1 where labels[i] is a target.
+        cu_seqlens: int32 [S+1], cumulative true lengths (TE's `cu_seqlens_q`).
+        cu_seqlens_padded: int32 [S+1], offsets of the sequences in `tokens` (`cu_seqlens_q_padded`).
+        max_seqlen: Python int, the longest padded sequence.
+        qkv_format: "thd".
+
+        pack   tokens  a0 a1 a2  0 b0 b1 b2 b3      cu_seqlens [0, 3, 7]  cu_seqlens_padded [0, 4, 8]
+               labels  a1 a2  .  .  b1 b2 b3  .     loss_mask   1  1  0  0  1  1  1  0
+
+    The shift happens here, before any context-parallel split (`cp_slice`), because after the
+    split a rank no longer holds the next token of its last position in a chunk.
+    `packed_seq_params(batch)` turns the batch into Megatron's `PackedSeqParams`.
+    """
+    cu_padded = _padded_offsets(packs)
+    labels = _flat(packs, "labels")
+    shifted = np.full_like(labels, IGNORE_INDEX)
+    shifted[:-1] = labels[1:]
+    return {
+        "tokens": _row(_flat(packs, "input_ids")),
+        "labels": _row(shifted),
+        "loss_mask": torch.from_numpy((shifted != IGNORE_INDEX).astype(np.float32)).unsqueeze(0),
+        "position_ids": _row(_flat(packs, "position_ids")),
+        "cu_seqlens": torch.from_numpy(_concat_offsets(p["cu_seqlens"] for p in packs).astype(np.int32)),
+        "cu_seqlens_padded": torch.from_numpy(cu_padded.astype(np.int32)),
+        "max_seqlen": int(np.diff(cu_padded).max()),
+        "qkv_format": "thd",
+    }
+
+
+def cp_slice(batch: Mapping[str, Any], cp_size: int, cp_rank: int) -> dict[str, Any]:
+    """Context-parallel rank `cp_rank`'s share of a `collate_thd` batch.
+
+    Every tensor of shape [1, T, ...] keeps the tokens `packctl.thd.cp_partition_indices` gives the
+    rank (chunks r and 2*cp_size-1-r of each padded sequence, Transformer Engine's split) and
+    becomes [1, T / cp_size, ...]; `cu_seqlens`, `cu_seqlens_padded` and `max_seqlen` stay global,
+    as Transformer Engine's context-parallel attention expects them. Needs an output packed with
+    `--cp-size` (every padded sequence a multiple of 2*cp_size); cp_size 1 returns the batch.
+
+        cu_seqlens_padded [0, 8, 16], cp_size 2:  rank 0 keeps tokens 0 1 6 7 8 9 14 15
+    """
+    if cp_size == 1 and cp_rank == 0:
+        return dict(batch)  # nothing to split (and no 2*cp alignment to ask for)
+    cu_padded = batch["cu_seqlens_padded"]
+    try:
+        index = cp_partition_indices(np.asarray(cu_padded.cpu() if torch.is_tensor(cu_padded) else cu_padded),
+                                     cp_size, cp_rank)
+    except ValueError as exc:
+        raise PackctlError(str(exc)) from None
+    out = dict(batch)
+    total = int(cu_padded[-1])
+    for name, value in batch.items():
+        if torch.is_tensor(value) and value.dim() >= 2 and tuple(value.shape[:2]) == (1, total):
+            out[name] = value[:, torch.from_numpy(index).to(value.device)]
+    return out
+
+
+def packed_seq_params(batch: Mapping[str, Any]):
+    """Megatron's `PackedSeqParams` for a `collate_thd` batch (needs megatron-core).
+
+        model(input_ids=batch["tokens"], position_ids=batch["position_ids"], attention_mask=None,
+              labels=batch["labels"], packed_seq_params=packed_seq_params(batch))
+    """
+    try:
+        from megatron.core.packed_seq_params import PackedSeqParams
+    except ImportError:
+        raise PackctlError("packed_seq_params needs megatron-core, which is not installed: "
+                           "pip install megatron-core") from None
+    cu, cu_padded, max_len = batch["cu_seqlens"], batch["cu_seqlens_padded"], batch["max_seqlen"]
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu_padded,
+                           cu_seqlens_kv_padded=cu_padded, max_seqlen_q=max_len, max_seqlen_kv=max_len)
+
+
+# ---- attention -----------------------------------------------------------------------------------
+
+
+def block_causal_mask(cu_seqlens: torch.Tensor | np.ndarray, total: int | None = None, *,
+                      causal: bool = True, device: Any = None) -> torch.Tensor:
+    """Boolean [T, T] mask, True where query i may attend to key j: same segment and j <= i.
+
+        cu_seqlens [0, 2, 5]      1 . . . .
+                                  1 1 . . .
+                                  . . 1 . .
+                                  . . 1 1 .
+                                  . . 1 1 1
+
+    For SDPA (`attn_mask=`) and Hugging Face models (`attention_mask=mask[None, None]` with
+    `attn_implementation="sdpa"`). It holds T*T booleans: fine for tests and CPU runs, use
+    flash-attn (`varlen_attention`) for long packs. Tokens past cu_seqlens[-1] form one more segment.
+    """
+    cu = torch.as_tensor(np.asarray(cu_seqlens.cpu() if torch.is_tensor(cu_seqlens) else cu_seqlens),
+                         dtype=torch.int64)
+    total = int(cu[-1]) if total is None else int(total)
+    index = torch.arange(total)
+    segment = torch.searchsorted(cu[1:], index, right=True)
+    mask = segment[:, None] == segment[None, :]
+    if causal:
+        mask &= index[None, :] <= index[:, None]
+    return mask.to(device) if device is not None else mask
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                     max_seqlen: int, *, causal: bool = True, softmax_scale: float | None = None,
+                     backend: str = "auto") -> torch.Tensor:
+    """Attention over the segments of a THD row: q [T, Hq, D], k and v [T, Hkv, D] -> [T, Hq, D].
+
+    backend "flash-attn" calls `flash_attn_varlen_func` (CUDA, fp16/bf16, the `gpu` extra);
+    "sdpa" runs `torch.nn.functional.scaled_dot_product_attention` with `block_causal_mask` (any
+    device and dtype, memory T*T); "auto" picks flash-attn on CUDA in fp16/bf16 when it is
+    installed, SDPA otherwise. Grouped-query attention (Hq a multiple of Hkv) works with both.
+    """
+    if backend == "auto":
+        import importlib.util
+
+        fast = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+        backend = "flash-attn" if fast and importlib.util.find_spec("flash_attn") else "sdpa"
+    if backend == "flash-attn":
+        flash_attn = require("flash_attn", "gpu", "varlen_attention(backend='flash-attn')")
+        cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
+        return flash_attn.flash_attn_varlen_func(q, k, v, cu, cu, int(max_seqlen), int(max_seqlen),
+                                                 softmax_scale=softmax_scale, causal=causal)
+    if backend != "sdpa":
+        raise ValueError(f"backend {backend!r}: choose auto, flash-attn or sdpa")
+    mask = block_causal_mask(cu_seqlens, q.shape[0], causal=causal, device=q.device)
+    groups = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(groups, dim=1) if groups > 1 else t for t in (k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+        attn_mask=mask, scale=softmax_scale)
+    return out.squeeze(0).transpose(0, 1)
+
+
+# ---- learning-rate scale -------------------------------------------------------------------------
+
+
+def read_lr_scales(path: str | Path) -> dict[int, float] | None:
+    """The learning-rate scale of each step, when the output records one; None otherwise.
+
+    Format version 1 writes no scale: this returns None for every output packctl writes today,
+    and training code that calls it keeps working unchanged once balanced outputs carry one.
+    Read from the manifest's `lr_scale` (a list indexed by step, or a {step: scale} mapping), else
+    from the shards' `lr_scale` column with their `step` column (one value per step).
+
+        scales = read_lr_scales("packed")            # {0: 1.0, 1: 0.96, ...} or None
+        base_lrs = [g["lr"] for g in optimizer.param_groups]
+        apply_lr_scale(optimizer, scales.get(step, 1.0) if scales else 1.0, base_lrs)
+    """
+    manifest_path = _manifest_path(Path(path))
+    manifest = _read_manifest(manifest_path)
+    recorded = manifest.get(LR_SCALE_COLUMN)
+    if isinstance(recorded, list):
+        return {step: float(s) for step, s in enumerate(recorded)}
+    if isinstance(recorded, dict):
+        return {int(step): float(s) for step, s in recorded.items()}
+    scales: dict[int, float] = {}
+    for shard in manifest["shards"]:
+        shard_path = manifest_path.parent / shard["path"]
+        names = pq.read_schema(shard_path, memory_map=True).names
+        if LR_SCALE_COLUMN not in names:
+            return None
+        if "step" not in names:
+            raise PackctlError(f"{shard_path}: an lr_scale column without a step column; repack the output")
+        table = pq.read_table(shard_path, columns=["step", LR_SCALE_COLUMN], memory_map=True)
+        for step, scale in zip(table.column("step").to_numpy().tolist(),
+                               table.column(LR_SCALE_COLUMN).to_numpy().tolist()):
+            if scales.setdefault(step, scale) != scale:
+                raise PackctlError(f"{shard_path}: step {step} has two lr_scale values "
+                                   f"({scales[step]} and {scale}); repack the output")
+    return scales or None
+
+
+def apply_lr_scale(optimizer: torch.optim.Optimizer, scale: float, base_lrs: Sequence[float]) -> None:
+    """Set each param group's lr to `base_lrs[g] * scale` (the base lrs read once, before training;
+    with a scheduler, pass the lrs it set for this step)."""
+    groups = optimizer.param_groups
+    if len(base_lrs) != len(groups):
+        raise ValueError(f"{len(base_lrs)} base lrs for {len(groups)} param groups")
+    for group, base in zip(groups, base_lrs):
+        group["lr"] = base * scale
