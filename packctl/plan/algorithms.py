@@ -458,6 +458,19 @@ def _first_at_most(sizes_descending, low, high, limit):
 
 
 @numba.njit(cache=True)
+def _place(position, b, sizes, order, room, count, next_alive, previous_alive, step_item, bin_of_step, steps):
+    """Put the item at `position` (of the decreasing order) into bin b: log the step, mark the
+    item packed for both neighbour searches. Returns the new step count."""
+    room[b] -= sizes[position]
+    count[b] += 1
+    next_alive[position] = position + 1
+    previous_alive[position + 1] = position
+    step_item[steps] = order[position]
+    bin_of_step[steps] = b
+    return steps + 1
+
+
+@numba.njit(cache=True)
 def _mffd_kernel(sizes, order, capacity, max_seqs, max_ffd_bins):
     """Johnson & Garey's modified first fit decreasing; returns the placement log (item and bin of
     each step) and the number of bins.
@@ -515,13 +528,8 @@ def _mffd_kernel(sizes, order, capacity, max_seqs, max_ffd_bins):
         if position >= end_medium:
             continue
         has_medium[b] = True
-        room[b] -= sizes[position]
-        count[b] += 1
-        next_alive[position] = position + 1
-        previous_alive[position + 1] = position
-        step_item[steps] = order[position]
-        bin_of_step[steps] = b
-        steps += 1
+        steps = _place(position, b, sizes, order, room, count, next_alive, previous_alive, step_item,
+                       bin_of_step, steps)
 
     # Phase 3: backward through the large bins without a medium item; where the two smallest small
     # items fit together, add the smallest and the largest small item that fits beside it.
@@ -542,13 +550,8 @@ def _mffd_kernel(sizes, order, capacity, max_seqs, max_ffd_bins):
             else:
                 position = _next_alive(
                     next_alive, _first_at_most(sizes, end_medium, end_small, room[b]))
-            room[b] -= sizes[position]
-            count[b] += 1
-            next_alive[position] = position + 1
-            previous_alive[position + 1] = position
-            step_item[steps] = order[position]
-            bin_of_step[steps] = b
-            steps += 1
+            steps = _place(position, b, sizes, order, room, count, next_alive, previous_alive, step_item,
+                           bin_of_step, steps)
 
     # Phase 4: forward through all large bins; each keeps taking the largest remaining item of any
     # class that fits until none does.
@@ -557,13 +560,8 @@ def _mffd_kernel(sizes, order, capacity, max_seqs, max_ffd_bins):
             position = _next_alive(next_alive, _first_at_most(sizes, end_large, n, room[b]))
             if position >= n:
                 break
-            room[b] -= sizes[position]
-            count[b] += 1
-            next_alive[position] = position + 1
-            previous_alive[position + 1] = position
-            step_item[steps] = order[position]
-            bin_of_step[steps] = b
-            steps += 1
+            steps = _place(position, b, sizes, order, room, count, next_alive, previous_alive, step_item,
+                           bin_of_step, steps)
 
     # Phase 5: first fit decreasing for what is left, in new bins.
     leftover = np.empty(n - steps, np.int64)
