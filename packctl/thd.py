@@ -101,3 +101,51 @@ def _row_cumsums(values: np.ndarray, bin_offsets: np.ndarray, row_of_piece: np.n
     out = np.zeros(len(values) + rows, dtype=np.int32)
     out[np.arange(len(values)) + row_of_piece + 1] = inclusive - row_base[row_of_piece]
     return out
+
+
+def cp_partition_indices(cu_seqlens_padded: np.ndarray, cp_size: int, cp_rank: int) -> np.ndarray:
+    """Indices of the tokens that context-parallel rank `cp_rank` of `cp_size` holds.
+
+    The split of Transformer Engine's THD context parallelism (`thd_get_partitioned_indices`):
+    every padded sequence is cut into 2*cp_size equal chunks and rank r keeps chunks r and
+    2*cp_size-1-r, so each rank gets an early (cheap) and a late (expensive) chunk of every causal
+    sequence. The result lists the kept tokens sequence after sequence, ascending, and holds
+    `cu_seqlens_padded[-1] / cp_size` indices: the rank's local THD layout, whose own
+    cu_seqlens_padded is `cu_seqlens_padded / cp_size`.
+
+        cu_seqlens_padded [0, 8, 16], cp_size 2 (chunks of 2 tokens):
+        index   0 1 | 2 3 | 4 5 | 6 7 || 8 9 | 10 11 | 12 13 | 14 15
+        chunk   0   | 1   | 2   | 3   || 0   | 1     | 2     | 3
+        rank 0 -> [0, 1, 6, 7, 8, 9, 14, 15]      rank 1 -> [2, 3, 4, 5, 10, 11, 12, 13]
+
+    Args:
+        cu_seqlens_padded: `[0, cumsum(seq_lens_padded)]` of one pack (indices are then positions in
+            that pack's `input_ids`), or of several packs laid end to end (positions in the
+            concatenated tokens).
+        cp_size: context-parallel size (>= 1).
+        cp_rank: the rank, in [0, cp_size).
+
+    Raises ValueError when cu_seqlens_padded decreases or a padded length is not a multiple of
+    2*cp_size (pack with `--cp-size` so packctl pads every sequence to it).
+    """
+    cu = np.asarray(cu_seqlens_padded, dtype=np.int64)
+    if cu.ndim != 1 or len(cu) < 1:
+        raise ValueError("cu_seqlens_padded must be a 1-D array with at least one entry")
+    if cp_size < 1 or not 0 <= cp_rank < cp_size:
+        raise ValueError(f"cp_rank {cp_rank} is not in [0, cp_size={cp_size})")
+    lens = np.diff(cu)
+    if (lens < 0).any():
+        i = int(np.argmax(lens < 0))
+        raise ValueError(f"cu_seqlens_padded decreases at sequence {i} ({int(cu[i])} -> {int(cu[i + 1])})")
+    if cp_size == 1:  # no split: the rank holds every token
+        return np.arange(int(cu[-1] - cu[0]), dtype=np.int64) + cu[0]
+    chunks = 2 * cp_size
+    if (lens % chunks).any():
+        i = int(np.argmax(lens % chunks != 0))
+        raise ValueError(f"sequence {i} has padded length {int(lens[i])}, not a multiple of 2*cp_size = {chunks}; "
+                         f"pack with --cp-size {cp_size} so every sequence is padded to it")
+    chunk = lens // chunks
+    kept = np.array([cp_rank, chunks - 1 - cp_rank], dtype=np.int64)
+    starts = (cu[:-1, None] + kept[None, :] * chunk[:, None]).ravel()  # early then late chunk of each sequence
+    sizes = np.repeat(chunk, 2)
+    return np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)

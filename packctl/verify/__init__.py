@@ -1,0 +1,20 @@
+"""`packctl verify`: prove a packed output is correct and trains exactly like unpacked data.
+
+    >>> from packctl.verify import VerifyOptions, verify
+    >>> report = verify("out", VerifyOptions(source=["sample_data"]))      # doctest: +SKIP
+    >>> report.ok, report.exit_code                                        # doctest: +SKIP
+    (True, 0)
+
+Checks (docs/verify.md): `structure` (every contract rule, checksums, manifest counts),
+`conservation` (against --source), `attention` and `contamination` (torch), `cp` (context-parallel
+split) and `bench`. Modules: structure, conservation, attention, backends, cp, report, run.
+torch and flash-attn are imported only by the attention checks.
+"""
+from __future__ import annotations
+
+from packctl.verify.report import CheckResult, VerifyReport, summary_table
+from packctl.verify.run import VerifyOptions, verify
+from packctl.verify.structure import Layout, Violation, check_pack_rows, load_manifest
+
+__all__ = ["CheckResult", "Layout", "VerifyOptions", "VerifyReport", "Violation", "check_pack_rows",
+           "load_manifest", "summary_table", "verify"]

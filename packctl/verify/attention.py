@@ -1,0 +1,469 @@
+"""Attention equivalence: a pack trains exactly like its sequences one by one.
+
+For a pack, q, k and v are built from its tokens (`ProbeEmbedding`), varlen attention runs over
+the whole pack with the boundaries a trainer passes (`cu_seqlens_padded`) and the positions it
+passes (`position_ids`), and the output rows of every sequence are compared with that sequence's
+own causal attention, computed on it alone at positions 0..len-1:
+
+    pack        a0 a1 a2 .  b0 b1 b2 b3         packed varlen attention, cu_seqlens_padded [0, 4, 8]
+                 |  |  |     |  |  |  |
+    reference   attn(a0 a1 a2)  attn(b0 b1 b2 b3)   each at positions 0.., nothing else in view
+
+Pass rule (the one flash-attn's own tests use): for each pack and dtype, with `ref` the fp32
+attention of the dtype-rounded inputs,
+
+    max |packed - ref|  <=  2 * max |unpacked(dtype) - ref|  +  atol(dtype)
+
+where `unpacked(dtype)` is the same formula on each sequence alone, computed entirely in that
+dtype: the packed kernel may be as inexact as a plain implementation, twice over, but no more.
+Cross-sequence attention, a shifted boundary or positions that do not restart at 0 move the packed
+rows by orders of magnitude more.
+
+The contamination probe changes the tokens of one sequence and requires the output rows of every
+other sequence to stay bitwise identical (on CPU; within atol on CUDA).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from packctl.arrays import offsets_of, positions_in_segments, ranges
+from packctl.thd import PackRows
+from packctl.verify.backends import Backend, as_tensor, torch_dtype
+from packctl.verify.conservation import splitmix64
+from packctl.verify.structure import Violation
+
+ATOL = {"fp32": 1e-5, "bf16": 1e-5, "fp16": 1e-5}
+_TOKEN_SALT, _POSITION_SALT = 0x51ED270B27, 0x3C6EF372FE
+_PERTURB = 0x2545F491  # XOR-ed into the token ids of the probed sequence (< 2^31, so ids stay int32)
+
+
+@dataclass
+class Pack:
+    """One pack's columns as a trainer receives them, and where it came from.
+
+        input_ids [a0 a1 a2 0 b0 b1 b2 b3]  position_ids [0 1 2 3 0 1 2 3]
+        seq_lens [3, 4]  seq_lens_padded [4, 4]  cu_seqlens_padded [0, 4, 8]  sample_ids [7, 3]
+    """
+
+    input_ids: np.ndarray
+    position_ids: np.ndarray
+    seq_lens: np.ndarray
+    seq_lens_padded: np.ndarray
+    cu_seqlens_padded: np.ndarray
+    sample_ids: np.ndarray
+    shard: str | None = None
+    row: int | None = None
+
+    @classmethod
+    def from_rows(cls, rows: PackRows, r: int, shard: str | None = None) -> "Pack":
+        t0, t1 = int(rows.token_offsets[r]), int(rows.token_offsets[r + 1])
+        s0, s1 = int(rows.seq_offsets[r]), int(rows.seq_offsets[r + 1])
+        c0, c1 = int(rows.cu_offsets[r]), int(rows.cu_offsets[r + 1])
+        return cls(input_ids=np.array(rows.input_ids[t0:t1]), position_ids=np.array(rows.position_ids[t0:t1]),
+                   seq_lens=np.array(rows.seq_lens[s0:s1], dtype=np.int64),
+                   seq_lens_padded=np.array(rows.seq_lens_padded[s0:s1], dtype=np.int64),
+                   cu_seqlens_padded=np.array(rows.cu_seqlens_padded[c0:c1], dtype=np.int64),
+                   sample_ids=np.array(rows.sample_ids[s0:s1], dtype=np.int64), shard=shard, row=r)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Where each sequence truly starts: [0, cumsum(seq_lens_padded)] (not cu_seqlens_padded, which
+        is what the kernel is given and what is being tested)."""
+        return offsets_of(self.seq_lens_padded)
+
+    def unusable(self) -> str | None:
+        """Why a varlen kernel cannot even be run on these columns, or None."""
+        total = len(self.input_ids)
+        cu = self.cu_seqlens_padded
+        if len(self.position_ids) != total:
+            return f"position_ids has {len(self.position_ids)} entries for {total} tokens"
+        if len(self.seq_lens) == 0 or len(self.seq_lens_padded) != len(self.seq_lens):
+            return "seq_lens and seq_lens_padded are empty or of different lengths"
+        if (self.seq_lens < 1).any() or (self.seq_lens > self.seq_lens_padded).any():
+            return "a sequence is empty or longer than its padded length"
+        if int(self.seq_lens_padded.sum()) != total:
+            return f"seq_lens_padded sum to {int(self.seq_lens_padded.sum())}, the pack holds {total} tokens"
+        if len(cu) < 2 or cu[0] != 0 or cu[-1] != total or (np.diff(cu) < 0).any():
+            return f"cu_seqlens_padded {cu.tolist()[:8]}... is not an increasing [0, ..., {total}]"
+        if (self.position_ids < 0).any():
+            return "position_ids holds negative positions"
+        return None
+
+    def where(self, seq: int | None = None) -> dict[str, Any]:
+        return {"shard": self.shard, "row": self.row, "sequence": seq}
+
+
+class ProbeEmbedding:
+    """Deterministic q, k, v (T, H, D, fp32) for tokens at positions: a seeded random embedding of
+    the token id plus a seeded random embedding of the absolute position, then rotary embedding by
+    position on q and k.
+
+    Rotary alone makes q.k depend only on the distance between positions, so a sequence whose
+    position_ids counted on from the previous sequence would attend exactly as if they restarted;
+    the absolute term makes every position count. Values are splitmix64 hashes of (seed, id or
+    position, feature) turned into floats exactly, so the same token at the same position gets
+    bitwise the same q, k, v wherever it is computed.
+    """
+
+    def __init__(self, *, seed: int = 0, heads: int = 2, head_dim: int = 64, base: float = 10000.0):
+        if head_dim % 2 or head_dim < 2:
+            raise ValueError("head_dim must be even")
+        self.seed, self.heads, self.head_dim = seed, heads, head_dim
+        self.width = 3 * heads * head_dim
+        self.inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+
+    def _features(self, values: np.ndarray, salt: int) -> np.ndarray:
+        """(len(values), width) float32 with mean 0, variance 1, one row per distinct value, gathered."""
+        unique, inverse = np.unique(np.asarray(values, dtype=np.int64), return_inverse=True)
+        key = splitmix64(np.array([self.seed ^ salt], dtype=np.uint64))
+        row = splitmix64(unique.view(np.uint64) ^ key)
+        feature = splitmix64(np.arange(self.width, dtype=np.uint64))
+        bits = splitmix64(row[:, None] ^ feature[None, :])
+        uniform = (bits >> np.uint64(40)).astype(np.float32) / np.float32(1 << 24) - np.float32(0.5)
+        return (uniform * np.float32(math.sqrt(12.0)))[inverse.ravel()]
+
+    def qkv(self, input_ids: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """(3, T, H, D) float32: q, k, v of each token."""
+        x = (self._features(input_ids, _TOKEN_SALT) + self._features(position_ids, _POSITION_SALT)) * np.float32(
+            1 / math.sqrt(2.0))
+        x = x.reshape(len(input_ids), 3, self.heads, self.head_dim).transpose(1, 0, 2, 3)
+        unique, inverse = np.unique(np.asarray(position_ids, dtype=np.int64), return_inverse=True)
+        angle = unique[:, None].astype(np.float64) * self.inv_freq[None, :]
+        cos = np.cos(angle).astype(np.float32)[inverse.ravel()][:, None, :]
+        sin = np.sin(angle).astype(np.float32)[inverse.ravel()][:, None, :]
+        half = self.head_dim // 2
+        for i in (0, 1):  # rotary on q and k, not v
+            x1, x2 = x[i, ..., :half].copy(), x[i, ..., half:].copy()
+            x[i, ..., :half] = x1 * cos - x2 * sin
+            x[i, ..., half:] = x1 * sin + x2 * cos
+        return np.ascontiguousarray(x)
+
+
+def causal_attention(torch, q, k, v, *, upcast: bool = True):
+    """softmax(q k^T / sqrt(D) + causal mask) v of one sequence, (L, H, D), written out plainly (no
+    fused kernel), in blocks of query rows to bound memory.
+
+    upcast=True computes in fp32: the reference. upcast=False computes every step (scores,
+    softmax, output) in the inputs' dtype: the ordinary same-dtype implementation whose error the
+    pass rule allows twice over (flash-attn's tests call it `attention_ref(upcast=False)`).
+    """
+    length, heads, dim = q.shape
+    qh, kh, vh = ((t.float() if upcast else t).transpose(0, 1) for t in (q, k, v))
+    out = torch.empty_like(qh)
+    block = max(64, (1 << 24) // max(length * heads, 1))
+    pos = torch.arange(length, device=q.device)
+    for lo in range(0, length, block):
+        hi = min(length, lo + block)
+        scores = torch.matmul(qh[:, lo:hi], kh[:, :hi].transpose(1, 2)) / math.sqrt(dim)
+        scores = scores.masked_fill(pos[lo:hi, None] < pos[None, :hi], float("-inf"))
+        out[:, lo:hi] = torch.matmul(torch.softmax(scores, dim=-1), vh[:, :hi])
+    return out.transpose(0, 1)
+
+
+@dataclass
+class PackInputs:
+    """q, k, v of one pack (as packed) and of its sequences (alone, positions 0..len-1), on a device."""
+
+    packed: Any  # (3, T, H, D) fp32 tensor
+    alone: Any  # (3, sum(seq_lens), H, D) fp32 tensor
+    alone_offsets: np.ndarray
+    cu_seqlens_padded: Any  # int32 tensor
+    max_seqlen: int
+
+    @classmethod
+    def build(cls, torch, pack: Pack, embedding: ProbeEmbedding, device: str,
+              input_ids: np.ndarray | None = None) -> "PackInputs":
+        ids = pack.input_ids if input_ids is None else input_ids
+        real = ranges(pack.offsets[:-1], pack.seq_lens)
+        return cls(
+            packed=as_tensor(torch, embedding.qkv(ids, pack.position_ids), device),
+            alone=as_tensor(torch, embedding.qkv(ids[real], positions_in_segments(pack.seq_lens)), device),
+            alone_offsets=offsets_of(pack.seq_lens),
+            cu_seqlens_padded=as_tensor(torch, pack.cu_seqlens_padded.astype(np.int32), device),
+            max_seqlen=int(np.diff(pack.cu_seqlens_padded).max()),
+        )
+
+
+def run_packed(torch, backend: Backend, inputs: PackInputs, dtype: str):
+    q, k, v = inputs.packed.to(torch_dtype(torch, dtype))
+    return backend(q, k, v, inputs.cu_seqlens_padded, inputs.max_seqlen)
+
+
+@dataclass
+class References:
+    """Per sequence of a pack, in one dtype: the fp32 reference and the same-dtype unpacked output."""
+
+    ref: list[Any]
+    unpacked_error: np.ndarray
+
+    @classmethod
+    def build(cls, torch, inputs: PackInputs, dtype: str) -> "References":
+        alone = inputs.alone.to(torch_dtype(torch, dtype))
+        refs, errors = [], []
+        for lo, hi in zip(inputs.alone_offsets[:-1], inputs.alone_offsets[1:]):
+            q, k, v = alone[:, lo:hi]
+            ref = causal_attention(torch, q, k, v)
+            refs.append(ref)
+            errors.append(float((causal_attention(torch, q, k, v, upcast=False).float() - ref).abs().max()))
+        return cls(ref=refs, unpacked_error=np.asarray(errors))
+
+
+@dataclass
+class PackErrors:
+    packed: np.ndarray  # per sequence: max |packed - ref|
+    unpacked: np.ndarray  # per sequence: max |unpacked(dtype) - ref|
+    bound: float
+
+
+def compare_pack(torch, pack: Pack, out, references: References, dtype: str, backend: str) -> tuple[
+        list[Violation], PackErrors]:
+    """The pass rule on one pack's packed output `out` (T, H, D)."""
+    offsets = pack.offsets
+    packed = []
+    for i, ref in enumerate(references.ref):
+        start = int(offsets[i])
+        rows = out[start:start + int(pack.seq_lens[i])].float()
+        packed.append(float((rows - ref).abs().max()))
+    packed_error = np.asarray(packed)
+    bound = 2 * float(references.unpacked_error.max()) + ATOL[dtype]
+    bad = ~(packed_error <= bound)  # NaN fails
+    found = []
+    for i in np.flatnonzero(bad)[:3]:
+        found.append(Violation(
+            "attention", "attention-equivalence",
+            f"sample {pack.sample_ids[i]}: packed attention differs from the sequence's own causal attention by "
+            f"{packed_error[i]:.3g} > {bound:.3g} (2 x the unpacked {dtype} error + {ATOL[dtype]:g}) "
+            f"[{backend} {dtype}]: it sees tokens outside itself, or its boundaries (cu_seqlens_padded) or "
+            "position_ids are wrong", **pack.where(int(i))))
+    if bad.sum() > 3:
+        found.append(Violation("attention", "attention-equivalence",
+                               f"{int(bad.sum()) - 3} more sequences of this pack differ [{backend} {dtype}]",
+                               shard=pack.shard, row=pack.row, count=int(bad.sum()) - 3))
+    return found, PackErrors(packed=packed_error, unpacked=references.unpacked_error, bound=bound)
+
+
+def check_pack_attention(pack: Pack, backend: Backend, dtype: str, embedding: ProbeEmbedding) -> tuple[
+        list[Violation], PackErrors | None]:
+    """Packed varlen attention of one pack against each sequence's own causal attention.
+
+    Runs on the columns as given, so it judges a pack on its own, whatever the structure check said:
+
+        >>> pack = Pack(...)                       # doctest: +SKIP
+        >>> pack.position_ids[:] = np.arange(len(pack.position_ids))   # not reset at sequence starts
+        >>> check_pack_attention(pack, SdpaBackend(torch, "cpu"), "fp32", ProbeEmbedding())[0][0].rule
+        'attention-equivalence'
+    """
+    torch = backend.torch
+    problem = pack.unusable()
+    if problem is not None:
+        return [Violation("attention", "attention-layout", f"no varlen kernel can run on this pack: {problem}",
+                          **pack.where())], None
+    inputs = PackInputs.build(torch, pack, embedding, backend.device)
+    with torch.no_grad():
+        out = run_packed(torch, backend, inputs, dtype)
+        return compare_pack(torch, pack, out, References.build(torch, inputs, dtype), dtype, backend.name)
+
+
+def probe_contamination(pack: Pack, backend: Backend, dtype: str, embedding: ProbeEmbedding, sequence: int, *,
+                        baseline=None) -> tuple[list[Violation], float]:
+    """Change the tokens of `sequence`; the output rows of every other sequence must not move.
+
+    Returns the violations and the largest change seen outside the changed sequence. On CPU the
+    rows must be bitwise identical; on CUDA within atol.
+    """
+    torch = backend.torch
+    offsets = pack.offsets
+    lo, hi = int(offsets[sequence]), int(offsets[sequence + 1])
+    changed_ids = pack.input_ids.copy()
+    changed_ids[lo:lo + int(pack.seq_lens[sequence])] ^= _PERTURB
+    with torch.no_grad():
+        if baseline is None:
+            baseline = run_packed(torch, backend, PackInputs.build(torch, pack, embedding, backend.device), dtype)
+        after = run_packed(torch, backend, PackInputs.build(torch, pack, embedding, backend.device, changed_ids), dtype)
+    delta = (after.float() - baseline.float()).abs().amax(dim=(1, 2)).cpu().numpy()
+    delta[lo:hi] = 0.0
+    tolerance = 0.0 if backend.device == "cpu" else ATOL[dtype]
+    largest = float(np.nan_to_num(delta, nan=np.inf).max()) if len(delta) else 0.0
+    moved = ~(delta <= tolerance)
+    found = []
+    if moved.any():
+        token = int(np.argmax(moved))
+        victim = int(np.searchsorted(offsets, token, side="right") - 1)
+        found.append(Violation(
+            "contamination", "contamination",
+            f"changing the tokens of sequence {sequence} (sample {pack.sample_ids[sequence]}) changed the attention "
+            f"output of sample {pack.sample_ids[victim]} by {delta[token]:.3g} at token {token} of the pack "
+            f"[{backend.name} {dtype}]: attention crosses sequence boundaries", **pack.where(victim),
+            count=int(moved.sum())))
+    return found, largest
+
+
+@dataclass
+class BenchResult:
+    backend: str
+    dtype: str
+    device: str
+    packs: int
+    packed_ms: float
+    padded_ms: float
+    tokens_packed: int
+    tokens_padded: int
+    tokens_real: int
+    repeats: int
+
+    @property
+    def speedup(self) -> float:
+        return self.padded_ms / self.packed_ms if self.packed_ms > 0 else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "dtype": self.dtype, "device": self.device, "packs": self.packs,
+                "packed_ms": self.packed_ms, "padded_ms": self.padded_ms, "speedup": self.speedup,
+                "tokens_packed": self.tokens_packed, "tokens_padded": self.tokens_padded,
+                "tokens_real": self.tokens_real, "repeats": self.repeats}
+
+
+def bench_attention(packs: list[Pack], backend: Backend, dtype: str, embedding: ProbeEmbedding, *,
+                    repeats: int = 3) -> BenchResult:
+    """Time packed varlen attention against padded-batch attention over the same sequences.
+
+    Padded batch: the sequences of each pack padded to the longest of them and batched, causal
+    SDPA (what a trainer without packing computes). Both run once untimed, then `repeats` times;
+    the median of the total over the packs is reported.
+    """
+    torch = backend.torch
+    dt = torch_dtype(torch, dtype)
+    packed_inputs, padded_inputs = [], []
+    tokens_padded = tokens_real = 0
+    for pack in packs:
+        inputs = PackInputs.build(torch, pack, embedding, backend.device)
+        q, k, v = inputs.packed.to(dt)
+        packed_inputs.append((q, k, v, inputs.cu_seqlens_padded, inputs.max_seqlen))
+        longest = int(pack.seq_lens.max())
+        batch = torch.zeros(3, len(pack.seq_lens), embedding.heads, longest, embedding.head_dim, dtype=dt,
+                            device=backend.device)
+        for i, (lo, hi) in enumerate(zip(inputs.alone_offsets[:-1], inputs.alone_offsets[1:])):
+            batch[:, i, :, :hi - lo] = inputs.alone[:, lo:hi].to(dt).transpose(1, 2)
+        padded_inputs.append(batch)
+        tokens_padded += len(pack.seq_lens) * longest
+        tokens_real += int(pack.seq_lens.sum())
+
+    def sync() -> None:
+        if backend.device == "cuda":
+            torch.cuda.synchronize()
+
+    def run_packed_all() -> None:
+        for q, k, v, cu, longest in packed_inputs:
+            backend(q, k, v, cu, longest)
+
+    def run_padded_all() -> None:
+        for q, k, v in padded_inputs:
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def timed(fn) -> float:
+        times = []
+        with torch.no_grad():
+            fn()
+            sync()
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn()
+                sync()
+                times.append(time.perf_counter() - t0)
+        return 1000 * float(np.median(times))
+
+    return BenchResult(backend=backend.name, dtype=dtype, device=backend.device, packs=len(packs),
+                       packed_ms=timed(run_packed_all), padded_ms=timed(run_padded_all),
+                       tokens_packed=sum(len(p.input_ids) for p in packs), tokens_padded=tokens_padded,
+                       tokens_real=tokens_real, repeats=repeats)
+
+
+@dataclass
+class AttentionRun:
+    """Results of the attention, contamination and bench checks over the sampled packs."""
+
+    violations: list[Violation] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
+    contamination: list[dict[str, Any]] = field(default_factory=list)
+    bench: list[dict[str, Any]] = field(default_factory=list)
+
+
+def run_attention(packs: list[Pack], backends: list[Backend], dtypes: list[str], embedding: ProbeEmbedding, *,
+                  seed: int = 0, bench: bool = False) -> AttentionRun:
+    """Every (backend, dtype) over every sampled pack; the contamination probe (and the bench) with
+    each backend's first supported dtype."""
+    run = AttentionRun()
+    if not backends:
+        return run
+    torch = backends[0].torch
+    device = backends[0].device
+    rng = np.random.default_rng(seed)
+    stats: dict[tuple[str, str], dict[str, Any]] = {}
+    probe_dtype: dict[str, str] = {}
+    for backend in backends:
+        for dtype in dtypes:
+            reason = backend.unsupported(dtype)
+            if reason is None and hasattr(backend, "probe"):
+                reason = backend.probe(dtype)
+            stats[backend.name, dtype] = {"backend": backend.name, "dtype": dtype, "mode": backend.mode,
+                                          "status": "skipped" if reason else "ok", "reason": reason, "packs": 0,
+                                          "sequences": 0, "max_error_packed": 0.0, "max_error_unpacked": 0.0,
+                                          "bound": None, "worst_ratio": None,
+                                          "atol": ATOL[dtype]}
+            if reason is None and backend.name not in probe_dtype:
+                probe_dtype[backend.name] = dtype
+    probe_stats = {name: {"backend": name, "dtype": dt, "packs": 0, "max_change": 0.0, "status": "ok",
+                          "exact": device == "cpu"} for name, dt in probe_dtype.items()}
+
+    with torch.no_grad():
+        for pack in packs:
+            problem = pack.unusable()
+            if problem is not None:
+                run.violations.append(Violation("attention", "attention-layout",
+                                                f"no varlen kernel can run on this pack: {problem}", **pack.where()))
+                for entry in stats.values():
+                    if entry["status"] != "skipped":
+                        entry["status"] = "failed"
+                continue
+            inputs = PackInputs.build(torch, pack, embedding, device)
+            probed = int(rng.integers(len(pack.seq_lens))) if len(pack.seq_lens) > 1 else None
+            for dtype in dtypes:
+                active = [b for b in backends if stats[b.name, dtype]["status"] != "skipped"]
+                if not active:
+                    continue
+                references = References.build(torch, inputs, dtype)
+                for backend in active:
+                    out = run_packed(torch, backend, inputs, dtype)
+                    found, errors = compare_pack(torch, pack, out, references, dtype, backend.name)
+                    entry = stats[backend.name, dtype]
+                    entry["packs"] += 1
+                    entry["sequences"] += len(errors.packed)
+                    entry["max_error_packed"] = max(entry["max_error_packed"], float(np.nan_to_num(errors.packed,
+                                                                                             nan=np.inf).max()))
+                    entry["max_error_unpacked"] = max(entry["max_error_unpacked"], float(errors.unpacked.max()))
+                    ratio = float(np.nan_to_num(errors.packed, nan=np.inf).max()) / errors.bound
+                    if entry["worst_ratio"] is None or ratio > entry["worst_ratio"]:
+                        entry["worst_ratio"], entry["bound"] = ratio, errors.bound
+                    if found:
+                        entry["status"] = "failed"
+                        run.violations += found
+                    if probed is not None and probe_dtype.get(backend.name) == dtype:
+                        found, change = probe_contamination(pack, backend, dtype, embedding, probed, baseline=out)
+                        probe = probe_stats[backend.name]
+                        probe["packs"] += 1
+                        probe["max_change"] = max(probe["max_change"], change)
+                        if found:
+                            probe["status"] = "failed"
+                            run.violations += found
+    run.results = list(stats.values())
+    run.contamination = list(probe_stats.values())
+    if bench and packs:
+        usable = [p for p in packs if p.unusable() is None]
+        for backend in backends:
+            if backend.name in probe_dtype and usable:
+                run.bench.append(bench_attention(usable, backend, probe_dtype[backend.name], embedding).to_dict())
+    return run

@@ -1,0 +1,314 @@
+"""Varlen attention backends for `packctl verify`: the kernels trainers run over packed THD tokens.
+
+Every backend computes causal attention over the flat tokens of one pack, each sequence seeing
+only itself, with the boundaries a trainer would pass (`cu_seqlens_padded`):
+
+    q, k, v: (T, H, D) tensors      cu_seqlens_padded [0, 8, 16] (int32)     -> out (T, H, D)
+
+    allowed keys (x) for T = 6, cu_seqlens_padded [0, 2, 6]:
+              k0 k1 | k2 k3 k4 k5
+        q0    x     |
+        q1    x  x  |
+        q2          | x
+        q3          | x  x
+        q4          | x  x  x
+        q5          | x  x  x  x
+
+| name | kernel | device | dtypes |
+|---|---|---|---|
+| `flash-attn` | `flash_attn_varlen_func` (FlashAttention 2, or 4's `flash_attn.cute`) | cuda | fp16, bf16 |
+| `torch-varlen` | `torch.nn.attention.varlen.varlen_attn` (torch >= 2.10) | cuda | fp16, bf16 |
+| `flex` | `flex_attention` with a document-causal block mask (compiled on CUDA, eager on CPU) | cpu, cuda | all |
+| `sdpa` | `scaled_dot_product_attention` with a block-diagonal causal mask | cpu, cuda | all |
+
+torch and flash-attn are optional: they are imported when a backend is built, and a missing one
+fails with its `pip install` line.
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import warnings
+from typing import Any
+
+import numpy as np
+
+from packctl.errors import PackctlError, require
+
+BACKENDS = ("flash-attn", "torch-varlen", "flex", "sdpa")
+DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
+          "fp16": "float16", "float16": "float16"}
+DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+PURPOSE = "packctl verify's attention check"
+
+
+def import_torch():
+    """torch, or MissingExtraError with `pip install 'packctl[torch]'`."""
+    return require("torch", "torch", PURPOSE)
+
+
+def resolve_device(device: str) -> str:
+    """`auto` -> cuda when torch sees a GPU, else cpu; `cuda` without a GPU is an error."""
+    torch = import_torch()
+    if device not in ("auto", "cpu", "cuda"):
+        raise PackctlError(f"--device {device!r}: choose one of auto, cpu, cuda")
+    has_cuda = torch.cuda.is_available()
+    if device == "cuda" and not has_cuda:
+        raise PackctlError(f"--device cuda: torch {torch.__version__} sees no CUDA device (built with CUDA "
+                           f"{torch.version.cuda}); run on a GPU node with a CUDA build of torch, or pass --device cpu")
+    if device == "auto":
+        return "cuda" if has_cuda else "cpu"
+    return device
+
+
+def parse_dtypes(spec: str | None, device: str) -> list[str]:
+    """'fp32,bf16' -> ['fp32', 'bf16']; default fp32 on CPU, bf16 and fp16 on CUDA."""
+    if spec is None or not spec.strip():
+        return ["fp32"] if device == "cpu" else ["bf16", "fp16"]
+    names = []
+    for part in spec.split(","):
+        key = part.strip().lower()
+        if key not in DTYPES:
+            raise PackctlError(f"--dtype {part.strip()!r}: choose from fp32, bf16, fp16 (comma-separated)")
+        name = DTYPE_NAMES[DTYPES[key]]
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def torch_dtype(torch, name: str):
+    return getattr(torch, DTYPES[name])
+
+
+class Backend:
+    """One varlen attention kernel; `__call__(q, k, v, cu_seqlens_padded, max_seqlen) -> out`."""
+
+    name = ""
+    dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    exact_on_cpu = True  # outputs of other sequences are bitwise independent of a sequence's tokens
+
+    def __init__(self, torch, device: str):
+        self.torch = torch
+        self.device = device
+        self.mode = ""
+
+    def unsupported(self, dtype: str) -> str | None:
+        """Why this backend cannot run `dtype` on its device, or None."""
+        if self.device not in self.devices:
+            return f"{self.name} runs on {' and '.join(self.devices)} only"
+        if dtype not in self.dtypes:
+            return f"{self.name} supports {', '.join(self.dtypes)} only"
+        return None
+
+    def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen: int):  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def document_ids(torch, cu_seqlens_padded, total: int):
+    """Sequence index of every token: cu [0, 2, 6] -> [0, 0, 1, 1, 1, 1]."""
+    lens = (cu_seqlens_padded[1:] - cu_seqlens_padded[:-1]).long()
+    return torch.repeat_interleave(torch.arange(len(lens), device=cu_seqlens_padded.device), lens, output_size=total)
+
+
+class SdpaBackend(Backend):
+    """`scaled_dot_product_attention` over the whole pack with a block-diagonal causal boolean mask.
+
+    Queries are processed in blocks of rows (rows are independent) so the mask never exceeds
+    about 16M entries whatever the capacity.
+    """
+
+    name = "sdpa"
+    mask_entries = 1 << 24
+
+    def __init__(self, torch, device):
+        super().__init__(torch, device)
+        self.mode = "block-diagonal causal mask"
+
+    def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen):
+        torch = self.torch
+        total = q.shape[0]
+        doc = document_ids(torch, cu_seqlens_padded, total)
+        pos = torch.arange(total, device=q.device)
+        qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # (1, H, T, D)
+        block = max(128, self.mask_entries // max(total, 1))
+        parts = []
+        for lo in range(0, total, block):
+            hi = min(total, lo + block)
+            mask = (doc[lo:hi, None] == doc[None, :hi]) & (pos[lo:hi, None] >= pos[None, :hi])
+            parts.append(torch.nn.functional.scaled_dot_product_attention(
+                qh[:, :, lo:hi], kh[:, :, :hi], vh[:, :, :hi], attn_mask=mask))
+        return torch.cat(parts, dim=2)[0].transpose(0, 1)
+
+
+class FlexBackend(Backend):
+    """`flex_attention` with a document-causal `BlockMask` built from cu_seqlens_padded.
+
+    On CUDA the kernel is compiled with `torch.compile`; on CPU flex attention runs eagerly (an
+    unfused implementation that materializes the scores: slow, but the same semantics). `probe()`
+    runs a tiny case first so an unsupported setup is reported, not crashed on.
+    """
+
+    name = "flex"
+
+    def __init__(self, torch, device):
+        super().__init__(torch, device)
+        module = importlib.util.find_spec("torch.nn.attention.flex_attention")
+        if module is None:
+            raise PackctlError(f"--backend flex: torch {torch.__version__} has no torch.nn.attention.flex_attention "
+                               "(needs torch >= 2.5): pip install -U 'packctl[torch]'")
+        from torch.nn.attention import flex_attention as flex
+
+        self._flex = flex
+        self._fn = torch.compile(flex.flex_attention) if device == "cuda" else flex.flex_attention
+        self.mode = "compiled" if device == "cuda" else "eager (unfused)"
+        self._mask_key: tuple | None = None
+        self._mask = None
+
+    def probe(self, dtype: str) -> str | None:
+        """None when flex attention runs here in `dtype`, else why not."""
+        torch = self.torch
+        try:
+            x = torch.randn(8, 1, 16, device=self.device, dtype=torch_dtype(torch, dtype))
+            self(x, x, x, torch.tensor([0, 3, 8], dtype=torch.int32, device=self.device), 5)
+        except Exception as exc:  # noqa: BLE001 - any failure means "not available here"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return f"flex attention does not run on {self.device} in {dtype} with torch {torch.__version__} ({first})"
+        return None
+
+    def block_mask(self, cu_seqlens_padded, total: int):
+        """The document-causal BlockMask of a pack; the last one is kept, since the contamination
+        probe runs the same pack twice."""
+        key = (total, tuple(cu_seqlens_padded.tolist()))
+        if self._mask_key != key:
+            doc = document_ids(self.torch, cu_seqlens_padded, total)
+
+            def document_causal(b, h, q_idx, kv_idx):
+                return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+            self._mask = self._flex.create_block_mask(document_causal, None, None, total, total,
+                                                      device=cu_seqlens_padded.device)
+            self._mask_key = key
+        return self._mask
+
+    def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen):
+        block_mask = self.block_mask(cu_seqlens_padded, q.shape[0])
+        qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+            out = self._fn(qh, kh, vh, block_mask=block_mask)
+        return out[0].transpose(0, 1)
+
+
+class FlashAttnBackend(Backend):
+    """flash-attn's `flash_attn_varlen_func(q, k, v, cu, cu, max, max, causal=True)`.
+
+    FlashAttention 2 (`flash_attn.flash_attn_varlen_func`) when installed, else FlashAttention 4
+    (`flash_attn.cute.flash_attn_varlen_func`, which may return `(out, lse)`).
+    """
+
+    name = "flash-attn"
+    dtypes = ("bf16", "fp16")
+    devices = ("cuda",)
+
+    def __init__(self, torch, device):
+        super().__init__(torch, device)
+        flash_attn = require("flash_attn", "gpu", PURPOSE + " with --backend flash-attn")
+        if hasattr(flash_attn, "flash_attn_varlen_func"):
+            self._fn = flash_attn.flash_attn_varlen_func
+            self.mode = f"FlashAttention {getattr(flash_attn, '__version__', '2')}"
+            self._keywords = False
+        else:
+            cute = require("flash_attn.cute", "gpu", PURPOSE + " with --backend flash-attn")
+            self._fn = cute.flash_attn_varlen_func
+            self.mode = "FlashAttention 4 (flash_attn.cute)"
+            self._keywords = True
+
+    def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen):
+        cu = cu_seqlens_padded.to(self.torch.int32).contiguous()
+        if self._keywords:
+            out = self._fn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_seqlen,
+                           max_seqlen_k=max_seqlen, causal=True)
+        else:
+            out = self._fn(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=True)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class TorchVarlenBackend(Backend):
+    """`torch.nn.attention.varlen.varlen_attn` (torch >= 2.10, CUDA).
+
+    Its causal switch changed between releases (`is_causal=True` in 2.10, `window_size=(-1, 0)`
+    later), so the signature is inspected when the backend is built.
+    """
+
+    name = "torch-varlen"
+    dtypes = ("bf16", "fp16")
+    devices = ("cuda",)
+
+    def __init__(self, torch, device):
+        super().__init__(torch, device)
+        if importlib.util.find_spec("torch.nn.attention.varlen") is None:
+            raise PackctlError(f"--backend torch-varlen: torch {torch.__version__} has no "
+                               "torch.nn.attention.varlen (needs torch >= 2.10): pip install -U 'packctl[torch]'")
+        from torch.nn.attention.varlen import varlen_attn
+
+        self._fn = varlen_attn
+        params = inspect.signature(varlen_attn).parameters
+        if "is_causal" in params:
+            self._causal: dict[str, Any] = {"is_causal": True}
+        elif "window_size" in params:
+            self._causal = {"window_size": (-1, 0)}
+        else:
+            raise PackctlError(f"--backend torch-varlen: varlen_attn{inspect.signature(varlen_attn)} in torch "
+                               f"{torch.__version__} has neither is_causal nor window_size; use --backend sdpa")
+        self.mode = f"varlen_attn({', '.join(f'{k}={v}' for k, v in self._causal.items())})"
+
+    def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen):
+        cu = cu_seqlens_padded.to(self.torch.int32).contiguous()
+        out = self._fn(q, k, v, cu, cu, max_seqlen, max_seqlen, **self._causal)
+        return out[0] if isinstance(out, tuple) else out
+
+
+_CLASSES = {"sdpa": SdpaBackend, "flex": FlexBackend, "flash-attn": FlashAttnBackend,
+            "torch-varlen": TorchVarlenBackend}
+
+
+def available_cuda_varlen(torch) -> str:
+    """The varlen kernel `auto` picks on CUDA: flash-attn when installed, else torch's, else sdpa."""
+    if importlib.util.find_spec("flash_attn") is not None:
+        return "flash-attn"
+    if importlib.util.find_spec("torch.nn.attention.varlen") is not None:
+        return "torch-varlen"
+    return "sdpa"
+
+
+def select_backends(name: str, device: str) -> tuple[list[Backend], list[str]]:
+    """Backends for `--backend NAME` on `device`, plus notes on what `auto` left out and why.
+
+    auto: flash-attn on CUDA when installed, else torch-varlen, else sdpa; on CPU sdpa.
+    """
+    torch = import_torch()
+    if name != "auto" and name not in BACKENDS:
+        raise PackctlError(f"--backend {name!r}: choose one of auto, {', '.join(BACKENDS)}")
+    notes: list[str] = []
+    if name != "auto":
+        backend = _CLASSES[name](torch, device)
+        if device not in backend.devices:
+            raise PackctlError(f"--backend {name} runs on {' and '.join(backend.devices)} only; pass --device cuda "
+                               "on a GPU node, or use --backend sdpa or flex on CPU")
+        return [backend], notes
+    if device == "cuda":
+        picked = available_cuda_varlen(torch)
+        if picked != "flash-attn":
+            notes.append("flash-attn is not installed (pip install 'packctl[gpu]'); using " + picked)
+        return [_CLASSES[picked](torch, device)], notes
+    # On CPU flex attention runs eagerly, about 3x slower than SDPA for the same check: it runs
+    # when asked for (--backend flex), not by default.
+    notes.append("on CPU auto runs sdpa; pass --backend flex to check flex attention too")
+    return [SdpaBackend(torch, device)], notes
+
+
+def as_tensor(torch, array: np.ndarray, device: str, dtype=None):
+    """numpy -> torch on `device` (no copy on CPU when the dtype already matches)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    return tensor.to(device=device, dtype=dtype) if dtype is not None else tensor.to(device)

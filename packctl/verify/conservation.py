@@ -1,0 +1,335 @@
+"""Conservation: every input sample is in the output exactly once, with its own tokens and labels,
+or is accounted for by the manifest as dropped, truncated or split.
+
+The output is read shard by shard and the source file by file, so memory holds one shard or one
+source file plus a few integers per sequence, never the corpus. Each side is reduced to a 64-bit
+fingerprint per output sequence (order-sensitive: a hash of every (position, value) pair, summed),
+computed with numpy over the whole shard or file; fingerprints that differ are then read again
+token by token to say where.
+
+    source  sample 7: t0 t1 t2 t3 t4 t5 t6 t7 t8 t9       labels  .  .  l2 l3 ... l9   (a masked prompt)
+    output  sample 7 split in two pieces (in output order):
+            piece 0 = t0..t5  labels  .  .  l2 l3 l4 l5
+            piece 1 = t6..t9  labels  .  l7 l8 l9          (-100 at every sequence start)
+
+The global sample id of row r of input file f is `rows before f + r`, files in the manifest's
+`inputs` order; the pieces of a sample are matched to consecutive slices of it in output order.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from packctl.arrays import offsets_of, positions_in_segments, ranges
+from packctl.config import FIELDS, IGNORE_INDEX, PackConfig
+from packctl.errors import PackctlError
+from packctl.io import reader
+from packctl.thd import PackRows
+from packctl.verify.structure import Violation, tiled_starts
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_LABEL_SALT = np.uint64(0xD6E8FEB86659FD93)
+
+
+def splitmix64(z: np.ndarray) -> np.ndarray:
+    """The splitmix64 finalizer, elementwise over uint64 (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        z = z + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _MIX1
+        z = (z ^ (z >> np.uint64(27))) * _MIX2
+        return z ^ (z >> np.uint64(31))
+
+
+def segment_fingerprints(values: np.ndarray, lens: np.ndarray, salt: np.uint64 = np.uint64(0)) -> np.ndarray:
+    """One uint64 per segment of `values` (segments of `lens`, concatenated): the wrapping sum of
+    splitmix64(value ^ splitmix64(position in segment)). Equal segments give equal fingerprints;
+    a changed, moved, missing or extra value changes it (but for a 2^-64 chance).
+
+        segment_fingerprints([5, 6, 7], [2, 1]) -> [fp(5, 6), fp(7)]
+    """
+    lens = np.asarray(lens, dtype=np.int64)
+    values = np.asarray(values).astype(np.int64, copy=False).view(np.uint64)
+    longest = int(lens.max()) if len(lens) else 0
+    position_keys = splitmix64(np.arange(longest, dtype=np.uint64) ^ salt)
+    mixed = splitmix64(values ^ position_keys[positions_in_segments(lens)])
+    with np.errstate(over="ignore"):
+        sums = np.concatenate([np.zeros(1, np.uint64), np.cumsum(mixed, dtype=np.uint64)])
+        ends = offsets_of(lens)
+        return sums[ends[1:]] - sums[ends[:-1]]
+
+
+@dataclass
+class OutputPieces:
+    """Every sequence of the output, in output order: where it is, its sample, length and fingerprints."""
+
+    shard_names: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+    _parts: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+
+    def add(self, shard: str, rows: PackRows | None) -> None:
+        """Fingerprint the real tokens and labels of every sequence of one shard."""
+        index = len(self.shard_names)
+        self.shard_names.append(shard)
+        starts = None if rows is None else tiled_starts(rows)
+        if starts is None:
+            self.unreadable.append(shard)
+            return
+        lens = np.asarray(rows.seq_lens, dtype=np.int64)
+        real = ranges(starts[:-1], lens)
+        seq_offsets = np.asarray(rows.seq_offsets, dtype=np.int64)
+        row = np.repeat(np.arange(len(seq_offsets) - 1), np.diff(seq_offsets))
+        self._parts.append((
+            np.full(len(lens), index, dtype=np.int32), row, np.arange(len(lens)) - seq_offsets[row],
+            np.asarray(rows.sample_ids, dtype=np.int64), lens,
+            segment_fingerprints(np.asarray(rows.input_ids)[real], lens),
+            segment_fingerprints(np.asarray(rows.labels)[real], lens, _LABEL_SALT),
+        ))
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """(shard, row, sequence in row, sample id, length, token fp, label fp), concatenated."""
+        if not self._parts:
+            empty = np.zeros(0, np.int64)
+            return (empty.astype(np.int32), empty, empty, empty, empty, empty.view(np.uint64), empty.view(np.uint64))
+        return tuple(np.concatenate([p[k] for p in self._parts]) for k in range(7))
+
+
+def _suffix_match(a: str, b: str) -> int:
+    """How many trailing path components a and b share: data/x/a.parquet, x/a.parquet -> 2."""
+    pa_, pb = Path(os.path.normpath(a)).parts, Path(os.path.normpath(b)).parts
+    n = 0
+    while n < min(len(pa_), len(pb)) and pa_[-1 - n] == pb[-1 - n]:
+        n += 1
+    return n
+
+
+def match_sources(manifest: dict[str, Any], sources: list[str]) -> list[str]:
+    """The --source files in the manifest's `inputs` order (the global sample id order).
+
+    A file matches a manifest input by its real path, else by the longest common path suffix (so
+    the output can be verified from another working directory). Every input must be matched and
+    every source file must be an input.
+    """
+    inputs = manifest.get("inputs")
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(i, dict) and "path" in i for i in inputs):
+        raise PackctlError("manifest.json lists no inputs, so --source cannot be matched to sample ids")
+    resolved = reader.resolve_inputs(sources)
+    by_real = {os.path.realpath(p): p for p in resolved}
+    matched: list[str] = []
+    for entry in inputs:
+        want = str(entry["path"])
+        hit = by_real.get(os.path.realpath(want))
+        if hit is None:
+            scores = [(_suffix_match(p, want), p) for p in resolved]
+            best = max((s for s, _ in scores), default=0)
+            candidates = [p for s, p in scores if s == best and best > 0]
+            if len(candidates) != 1:
+                raise PackctlError(
+                    f"--source: {'no file' if not candidates else 'several files'} matches the input {want} of "
+                    "this output; pass the INPUT given to packctl pack (manifest.json lists them under 'inputs')")
+            hit = candidates[0]
+        matched.append(hit)
+    if len(set(matched)) != len(matched):
+        raise PackctlError("--source: one file matches several inputs of manifest.json; pass the INPUT given to "
+                           "packctl pack")
+    extra = sorted(set(resolved) - set(matched))
+    if extra:
+        raise PackctlError(f"--source: {extra[0]} is not an input of this output (manifest.json lists "
+                           f"{len(inputs)} inputs); pass the INPUT given to packctl pack")
+    return matched
+
+
+def _pack_config(manifest: dict[str, Any]) -> PackConfig:
+    config = manifest.get("config")
+    if not isinstance(config, dict):
+        raise PackctlError("manifest.json has no 'config' object, so the over-long policy is unknown")
+    try:
+        return PackConfig(**{k: v for k, v in config.items() if k in FIELDS})
+    except TypeError as exc:
+        raise PackctlError(f"manifest.json config is not a packctl config ({exc})") from None
+
+
+@dataclass
+class ConservationResult:
+    violations: list[Violation]
+    summary: dict[str, Any]
+
+
+def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pieces: OutputPieces, *,
+                       details: int = 5) -> ConservationResult:
+    """Every source sample against the output's pieces; see the module docstring.
+
+    `paths` are the source files in the manifest's `inputs` order (`match_sources`); `details`
+    bounds how many differing sequences are read again to name their first differing token.
+    """
+    config = _pack_config(manifest)
+    tokens_column = config.tokens_column
+    labels_column = manifest["config"].get("labels_column")
+    skip_empty = bool(manifest["config"].get("skip_empty", False))
+    shard_of, row_of, seq_of, sample_ids, lens, token_fp, label_fp = pieces.arrays()
+    found: list[Violation] = []
+    names = pieces.shard_names
+
+    def where(p: int) -> str:
+        return f"{names[shard_of[p]]} row {row_of[p]} sequence {seq_of[p]}"
+
+    for shard in pieces.unreadable:
+        found.append(Violation("conservation", "shard-unreadable", "the shard's sequences could not be read, so "
+                               "its samples count as missing (see the structure failures)", shard=shard))
+
+    # Source rows per file, in manifest order: the gid ranges.
+    file_rows = np.array([reader.open_parquet(p).metadata.num_rows for p in paths], dtype=np.int64)
+    for entry, path, rows in zip(manifest["inputs"], paths, file_rows):
+        if "rows" in entry and int(entry["rows"]) != rows:
+            raise PackctlError(f"--source {path}: {rows} rows, but the output was packed from {entry['rows']}; "
+                               "the source changed since packing, so sample ids no longer match")
+    file_offsets = offsets_of(file_rows)
+    n_src = int(file_offsets[-1])
+
+    in_range = (sample_ids >= 0) & (sample_ids < n_src)
+    if not in_range.all():
+        p = int(np.argmax(~in_range))
+        found.append(Violation("conservation", "sample-ids", f"sample id {sample_ids[p]} is outside the source's "
+                               f"{n_src} samples", shard=names[shard_of[p]], row=int(row_of[p]),
+                               sequence=int(seq_of[p]), count=int(np.count_nonzero(~in_range))))
+    valid = np.flatnonzero(in_range)
+    order = valid[np.argsort(sample_ids[valid], kind="stable")]  # pieces by sample, in output order
+    sorted_ids = sample_ids[order]
+    piece_start = np.zeros(len(sample_ids), dtype=np.int64)
+    if len(order):
+        before = np.cumsum(lens[order]) - lens[order]
+        first_of_sample = np.searchsorted(sorted_ids, sorted_ids, side="left")
+        piece_start[order] = before - before[first_of_sample]
+
+    src_len = np.zeros(n_src, dtype=np.int64)
+    src_token_fp = np.zeros(len(sample_ids), dtype=np.uint64)
+    src_label_fp = np.zeros(len(sample_ids), dtype=np.uint64)
+    for f, path in enumerate(paths):
+        # The whole file, validated; an output packed with --skip-empty left its empty rows out.
+        decoded = reader.decode_block(path, None, 0, tokens_column, labels_column,
+                                      **({"skip_empty": True} if skip_empty else {}))
+        src_len[file_offsets[f]:file_offsets[f + 1]] = np.diff(decoded.offsets)
+        lo, hi = np.searchsorted(sorted_ids, [file_offsets[f], file_offsets[f + 1]])
+        sel = order[lo:hi]
+        rows = sample_ids[sel] - file_offsets[f]
+        take = np.clip(np.minimum(lens[sel], np.diff(decoded.offsets)[rows] - piece_start[sel]), 0, None)
+        idx = ranges(decoded.offsets[rows] + piece_start[sel], take)
+        src_token_fp[sel] = segment_fingerprints(decoded.tokens[idx], take)
+        labels = (decoded.tokens if decoded.labels is None else decoded.labels)[idx].copy()
+        labels[offsets_of(take)[:-1][take > 0]] = IGNORE_INDEX
+        src_label_fp[sel] = segment_fingerprints(labels, take, _LABEL_SALT)
+
+    count = np.bincount(sample_ids[valid], minlength=n_src)
+    covered = np.bincount(sample_ids[valid], weights=lens[valid], minlength=n_src).astype(np.int64)
+    over_long = (src_len + config.align - 1) // config.align * config.align > config.plan_capacity
+
+    def describe(gid: int) -> str:
+        f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
+        return f"sample {gid} ({paths[f]} row {gid - int(file_offsets[f])}, {src_len[gid]} tokens)"
+
+    def pieces_of(gid: int, limit: int = 3) -> str:
+        lo, hi = np.searchsorted(sorted_ids, [gid, gid + 1])
+        shown = "; ".join(where(int(p)) for p in order[lo:min(hi, lo + limit)])
+        return shown + (" ..." if hi - lo > limit else "")
+
+    missing = count == 0
+    allowed_drop = over_long if config.too_long == "drop" else np.zeros(n_src, dtype=bool)
+    allowed_drop |= (src_len == 0) & skip_empty
+    unexpected = missing & ~allowed_drop
+    if unexpected.any():
+        gid = int(np.argmax(unexpected))
+        why = ("it fits the capacity" if not over_long[gid]
+               else f"the over-long policy is too_long={config.too_long}, which drops nothing")
+        found.append(Violation("conservation", "sample-missing", f"{describe(gid)} is not in the output; {why}",
+                               count=int(unexpected.sum())))
+    def at_last_piece(gid: int) -> dict[str, Any]:
+        p = int(order[np.searchsorted(sorted_ids, gid, side="right") - 1])
+        return {"shard": names[shard_of[p]], "row": int(row_of[p]), "sequence": int(seq_of[p])}
+
+    duplicated = covered > src_len
+    if duplicated.any():
+        gid = int(np.argmax(duplicated))
+        found.append(Violation(
+            "conservation", "sample-duplicated",
+            f"{describe(gid)} appears {count[gid]} times holding {covered[gid]} tokens: duplicated "
+            f"(at {pieces_of(gid)})", **at_last_piece(gid), count=int(duplicated.sum())))
+    short = (count > 0) & (covered < src_len)
+    # A truncated sample keeps its first plan_capacity tokens (which --algorithm split may cut in pieces).
+    truncated = short & over_long & (covered == config.plan_capacity) & (config.too_long == "truncate")
+    incomplete = short & ~truncated
+    if incomplete.any():
+        gid = int(np.argmax(incomplete))
+        found.append(Violation("conservation", "sample-incomplete",
+                               f"{describe(gid)}: the output holds only {covered[gid]} of its tokens "
+                               f"(at {pieces_of(gid)})", **at_last_piece(gid), count=int(incomplete.sum())))
+    split = (count > 1) & ~duplicated & ~incomplete
+
+    counts = manifest.get("counts", {})
+    for name, actual in (("sequences_dropped", int(missing.sum())), ("sequences_truncated", int(truncated.sum())),
+                         ("sequences_split", int(split.sum())), ("tokens_dropped", int(src_len[missing].sum())),
+                         ("tokens_truncated", int((src_len - covered)[truncated].sum())),
+                         ("tokens_in", int(src_len.sum())), ("sequences_in", n_src),
+                         ("sequences_skipped_empty", int((missing & (src_len == 0)).sum()))):
+        if name in counts and int(counts[name]) != actual:
+            found.append(Violation("conservation", "manifest-counts",
+                                   f"the source and output give {name} = {actual}, the manifest says {counts[name]}"))
+
+    # Content, for pieces of samples whose coverage is right (the others are reported above).
+    flagged = duplicated | incomplete
+    content_bad = (src_token_fp != token_fp) | (src_label_fp != label_fp)
+    content_bad[valid[flagged[sample_ids[valid]]]] = False
+    content_bad[~in_range] = False
+    bad = np.flatnonzero(content_bad)
+    for p in bad[:details]:
+        found.append(_diagnose(out, names[shard_of[p]], int(row_of[p]), int(seq_of[p]), int(sample_ids[p]),
+                               int(piece_start[p]), describe(int(sample_ids[p])), paths, file_offsets,
+                               tokens_column, labels_column))
+    if len(bad) > details:
+        found.append(Violation("conservation", "content", f"{len(bad) - details} more sequences differ from the "
+                               "source", count=len(bad) - details))
+    summary = {
+        "source_files": len(paths), "samples": n_src, "samples_packed": int((count > 0).sum()),
+        "dropped": int(missing.sum()), "truncated": int(truncated.sum()), "split": int(split.sum()),
+        "tokens_compared": int(lens[valid].sum()), "sequences_differing": int(len(bad)),
+    }
+    return ConservationResult(found, summary)
+
+
+def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, sample: str, paths: list[str],
+              file_offsets: np.ndarray, tokens_column: str, labels_column: str | None) -> Violation:
+    """Read one differing sequence and its source slice again, and say at which token they part."""
+    table = pq.read_table(out / shard, columns=["input_ids", "labels", "seq_lens", "seq_lens_padded"]).slice(row, 1)
+    seq_lens = table.column("seq_lens")[0].as_py()
+    offset = int(sum(table.column("seq_lens_padded")[0].as_py()[:seq]))
+    n = seq_lens[seq]
+    out_tokens = np.asarray(table.column("input_ids")[0].as_py()[offset:offset + n], dtype=np.int64)
+    out_labels = np.asarray(table.column("labels")[0].as_py()[offset:offset + n], dtype=np.int64)
+    f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
+    columns = [tokens_column] + ([labels_column] if labels_column else [])
+    src = pq.read_table(paths[f], columns=columns).slice(gid - int(file_offsets[f]), 1)
+    src_tokens = np.asarray(src.column(tokens_column)[0].as_py()[start:start + n], dtype=np.int64)
+    src_labels = (np.asarray(src.column(labels_column)[0].as_py()[start:start + n], dtype=np.int64)
+                  if labels_column else src_tokens.copy())
+    if len(src_labels):
+        src_labels[0] = IGNORE_INDEX
+    span = f"{sample}, tokens {start}..{start + n - 1} of the sample"
+    if len(src_tokens) != n:
+        message = f"{span}: the source has only {len(src_tokens)} of these tokens"
+        rule = "sample-incomplete"
+    elif not np.array_equal(out_tokens, src_tokens):
+        k = int(np.argmax(out_tokens != src_tokens))
+        message = (f"{span}: token {k} of the sequence is {out_tokens[k]}, the source has {src_tokens[k]} "
+                   f"({int(np.count_nonzero(out_tokens != src_tokens))} tokens differ)")
+        rule = "tokens"
+    else:
+        k = int(np.argmax(out_labels != src_labels))
+        message = (f"{span}: label {k} of the sequence is {out_labels[k]}, expected {src_labels[k]} (the source "
+                   f"label; {IGNORE_INDEX} at the first token of every sequence)")
+        rule = "labels"
+    return Violation("conservation", rule, message, shard=shard, row=row, sequence=seq)

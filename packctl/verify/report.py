@@ -1,0 +1,88 @@
+"""The verify report: one status per check, the broken rules, a rich table and JSON.
+
+    check          status   result
+    structure      ok       4 shards, 286 packs, 2,007 sequences, 1,170,955 tokens; sha256 match
+    conservation   ok       2,000 samples: 2,000 packed, 0 dropped, 0 truncated, 7 split
+    attention      ok       sdpa fp32: max error 3.0e-07 (unpacked 2.4e-07; bound 1.0e-05), 8 packs
+    ...
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from packctl.errors import EXIT_OK, EXIT_VERIFY_FAILED
+from packctl.verify.structure import Violation
+
+CHECKS = ("structure", "conservation", "attention", "contamination", "cp", "bench")
+
+
+@dataclass
+class CheckResult:
+    status: str  # ok, failed, skipped
+    lines: list[str] = field(default_factory=list)  # one line per result, for the table
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, **self.details}
+
+
+@dataclass
+class VerifyReport:
+    output: str
+    checks: dict[str, CheckResult]
+    violations: list[Violation]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and all(c.status != "failed" for c in self.checks.values())
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.ok else EXIT_VERIFY_FAILED
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values; a non-finite error (a kernel that returned NaN) becomes null."""
+        return _finite({"output": self.output, "ok": self.ok, "exit_code": self.exit_code,
+                        "checks": {name: self.checks[name].to_dict() for name in CHECKS if name in self.checks},
+                        "violations": [v.to_dict() for v in self.violations]})
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def summary_table(report: VerifyReport, *, max_violations: int = 20):
+    """A rich Table of the checks followed by the first broken rules."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    style = {"ok": "green", "failed": "bold red", "skipped": "dim"}
+    table = Table(title=f"packctl verify {report.output}", title_justify="left")
+    table.add_column("check", style="bold")
+    table.add_column("status")
+    table.add_column("result")
+    for name in CHECKS:
+        check = report.checks.get(name)
+        if check is None:
+            continue
+        lines = check.lines or [""]
+        for i, line in enumerate(lines):
+            table.add_row(name if i == 0 else "", Text(check.status if i == 0 else "", style=style[check.status]),
+                          Text(line))
+    parts: list[Any] = [table]
+    for v in report.violations[:max_violations]:
+        parts.append(Text(f"FAIL {v}", style="red"))
+    if len(report.violations) > max_violations:
+        parts.append(Text(f"... {len(report.violations) - max_violations} more (--json lists them all)", style="red"))
+    verdict = "ok" if report.ok else f"FAILED: {len(report.violations)} broken rule(s)"
+    parts.append(Text(f"verdict: {verdict}", style="bold green" if report.ok else "bold red"))
+    return Group(*parts)

@@ -1,0 +1,258 @@
+"""`packctl.verify.verify(OUT, options)`: every check of a packed output, in one pass over its shards.
+
+    structure      every contract rule, shard checksums, the manifest's counts      (always)
+    conservation   every source sample exactly once, or accounted for               (--source)
+    attention      packed varlen attention == each sequence's own attention         (torch; --sample packs)
+    contamination  changing one sequence never moves another's output               (with attention)
+    cp             each context-parallel rank's share is a valid THD layout         (cp_size > 1)
+    bench          packed varlen vs padded-batch attention time                     (--bench)
+
+Shards are taken one at a time, in manifest order (hashed, then read as a table); the sampled packs
+are kept for the attention checks, so memory holds one shard plus a few integers per sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packctl.arrays import offsets_of
+from packctl.errors import MissingExtraError, PackctlError
+from packctl.verify import backends
+from packctl.verify.attention import Pack, ProbeEmbedding, run_attention
+from packctl.verify.conservation import OutputPieces, check_conservation, match_sources
+from packctl.verify.cp import CpWork, check_cp
+from packctl.verify.report import CheckResult, VerifyReport
+from packctl.verify.structure import (
+    Layout,
+    Totals,
+    Violation,
+    check_counts,
+    check_shard,
+    load_manifest,
+    unlisted_shards,
+)
+
+
+@dataclass
+class VerifyOptions:
+    """What `packctl verify` checks. Field names are the CLI flags (`head_dim` -> `--head-dim`).
+
+    Args:
+        source: the INPUT given to packctl pack (files, directories, globs); empty: no conservation.
+        attention: run the attention and contamination checks (needs torch).
+        sample: number of packs drawn (seeded) for the attention checks.
+        seed: seed of the pack sample, of the probe embedding and of the probed sequences.
+        backend: auto, flash-attn, torch-varlen, flex or sdpa.
+        device: auto (cuda when torch sees a GPU), cpu or cuda.
+        dtype: comma-separated fp32, bf16, fp16; default fp32 on CPU, bf16,fp16 on CUDA.
+        heads, head_dim: shape of the probe attention.
+        cp_size: context-parallel size to check; default the manifest's layout cp_size.
+        bench: time packed against padded-batch attention.
+    """
+
+    source: list[str] = field(default_factory=list)
+    attention: bool = True
+    sample: int = 8
+    seed: int = 0
+    backend: str = "auto"
+    device: str = "auto"
+    dtype: str | None = None
+    heads: int = 2
+    head_dim: int = 64
+    cp_size: int | None = None
+    bench: bool = False
+
+    def validate(self) -> None:
+        if self.sample < 0:
+            raise PackctlError(f"--sample {self.sample}: must be >= 0")
+        if self.heads < 1:
+            raise PackctlError(f"--heads {self.heads}: must be >= 1")
+        if self.head_dim < 8 or self.head_dim > 256 or self.head_dim % 8:
+            raise PackctlError(f"--head-dim {self.head_dim}: must be a multiple of 8 in [8, 256]")
+        if self.cp_size is not None and self.cp_size < 1:
+            raise PackctlError(f"--cp-size {self.cp_size}: must be >= 1")
+        if not 0 <= self.seed < 2**63:
+            raise PackctlError(f"--seed {self.seed}: must be in [0, 2^63)")
+
+
+@dataclass
+class _AttentionPlan:
+    backends: list = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    device: str = "cpu"
+    notes: list[str] = field(default_factory=list)
+    skipped: str | None = None
+
+
+def _plan_attention(options: VerifyOptions) -> _AttentionPlan:
+    """Backends and dtypes to run, resolved before any shard is read so a bad flag fails at once.
+
+    Without torch, `auto` skips the attention checks (with the install line); an explicit backend
+    or device is an error.
+    """
+    if not options.attention:
+        return _AttentionPlan(skipped="--no-attention")
+    try:
+        backends.import_torch()
+    except MissingExtraError as exc:
+        if options.backend == "auto" and options.device in ("auto", "cpu"):
+            return _AttentionPlan(skipped=f"torch is missing: {exc}")
+        raise
+    device = backends.resolve_device(options.device)
+    dtypes = backends.parse_dtypes(options.dtype, device)
+    chosen, notes = backends.select_backends(options.backend, device)
+    return _AttentionPlan(backends=chosen, dtypes=dtypes, device=device, notes=notes)
+
+
+def _sample_packs(manifest: dict[str, Any], sample: int, seed: int) -> dict[int, list[int]]:
+    """{shard index: rows} of `sample` packs drawn without replacement over the whole output."""
+    rows = np.array([int(s.get("rows", 0)) for s in manifest["shards"]], dtype=np.int64)
+    total = int(rows.sum())
+    if total == 0 or sample == 0:
+        return {}
+    picks = np.sort(np.random.default_rng(seed).choice(total, size=min(sample, total), replace=False))
+    offsets = offsets_of(rows)
+    shard = np.searchsorted(offsets, picks, side="right") - 1
+    chosen: dict[int, list[int]] = {}
+    for s, p in zip(shard.tolist(), picks.tolist()):
+        chosen.setdefault(s, []).append(p - int(offsets[s]))
+    return chosen
+
+
+def _status(found: list[Violation]) -> str:
+    return "failed" if found else "ok"
+
+
+def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyReport:
+    """Run every check on the packed output directory `out`.
+
+    Raises PackctlError (exit 2) when the output or the options cannot be used at all; broken
+    rules are returned in the report (exit 1).
+
+        >>> report = verify("out", VerifyOptions(source=["sample_data"]))   # doctest: +SKIP
+        >>> report.ok, [str(v) for v in report.violations]                  # doctest: +SKIP
+        (True, [])
+    """
+    options = options or VerifyOptions()
+    options.validate()
+    plan = _plan_attention(options)
+    out = Path(out)
+    manifest = load_manifest(out)
+    layout = Layout.from_manifest(manifest)
+    cp_size = options.cp_size or layout.cp_size
+    counts = manifest.get("counts") if isinstance(manifest.get("counts"), dict) else {}
+    sequences_in = counts.get("sequences_in") if isinstance(counts.get("sequences_in"), int) else None
+    picks = _sample_packs(manifest, options.sample, options.seed) if plan.skipped is None else {}
+
+    sources = match_sources(manifest, options.source) if options.source else None  # a wrong --source fails first
+    pieces = OutputPieces() if sources is not None else None
+    structure = unlisted_shards(out, manifest)
+    cp_found: list[Violation] = []
+    cp_work = CpWork(cp_size) if cp_size > 1 else None
+    totals = Totals()
+    packs: list[Pack] = []
+    complete = True
+    for i, entry in enumerate(manifest["shards"]):
+        name = entry["path"]
+        rows, found = check_shard(out, entry, manifest, layout, sequences_in=sequences_in)
+        structure += found
+        if pieces is not None:
+            pieces.add(name, rows)
+        if rows is None:
+            complete = False
+            continue
+        totals.add(rows)
+        if cp_work is not None:
+            cp_found += check_cp(rows, cp_size, cp_work, shard=name)
+        packs += [Pack.from_rows(rows, r, name) for r in picks.get(i, []) if r < rows.num_rows]
+    structure += check_counts(manifest, totals, complete=complete)
+
+    checks: dict[str, CheckResult] = {}
+    violations: list[Violation] = list(structure)
+    checks["structure"] = CheckResult(
+        _status(structure),
+        [f"{len(manifest['shards'])} shards, {totals.packs:,} packs, {totals.pieces:,} sequences, "
+         f"{totals.tokens:,} tokens"],
+        {"shards": len(manifest["shards"]), "packs": totals.packs, "sequences": totals.pieces,
+         "tokens": totals.tokens, "violations": len(structure)})
+
+    if pieces is None:
+        checks["conservation"] = CheckResult("skipped", ["pass --source INPUT to compare with the input"],
+                                             {"reason": "no --source"})
+    else:
+        result = check_conservation(out, manifest, sources, pieces)
+        violations += result.violations
+        s = result.summary
+        checks["conservation"] = CheckResult(
+            _status(result.violations),
+            [f"{s['samples']:,} samples: {s['samples_packed']:,} packed, {s['dropped']:,} dropped, "
+             f"{s['truncated']:,} truncated, {s['split']:,} split; {s['tokens_compared']:,} tokens compared"],
+            {**s, "violations": len(result.violations)})
+
+    if cp_work is None:
+        checks["cp"] = CheckResult("skipped", ["cp_size 1 (pass --cp-size N to check a split)"],
+                                   {"reason": "cp_size 1", "cp_size": 1})
+    else:
+        s = cp_work.summary()
+        violations += cp_found
+        lines = [f"cp {cp_size}: {s['packs']:,} packs split into valid THD shares"] if not cp_found else [
+            f"cp {cp_size}: {len(cp_found)} broken rule(s)"]
+        if s.get("packs"):
+            lines.append(f"real-token causal work per rank {s['rank_work_real']}: imbalance {s['imbalance']:.3f} "
+                         f"(worst pack {s['worst_pack_imbalance']:.3f})")
+        checks["cp"] = CheckResult(_status(cp_found), lines, {**s, "violations": len(cp_found)})
+
+    _attention_checks(checks, violations, plan, packs, options)
+    return VerifyReport(output=str(out), checks=checks, violations=violations)
+
+
+def _attention_checks(checks: dict[str, CheckResult], violations: list[Violation], plan: _AttentionPlan,
+                      packs: list, options: VerifyOptions) -> None:
+    if plan.skipped is not None:
+        for name in ("attention", "contamination"):
+            checks[name] = CheckResult("skipped", [f"skipped: {plan.skipped}"], {"reason": plan.skipped})
+        checks["bench"] = CheckResult("skipped", [f"skipped: {plan.skipped}"], {"reason": plan.skipped})
+        return
+    embedding = ProbeEmbedding(seed=options.seed, heads=options.heads, head_dim=options.head_dim)
+    run = run_attention(packs, plan.backends, plan.dtypes, embedding, seed=options.seed, bench=options.bench)
+    violations += run.violations
+    where = [{"shard": p.shard, "row": p.row} for p in packs]
+    common = {"device": plan.device, "heads": options.heads, "head_dim": options.head_dim, "seed": options.seed,
+              "packs": where, "notes": plan.notes}
+
+    att = [v for v in run.violations if v.check == "attention"]
+    lines = []
+    for r in run.results:
+        label = f"{r['backend']} {r['dtype']} ({plan.device})"
+        if r["status"] == "skipped":
+            lines.append(f"{label}: skipped, {r['reason']}")
+        else:
+            lines.append(f"{label}: max error {r['max_error_packed']:.2e} (unpacked {r['max_error_unpacked']:.2e}; "
+                         f"bound {r['bound'] if r['bound'] is None else format(r['bound'], '.2e')}), "
+                         f"{r['packs']} packs, {r['sequences']} sequences")
+    lines += [f"note: {n}" for n in plan.notes]
+    ran = any(r["status"] != "skipped" for r in run.results)
+    status = "failed" if att or any(r["status"] == "failed" for r in run.results) else ("ok" if ran else "skipped")
+    if not packs:
+        status, lines = "skipped", lines + ["no pack sampled (--sample 0 or no readable shard)"]
+    checks["attention"] = CheckResult(status, lines, {**common, "results": run.results, "violations": len(att)})
+
+    con = [v for v in run.violations if v.check == "contamination"]
+    lines = [f"{r['backend']} {r['dtype']}: {r['packs']} packs probed, max change outside the changed sequence "
+             f"{r['max_change']:.2e} ({'bitwise' if r['exact'] else 'within atol'})" for r in run.contamination]
+    probed = any(r["packs"] for r in run.contamination)
+    checks["contamination"] = CheckResult("failed" if con else ("ok" if probed else "skipped"),
+                                          lines or ["no pack with two or more sequences sampled"],
+                                          {"results": run.contamination, "violations": len(con)})
+    if not options.bench:
+        checks["bench"] = CheckResult("skipped", ["pass --bench to time packed vs padded attention"],
+                                      {"reason": "no --bench"})
+    else:
+        lines = [f"{b['backend']} {b['dtype']} ({b['device']}): packed {b['packed_ms']:.1f} ms vs padded batch "
+                 f"{b['padded_ms']:.1f} ms over {b['packs']} packs: {b['speedup']:.2f}x "
+                 f"({b['tokens_packed']:,} packed vs {b['tokens_padded']:,} padded tokens)" for b in run.bench]
+        checks["bench"] = CheckResult("ok" if run.bench else "skipped", lines or ["nothing to time"],
+                                      {"results": run.bench})

@@ -1,0 +1,533 @@
+"""Structure: every rule of the output contract (docs/format.md), over whole shards with numpy.
+
+`check_pack_rows` takes the columns of a run of packs as `packctl.thd.PackRows` (what the writer
+builds before it writes a shard) and returns the rules they break; it does no I/O, so the writer
+can run it as its own assert. `check_shard` reads one shard of an output directory (checksum,
+schema, metadata, row and token counts) and runs `check_pack_rows` on it; `check_counts` holds the
+manifest's `counts` against what the shards contain.
+
+A pack these rules accept (capacity 16, align 4, pad id 0; `.` = -100):
+
+    input_ids      a0 a1 a2 a3 a4  0  0  0 b0 b1 b2 b3 b4 b5  0  0
+    labels          .  a1 a2 a3 a4  .  .  .  .  b1 b2 b3 b4 b5  .  .
+    position_ids    0  1  2  3  4  5  6  7  0  1  2  3  4  5  6  7
+    seq_lens [5, 6]   seq_lens_padded [8, 8]   cu_seqlens [0, 5, 11]   cu_seqlens_padded [0, 8, 16]
+
+Every rule is a vectorized comparison over the flat columns of the whole shard; a broken rule is
+reported once, at its first offending shard / row / sequence, with the number of places it breaks.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packctl.arrays import offsets_of, positions_in_segments
+from packctl.config import IGNORE_INDEX
+from packctl.errors import PackctlError
+from packctl.io.writer import sha256_file
+from packctl.schema import BALANCE_COLUMNS, FORMAT_VERSION, METADATA_KEY, PACK_SCHEMA
+from packctl.thd import PackRows
+
+COUNT_KEYS = ("sequences_in", "sequences_packed", "sequences_dropped", "sequences_truncated", "sequences_split",
+              "tokens_in", "tokens_packed", "tokens_dropped", "tokens_truncated")  # DESIGN.md's list
+OPTIONAL_COUNT_KEYS = ("packs", "pieces")  # written by packctl and checked when present
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule, located as precisely as the rule allows.
+
+    `count` is the number of places (rows, sequences or tokens) that break it; the message
+    describes the first one.
+    """
+
+    check: str  # structure, conservation, attention, contamination, cp
+    rule: str
+    message: str
+    shard: str | None = None
+    row: int | None = None
+    sequence: int | None = None
+    count: int = 1
+
+    def __str__(self) -> str:
+        where = [part for part in (
+            self.shard,
+            None if self.row is None else f"row {self.row}",
+            None if self.sequence is None else f"sequence {self.sequence}",
+        ) if part is not None]
+        more = f" ({self.count} places)" if self.count > 1 else ""
+        prefix = " ".join(where) + ": " if where else ""
+        return f"{prefix}{self.message} [{self.check}: {self.rule}]{more}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The manifest's `layout`: what every pack of the output must look like."""
+
+    capacity: int
+    align: int
+    pad_to: str
+    pack_multiple: int
+    pad_token_id: int
+    ignore_index: int = IGNORE_INDEX
+    cp_size: int = 1
+    tp_size: int = 1
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any], where: str = "manifest.json") -> "Layout":
+        return cls.from_dict(manifest.get("layout"), where)
+
+    @classmethod
+    def from_dict(cls, layout: Any, where: str = "manifest.json") -> "Layout":
+        """From a layout dict: the manifest's, or `packctl.io.manifest.layout_of(config)` in the writer."""
+        if not isinstance(layout, dict):
+            raise PackctlError(f"{where}: no 'layout' object; the output was not written by packctl pack "
+                               "(or by a version that predates format version 1)")
+        try:
+            return cls(capacity=int(layout["capacity"]), align=int(layout["align"]), pad_to=str(layout["pad_to"]),
+                       pack_multiple=int(layout.get("pack_multiple") or layout["align"]),
+                       pad_token_id=int(layout["pad_token_id"]),
+                       ignore_index=int(layout.get("ignore_index", IGNORE_INDEX)),
+                       cp_size=int(layout.get("cp_size", 1)), tp_size=int(layout.get("tp_size", 1)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PackctlError(f"{where}: layout lacks or mangles {exc}; it needs capacity, align, pad_to, "
+                               "pad_token_id") from None
+
+
+def load_manifest(out: str | Path) -> dict[str, Any]:
+    """OUT/manifest.json, or PackctlError (exit 2) when there is none to read."""
+    path = Path(out) / "manifest.json"
+    if not Path(out).is_dir():
+        raise PackctlError(f"{out}: no such output directory; pass the -o OUT of a packctl pack run")
+    if not path.exists():
+        raise PackctlError(f"{out}: no manifest.json, so the output is incomplete or not a packctl output "
+                           "(packctl pack writes manifest.json last); run packctl pack again")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise PackctlError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise PackctlError(f"{path}: not a JSON object")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise PackctlError(f"{path}: format_version {version!r}; this packctl verifies format version "
+                           f"{FORMAT_VERSION}: use the packctl that wrote the output")
+    if not isinstance(manifest.get("shards"), list) or not manifest["shards"]:
+        raise PackctlError(f"{path}: lists no shards")
+    for i, shard in enumerate(manifest["shards"]):
+        if not isinstance(shard, dict) or not isinstance(shard.get("path"), str):
+            raise PackctlError(f"{path}: shards[{i}] has no 'path'")
+    return manifest
+
+
+# ----------------------------------------------------------------------------------------------
+# rules over the columns of a run of packs
+
+
+class _Locator:
+    """Turns flat indices (over rows, sequences, cu entries or tokens) into row / sequence."""
+
+    def __init__(self, rows: PackRows):
+        self.token_offsets = np.asarray(rows.token_offsets, dtype=np.int64)
+        self.seq_offsets = np.asarray(rows.seq_offsets, dtype=np.int64)
+        self.cu_offsets = np.asarray(rows.cu_offsets, dtype=np.int64)
+
+    def seq(self, k: int) -> tuple[int, int]:
+        row = int(np.searchsorted(self.seq_offsets, k, side="right") - 1)
+        return row, k - int(self.seq_offsets[row])
+
+    def cu(self, k: int) -> tuple[int, int]:
+        row = int(np.searchsorted(self.cu_offsets, k, side="right") - 1)
+        return row, k - int(self.cu_offsets[row])
+
+    def token(self, k: int, seq_token_offsets: np.ndarray) -> tuple[int, int, int, int]:
+        """flat token -> (row, sequence in row, position in row, position in sequence)."""
+        seq = int(np.searchsorted(seq_token_offsets, k, side="right") - 1)
+        row, seq_in_row = self.seq(seq)
+        return row, seq_in_row, k - int(self.token_offsets[row]), k - int(seq_token_offsets[seq])
+
+
+def _row_cumsums(values: np.ndarray, seq_offsets: np.ndarray) -> np.ndarray:
+    """`[0, cumsum(values of the row)]` of every row, flattened: rows [3, 2], [4] -> 0 3 5 0 4."""
+    rows = len(seq_offsets) - 1
+    per_row = np.diff(seq_offsets)
+    row_of = np.repeat(np.arange(rows), per_row)
+    inclusive = np.cumsum(values, dtype=np.int64)
+    before_row = np.concatenate([[0], inclusive])[seq_offsets[:-1]]
+    out = np.zeros(len(values) + rows, dtype=np.int64)
+    out[np.arange(len(values)) + row_of + 1] = inclusive - before_row[row_of]
+    return out
+
+
+def check_pack_rows(rows: PackRows, layout: Layout, *, shard: str | None = None,
+                    sequences_in: int | None = None) -> list[Violation]:
+    """Every per-pack rule of the contract, over all rows at once; [] when the packs are valid.
+
+    The writer can assert its own rows before writing them:
+    `check_pack_rows(rows, Layout.from_dict(layout_of(config)))`.
+
+    Example (the pack drawn in the module docstring, with its first label left in):
+
+        >>> rows = ...  # PackRows of that pack, labels[0] = a0
+        >>> [v.rule for v in check_pack_rows(rows, layout)]   # doctest: +SKIP
+        ['labels-boundary']
+    """
+    found: list[Violation] = []
+    loc = _Locator(rows)
+
+    def fail(rule: str, bad: np.ndarray, describe, *, level: str) -> None:
+        """Record `rule` if any of `bad` (a mask over rows, sequences, cu entries or tokens) is set."""
+        count = int(np.count_nonzero(bad))
+        if count == 0:
+            return
+        k = int(np.argmax(bad))
+        row = seq = None
+        if level == "row":
+            row = k
+        elif level == "seq":
+            row, seq = loc.seq(k)
+        elif level == "cu":
+            row, entry = loc.cu(k)
+            seq = max(entry - 1, 0)
+        elif level == "token":
+            row, seq, _, _ = loc.token(k, seq_token_offsets)
+        found.append(Violation("structure", rule, describe(k), shard=shard, row=row, sequence=seq, count=count))
+
+    pack_len = np.diff(loc.token_offsets)
+    n_seq = np.diff(loc.seq_offsets)
+    n_cu = np.diff(loc.cu_offsets)
+    seq_lens = np.asarray(rows.seq_lens, dtype=np.int64)
+    padded = np.asarray(rows.seq_lens_padded, dtype=np.int64)
+    row_of_seq = np.repeat(np.arange(len(n_seq)), n_seq)
+
+    fail("pack-not-empty", n_seq < 1, lambda r: "the pack holds no sequence", level="row")
+    cap = layout.capacity
+    fail("pack-length", pack_len > cap, lambda r: f"pack length {pack_len[r]} exceeds the capacity {cap}", level="row")
+    if layout.pad_to == "capacity":
+        fail("pack-length", pack_len != cap,
+             lambda r: f"pack length {pack_len[r]}, but pad_to=capacity makes every pack {cap} tokens", level="row")
+    else:
+        m = layout.pack_multiple
+        fail("pack-length", pack_len % m != 0,
+             lambda r: f"pack length {pack_len[r]} is not a multiple of pack_multiple {m}", level="row")
+    if layout.cp_size > 1:
+        two_cp = 2 * layout.cp_size
+        fail("cp-alignment", pack_len % two_cp != 0,
+             lambda r: f"pack length {pack_len[r]} is not a multiple of 2*cp = {two_cp}", level="row")
+        fail("cp-alignment", padded % two_cp != 0,
+             lambda k: f"seq_lens_padded {padded[k]} is not a multiple of 2*cp = {two_cp} "
+                       "(Transformer Engine's THD context-parallel split needs it)", level="seq")
+
+    fail("seq-lens", seq_lens < 1, lambda k: f"seq_lens {seq_lens[k]}: every sequence holds at least one token",
+         level="seq")
+    fail("seq-lens", padded < seq_lens,
+         lambda k: f"seq_lens_padded {padded[k]} is smaller than seq_lens {seq_lens[k]}", level="seq")
+    align = layout.align
+    aligned = (seq_lens + align - 1) // align * align
+    last = np.zeros(len(seq_lens), dtype=bool)
+    last[loc.seq_offsets[1:][n_seq > 0] - 1] = True
+    fail("alignment", (~last & (padded != aligned)) | (last & (padded < aligned)) | (padded % align != 0),
+         lambda k: f"seq_lens_padded {padded[k]} for a sequence of {seq_lens[k]} tokens with align {align} "
+                   f"(expected {aligned[k]}{', plus the tail padding' if last[k] else ''})", level="seq")
+    num_tokens = np.asarray(rows.num_tokens, dtype=np.int64)
+    seq_sum = np.bincount(row_of_seq, weights=seq_lens, minlength=len(n_seq)).astype(np.int64)
+    fail("num-tokens", num_tokens != seq_sum,
+         lambda r: f"num_tokens {num_tokens[r]} != sum(seq_lens) {seq_sum[r]}", level="row")
+    if sequences_in is not None:
+        sids = np.asarray(rows.sample_ids, dtype=np.int64)
+        fail("sample-ids", (sids < 0) | (sids >= sequences_in),
+             lambda k: f"sample id {sids[k]} is outside [0, {sequences_in}) (the manifest's sequences_in)", level="seq")
+
+    cu_ok = np.array_equal(n_cu, n_seq + 1)
+    fail("cu-length", n_cu != n_seq + 1,
+         lambda r: f"cu_seqlens has {n_cu[r]} entries for {n_seq[r]} sequences (must be len(seq_lens) + 1)",
+         level="row")
+    if cu_ok:
+        for column, lens, formula in (("cu_seqlens", seq_lens, "[0, cumsum(seq_lens)]"),
+                                      ("cu_seqlens_padded", padded, "[0, cumsum(seq_lens_padded)]")):
+            actual = np.asarray(getattr(rows, column), dtype=np.int64)
+            expected = _row_cumsums(lens, loc.seq_offsets)
+
+            def describe(k, actual=actual, expected=expected, column=column, formula=formula):
+                _, entry = loc.cu(k)
+                return f"{column}[{entry}] is {actual[k]}, expected {expected[k]}: {column} must be {formula}"
+
+            fail(column, actual != expected, describe, level="cu")
+        cu_padded = np.asarray(rows.cu_seqlens_padded, dtype=np.int64)
+        cu_last = cu_padded[loc.cu_offsets[1:][n_cu > 0] - 1] if len(cu_padded) else np.zeros(0, np.int64)
+        if len(cu_last) == len(pack_len):
+            fail("cu_seqlens_padded", cu_last != pack_len,
+                 lambda r: f"cu_seqlens_padded[-1] is {cu_last[r]}, but the pack holds {pack_len[r]} tokens",
+                 level="row")
+
+    padded_load = np.bincount(row_of_seq, weights=padded, minlength=len(n_seq)).astype(np.int64)
+    tiles = np.array_equal(padded_load, pack_len) and bool((padded >= 0).all())
+    fail("tiling", padded_load != pack_len,
+         lambda r: f"seq_lens_padded sum to {padded_load[r]} but the pack holds {pack_len[r]} tokens", level="row")
+    if not tiles:
+        return found  # token-level rules need the sequences to tile the packs
+
+    seq_token_offsets = offsets_of(padded)
+    position = positions_in_segments(padded)
+    seq_of_token = np.repeat(np.arange(len(padded)), padded)
+    is_pad = position >= seq_lens[seq_of_token]
+    input_ids = np.asarray(rows.input_ids)
+    labels = np.asarray(rows.labels)
+    position_ids = np.asarray(rows.position_ids)
+    ignore = layout.ignore_index
+
+    def at(k: int) -> str:
+        _, _, pos_in_row, pos_in_seq = loc.token(k, seq_token_offsets)
+        return f"token {pos_in_row} of the pack (position {pos_in_seq} of the sequence)"
+
+    fail("position-ids", position_ids != position,
+         lambda k: f"position_ids is {position_ids[k]} at {at(k)}, expected {position[k]}: positions restart at 0 "
+                   "at each sequence and count through its padding", level="token")
+    fail("padding-tokens", is_pad & (input_ids != layout.pad_token_id),
+         lambda k: f"padding token is {input_ids[k]} at {at(k)}, not pad_token_id {layout.pad_token_id}",
+         level="token")
+    fail("labels-padding", is_pad & (labels != ignore),
+         lambda k: f"padding label is {labels[k]} at {at(k)}, not {ignore}", level="token")
+    starts = seq_token_offsets[:-1][seq_lens > 0]
+    first_label = labels[starts]
+    bad_first = np.zeros(len(labels), dtype=bool)
+    bad_first[starts[first_label != ignore]] = True
+    fail("labels-boundary", bad_first,
+         lambda k: f"the first token of the sequence has label {labels[k]}; it must be {ignore} so that no "
+                   "position predicts across a sequence boundary", level="token")
+    fail("token-range", ~is_pad & (input_ids < 0),
+         lambda k: f"input_ids holds {input_ids[k]} at {at(k)}; token ids are >= 0", level="token")
+    fail("label-range", ~is_pad & (labels < 0) & (labels != ignore),
+         lambda k: f"labels holds {labels[k]} at {at(k)}; labels are >= 0 or {ignore}", level="token")
+    return found
+
+
+# ----------------------------------------------------------------------------------------------
+# one shard file
+
+
+def _list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray] | str:
+    """(offsets from 0, values) of a list column, or what is wrong with it."""
+    arr = table.column(name).combine_chunks()
+    if arr.null_count:
+        return f"column {name} has a null row"
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    if values.null_count:
+        return f"column {name} holds a null value"
+    return offsets - offsets[0], values.to_numpy(zero_copy_only=False)
+
+
+def rows_from_table(table: pa.Table, *, shard: str | None = None) -> tuple[PackRows | None, list[Violation]]:
+    """A shard's table -> PackRows, or the violations that make its columns unusable together."""
+    found: list[Violation] = []
+    groups = (("input_ids", "labels", "position_ids"), ("seq_lens", "seq_lens_padded", "sample_ids"),
+              ("cu_seqlens", "cu_seqlens_padded"))
+    read: dict[str, np.ndarray] = {}
+    offsets: dict[str, np.ndarray] = {}
+    for group in groups:
+        for name in group:
+            column = _list_column(table, name)
+            if isinstance(column, str):
+                found.append(Violation("structure", "schema", column, shard=shard))
+                return None, found
+            offsets[name], read[name] = column
+        first = offsets[group[0]]
+        for name in group[1:]:
+            if not np.array_equal(offsets[name], first):
+                lens_a, lens_b = np.diff(first), np.diff(offsets[name])
+                r = int(np.argmax(lens_a != lens_b))
+                found.append(Violation(
+                    "structure", "column-lengths",
+                    f"{group[0]} has {lens_a[r]} entries but {name} has {lens_b[r]}; they must have the same length",
+                    shard=shard, row=r, count=int(np.count_nonzero(lens_a != lens_b))))
+    if found:
+        return None, found
+    num_tokens = table.column("num_tokens").combine_chunks()
+    if num_tokens.null_count:
+        return None, [Violation("structure", "schema", "column num_tokens has a null row", shard=shard)]
+    rows = PackRows(
+        token_offsets=offsets["input_ids"], input_ids=read["input_ids"], labels=read["labels"],
+        position_ids=read["position_ids"], seq_offsets=offsets["seq_lens"], seq_lens=read["seq_lens"],
+        seq_lens_padded=read["seq_lens_padded"], sample_ids=read["sample_ids"], cu_offsets=offsets["cu_seqlens"],
+        cu_seqlens=read["cu_seqlens"], cu_seqlens_padded=read["cu_seqlens_padded"],
+        num_tokens=num_tokens.to_numpy(zero_copy_only=False),
+    )
+    return rows, []
+
+
+def _schema_violations(schema: pa.Schema, shard: str) -> list[Violation]:
+    found = []
+    for field in PACK_SCHEMA:
+        if field.name not in schema.names:
+            found.append(Violation("structure", "schema", f"column {field.name} is missing", shard=shard))
+        elif not schema.field(field.name).type.equals(field.type):
+            found.append(Violation("structure", "schema", f"column {field.name} is {schema.field(field.name).type}, "
+                                   f"the contract says {field.type}", shard=shard))
+    for name in BALANCE_COLUMNS:
+        if name in schema.names and not schema.field(name).type.equals(pa.int32()):
+            found.append(Violation("structure", "schema", f"column {name} is {schema.field(name).type}, "
+                                   "the contract says int32", shard=shard))
+    return found
+
+
+def _metadata_violations(schema: pa.Schema, manifest: dict[str, Any], shard: str) -> list[Violation]:
+    raw = (schema.metadata or {}).get(METADATA_KEY)
+    if raw is None:
+        return [Violation("structure", "metadata", "no 'packctl' key in the Parquet metadata", shard=shard)]
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        return [Violation("structure", "metadata", "the 'packctl' Parquet metadata is not JSON", shard=shard)]
+    found = []
+    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+        found.append(Violation("structure", "metadata", f"the 'packctl' metadata says format_version "
+                               f"{meta.get('format_version') if isinstance(meta, dict) else meta!r}, "
+                               f"the manifest {FORMAT_VERSION}", shard=shard))
+    elif meta.get("layout") != manifest.get("layout"):
+        found.append(Violation("structure", "metadata", "the layout in the 'packctl' metadata differs from the "
+                               "manifest's: the shard comes from another packing", shard=shard))
+    return found
+
+
+def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layout: Layout, *,
+                sequences_in: int | None) -> tuple[PackRows | None, list[Violation]]:
+    """Checksum, schema, metadata, counts and every pack rule of one shard listed in the manifest.
+
+    Returns the shard's rows (None when it cannot be read as packs) and the broken rules.
+    """
+    name = entry["path"]
+    path = out / name
+    if not path.is_file():
+        return None, [Violation("structure", "shard-missing", "listed in manifest.json but missing", shard=name)]
+    found: list[Violation] = []
+    if "sha256" not in entry:
+        found.append(Violation("structure", "checksum", "the manifest lists no sha256 for this shard", shard=name))
+    elif sha256_file(path) != entry["sha256"]:
+        found.append(Violation("structure", "checksum", "sha256 differs from the manifest's: the shard was changed "
+                               "or damaged after packctl pack wrote it", shard=name))
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        found.append(Violation("structure", "readable", f"not a readable Parquet file ({exc})", shard=name))
+        return None, found
+    found += _metadata_violations(table.schema, manifest, name)
+    schema_problems = _schema_violations(table.schema, name)
+    found += schema_problems
+    if schema_problems:
+        return None, found
+    if "rows" in entry and table.num_rows != entry["rows"]:
+        found.append(Violation("structure", "manifest-shard", f"{table.num_rows} packs, the manifest says "
+                               f"{entry['rows']}", shard=name))
+    rows, problems = rows_from_table(table, shard=name)
+    found += problems
+    if rows is None:
+        return None, found
+    tokens = int(np.asarray(rows.num_tokens, dtype=np.int64).sum())
+    if "tokens" in entry and tokens != entry["tokens"]:
+        found.append(Violation("structure", "manifest-shard", f"{tokens} tokens (sum of num_tokens), the manifest "
+                               f"says {entry['tokens']}", shard=name))
+    found += check_pack_rows(rows, layout, shard=name, sequences_in=sequences_in)
+    return rows, found
+
+
+def tiled_starts(rows: PackRows) -> np.ndarray | None:
+    """Flat offset of every padded sequence in `rows.input_ids`, from `seq_lens_padded`; None when the
+    padded lengths do not tile the packs (a structure violation that `check_pack_rows` reports).
+
+    Two packs [4, 4] and [8] -> [0, 4, 8, 16]: sequence i occupies [starts[i], starts[i + 1]).
+    """
+    padded = np.asarray(rows.seq_lens_padded, dtype=np.int64)
+    seq_offsets = np.asarray(rows.seq_offsets, dtype=np.int64)
+    pack_len = np.diff(np.asarray(rows.token_offsets, dtype=np.int64))
+    per_row = np.diff(seq_offsets)
+    if (padded < 0).any() or (np.asarray(rows.seq_lens) > padded).any() or (np.asarray(rows.seq_lens) < 0).any():
+        return None
+    load = np.bincount(np.repeat(np.arange(len(per_row)), per_row), weights=padded, minlength=len(per_row))
+    if not np.array_equal(load.astype(np.int64), pack_len):
+        return None
+    return offsets_of(padded)
+
+
+def unlisted_shards(out: Path, manifest: dict[str, Any]) -> list[Violation]:
+    """Parquet files in OUT that the manifest does not list (readers of the directory would take them)."""
+    listed = {Path(s["path"]).as_posix() for s in manifest["shards"]}
+    return [Violation("structure", "shard-unlisted", "a Parquet file in OUT that manifest.json does not list",
+                      shard=p.relative_to(out).as_posix())
+            for p in sorted(out.rglob("*.parquet")) if p.relative_to(out).as_posix() not in listed]
+
+
+@dataclass
+class Totals:
+    """What the shards hold, summed while they are checked, for `check_counts`."""
+
+    packs: int = 0
+    tokens: int = 0
+    pieces: int = 0
+    sample_ids: list[np.ndarray] | None = None
+
+    def add(self, rows: PackRows) -> None:
+        self.packs += rows.num_rows
+        self.tokens += int(np.asarray(rows.num_tokens, dtype=np.int64).sum())
+        self.pieces += len(rows.seq_lens)
+        if self.sample_ids is None:
+            self.sample_ids = []
+        self.sample_ids.append(np.asarray(rows.sample_ids, dtype=np.int64))
+
+
+def check_counts(manifest: dict[str, Any], totals: Totals, *, complete: bool) -> list[Violation]:
+    """The manifest's counts against each other and, when every shard was read (`complete`), against
+    what the shards hold."""
+    counts = manifest.get("counts")
+    if not isinstance(counts, dict) or any(k not in counts for k in COUNT_KEYS):
+        missing = [k for k in COUNT_KEYS if not isinstance(counts, dict) or k not in counts]
+        return [Violation("structure", "manifest-counts", f"manifest.json counts lack {', '.join(missing)}")]
+    c = {k: int(counts[k]) for k in COUNT_KEYS + OPTIONAL_COUNT_KEYS if k in counts}
+    found: list[Violation] = []
+
+    def expect(rule_text: str, actual: int, expected: int) -> None:
+        if actual != expected:
+            found.append(Violation("structure", "manifest-counts", f"{rule_text}: {actual} != {expected}"))
+
+    inputs = manifest.get("inputs")
+    if isinstance(inputs, list) and all(isinstance(i, dict) and "rows" in i for i in inputs):
+        expect("counts.sequences_in vs the rows of manifest inputs", c["sequences_in"],
+               sum(int(i["rows"]) for i in inputs))
+    expect("counts.sequences_packed vs sequences_in - sequences_dropped", c["sequences_packed"],
+           c["sequences_in"] - c["sequences_dropped"])
+    expect("counts.tokens_in vs tokens_packed + tokens_dropped + tokens_truncated", c["tokens_in"],
+           c["tokens_packed"] + c["tokens_dropped"] + c["tokens_truncated"])
+    shards = manifest["shards"]
+    if all("rows" in s for s in shards) and "packs" in c:
+        expect("counts.packs vs the rows of manifest shards", c["packs"], sum(int(s["rows"]) for s in shards))
+    if all("tokens" in s for s in shards):
+        expect("counts.tokens_packed vs the tokens of manifest shards", c["tokens_packed"],
+               sum(int(s["tokens"]) for s in shards))
+    if not complete:
+        return found
+    if "packs" in c:
+        expect("packs in the shards vs counts.packs", totals.packs, c["packs"])
+    expect("tokens in the shards (sum of num_tokens) vs counts.tokens_packed", totals.tokens, c["tokens_packed"])
+    if "pieces" in c:
+        expect("sequences in the shards vs counts.pieces", totals.pieces, c["pieces"])
+    sids = np.concatenate(totals.sample_ids) if totals.sample_ids else np.zeros(0, np.int64)
+    ids, per_id = np.unique(sids, return_counts=True)
+    expect("distinct sample ids in the shards vs counts.sequences_packed", len(ids), c["sequences_packed"])
+    multi = ids[per_id > 1]
+    if len(multi) != c["sequences_split"]:
+        listed = ", ".join(str(int(g)) for g in multi[:5]) + (" ..." if len(multi) > 5 else "")
+        found.append(Violation(
+            "structure", "manifest-counts",
+            f"{len(multi)} sample ids appear in more than one sequence ({listed or 'none'}), the manifest counts "
+            f"{c['sequences_split']} split samples: a sample is duplicated or the counts are wrong "
+            "(--source tells which)"))
+    return found
