@@ -3,28 +3,32 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from packctl.config import build_config, load_config
 from packctl.errors import PackctlError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Pack variable-length tokenized Parquet datasets into THD shards for LLM training.")
 
 _PACK_EXAMPLE = """Pack tokenized Parquet shards into THD packs.
 
 Example:
 
+\b
     packctl pack sample_data -o out --capacity 4096 --algorithm bfd --too-long split
 """
 
 
 def _fail(exc: PackctlError) -> None:
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     raise typer.Exit(exc.exit_code)
 
 
@@ -51,16 +55,23 @@ def pack_command(
     tokens_column: Optional[str] = typer.Option(None, help="Input column of token ids.  [default: input_ids]"),
     labels_column: Optional[str] = typer.Option(None, help="Input column of labels.  [default: labels if present]"),
     shard_rows: Optional[int] = typer.Option(None, help="Packs per output shard.  [default: 1024]"),
+    skip_empty: Optional[bool] = typer.Option(None, "--skip-empty/--no-skip-empty",
+                                              help="Leave empty sequences out (counted) instead of failing."),
     memory_budget: Optional[str] = typer.Option(None, help="Decoded tokens held in memory, e.g. 8GiB.  "
                                                            "[default: a quarter of RAM]"),
     overwrite: Optional[bool] = typer.Option(None, "--overwrite/--no-overwrite", help="Replace an existing OUT."),
+    resume: Optional[bool] = typer.Option(None, "--resume/--no-resume",
+                                          help="Continue an interrupted run of the same command, keeping its "
+                                               "finished shards."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary table."),
 ) -> None:
+    from packctl.dist.comm import get_comm
     from packctl.pipeline import pack
     from packctl.report import RichProgress, summary_table
 
     try:
+        comm = get_comm()
         file_values = load_config(config) if config is not None else {}
         cfg = build_config(
             file_values, inputs=inputs or None, output=output, capacity=capacity, algorithm=algorithm,
@@ -68,18 +79,50 @@ def pack_command(
             tp_size=tp_size, seq_multiple=seq_multiple, pad_to=pad_to, pack_multiple=pack_multiple,
             pad_token_id=pad_token_id, max_seqs_per_bin=max_seqs_per_bin, too_long=too_long,
             tokens_column=tokens_column, labels_column=labels_column, shard_rows=shard_rows,
-            memory_budget=memory_budget, overwrite=overwrite,
+            skip_empty=skip_empty, memory_budget=memory_budget, overwrite=overwrite, resume=resume,
         )
-        err = Console(stderr=True)
-        progress = RichProgress(err) if err.is_terminal and not json_output else None
-        result = pack(cfg, progress=progress)
     except PackctlError as exc:
         _fail(exc)
+    err = Console(stderr=True)
+    progress = RichProgress(err) if err.is_terminal and not json_output and comm.rank == 0 else None
+    with _ranks_stop_together(comm):
+        result = pack(cfg, progress=progress, comm=comm)
+    if comm.rank != 0:
+        return
+    pad_like = result.metrics.get("throughput", {}).get("tokens_equal_to_pad_id", 0)
+    if pad_like and not quiet and not json_output:
+        Console(stderr=True).print(f"note: {pad_like:,} input tokens equal --pad-token-id {cfg.pad_token_id}; "
+                                   "padding is told apart by seq_lens / cu_seqlens, not by its id", highlight=False)
     if json_output:
         print(json.dumps({"output": str(result.output), "counts": result.counts, "metrics": result.metrics,
                           "shards": len(result.shards)}, indent=2))
     elif not quiet:
         Console().print(summary_table(result))
+
+
+@contextmanager
+def _ranks_stop_together(comm) -> Iterator[None]:
+    """Errors under MPI: one that every rank raised (bad option, bad input found before reading)
+    is printed by rank 0 and every rank exits with its code; one that only this rank hit (its own
+    blocks, a failed write) is printed with the rank, and all ranks are aborted, so none hangs."""
+    try:
+        yield
+    except PackctlError as exc:
+        if comm.size == 1 or getattr(exc, "everywhere", False):
+            if comm.rank == 0:
+                _fail(exc)
+            raise typer.Exit(exc.exit_code)
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] rank {comm.rank}: {escape(str(exc))}",
+                                                   highlight=False)
+        comm.abort(exc.exit_code)
+    except (typer.Exit, KeyboardInterrupt):
+        raise
+    except BaseException:
+        if comm.size == 1:
+            raise
+        traceback.print_exc()
+        print(f"rank {comm.rank}: internal error; aborting all ranks", file=sys.stderr, flush=True)
+        comm.abort(1)
 
 
 @app.command("sample")
@@ -109,6 +152,115 @@ def sample_command(
     except PackctlError as exc:
         _fail(exc)
     Console(stderr=True).print(f"wrote {sequences:,} sequences in {len(paths)} shards to {output}")
+
+
+_STATS_EXAMPLE = """How good a packing is, or what-if planning before one (docs/stats.md).
+
+PATH: a packed output (a directory holding manifest.json), several to compare,
+or raw tokenized Parquet (files, directories, globs) for a what-if table.
+Planning options apply to raw input only and mean what they mean for pack.
+
+Examples:
+
+\b
+    packctl stats out
+    packctl stats out_bfd out_concat --plot compare.png
+    packctl stats corpus --capacity 4096 --capacity 8192 --too-long split
+"""
+
+
+@app.command("stats", help=_STATS_EXAMPLE)
+def stats_command(
+    paths: Optional[List[str]] = typer.Argument(None, metavar="PATH...", help="Packed output(s), or raw Parquet files, "
+                                                                           "directories or globs."),
+    capacity: Optional[List[int]] = typer.Option(None, help="What-if capacity; repeat it to compare capacities "
+                                                           "(--capacity 4096 --capacity 8192).  [default: 4096]"),
+    config: Optional[Path] = typer.Option(None, "--config", help="TOML file of pack options for the what-if."),
+    order: Optional[str] = typer.Option(None, help="input|shuffle|curriculum  [default: input]"),
+    curriculum_order: Optional[str] = typer.Option(None, help="asc|desc, for --order curriculum  [default: asc]"),
+    seed: Optional[int] = typer.Option(None, help="Seed of shuffle order and of ffs.  [default: 0]"),
+    window: Optional[int] = typer.Option(None, help="Sequences per planning window.  [default: 100000]"),
+    cp_size: Optional[int] = typer.Option(None, help="Context-parallel size (pads to 2*cp*tp).  [default: 1]"),
+    tp_size: Optional[int] = typer.Option(None, help="Tensor-parallel size.  [default: 1]"),
+    seq_multiple: Optional[int] = typer.Option(None, help="Extra per-sequence length multiple.  [default: 1]"),
+    pad_to: Optional[str] = typer.Option(None, help="capacity|multiple  [default: capacity]"),
+    pack_multiple: Optional[int] = typer.Option(None, help="Pack length multiple for --pad-to multiple."),
+    max_seqs_per_bin: Optional[int] = typer.Option(None, help="At most this many sequences per pack."),
+    too_long: Optional[str] = typer.Option(None, help="error|drop|truncate|split  [default: error]"),
+    tokens_column: Optional[str] = typer.Option(None, help="Input column of token ids.  [default: input_ids]"),
+    attn_coeff: Optional[float] = typer.Option(None, help="a of the attention cost a*L + L^2 in the DP balance of "
+                                                          "a packed output.  [default: 0]"),
+    json_output: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the report into this PNG file."),
+) -> None:
+    from packctl.report import stats_renderables
+    from packctl.stats import stats
+
+    try:
+        report = stats(paths or [], capacities=capacity or None, attn_coeff=attn_coeff,
+                       file_values=load_config(config) if config is not None else {}, order=order,
+                       curriculum_order=curriculum_order, seed=seed, window=window, cp_size=cp_size,
+                       tp_size=tp_size, seq_multiple=seq_multiple, pad_to=pad_to, pack_multiple=pack_multiple,
+                       max_seqs_per_bin=max_seqs_per_bin, too_long=too_long, tokens_column=tokens_column)
+        if plot is not None:
+            from packctl.stats.plot import write_plot
+
+            write_plot(report, plot)
+    except PackctlError as exc:
+        _fail(exc)
+    if json_output:
+        print(json.dumps(report, indent=2))
+    else:
+        console = Console()
+        for renderable in stats_renderables(report):
+            console.print(renderable)
+
+
+_VERIFY_EXAMPLE = """Verify a packed output: contract, conservation against the input, attention equivalence.
+
+Exit 0 when every check passes, 1 when one fails (naming shard, row, sequence and rule), 2 when
+the output or the options cannot be used. docs/verify.md explains each check.
+
+Examples:
+
+\b
+    packctl verify out --source sample_data
+    packctl verify out --device cuda --backend flash-attn --dtype bf16,fp16 --bench
+"""
+
+
+@app.command("verify", help=_VERIFY_EXAMPLE)
+def verify_command(
+    output: str = typer.Argument(..., metavar="OUT", help="Output directory of packctl pack."),
+    source: Optional[List[str]] = typer.Option(None, "--source", help="The INPUT given to packctl pack (repeat for "
+                                                                      "several); checks conservation."),
+    sample: int = typer.Option(8, help="Packs drawn for the attention checks."),
+    seed: int = typer.Option(0, help="Seed of the pack sample and of the probe embedding."),
+    backend: str = typer.Option("auto", help="auto|flash-attn|torch-varlen|flex|sdpa"),
+    device: str = typer.Option("auto", help="auto|cpu|cuda (auto: cuda when torch sees a GPU)"),
+    dtype: Optional[str] = typer.Option(None, help="Comma-separated fp32,bf16,fp16.  [default: fp32 on CPU, "
+                                                   "bf16,fp16 on CUDA]"),
+    heads: int = typer.Option(2, help="Attention heads of the probe."),
+    head_dim: int = typer.Option(64, help="Head dimension of the probe."),
+    cp_size: Optional[int] = typer.Option(None, help="Context-parallel size to check.  [default: the manifest's]"),
+    attention: bool = typer.Option(True, "--attention/--no-attention", help="Run the attention and contamination "
+                                                                            "checks (need torch)."),
+    bench: bool = typer.Option(False, "--bench", help="Time packed varlen vs padded-batch attention."),
+    json_output: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+) -> None:
+    from packctl.verify import VerifyOptions, summary_table, verify
+
+    try:
+        report = verify(output, VerifyOptions(source=source or [], attention=attention, sample=sample, seed=seed,
+                                              backend=backend, device=device, dtype=dtype, heads=heads,
+                                              head_dim=head_dim, cp_size=cp_size, bench=bench))
+    except PackctlError as exc:
+        _fail(exc)
+    if json_output:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        Console(soft_wrap=True).print(summary_table(report))
+    raise typer.Exit(report.exit_code)
 
 
 def main() -> None:

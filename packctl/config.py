@@ -83,8 +83,12 @@ class PackConfig:
         labels_column: input column of labels; None uses `labels` when every input file has it,
             otherwise labels are the tokens.
         shard_rows: packs per output Parquet shard.
+        skip_empty: leave empty sequences out instead of refusing them; they are counted in the
+            manifest as `sequences_skipped_empty` (and in `sequences_dropped`).
         overwrite: replace an existing OUT.
         memory_budget: bytes of decoded tokens held in memory at once ("8GiB" also accepted).
+        resume: continue an interrupted run with the same options and inputs, keeping the shards it
+            finished (docs/errors.md); without an interrupted run, an ordinary run.
     """
 
     inputs: list[str] = field(default_factory=list)
@@ -106,8 +110,10 @@ class PackConfig:
     tokens_column: str = "input_ids"
     labels_column: str | None = None
     shard_rows: int = 1024
+    skip_empty: bool = False
     overwrite: bool = False
     memory_budget: int | str | None = None
+    resume: bool = False
 
     @property
     def align(self) -> int:
@@ -135,6 +141,17 @@ class PackConfig:
 
     def validate(self) -> "PackConfig":
         """Raise PackctlError naming the option and the fix for any unusable combination."""
+        if isinstance(self.inputs, str) or not isinstance(self.inputs, (list, tuple)) or not all(
+                isinstance(i, (str, os.PathLike)) for i in self.inputs):
+            raise PackctlError(f"inputs = {self.inputs!r}: must be a list of paths")
+        for name in ("output", "tokens_column", "labels_column", "algorithm", "order", "curriculum_order",
+                     "pad_to", "too_long"):
+            value = getattr(self, name)
+            if not isinstance(value, (str, os.PathLike)) and not (name == "labels_column" and value is None):
+                raise PackctlError(f"--{name.replace('_', '-')} {value!r}: must be a string")
+        for name in ("seed", "pad_token_id"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
+                raise PackctlError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: must be a whole number")
         if not self.inputs:
             raise PackctlError("no INPUT given: pass Parquet files, directories or globs")
         if not self.output:
@@ -150,6 +167,9 @@ class PackConfig:
             _positive("max_seqs_per_bin", self.max_seqs_per_bin)
         if self.pack_multiple is not None:
             _positive("pack_multiple", self.pack_multiple)
+        for name in ("skip_empty", "overwrite", "resume"):
+            if not isinstance(getattr(self, name), bool):
+                raise PackctlError(f"{name.replace('_', '-')} = {getattr(self, name)!r}: must be true or false")
         if not 0 <= self.seed < 2**63:
             raise PackctlError(f"--seed {self.seed}: must be in [0, 2^63)")
         if not 0 <= self.pad_token_id <= INT32_MAX:

@@ -146,6 +146,17 @@ class ShardAssembler:
         self.spill_files = self.spilled_bytes = 0
         workers = writers if writers is not None else max(1, min(2, os.cpu_count() or 1))
         self._writers = _Writers(workers, max_pending=2 * workers)
+        # Shards an interrupted run already finished (--resume): their pieces are neither fetched nor written.
+        done = [self.shard_name(s) in output.done for s in range(self.num_shards)]
+        self.shard_done = np.array(done, dtype=bool)
+        self.piece_wanted = ~self.shard_done[self.piece_shard]
+        for s in np.flatnonzero(self.shard_done).tolist():
+            self.remaining[s] = 0
+            self._writers.results[s] = output.done[self.shard_name(s)]
+            self.progress(int(self.bounds[s + 1] - self.bounds[s]))
+
+    def shard_name(self, s: int) -> str:
+        return f"part-{self.first_shard + s:05d}.parquet"
 
     def add(self, pieces: np.ndarray, tokens: np.ndarray, labels: np.ndarray) -> None:
         """Pieces with their tokens and labels concatenated in the same order."""
@@ -217,7 +228,7 @@ class ShardAssembler:
         rows = build_pack_rows(plan.bin_offsets[lo:hi + 1] - p_lo, plan.piece_len[p_lo:p_hi],
                                plan.piece_padded[p_lo:p_hi], plan.piece_gid[p_lo:p_hi], tokens, labels,
                                self.pack_lens[lo:hi], pad_token_id=self.pad_token_id)
-        info = self.output.write_shard(f"part-{self.first_shard + s:05d}.parquet", rows_to_table(rows, self.metadata))
+        info = self.output.write_shard(self.shard_name(s), rows_to_table(rows, self.metadata))
         self.progress(hi - lo)
         return info
 
@@ -268,9 +279,11 @@ def route_tokens(comm, plan: PackPlan, index: SequenceIndex, source: TokenSource
                  assembler: ShardAssembler) -> int:
     """Requests, then one Alltoallv round per block (module docstring). Returns the round count."""
     rank_of_gid_bound = index.block_offsets[block_bounds]  # gid where each rank's blocks start
-    # 1. requests: (piece index here, gid, start, len) to the rank that reads the gid's block
-    owner = np.searchsorted(rank_of_gid_bound, plan.piece_gid, side="right") - 1
-    order = np.argsort(owner, kind="stable")
+    # 1. requests: (piece index here, gid, start, len) to the rank that reads the gid's block,
+    #    for the pieces of shards not already finished by an interrupted run
+    wanted = np.flatnonzero(assembler.piece_wanted)
+    owner = np.searchsorted(rank_of_gid_bound, plan.piece_gid[wanted], side="right") - 1
+    order = wanted[np.argsort(owner, kind="stable")]
     requests = np.stack([order, plan.piece_gid[order], plan.piece_start[order], plan.piece_len[order]], axis=1)
     counts = np.bincount(owner, minlength=comm.size).astype(np.int64) * 4
     received, recv_counts = comm.alltoallv(requests.ravel(), counts)

@@ -12,8 +12,13 @@ number of ranks.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import resource
+import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,7 +33,7 @@ from packctl.dist.samplesort import redistribute, sample_sort
 from packctl.errors import PackctlError
 from packctl.io.manifest import build_manifest, shard_metadata
 from packctl.io.reader import SequenceIndex, index_inputs, scan_blocks, split_blocks
-from packctl.io.writer import OutputDir, ShardInfo, check_output_path
+from packctl.io.writer import OutputDir, OutputLock, ShardInfo, check_output_path, inspect_partial
 from packctl.materialize import materialize, shard_bounds
 from packctl.metrics import pack_metrics
 from packctl.plan.align import pack_lengths_padded, round_up
@@ -72,21 +77,50 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm=None) -> 
     Under `mpiexec -n N` every rank calls it with the same config. A bad option or input found
     before any rank starts reading raises the same PackctlError on every rank; an error in one
     rank's own data later raises there (the CLI then aborts all ranks).
+
+    Shards are journaled as they are finished in `.OUT.packctl-partial`; a run that fails or is
+    interrupted (SIGINT, SIGTERM: `RunInterrupted`, exit 130 / 143) after finishing some keeps
+    them there, and `config.resume` continues it (io/writer.py).
     """
     comm = comm or get_comm()
     progress = progress if (progress is not None and comm.rank == 0) else Progress()
+    out = Path(config.output)
+    lock = OutputLock(out)
+    guard = _SignalGuard()
+    run = _Run()
+    try:
+        with guard.installed():
+            return _pack(config, comm, progress, out, lock, guard, run)
+    except BaseException as exc:
+        failure = _after_failure(comm, run.output, exc)
+        if failure is exc:
+            raise
+        raise failure from None
+    finally:
+        lock.release()
+        progress.close()
+
+
+@dataclass
+class _Run:
+    output: OutputDir | None = None
+
+
+def _pack(config: PackConfig, comm, progress: Progress, out: Path, lock: OutputLock, guard: "_SignalGuard",
+          run: _Run) -> PackResult:
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    out = Path(config.output)
 
-    index = _broadcast_outcome(comm, lambda: _preflight(config, out))
+    index, fingerprint, done = _broadcast_outcome(comm, lambda: _preflight(config, out, lock))
 
     with _timed(timings, "scan"):
         block_bounds = split_blocks(index.blocks, comm.size)
         lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
         index, source = scan_blocks(index, lo, hi, config.resolved_memory_budget,
-                                    progress=progress.stage("scan", hi - lo))
+                                    progress=progress.stage("scan", hi - lo), skip_empty=config.skip_empty,
+                                    pad_token_id=config.pad_token_id)
         _check_too_long(comm, index, config)
+        skipped_empty = comm.allreduce_sum(int(np.count_nonzero(index.lengths == 0))) if config.skip_empty else 0
 
     with _timed(timings, "order"):
         gids, lengths, first_window = order_and_distribute(comm, index, config)
@@ -96,65 +130,179 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm=None) -> 
                             algorithm=config.algorithm, too_long=config.too_long, window=config.window,
                             first_window=first_window, max_seqs_per_bin=config.max_seqs_per_bin,
                             seed=config.seed, progress=progress.stage("plan", len(gids)))
+        _check_something_to_pack(comm, plan, index, config, skipped_empty)
         pack_lens = pack_lengths_padded(plan.loads(padded=True), config.capacity, config.pad_to,
                                         config.resolved_pack_multiple)
         first_shard = comm.exscan(len(shard_bounds(plan.window_bins, config.shard_rows)) - 1)
 
-    output = _open_output(comm, out, config.overwrite)
-    try:
-        with _timed(timings, "materialize"):
-            written = materialize(comm, plan, pack_lens, index, source, block_bounds, output=output,
-                                  metadata=shard_metadata(config, index.labels_column, index.files),
-                                  shard_rows=config.shard_rows, first_shard=first_shard,
-                                  pad_token_id=config.pad_token_id, budget=config.resolved_memory_budget,
-                                  progress=progress.stage("materialize", plan.num_bins))
-        with _timed(timings, "report"):
-            tokens_in = comm.allreduce_sum(int(index.lengths.sum()))
-            parts = comm.allgather((plan, pack_lens, written.shards)) if comm.size > 1 else [
-                (plan, pack_lens, written.shards)]
-        timings["total"] = time.perf_counter() - started
-        ranks = comm.allgather(_rank_report(comm, index, plan, written, timings))
-        if comm.rank == 0:
-            whole = merge_plans([p[0] for p in parts])
-            all_pack_lens = np.concatenate([p[1] for p in parts])
-            shards = [s for p in parts for s in p[2]]
-            metrics = plan_metrics(whole, all_pack_lens, config, index.num_sequences, tokens_in)
-            counts = metrics["counts"]
-            metrics["throughput"] = {
-                "sequences_per_s": index.num_sequences / timings["total"],
-                "tokens_per_s": tokens_in / timings["total"],
-                "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranks),
-                "blocks": len(index.blocks),
-                "blocks_read_twice": sum(r["blocks_read_twice"] for r in ranks),
-                "spill_files": sum(r["spill_files"] for r in ranks),
-                "spilled_bytes": sum(r["spilled_bytes"] for r in ranks),
-            }
-            metrics["timings"] = timings
-            if comm.size > 1:
-                metrics["ranks"] = ranks
-            output.write_json("metrics.json", metrics)
+    output = run.output = _open_output(comm, out, config.overwrite, fingerprint, done)
+    # --resume is how a run executes, not what it writes: the shards do not record it.
+    content = dataclasses.replace(config, resume=False)
+    with _timed(timings, "materialize"):
+        written = materialize(comm, plan, pack_lens, index, source, block_bounds, output=output,
+                              metadata=shard_metadata(content, index.labels_column, index.files),
+                              shard_rows=config.shard_rows, first_shard=first_shard,
+                              pad_token_id=config.pad_token_id, budget=config.resolved_memory_budget,
+                              progress=progress.stage("materialize", plan.num_bins))
+    with _timed(timings, "report"):
+        tokens_in = comm.allreduce_sum(int(index.lengths.sum()))
+        pad_like = comm.allreduce_sum(source.tokens_equal_to_pad_id)
+        parts = comm.allgather((plan, pack_lens, written.shards)) if comm.size > 1 else [
+            (plan, pack_lens, written.shards)]
+    timings["total"] = time.perf_counter() - started
+    ranks = comm.allgather(_rank_report(comm, index, plan, written, timings))
+    if comm.rank == 0:
+        whole = merge_plans([p[0] for p in parts])
+        all_pack_lens = np.concatenate([p[1] for p in parts])
+        shards = [s for p in parts for s in p[2]]
+        metrics = plan_metrics(whole, all_pack_lens, config, index.num_sequences, tokens_in,
+                               skipped_empty=skipped_empty)
+        counts = metrics["counts"]
+        metrics["throughput"] = {
+            "sequences_per_s": index.num_sequences / timings["total"],
+            "tokens_per_s": tokens_in / timings["total"],
+            "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranks),
+            "blocks": len(index.blocks),
+            "blocks_read_twice": sum(r["blocks_read_twice"] for r in ranks),
+            "spill_files": sum(r["spill_files"] for r in ranks),
+            "spilled_bytes": sum(r["spilled_bytes"] for r in ranks),
+            # facts of this run, not of the packing (`packctl stats` cannot recompute them)
+            "resumed_shards": len(done or {}),
+            "tokens_equal_to_pad_id": pad_like,
+        }
+        metrics["timings"] = timings
+        if comm.size > 1:
+            metrics["ranks"] = ranks
+        output.write_json("metrics.json", metrics)
+        with guard.deferred():  # a signal now waits: the output is moments from complete
+            output.drop_journal()
             output.write_json("manifest.json", build_manifest(config, index.labels_column, index.files,
                                                                shards, counts, timings))
             output.commit()
-        comm.barrier()
-    except BaseException:
-        if comm.size == 1:
-            output.abort()
-        raise
-    finally:
-        progress.close()
+    comm.barrier()
     if comm.rank != 0:
         return PackResult(output=out, counts={}, metrics={"ranks": ranks}, timings=timings)
     return PackResult(output=out, counts=counts, metrics=metrics, timings=timings, shards=shards)
 
 
-def _preflight(config: PackConfig, out: Path) -> SequenceIndex:
-    """Everything decided from options and Parquet footers, before any token is read."""
+class RunInterrupted(PackctlError):
+    """SIGINT or SIGTERM stopped the run; exit code 128 + the signal number (130, 143)."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+class _Interrupted(BaseException):
+    """Raised in the main thread by the signal handler (a BaseException, like KeyboardInterrupt,
+    so no `except Exception` on the way swallows it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _SignalGuard:
+    """SIGINT and SIGTERM stop the run by raising in the main thread; writer threads finish the
+    shard they are writing (journaled), the others are not started. During the final commit a
+    signal is deferred, and the run completes."""
+
+    def __init__(self) -> None:
+        self._defer = False
+        self._stopping = False
+
+    def _handle(self, signum, frame) -> None:
+        if self._defer or self._stopping:
+            return
+        self._stopping = True
+        raise _Interrupted(signum)
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, self._handle)
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._defer = True
+        try:
+            yield
+        finally:
+            self._defer = False
+
+
+def _after_failure(comm, output: OutputDir | None, exc: BaseException) -> BaseException:
+    """Clean up after a failed or interrupted run and say what happened to the work done.
+
+    A single process removes its partial directory unless it holds finished shards; those are kept
+    for `--resume` (under MPI other ranks may still be writing: the directory is always kept)."""
+    kept = 0
+    if output is not None and comm.rank == 0:
+        kept = output.finished_shards()
+        if comm.size == 1 and kept == 0:
+            output.abort()
+    where = output.tmp if output is not None else None
+    resume_hint = (f"{kept} finished shard(s) are kept in {where}: rerun the same command with --resume to "
+                   "continue") if kept else ""
+    if isinstance(exc, (_Interrupted, KeyboardInterrupt)):
+        signum = exc.signum if isinstance(exc, _Interrupted) else signal.SIGINT
+        name = signal.Signals(signum).name
+        message = f"interrupted by {name}; " + (resume_hint or "no shard was finished: run the command again")
+        return RunInterrupted(message, signum)
+    if isinstance(exc, PackctlError) and resume_hint:
+        exc.args = (f"{exc}; {resume_hint}",)
+    return exc
+
+
+def _preflight(config: PackConfig, out: Path, lock: OutputLock) -> tuple[SequenceIndex, dict, dict | None]:
+    """Everything decided from options and Parquet footers, before any token is read; takes the
+    output lock and checks what an interrupted run left (the shards `--resume` keeps)."""
     config.validate()
     check_output_path(out, overwrite=config.overwrite)
     index = index_inputs(config.inputs, config.tokens_column, config.labels_column)
-    check_output_path(out, overwrite=config.overwrite, inputs=[f.path for f in index.files])
-    return index
+    check_output_path(out, overwrite=config.overwrite, inputs=[f.path for f in index.files],
+                      input_dirs=[str(i) for i in config.inputs])
+    lock.acquire()
+    fingerprint = run_fingerprint(config, index)
+    done = inspect_partial(out, fingerprint, resume=config.resume)
+    return index, fingerprint, done
+
+
+def run_fingerprint(config: PackConfig, index: SequenceIndex) -> dict[str, Any]:
+    """What must not change between an interrupted run and its `--resume`: everything the shards
+    record (format, packctl version, config without execution-only options, layout, inputs) plus
+    each input's modification time."""
+    fingerprint = json.loads(shard_metadata(dataclasses.replace(config, resume=False), index.labels_column,
+                                            index.files))
+    for entry in fingerprint["inputs"]:
+        try:
+            entry["mtime_ns"] = os.stat(entry["path"]).st_mtime_ns
+        except OSError:
+            entry["mtime_ns"] = None
+    return fingerprint
+
+
+def _check_something_to_pack(comm, plan: PackPlan, index: SequenceIndex, config: PackConfig,
+                             skipped_empty: int) -> None:
+    """An output without a single pack is no dataset: refuse it, saying why every sequence went."""
+    if comm.allreduce_sum(plan.num_bins) > 0:
+        return
+    dropped = comm.allreduce_sum(len(plan.dropped))
+    exc = PackctlError(
+        f"{', '.join(str(i) for i in config.inputs)}: nothing to pack: of {index.num_sequences} sequences, "
+        f"{dropped} are longer than the capacity {config.plan_capacity} (--too-long {config.too_long}) and "
+        f"{skipped_empty} are empty (--skip-empty); raise --capacity or pass --too-long truncate|split")
+    exc.everywhere = True
+    raise exc
 
 
 def _broadcast_outcome(comm, fn):
@@ -201,11 +349,15 @@ def order_and_distribute(comm, index: SequenceIndex, config: PackConfig) -> tupl
     n_local = len(index.lengths)
     gids = index.gid_lo + np.arange(n_local, dtype=np.int64)
     lengths = index.lengths
+    total = index.num_sequences
+    if config.skip_empty:  # empty sequences take no place in the order (nor in window positions)
+        kept = lengths > 0
+        gids, lengths = gids[kept], lengths[kept]
+        total = comm.allreduce_sum(len(gids))
     if config.order != "input":
         keys = order_keys(gids, round_up(lengths, config.align), config.order, seed=config.seed,
                           curriculum_order=config.curriculum_order)
         _, gids, lengths = sample_sort(comm, keys, gids, payload=lengths)
-    total = index.num_sequences
     num_windows = -(-total // config.window)
     if comm.size > 1:
         def owner(positions: np.ndarray) -> np.ndarray:
@@ -216,16 +368,17 @@ def order_and_distribute(comm, index: SequenceIndex, config: PackConfig) -> tupl
     return gids, lengths, first_window
 
 
-def _open_output(comm, out: Path, overwrite: bool) -> OutputDir:
-    """Rank 0 creates the temporary output directory; every rank writes its shards into it."""
+def _open_output(comm, out: Path, overwrite: bool, fingerprint: dict, done: dict | None) -> OutputDir:
+    """Rank 0 creates (or, resuming, cleans) the partial output directory; every rank writes its
+    shards into it, skipping those in `done`."""
     created: dict[str, OutputDir] = {}
 
     def create() -> str:
-        created["dir"] = OutputDir(out, overwrite=overwrite)
+        created["dir"] = OutputDir(out, overwrite=overwrite, fingerprint=fingerprint, done=done)
         return str(created["dir"].tmp)
 
     tmp = _broadcast_outcome(comm, create)
-    return created["dir"] if "dir" in created else OutputDir.attach(out, Path(tmp))
+    return created["dir"] if "dir" in created else OutputDir.attach(out, Path(tmp), comm.rank, done)
 
 
 def _rank_report(comm, index: SequenceIndex, plan: PackPlan, written, timings: dict[str, float]) -> dict[str, Any]:
@@ -281,22 +434,26 @@ def plan_corpus(index, config: PackConfig, permutation: np.ndarray | None = None
 
 
 def plan_metrics(plan: PackPlan, pack_lens: np.ndarray, config: PackConfig, num_sequences: int,
-                 tokens_in: int) -> dict[str, Any]:
+                 tokens_in: int, *, skipped_empty: int = 0) -> dict[str, Any]:
     """metrics.json without throughput and timings: what the plan of the whole corpus achieves."""
     metrics = pack_metrics(plan.piece_len, plan.bin_offsets, pack_lens, capacity=config.capacity,
                            align=config.align, input_order=np.argsort(plan.piece_gid, kind="stable"))
     metrics["algorithm"] = config.algorithm
     metrics["order"] = config.order
-    metrics["counts"] = plan_counts(plan, num_sequences, tokens_in)
+    metrics["counts"] = plan_counts(plan, num_sequences, tokens_in, skipped_empty=skipped_empty)
     return metrics
 
 
-def plan_counts(plan: PackPlan, num_sequences: int, tokens_in: int) -> dict[str, int]:
-    """The manifest's `counts`."""
+def plan_counts(plan: PackPlan, num_sequences: int, tokens_in: int, *, skipped_empty: int = 0) -> dict[str, int]:
+    """The manifest's `counts`. Empty sequences left out by --skip-empty are counted on their own
+    (`sequences_skipped_empty`) and among `sequences_dropped` (every input sample absent from the
+    output), so conservation checks see every sample accounted for."""
+    dropped = len(plan.dropped) + skipped_empty
     return {
         "sequences_in": num_sequences,
-        "sequences_packed": num_sequences - len(plan.dropped),
-        "sequences_dropped": len(plan.dropped),
+        "sequences_packed": num_sequences - dropped,
+        "sequences_dropped": dropped,
+        "sequences_skipped_empty": skipped_empty,
         "sequences_truncated": len(plan.truncated),
         "sequences_split": len(plan.split_gids()),
         "tokens_in": tokens_in,

@@ -1,5 +1,13 @@
-"""Bad input: exit code 2, one line naming file/row/column and the fix, nothing written to OUT."""
+"""Bad input: exit code 2, one line naming file/row/column and the fix, nothing written to OUT.
+
+Each test is one entry of docs/errors.md.
+"""
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pytest
@@ -19,7 +27,7 @@ def expect_bad_input(tmp_path, args, *fragments):
     for fragment in fragments:
         assert fragment in text, proc.stderr
     assert not out.exists()
-    assert not list(tmp_path.glob(".out.packctl-tmp-*"))
+    assert not list(tmp_path.glob(".out.packctl-*"))  # no partial directory, no lock left behind
     return lines
 
 
@@ -153,3 +161,125 @@ def test_output_equal_to_input(tmp_path):
 def test_unknown_option_is_a_usage_error(tmp_path):
     proc = run_cli("pack", "x", "-o", str(tmp_path / "out"), "--no-such-flag")
     assert proc.returncode == 2 and "No such option" in proc.stderr
+
+
+def test_labels_of_the_wrong_type(tmp_path):
+    f = write_table(tmp_path / "in/a.parquet", {**GOOD, "labels": pa.array([["a", "b", "c"], ["d", "e"]])})
+    expect_bad_input(tmp_path, [f], "a.parquet: column 'labels' is list<string>; labels must be a list of integers")
+    g = write_table(tmp_path / "in2/b.parquet", {**GOOD, "lab": pa.array([1.5, 2.5])})
+    expect_bad_input(tmp_path, [g, "--labels-column", "lab"], "b.parquet: column 'lab' is double")
+
+
+def test_label_values_out_of_range(tmp_path):
+    f = write_table(tmp_path / "in/a.parquet", {**GOOD, "labels": pa.array([[1, 2, 3], [4, -7]], pa.list_(pa.int64()))})
+    expect_bad_input(tmp_path, [f], "a.parquet row 1 column 'labels': value -7 at position 1 is outside",
+                     "or -100")
+
+
+def test_mixed_token_types_across_files(tmp_path):
+    write_table(tmp_path / "in/a.parquet", GOOD)
+    write_table(tmp_path / "in/b.parquet", {"input_ids": pa.array([["x"], ["y", "z"]])})
+    expect_bad_input(tmp_path, [tmp_path / "in"], "b.parquet: column 'input_ids' is list<string>")
+
+
+def test_mixed_integer_types_across_files_are_fine(tmp_path):
+    write_table(tmp_path / "in/a.parquet", GOOD)
+    write_table(tmp_path / "in/b.parquet", {"input_ids": pa.array([[7, 8]], pa.list_(pa.uint16()))})
+    proc = run_cli("pack", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--capacity", "8", "-q")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_tokens_missing_in_one_file_only(tmp_path):
+    write_table(tmp_path / "in/a.parquet", GOOD)
+    write_table(tmp_path / "in/b.parquet", {"ids": GOOD["input_ids"]})
+    expect_bad_input(tmp_path, [tmp_path / "in"], "b.parquet: no column 'input_ids' (columns: ids)")
+
+
+def test_not_parquet_at_all(tmp_path):
+    f = tmp_path / "in/a.parquet"
+    f.parent.mkdir()
+    f.write_text("input_ids\n1 2 3\n")
+    expect_bad_input(tmp_path, [f], "a.parquet: not a readable Parquet file")
+
+
+def test_empty_sequences_skipped_when_asked(tmp_path, contract):
+    from conftest import check_contract
+
+    f = write_table(tmp_path / "in/a.parquet", {"input_ids": pa.array([[1, 2], [], [3], []], pa.list_(pa.int32()))})
+    out = tmp_path / "out"
+    proc = run_cli("pack", str(f), "-o", str(out), "--capacity", "4", "--skip-empty", "-q")
+    assert proc.returncode == 0, proc.stderr
+    counts = json.loads((out / "manifest.json").read_text())["counts"]
+    assert counts["sequences_skipped_empty"] == 2
+    assert counts["sequences_dropped"] == 2 and counts["sequences_packed"] == 2
+    assert check_contract(contract, out, [f]) == []
+
+
+def test_every_sequence_left_out(tmp_path):
+    f = write_table(tmp_path / "in/a.parquet", {"input_ids": pa.array([[], []], pa.list_(pa.int32()))})
+    expect_bad_input(tmp_path, [f, "--skip-empty"], "nothing to pack: of 2 sequences", "2 are empty")
+    g = write_table(tmp_path / "in2/b.parquet", {"input_ids": pa.array([[1] * 9], pa.list_(pa.int32()))})
+    expect_bad_input(tmp_path, [g, "--capacity", 8, "--too-long", "drop"], "nothing to pack", "1 are longer than")
+
+
+def test_tokens_equal_to_pad_id_are_allowed_and_counted(tmp_path):
+    f = write_table(tmp_path / "in/a.parquet", {"input_ids": pa.array([[0, 5, 0], [5]], pa.list_(pa.int32()))})
+    out = tmp_path / "out"
+    proc = run_cli("pack", str(f), "-o", str(out), "--capacity", "4")
+    assert proc.returncode == 0, proc.stderr
+    assert "note: 2 input tokens equal --pad-token-id 0" in " ".join(proc.stderr.split())
+    assert json.loads((out / "metrics.json").read_text())["throughput"]["tokens_equal_to_pad_id"] == 2
+
+
+def test_output_inside_an_input_directory(tmp_path):
+    write_table(tmp_path / "in/a.parquet", GOOD)
+    out = tmp_path / "in" / "packed"
+    proc = run_cli("pack", str(tmp_path / "in"), "-o", str(out))
+    assert proc.returncode == 2 and "inside the input directory" in proc.stderr, proc.stderr
+    assert not out.exists() and not list((tmp_path / "in").glob(".packed.packctl-*"))
+
+
+def test_output_under_a_regular_file(tmp_path):
+    f = write_table(tmp_path / "in/a.parquet", GOOD)
+    (tmp_path / "file.txt").write_text("x")
+    proc = run_cli("pack", str(f), "-o", str(tmp_path / "file.txt" / "out"))
+    assert proc.returncode == 2 and "is not a directory; choose another -o" in proc.stderr, proc.stderr
+    assert (tmp_path / "file.txt").read_text() == "x"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions; "
+                                              "test_output_under_a_regular_file covers an unwritable OUT")
+def test_output_in_a_read_only_directory(tmp_path):
+    f = write_table(tmp_path / "in/a.parquet", GOOD)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        proc = run_cli("pack", str(f), "-o", str(ro / "out"))
+    finally:
+        ro.chmod(0o700)
+    assert proc.returncode == 2 and "no write permission" in proc.stderr, proc.stderr
+    assert not (ro / "out").exists()
+
+
+def test_disk_full_while_writing(tmp_path):
+    f = write_table(tmp_path / "in/a.parquet", {"input_ids": pa.array([[1, 2, 3]] * 20, pa.list_(pa.int32()))})
+    out = tmp_path / "out"
+    env = {**os.environ, "PACKCTL_TEST_FAIL_WRITE_AFTER_SHARDS": "0"}
+    proc = subprocess.run([sys.executable, "-m", "packctl.cli", "pack", str(f), "-o", str(out), "--capacity", "4",
+                           "--shard-rows", "5"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "part-0000" in proc.stderr and "write failed (No space left on device)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() and not list(tmp_path.glob(".out.packctl-*"))
+
+
+@pytest.mark.parametrize("value", ["seed = 'x'", "skip-empty = 3", "inputs = 7", "tokens-column = 5"])
+def test_config_values_of_the_wrong_type(tmp_path, value):
+    f = write_table(tmp_path / "in/a.parquet", GOOD)
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(value + "\n")
+    key = value.split(" ")[0]
+    inputs = [] if key == "inputs" else [f]  # INPUT on the command line would win over the file's
+    lines = expect_bad_input(tmp_path, [*inputs, "--config", cfg], key)
+    assert len(lines) == 1

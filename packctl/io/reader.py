@@ -200,9 +200,10 @@ def _row_of(offsets: np.ndarray, flat_index: int) -> tuple[int, int]:
 
 
 def decode_block(path: str, row_group: int | None, first_row: int, tokens_column: str,
-                 labels_column: str | None) -> DecodedBlock:
+                 labels_column: str | None, *, skip_empty: bool = False) -> DecodedBlock:
     """Read and validate one row group (or the whole file with row_group=None): tokens in
-    [0, 2^31), no nulls, no empty rows, labels aligned. Errors name rows of the file."""
+    [0, 2^31), no nulls, no empty rows (unless `skip_empty`: they keep length 0 and the pipeline
+    leaves them out), labels aligned. Errors name rows of the file."""
     pf = open_parquet(path)
     schema = pf.schema_arrow
     check_list_column(path, schema, tokens_column, "tokens")
@@ -222,9 +223,10 @@ def decode_block(path: str, row_group: int | None, first_row: int, tokens_column
     tok_arr = table.column(tokens_column).combine_chunks()
     offsets, tok_values = _flat(where, tok_arr, tokens_column)
     lengths = np.diff(offsets)
-    if len(lengths) and (lengths == 0).any():
+    if not skip_empty and len(lengths) and (lengths == 0).any():
         row = int(np.argmax(lengths == 0))
-        raise PackctlError(f"{where.row(row)} column '{tokens_column}': empty sequence; remove empty rows")
+        raise PackctlError(f"{where.row(row)} column '{tokens_column}': empty sequence; remove empty rows or "
+                           "pass --skip-empty to leave them out (counted in the manifest)")
     tokens = _as_int32(where, tok_values, offsets, tokens_column, allow_ignore=False)
     labels = None
     if labels_column is not None:
@@ -277,11 +279,14 @@ class TokenSource:
     a larger one is read twice (the blocks that did not fit are decoded again).
     """
 
-    def __init__(self, paths: list[str], tokens_column: str, labels_column: str | None, budget: int):
+    def __init__(self, paths: list[str], tokens_column: str, labels_column: str | None, budget: int,
+                 skip_empty: bool = False):
         self.paths = paths
         self.tokens_column = tokens_column
         self.labels_column = labels_column
         self.budget = budget
+        self.skip_empty = skip_empty
+        self.tokens_equal_to_pad_id = 0  # counted by scan_blocks when given a pad id
         self._cache: dict[int, DecodedBlock] = {}
         self.held = 0
         self.blocks_reread = 0
@@ -309,7 +314,7 @@ class TokenSource:
 
     def decode(self, block: Block) -> DecodedBlock:
         return decode_block(self.paths[block.file], block.row_group, block.first_row, self.tokens_column,
-                            self.labels_column)
+                            self.labels_column, skip_empty=self.skip_empty)
 
 
 def _blocks_of(path: str, f: int) -> tuple[list[Block], int]:
@@ -358,15 +363,21 @@ def split_blocks(blocks: list[Block], parts: int) -> np.ndarray:
 
 
 def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
-                progress=None) -> tuple[SequenceIndex, TokenSource]:
+                progress=None, *, skip_empty: bool = False,
+                pad_token_id: int | None = None) -> tuple[SequenceIndex, TokenSource]:
     """Decode and validate blocks [block_lo, block_hi): their lengths, and a token source that
     keeps as many of them decoded as the budget allows. Parquet decoding runs on a small thread
-    pool (it releases the GIL), results in order."""
-    source = TokenSource([f.path for f in index.files], index.tokens_column, index.labels_column, budget)
+    pool (it releases the GIL), results in order. With `skip_empty`, empty rows get length 0
+    instead of an error; with `pad_token_id`, input tokens equal to it are counted in
+    `source.tokens_equal_to_pad_id` (allowed, but worth knowing)."""
+    source = TokenSource([f.path for f in index.files], index.tokens_column, index.labels_column, budget,
+                         skip_empty=skip_empty)
     gid_lo, gid_hi = int(index.block_offsets[block_lo]), int(index.block_offsets[block_hi])
     lengths = np.zeros(gid_hi - gid_lo, dtype=np.int64)
     for b, decoded in _decode_in_order(source, index.blocks, block_lo, block_hi):
         lengths[index.block_offsets[b] - gid_lo:index.block_offsets[b + 1] - gid_lo] = np.diff(decoded.offsets)
+        if pad_token_id is not None:
+            source.tokens_equal_to_pad_id += int(np.count_nonzero(decoded.tokens == pad_token_id))
         source.offer(b, decoded)
         if progress is not None:
             progress(1)
