@@ -197,6 +197,33 @@ class ShardAssembler:
                 self._writers.submit(s, lambda s=s, done=done: self._build(s, done))
         self._keep_within_budget()
 
+    def write_from_blocks(self, index: SequenceIndex, source: TokenSource) -> None:
+        """Every shard gathered straight from the decoded blocks `source` holds (all of them):
+        no buckets, no exchange; the writer threads gather, build and write in parallel."""
+        for s in np.flatnonzero(~self.shard_done).tolist():
+            self._writers.submit(s, lambda s=s: self._build_from_blocks(s, index, source))
+        self.remaining[:] = 0
+
+    def _build_from_blocks(self, s: int, index: SequenceIndex, source: TokenSource) -> ShardInfo:
+        plan = self.plan
+        p_lo, p_hi = int(self.shard_piece_offsets[s]), int(self.shard_piece_offsets[s + 1])
+        gids, starts, lens = plan.piece_gid[p_lo:p_hi], plan.piece_start[p_lo:p_hi], plan.piece_len[p_lo:p_hi]
+        dst_starts = offsets_of(lens)
+        tokens = np.empty(int(dst_starts[-1]), dtype=np.int32)
+        labels = np.empty_like(tokens)
+        block_of = np.searchsorted(index.block_offsets, gids, side="right") - 1
+        order = np.argsort(block_of, kind="stable")
+        blocks, first = np.unique(block_of[order], return_index=True)
+        cuts = np.append(first, len(order))
+        for k, b in enumerate(blocks.tolist()):
+            sel = order[cuts[k]:cuts[k + 1]]
+            decoded = source.peek(b)
+            src_starts = decoded.offsets[gids[sel] - index.block_offsets[b]] + starts[sel]
+            copy_segments(decoded.tokens, src_starts, tokens, dst_starts[sel], lens[sel])
+            copy_segments(decoded.tokens if decoded.labels is None else decoded.labels, src_starts, labels,
+                          dst_starts[sel], lens[sel])
+        return self._write(s, tokens, labels)
+
     def _keep_within_budget(self) -> None:
         """Over budget: spill the largest buckets until half the budget is free for what comes."""
         while self.buffered + self.held_elsewhere() > self.budget and self.buckets:
@@ -223,6 +250,11 @@ class ShardAssembler:
             copy_segments(tokens, src_starts, in_order[0], dst_starts, lens)
             copy_segments(labels, src_starts, in_order[1], dst_starts, lens)
             tokens, labels = in_order
+        return self._write(s, tokens, labels)
+
+    def _write(self, s: int, tokens: np.ndarray, labels: np.ndarray) -> ShardInfo:
+        """Build shard s from its pieces' tokens and labels (in pack order) and write it."""
+        plan = self.plan
         lo, hi = int(self.bounds[s]), int(self.bounds[s + 1])
         p_lo, p_hi = int(self.shard_piece_offsets[s]), int(self.shard_piece_offsets[s + 1])
         rows = build_pack_rows(plan.bin_offsets[lo:hi + 1] - p_lo, plan.piece_len[p_lo:p_hi],
@@ -264,8 +296,14 @@ def materialize(comm, plan: PackPlan, pack_lens: np.ndarray, index: SequenceInde
     assembler = ShardAssembler(plan, pack_lens, output=output, metadata=metadata, shard_rows=shard_rows,
                                first_shard=first_shard, pad_token_id=pad_token_id, budget=budget,
                                held_elsewhere=lambda: source.held, progress=progress)
+    lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     try:
-        rounds = route_tokens(comm, plan, index, source, block_bounds, assembler)
+        if comm.size == 1 and all(source.cached(b) for b in range(lo, hi)):
+            # The whole input is decoded in memory: each shard gathers its pieces from the blocks.
+            assembler.write_from_blocks(index, source)
+            rounds = 0
+        else:
+            rounds = route_tokens(comm, plan, index, source, block_bounds, assembler)
         shards = assembler.finish()
     except BaseException:
         assembler.cancel()

@@ -303,6 +303,10 @@ class TokenSource:
     def cached(self, b: int) -> bool:
         return b in self._cache
 
+    def peek(self, b: int) -> DecodedBlock:
+        """A cached block, left in the cache."""
+        return self._cache[b]
+
     def take(self, b: int, block: Block) -> DecodedBlock:
         """Block b's tokens, from the cache (and released from it) or decoded again."""
         decoded = self._cache.pop(b, None)
