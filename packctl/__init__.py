@@ -6,10 +6,10 @@
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from packctl.version import __version__
 
-from packctl.config import PackConfig, load_config  # noqa: E402
-from packctl.errors import PackctlError  # noqa: E402
-from packctl.pipeline import PackResult, pack  # noqa: E402
+from packctl.config import PackConfig, load_config
+from packctl.errors import PackctlError
+from packctl.pipeline import PackResult, pack
 
 __all__ = ["PackConfig", "PackResult", "PackctlError", "load_config", "pack", "__version__"]

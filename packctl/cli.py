@@ -6,7 +6,7 @@ import sys
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Annotated, Iterator, List, Optional
 
 import typer
 from rich.console import Console
@@ -27,6 +27,20 @@ Example:
 """
 
 
+# Planning options shared by `pack` and the what-if of `stats`: one declaration, the same flags.
+OrderOpt = Annotated[Optional[str], typer.Option(help="input|shuffle|curriculum  [default: input]")]
+CurriculumOrderOpt = Annotated[Optional[str], typer.Option(help="asc|desc, for --order curriculum  [default: asc]")]
+SeedOpt = Annotated[Optional[int], typer.Option(help="Seed of shuffle order and of ffs.  [default: 0]")]
+WindowOpt = Annotated[Optional[int], typer.Option(help="Sequences per planning window.  [default: 100000]")]
+CpSizeOpt = Annotated[Optional[int], typer.Option(help="Context-parallel size (pads to 2*cp*tp).  [default: 1]")]
+TpSizeOpt = Annotated[Optional[int], typer.Option(help="Tensor-parallel size.  [default: 1]")]
+SeqMultipleOpt = Annotated[Optional[int], typer.Option(help="Extra per-sequence length multiple.  [default: 1]")]
+PadToOpt = Annotated[Optional[str], typer.Option(help="capacity|multiple  [default: capacity]")]
+MaxSeqsPerBinOpt = Annotated[Optional[int], typer.Option(help="At most this many sequences per pack.")]
+TooLongOpt = Annotated[Optional[str], typer.Option(help="error|drop|truncate|split  [default: error]")]
+TokensColumnOpt = Annotated[Optional[str], typer.Option(help="Input column of token ids.  [default: input_ids]")]
+
+
 def _fail(exc: PackctlError) -> None:
     Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     raise typer.Exit(exc.exit_code)
@@ -39,20 +53,20 @@ def pack_command(
     config: Optional[Path] = typer.Option(None, "--config", help="TOML file with any of these options."),
     capacity: Optional[int] = typer.Option(None, help="Tokens per pack.  [default: 4096]"),
     algorithm: Optional[str] = typer.Option(None, help="concat|ffd|bfd|mffd|ffs|split  [default: bfd]"),
-    order: Optional[str] = typer.Option(None, help="input|shuffle|curriculum  [default: input]"),
-    curriculum_order: Optional[str] = typer.Option(None, help="asc|desc, for --order curriculum  [default: asc]"),
-    seed: Optional[int] = typer.Option(None, help="Seed of shuffle order and of ffs.  [default: 0]"),
-    window: Optional[int] = typer.Option(None, help="Sequences per planning window.  [default: 100000]"),
-    cp_size: Optional[int] = typer.Option(None, help="Context-parallel size (pads to 2*cp*tp).  [default: 1]"),
-    tp_size: Optional[int] = typer.Option(None, help="Tensor-parallel size.  [default: 1]"),
-    seq_multiple: Optional[int] = typer.Option(None, help="Extra per-sequence length multiple.  [default: 1]"),
-    pad_to: Optional[str] = typer.Option(None, help="capacity|multiple  [default: capacity]"),
+    order: OrderOpt = None,
+    curriculum_order: CurriculumOrderOpt = None,
+    seed: SeedOpt = None,
+    window: WindowOpt = None,
+    cp_size: CpSizeOpt = None,
+    tp_size: TpSizeOpt = None,
+    seq_multiple: SeqMultipleOpt = None,
+    pad_to: PadToOpt = None,
     pack_multiple: Optional[int] = typer.Option(None, help="Pack length multiple for --pad-to multiple.  "
                                                            "[default: the alignment]"),
     pad_token_id: Optional[int] = typer.Option(None, help="Token id of padding.  [default: 0]"),
-    max_seqs_per_bin: Optional[int] = typer.Option(None, help="At most this many sequences per pack."),
-    too_long: Optional[str] = typer.Option(None, help="error|drop|truncate|split  [default: error]"),
-    tokens_column: Optional[str] = typer.Option(None, help="Input column of token ids.  [default: input_ids]"),
+    max_seqs_per_bin: MaxSeqsPerBinOpt = None,
+    too_long: TooLongOpt = None,
+    tokens_column: TokensColumnOpt = None,
     labels_column: Optional[str] = typer.Option(None, help="Input column of labels.  [default: labels if present]"),
     shard_rows: Optional[int] = typer.Option(None, help="Packs per output shard.  [default: 1024]"),
     skip_empty: Optional[bool] = typer.Option(None, "--skip-empty/--no-skip-empty",
@@ -176,18 +190,18 @@ def stats_command(
     capacity: Optional[List[int]] = typer.Option(None, help="What-if capacity; repeat it to compare capacities "
                                                            "(--capacity 4096 --capacity 8192).  [default: 4096]"),
     config: Optional[Path] = typer.Option(None, "--config", help="TOML file of pack options for the what-if."),
-    order: Optional[str] = typer.Option(None, help="input|shuffle|curriculum  [default: input]"),
-    curriculum_order: Optional[str] = typer.Option(None, help="asc|desc, for --order curriculum  [default: asc]"),
-    seed: Optional[int] = typer.Option(None, help="Seed of shuffle order and of ffs.  [default: 0]"),
-    window: Optional[int] = typer.Option(None, help="Sequences per planning window.  [default: 100000]"),
-    cp_size: Optional[int] = typer.Option(None, help="Context-parallel size (pads to 2*cp*tp).  [default: 1]"),
-    tp_size: Optional[int] = typer.Option(None, help="Tensor-parallel size.  [default: 1]"),
-    seq_multiple: Optional[int] = typer.Option(None, help="Extra per-sequence length multiple.  [default: 1]"),
-    pad_to: Optional[str] = typer.Option(None, help="capacity|multiple  [default: capacity]"),
+    order: OrderOpt = None,
+    curriculum_order: CurriculumOrderOpt = None,
+    seed: SeedOpt = None,
+    window: WindowOpt = None,
+    cp_size: CpSizeOpt = None,
+    tp_size: TpSizeOpt = None,
+    seq_multiple: SeqMultipleOpt = None,
+    pad_to: PadToOpt = None,
     pack_multiple: Optional[int] = typer.Option(None, help="Pack length multiple for --pad-to multiple."),
-    max_seqs_per_bin: Optional[int] = typer.Option(None, help="At most this many sequences per pack."),
-    too_long: Optional[str] = typer.Option(None, help="error|drop|truncate|split  [default: error]"),
-    tokens_column: Optional[str] = typer.Option(None, help="Input column of token ids.  [default: input_ids]"),
+    max_seqs_per_bin: MaxSeqsPerBinOpt = None,
+    too_long: TooLongOpt = None,
+    tokens_column: TokensColumnOpt = None,
     attn_coeff: Optional[float] = typer.Option(None, help="a of the attention cost a*L + L^2 in the DP balance of "
                                                           "a packed output.  [default: 0]"),
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),

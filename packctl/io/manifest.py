@@ -5,7 +5,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from packctl import __version__
+from packctl.version import __version__
 from packctl.config import IGNORE_INDEX, PackConfig
 from packctl.io.reader import InputFile
 from packctl.io.writer import ShardInfo
