@@ -40,8 +40,6 @@ from packctl.plan.align import pack_lengths_padded, round_up
 from packctl.plan.order import order_keys, order_sequences
 from packctl.plan.windows import PackPlan, SequenceTooLong, merge_plans, plan_windows
 
-STAGES = ("scan", "order", "plan", "materialize", "report")
-
 
 class Progress:
     """Receives stage progress; the default shows nothing (the CLI passes a rich display)."""
