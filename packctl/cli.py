@@ -77,6 +77,27 @@ def pack_command(
     resume: Optional[bool] = typer.Option(None, "--resume/--no-resume",
                                           help="Continue an interrupted run of the same command, keeping its "
                                                "finished shards."),
+    dp_size: Optional[int] = typer.Option(None, help="Data-parallel ranks: give every pack a step, dp_rank and "
+                                                     "micro_batch (docs/balancing.md)."),
+    micro_batches: Optional[int] = typer.Option(None, help="Packs per rank per optimizer step."),
+    step_tokens: Optional[int] = typer.Option(None, help="Instead of --micro-batches: tokens per step "
+                                                         "(steps of varying size)."),
+    balance: Optional[str] = typer.Option(None, help="Cost to even out over ranks: tokens|attention  "
+                                                     "[default: attention]"),
+    attn_coeff: Optional[float] = typer.Option(None, help="a of the attention cost a*L + L^2 (12 x hidden size "
+                                                          "weighs per-token and attention FLOPs alike).  [default: 0]"),
+    balance_scope: Optional[str] = typer.Option(None, help="packs|sequences: also move single sequences between "
+                                                           "a step's packs.  [default: sequences]"),
+    step_grouping: Optional[str] = typer.Option(None, help="cost|order: steps of packs of similar cost, or of "
+                                                           "consecutive packs.  [default: cost]"),
+    equal_counts: Optional[bool] = typer.Option(None, "--equal-counts/--no-equal-counts",
+                                                help="Same number of packs for every rank in every step.  "
+                                                     "[default: equal-counts]"),
+    lr_scaling: Optional[str] = typer.Option(None, help="none|linear|sqrt: record lr_scale per step against "
+                                                        "--ref-batch-size.  [default: none]"),
+    ref_batch_size: Optional[float] = typer.Option(None, help="Batch size the learning rate was tuned for, in "
+                                                              "--batch-unit.  [default: the mean batch]"),
+    batch_unit: Optional[str] = typer.Option(None, help="sequences|tokens, for batch sizes.  [default: tokens]"),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary table."),
 ) -> None:
@@ -94,6 +115,9 @@ def pack_command(
             pad_token_id=pad_token_id, max_seqs_per_bin=max_seqs_per_bin, too_long=too_long,
             tokens_column=tokens_column, labels_column=labels_column, shard_rows=shard_rows,
             skip_empty=skip_empty, memory_budget=memory_budget, overwrite=overwrite, resume=resume,
+            dp_size=dp_size, micro_batches=micro_batches, step_tokens=step_tokens, balance=balance,
+            attn_coeff=attn_coeff, balance_scope=balance_scope, step_grouping=step_grouping,
+            equal_counts=equal_counts, lr_scaling=lr_scaling, ref_batch_size=ref_batch_size, batch_unit=batch_unit,
         )
     except PackctlError as exc:
         _fail(exc)

@@ -24,6 +24,11 @@ ORDERS = ("input", "shuffle", "curriculum")
 CURRICULUM_ORDERS = ("asc", "desc")
 PAD_TO = ("capacity", "multiple")
 TOO_LONG = ("error", "drop", "truncate", "split")
+BALANCE_COSTS = ("tokens", "attention")
+BALANCE_SCOPES = ("packs", "sequences")
+STEP_GROUPINGS = ("cost", "order")
+LR_SCALINGS = ("none", "linear", "sqrt")
+BATCH_UNITS = ("sequences", "tokens")
 
 IGNORE_INDEX = -100
 INT32_MAX = 2**31 - 1
@@ -89,6 +94,24 @@ class PackConfig:
         memory_budget: bytes of decoded tokens held in memory at once ("8GiB" also accepted).
         resume: continue an interrupted run with the same options and inputs, keeping the shards it
             finished (docs/errors.md); without an interrupted run, an ordinary run.
+        dp_size: data-parallel ranks; given, every pack gets a `step`, `dp_rank` and `micro_batch`
+            (docs/balancing.md). Needs `micro_batches` or `step_tokens`.
+        micro_batches: packs per rank per optimizer step.
+        step_tokens: instead of `micro_batches`, close a step once it holds this many tokens (then
+            up to a multiple of dp_size packs): steps of varying size.
+        balance: the cost shared out evenly: "tokens" or "attention" (a*L + L^2 per sequence).
+        attn_coeff: `a` of the attention cost; 12 x hidden size weighs per-token FLOPs and
+            attention FLOPs alike (0: attention alone).
+        balance_scope: "packs" (share whole packs out) or "sequences" (then also move single
+            sequences between the packs of a step, within capacity).
+        step_grouping: "cost" (a window's steps made of packs of similar cost, run in a seeded
+            order) or "order" (consecutive packs).
+        equal_counts: every rank gets the same number of packs in every step (packs are split to
+            make up the count when a step's packs are not a multiple of dp_size).
+        lr_scaling: "none", "linear" or "sqrt": record `lr_scale` = (batch / ref_batch_size)^p per step.
+        ref_batch_size: the batch size the learning rate was tuned for, in `batch_unit`s (None:
+            the mean realized batch size).
+        batch_unit: what a batch size counts: "sequences" or "tokens".
     """
 
     inputs: list[str] = field(default_factory=list)
@@ -114,6 +137,22 @@ class PackConfig:
     overwrite: bool = False
     memory_budget: int | str | None = None
     resume: bool = False
+    dp_size: int | None = None
+    micro_batches: int | None = None
+    step_tokens: int | None = None
+    balance: str = "attention"
+    attn_coeff: float = 0.0
+    balance_scope: str = "sequences"
+    step_grouping: str = "cost"
+    equal_counts: bool = True
+    lr_scaling: str = "none"
+    ref_batch_size: float | None = None
+    batch_unit: str = "tokens"
+
+    @property
+    def balanced(self) -> bool:
+        """Whether packs get (step, dp_rank, micro_batch)."""
+        return self.dp_size is not None
 
     @property
     def align(self) -> int:
@@ -194,7 +233,40 @@ class PackConfig:
                 "lower --shard-rows")
         if self.resolved_memory_budget <= 0:
             raise PackctlError("--memory-budget must be positive")
+        self._validate_balance()
         return self
+
+    def _validate_balance(self) -> None:
+        _choice("balance", self.balance, BALANCE_COSTS)
+        _choice("balance_scope", self.balance_scope, BALANCE_SCOPES)
+        _choice("step_grouping", self.step_grouping, STEP_GROUPINGS)
+        _choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
+        _choice("batch_unit", self.batch_unit, BATCH_UNITS)
+        if not isinstance(self.equal_counts, bool):
+            raise PackctlError(f"equal-counts = {self.equal_counts!r}: must be true or false")
+        if isinstance(self.attn_coeff, bool) or not isinstance(self.attn_coeff, (int, float)) or not (
+                0 <= self.attn_coeff < float("inf")):
+            raise PackctlError(f"--attn-coeff {self.attn_coeff!r}: must be a number >= 0")
+        if self.dp_size is None:
+            given = [f"--{n.replace('_', '-')}" for n in ("micro_batches", "step_tokens", "ref_batch_size")
+                     if getattr(self, n) is not None]
+            if self.lr_scaling != "none":
+                given.append("--lr-scaling")
+            if given:
+                raise PackctlError(f"{', '.join(given)} need --dp-size (the number of data-parallel ranks)")
+            return
+        _positive("dp_size", self.dp_size)
+        if (self.micro_batches is None) == (self.step_tokens is None):
+            raise PackctlError("--dp-size needs exactly one of --micro-batches M (packs per rank per step) "
+                               "or --step-tokens T")
+        if self.micro_batches is not None:
+            _positive("micro_batches", self.micro_batches)
+        if self.step_tokens is not None:
+            _positive("step_tokens", self.step_tokens)
+        if self.ref_batch_size is not None and (
+                isinstance(self.ref_batch_size, bool) or not isinstance(self.ref_batch_size, (int, float))
+                or not 0 < self.ref_batch_size < float("inf")):
+            raise PackctlError(f"--ref-batch-size {self.ref_batch_size!r}: must be a number > 0")
 
     def to_dict(self) -> dict[str, Any]:
         """Every option, resolved where a default depends on others (for the manifest)."""

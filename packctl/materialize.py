@@ -129,8 +129,9 @@ class ShardAssembler:
     def __init__(self, plan: PackPlan, pack_lens: np.ndarray, *, output: OutputDir, metadata: bytes,
                  shard_rows: int, first_shard: int, pad_token_id: int, budget: int,
                  held_elsewhere: Callable[[], int] = lambda: 0, progress: Callable[[int], None] = lambda n: None,
-                 writers: int | None = None):
+                 writers: int | None = None, columns: dict[str, np.ndarray] | None = None):
         self.plan, self.pack_lens = plan, pack_lens
+        self.columns = columns or {}  # extra per-pack columns (step, dp_rank, ...), in this rank's pack order
         self.output, self.metadata = output, metadata
         self.first_shard, self.pad_token_id = first_shard, pad_token_id
         self.budget, self.held_elsewhere, self.progress = budget, held_elsewhere, progress
@@ -260,7 +261,8 @@ class ShardAssembler:
         rows = build_pack_rows(plan.bin_offsets[lo:hi + 1] - p_lo, plan.piece_len[p_lo:p_hi],
                                plan.piece_padded[p_lo:p_hi], plan.piece_gid[p_lo:p_hi], tokens, labels,
                                self.pack_lens[lo:hi], pad_token_id=self.pad_token_id)
-        info = self.output.write_shard(self.shard_name(s), rows_to_table(rows, self.metadata))
+        extra = {name: values[lo:hi] for name, values in self.columns.items()}
+        info = self.output.write_shard(self.shard_name(s), rows_to_table(rows, self.metadata, extra))
         self.progress(hi - lo)
         return info
 
@@ -287,7 +289,7 @@ class MaterializeResult:
 
 def materialize(comm, plan: PackPlan, pack_lens: np.ndarray, index: SequenceIndex, source: TokenSource,
                 block_bounds: np.ndarray, *, output: OutputDir, metadata: bytes, shard_rows: int,
-                first_shard: int, pad_token_id: int, budget: int,
+                first_shard: int, pad_token_id: int, budget: int, columns: dict[str, np.ndarray] | None = None,
                 progress: Callable[[int], None] = lambda n: None) -> MaterializeResult:
     """Write this rank's packs into shards part-{first_shard + k}.parquet (module docstring).
 
@@ -295,7 +297,7 @@ def materialize(comm, plan: PackPlan, pack_lens: np.ndarray, index: SequenceInde
     """
     assembler = ShardAssembler(plan, pack_lens, output=output, metadata=metadata, shard_rows=shard_rows,
                                first_shard=first_shard, pad_token_id=pad_token_id, budget=budget,
-                               held_elsewhere=lambda: source.held, progress=progress)
+                               held_elsewhere=lambda: source.held, progress=progress, columns=columns)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     try:
         if comm.size == 1 and all(source.cached(b) for b in range(lo, hi)):

@@ -37,6 +37,8 @@ from packctl.io.writer import OutputDir, OutputLock, ShardInfo, check_output_pat
 from packctl.materialize import materialize, shard_bounds
 from packctl.metrics import pack_metrics
 from packctl.plan.align import pack_lengths_padded, round_up
+from packctl.plan.balance import (BalancedPlan, BalanceSpec, balance_plan, imbalance, imbalance_summary,
+                                  lr_scales)
 from packctl.plan.order import order_keys, order_sequences
 from packctl.plan.windows import PackPlan, SequenceTooLong, merge_plans, plan_windows
 
@@ -129,6 +131,9 @@ def _pack(config: PackConfig, comm, progress: Progress, out: Path, lock: OutputL
                             first_window=first_window, max_seqs_per_bin=config.max_seqs_per_bin,
                             seed=config.seed, progress=progress.stage("plan", len(gids)))
         _check_something_to_pack(comm, plan, index, config, skipped_empty)
+        balanced = balance(comm, plan, config, first_window) if config.balanced else None
+        if balanced is not None:
+            plan = balanced.result.plan
         pack_lens = pack_lengths_padded(plan.loads(padded=True), config.capacity, config.pad_to,
                                         config.resolved_pack_multiple)
         first_shard = comm.exscan(len(shard_bounds(plan.window_bins, config.shard_rows)) - 1)
@@ -141,12 +146,13 @@ def _pack(config: PackConfig, comm, progress: Progress, out: Path, lock: OutputL
                               metadata=shard_metadata(content, index.labels_column, index.files),
                               shard_rows=config.shard_rows, first_shard=first_shard,
                               pad_token_id=config.pad_token_id, budget=config.resolved_memory_budget,
+                              columns=balanced.columns if balanced is not None else None,
                               progress=progress.stage("materialize", plan.num_bins))
     with _timed(timings, "report"):
         tokens_in = comm.allreduce_sum(int(index.lengths.sum()))
         pad_like = comm.allreduce_sum(source.tokens_equal_to_pad_id)
-        parts = comm.allgather((plan, pack_lens, written.shards)) if comm.size > 1 else [
-            (plan, pack_lens, written.shards)]
+        mine = (plan, pack_lens, written.shards, balanced.figures if balanced is not None else None)
+        parts = comm.allgather(mine) if comm.size > 1 else [mine]
     timings["total"] = time.perf_counter() - started
     ranks = comm.allgather(_rank_report(comm, index, plan, written, timings))
     if comm.rank == 0:
@@ -156,6 +162,8 @@ def _pack(config: PackConfig, comm, progress: Progress, out: Path, lock: OutputL
         metrics = plan_metrics(whole, all_pack_lens, config, index.num_sequences, tokens_in,
                                skipped_empty=skipped_empty)
         counts = metrics["counts"]
+        if balanced is not None:
+            metrics["balance"] = balance_report(config, [p[3] for p in parts])
         metrics["throughput"] = {
             "sequences_per_s": index.num_sequences / timings["total"],
             "tokens_per_s": tokens_in / timings["total"],
@@ -396,6 +404,74 @@ def _rank_report(comm, index: SequenceIndex, plan: PackPlan, written, timings: d
         "spilled_bytes": written.spilled_bytes,
         "peak_rss_bytes": peak_rss_bytes(),
         "timings": dict(timings),
+    }
+
+
+@dataclass
+class _Balanced:
+    result: BalancedPlan
+    columns: dict[str, np.ndarray]  # per pack of this rank: step, dp_rank, micro_batch (lr_scale)
+    figures: dict[str, Any]  # this rank's steps, for the report
+
+
+def balance_spec(config: PackConfig) -> BalanceSpec:
+    return BalanceSpec(dp_size=config.dp_size, micro_batches=config.micro_batches, step_tokens=config.step_tokens,
+                       cost=config.balance, attn_coeff=float(config.attn_coeff), scope=config.balance_scope,
+                       equal_counts=config.equal_counts, capacity=config.plan_capacity,
+                       max_seqs_per_bin=config.max_seqs_per_bin, grouping=config.step_grouping, seed=config.seed)
+
+
+def balance(comm, plan: PackPlan, config: PackConfig, first_window: int = 0) -> _Balanced:
+    """Balance this rank's windows (plan/balance.py); steps are numbered after the ranks before,
+    and `lr_scale` needs the mean batch size of all ranks when no reference is given."""
+    result = balance_plan(plan, balance_spec(config), first_window=first_window)
+    first_step = comm.exscan(result.num_steps)
+    sizes = result.step_sequences if config.batch_unit == "sequences" else result.step_tokens
+    ref = config.ref_batch_size
+    if ref is None:
+        steps = comm.allreduce_sum(result.num_steps)
+        ref = comm.allreduce_sum(int(sizes.sum())) / max(steps, 1)
+    scales = lr_scales(sizes, ref, config.lr_scaling)
+    columns = {"step": (result.step + first_step).astype(np.int32), "dp_rank": result.dp_rank.astype(np.int32),
+               "micro_batch": result.micro_batch.astype(np.int32)}
+    if config.lr_scaling != "none":
+        columns["lr_scale"] = scales[result.step].astype(np.float32)
+    figures = {
+        "before_tokens": result.before_tokens, "before_attention": result.before_attention,
+        "after_tokens": result.after_tokens, "after_attention": result.after_attention,
+        "step_sequences": result.step_sequences, "step_tokens": result.step_tokens, "lr_scale": scales,
+        "ref_batch_size": float(ref), "unequal_steps": result.unequal_steps, "packs_added": result.packs_added,
+        "packs_per_step": np.bincount(result.step, minlength=result.num_steps),
+    }
+    return _Balanced(result=result, columns=columns, figures=figures)
+
+
+def balance_report(config: PackConfig, figures: list[dict[str, Any]]) -> dict[str, Any]:
+    """metrics.json's `balance`: imbalance (max/mean over ranks, per step) before, i.e. round robin
+    over the planner's packs, and after; batch sizes and lr_scale per step."""
+    cat = (lambda key: np.concatenate([f[key] for f in figures]))
+    before_tokens, before_attention = cat("before_tokens"), cat("before_attention")
+    after_tokens, after_attention = cat("after_tokens"), cat("after_attention")
+    packs_per_step = cat("packs_per_step")
+    return {
+        "dp_size": config.dp_size, "micro_batches": config.micro_batches, "step_tokens": config.step_tokens,
+        "cost": config.balance, "attn_coeff": float(config.attn_coeff), "scope": config.balance_scope,
+        "step_grouping": config.step_grouping, "equal_counts": config.equal_counts,
+        "steps": int(len(packs_per_step)),
+        "unequal_steps": int(sum(f["unequal_steps"] for f in figures)),
+        "packs_added": int(sum(f["packs_added"] for f in figures)),
+        "before": {"tokens": imbalance_summary(before_tokens), "attention": imbalance_summary(before_attention)},
+        "after": {"tokens": imbalance_summary(after_tokens), "attention": imbalance_summary(after_attention)},
+        "lr_scaling": config.lr_scaling, "batch_unit": config.batch_unit,
+        "ref_batch_size": figures[0]["ref_batch_size"],
+        "per_step": {
+            "packs": packs_per_step.tolist(),
+            "sequences": cat("step_sequences").tolist(),
+            "tokens": cat("step_tokens").tolist(),
+            "lr_scale": [round(float(x), 6) for x in cat("lr_scale")],
+            "attention_imbalance": [round(float(x), 6) for x in imbalance(after_attention)],
+            "tokens_imbalance": [round(float(x), 6) for x in imbalance(after_tokens)],
+        },
     }
 
 

@@ -64,6 +64,14 @@ def summary_table(result: PackResult) -> Table:
         ("throughput", f"{m['throughput']['sequences_per_s']:,.0f} seq/s, "
                        f"{m['throughput']['tokens_per_s'] / 1e6:,.1f} M tok/s"),
     ]
+    b = m.get("balance")
+    if b:
+        rows += [
+            ("DP balance", f"{b['steps']:,} steps x {b['dp_size']} ranks, {b['cost']} (a={b['attn_coeff']:g})"),
+            ("  attention max/mean", f"{b['before']['attention']['mean']:.3f} -> {b['after']['attention']['mean']:.3f} "
+                                     f"(worst step {b['after']['attention']['max']:.3f})"),
+            ("  tokens max/mean", f"{b['before']['tokens']['mean']:.3f} -> {b['after']['tokens']['mean']:.3f}"),
+        ]
     for key, value in rows:
         table.add_row(key, value)
     return table
@@ -184,6 +192,10 @@ def packed_overview_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
             (f"  attention (a={dp['attn_coeff']:g})", f"mean {dp['attention']['mean']:.3f}, worst "
                                                       f"{dp['attention']['max']:.3f} (step {dp['attention']['worst_step']})"),
         ]
+        rr = dp.get("round_robin")
+        if rr:
+            rows += [("  round robin would be", f"tokens mean {rr['tokens']['mean']:.3f} · attention mean "
+                                                f"{rr['attention']['mean']:.3f}, worst {rr['attention']['max']:.3f}")]
     return rows
 
 

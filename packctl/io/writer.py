@@ -53,8 +53,9 @@ def _list(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> p
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), pa.array(values, value_type))
 
 
-def rows_to_table(rows: PackRows, metadata: bytes) -> pa.Table:
-    """PackRows -> an Arrow table with the contract's schema and the `packctl` metadata key."""
+def rows_to_table(rows: PackRows, metadata: bytes, extra: dict[str, np.ndarray] | None = None) -> pa.Table:
+    """PackRows -> an Arrow table with the contract's schema and the `packctl` metadata key, plus
+    `extra` per-row columns (step, dp_rank, micro_batch as int32, lr_scale as float32)."""
     i32 = pa.int32()
     columns = [
         _list(rows.token_offsets, rows.input_ids, i32),
@@ -67,8 +68,12 @@ def rows_to_table(rows: PackRows, metadata: bytes) -> pa.Table:
         _list(rows.seq_offsets, rows.sample_ids, pa.int64()),
         pa.array(rows.num_tokens, i32),
     ]
-    schema = PACK_SCHEMA.with_metadata({METADATA_KEY: metadata})
-    return pa.Table.from_arrays(columns, schema=schema)
+    schema = PACK_SCHEMA
+    for name, values in (extra or {}).items():
+        array = pa.array(values)
+        columns.append(array)
+        schema = schema.append(pa.field(name, array.type, nullable=False))
+    return pa.Table.from_arrays(columns, schema=schema.with_metadata({METADATA_KEY: metadata}))
 
 
 def sha256_file(path: Path) -> str:

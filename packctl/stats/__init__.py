@@ -60,7 +60,7 @@ def stats(paths: list[str], *, capacities: list[int] | None = None, attn_coeff: 
             flags = ", ".join(what_if_flags) or "--config"
             raise PackctlError(f"{paths[0]} is a packed output, whose settings are in its manifest.json: {flags} "
                                "only apply to raw input; drop them, or point stats at the tokenized input")
-        a = attn_coeff if attn_coeff is not None else 0.0
+        a = attn_coeff
         return packed_stats(paths[0], attn_coeff=a) if len(paths) == 1 else compare_stats(paths, attn_coeff=a)
     if attn_coeff is not None:
         raise PackctlError("--attn-coeff applies to packed outputs with balancing columns; drop it for raw input")

@@ -169,10 +169,12 @@ def _flat_list(series: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     return values.astype(np.int64), np.diff(offsets)
 
 
-def packed_stats(path: str | Path, *, attn_coeff: float = 0.0) -> dict[str, Any]:
+def packed_stats(path: str | Path, *, attn_coeff: float | None = None) -> dict[str, Any]:
     """The report of one packed output (keys in docs/stats.md): every key of its metrics.json
     except `throughput` and `timings`, recomputed from the shards, plus `path`, `layout`,
-    `lengths`, `fill_histogram` and `dp_balance` (None without balancing columns)."""
+    `lengths`, `fill_histogram` and `dp_balance` (None without balancing columns; `a` defaults
+    to the `--attn-coeff` the output was balanced with; `round_robin` is the imbalance before
+    balancing, from metrics.json, when that was made with the same `a`)."""
     t0 = time.perf_counter()
     out, manifest = load_manifest(path)
     layout = manifest["layout"]
@@ -196,15 +198,26 @@ def packed_stats(path: str | Path, *, attn_coeff: float = 0.0) -> dict[str, Any]
         "dp_balance": None,
     })
     if packed.balance is not None and {"step", "dp_rank"} <= packed.balance.keys():
-        costs = pack_loads(attention_cost(packed.seq_lens, attn_coeff), packed.seq_offsets)
+        a = float(attn_coeff if attn_coeff is not None else config.get("attn_coeff") or 0.0)
+        costs = pack_loads(attention_cost(packed.seq_lens, a), packed.seq_offsets)
         report["dp_balance"] = dp_balance(packed.balance["step"], packed.balance["dp_rank"], packed.num_tokens,
-                                          costs, attn_coeff=attn_coeff, micro_batch=packed.balance.get("micro_batch"))
+                                          costs, attn_coeff=a, micro_batch=packed.balance.get("micro_batch"))
+        recorded = _recorded_balance(out)
+        if recorded is not None and float(recorded.get("attn_coeff", -1)) == a:
+            report["dp_balance"]["round_robin"] = recorded["before"]
     t2 = time.perf_counter()
     report["stats_seconds"] = {"read": t1 - t0, "compute": t2 - t1, "total": t2 - t0}
     return report
 
 
-def compare_stats(paths: list[str | Path], *, attn_coeff: float = 0.0) -> dict[str, Any]:
+def _recorded_balance(out: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((out / "metrics.json").read_text()).get("balance")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def compare_stats(paths: list[str | Path], *, attn_coeff: float | None = None) -> dict[str, Any]:
     """Several packed outputs side by side: {"kind": "compare", "outputs": [packed_stats(p), ...]}."""
     return {"kind": "compare", "outputs": [packed_stats(p, attn_coeff=attn_coeff) for p in paths]}
 

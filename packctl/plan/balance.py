@@ -1,0 +1,596 @@
+"""Balance packs over data-parallel ranks: every pack gets a (step, dp_rank, micro_batch).
+
+A training step consumes `dp_size x micro_batches` packs: each of the D ranks runs M micro-batches
+(one pack each) and then all ranks synchronize their gradients, so a step lasts as long as its
+slowest rank. Packs are cut into steps in output order, inside each planning window, and each
+step's packs are shared out so that the ranks' costs are as equal as possible.
+
+    step of 8 packs, D = 2, M = 4, attention cost of each pack (thousands):
+        packs in output order    90  10  80  20  70  30  60  40
+        round robin              rank 0: 90 80 70 60 = 300     rank 1: 10 20 30 40 = 100  -> max/mean 1.50
+        Karmarkar-Karp           rank 0: 90 10 60 40 = 200     rank 1: 80 20 70 30 = 200   -> max/mean 1.00
+
+How (per step, `balance_step`):
+1. Karmarkar-Karp largest differencing over the packs (`kk_partition`), M packs per rank when
+   equal counts are asked for. Packs are never changed by this, so no pack can exceed the capacity.
+   If the result is worse than round robin on the balanced cost, round robin is kept.
+2. With `scope="sequences"`, a local search then moves or swaps single sequences between the most
+   and the least loaded ranks while that lowers the step's maximum. A move is only made when the
+   receiving pack keeps within the capacity and `max_seqs_per_bin`; a pack never loses its last
+   sequence, and pieces of a split sequence never move (their order in the output is their order
+   in the sample). So the capacity holds after every move: the guarantee is by construction, not
+   by a check at the end.
+3. Micro-batches: each rank's packs are numbered by decreasing cost, so micro-batch 0 is the
+   heaviest on every rank (a memory problem shows in the first micro-batch, and the j-th
+   micro-batches of all ranks have similar costs, which matters when ranks synchronize per
+   micro-batch as FSDP does).
+
+A step that has fewer packs than D x M (the last one of a window) or, with `step_tokens`, any
+step, gets ceil(P / D) packs per rank: with equal counts, packs holding several sequences are split
+in two until the count is a multiple of D (a few more, less full packs, so that no rank waits with
+nothing to do). When a step holds fewer sequences than that needs, its counts stay unequal and the
+report says how many steps are so.
+
+Costs (`piece_costs`): `tokens` = tokens of the sequences of a pack; `attention` = sum over its
+sequences of `a*L + L^2` (L the true length), the cost model of docs/balancing.md and of
+`packctl stats`. Capacity is checked on aligned lengths, as the planner does.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from packctl.plan.windows import PackPlan
+
+
+
+@dataclass(frozen=True)
+class BalanceSpec:
+    """What to balance and how (the `--dp-size` family of options)."""
+
+    dp_size: int
+    micro_batches: int | None = None  # packs per rank per step; None with step_tokens
+    step_tokens: int | None = None  # close a step once it holds this many tokens
+    cost: str = "attention"
+    attn_coeff: float = 0.0
+    scope: str = "sequences"
+    equal_counts: bool = True
+    capacity: int = 0  # the planner's bin size (a pack's padded load never exceeds it)
+    max_seqs_per_bin: int | None = None
+    max_iterations: int | None = None  # local-search moves per step (None: 16 x dp_size)
+    grouping: str = "cost"  # how a window's packs are cut into steps: "cost" or "order"
+    seed: int = 0  # order of the steps inside a window, with grouping "cost"
+
+
+def piece_costs(lengths: np.ndarray, cost: str, attn_coeff: float) -> np.ndarray:
+    """Cost of each sequence (float64): its length, or `a*L + L^2`."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    if cost == "tokens":
+        return lengths
+    return attn_coeff * lengths + lengths * lengths
+
+
+def kk_partition(costs, k: int, *, equal_counts: bool = False) -> np.ndarray:
+    """Karmarkar-Karp largest differencing method: split items into k parts with close sums.
+
+    Returns the part (0..k-1) of each item. Each item starts as a k-tuple of sums (itself and
+    k-1 empty parts); repeatedly the two tuples with the largest spread (max - min) are merged,
+    the largest part of one with the smallest of the other, until one tuple is left. With
+    `equal_counts`, items are first grouped k at a time in decreasing order (one per part), so
+    every part ends with floor(n/k) or ceil(n/k) items. Ties break on item order: deterministic.
+
+        >>> kk_partition([8, 7, 6, 5, 4], 2).tolist()
+        [1, 0, 1, 0, 0]
+
+    i.e. parts {7, 5, 4} = 16 and {8, 6} = 14 (the best split here is 15 / 15: KK is a heuristic;
+    on many items its spread is usually tiny next to the sums).
+    """
+    costs = np.asarray(costs, dtype=np.float64)
+    n = len(costs)
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    parts = np.zeros(n, dtype=np.int64)
+    if n == 0 or k == 1:
+        return parts
+    order = np.argsort(-costs, kind="stable")
+    heap: list[tuple[float, int, list[float], list[list[int]]]] = []
+    if equal_counts:
+        for g, lo in enumerate(range(0, n, k)):
+            items = order[lo:lo + k].tolist()
+            sums = [float(costs[i]) for i in items] + [0.0] * (k - len(items))
+            members = [[i] for i in items] + [[] for _ in range(k - len(items))]
+            heapq.heappush(heap, (-(max(sums) - min(sums)), g, sums, members))
+    else:
+        for g, i in enumerate(order.tolist()):
+            sums = [float(costs[i])] + [0.0] * (k - 1)
+            heapq.heappush(heap, (-sums[0], g, sums, [[i]] + [[] for _ in range(k - 1)]))
+    created = len(heap)
+    while len(heap) > 1:
+        _, _, sums_a, members_a = heapq.heappop(heap)
+        _, _, sums_b, members_b = heapq.heappop(heap)
+        desc = sorted(range(k), key=lambda j: (-sums_a[j], j))
+        asc = sorted(range(k), key=lambda j: (sums_b[j], j))
+        sums = [sums_a[i] + sums_b[j] for i, j in zip(desc, asc)]
+        members = [members_a[i] + members_b[j] for i, j in zip(desc, asc)]
+        heapq.heappush(heap, (-(max(sums) - min(sums)), created, sums, members))
+        created += 1
+    for part, items in enumerate(heap[0][3]):
+        parts[items] = part
+    return parts
+
+
+def round_robin(num_packs: int, dp_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pack j of a step -> rank j % D, micro-batch j // D (what a strided sampler does)."""
+    j = np.arange(num_packs, dtype=np.int64)
+    return j % dp_size, j // dp_size
+
+
+def step_bounds(pack_tokens: np.ndarray, window_bins: np.ndarray, spec: BalanceSpec) -> np.ndarray:
+    """First pack of every step (plus the end). Steps never straddle windows.
+
+    `micro_batches` M: D*M packs a step (the window's last step may be shorter). `step_tokens` T:
+    packs are added until the step holds T tokens, then up to the next multiple of D packs.
+
+        window_bins [0, 10], D 2, M 2 -> [0, 4, 8, 10]
+    """
+    d = spec.dp_size
+    bounds = [np.zeros(1, np.int64)]
+    for lo, hi in zip(window_bins[:-1].tolist(), window_bins[1:].tolist()):
+        if hi == lo:
+            continue
+        if spec.micro_batches is not None:
+            starts = np.arange(lo, hi, d * spec.micro_batches, dtype=np.int64)
+        else:
+            starts = _token_step_starts(np.asarray(pack_tokens[lo:hi], dtype=np.int64), spec.step_tokens, d) + lo
+        bounds.append(np.append(starts[1:], hi))
+    return np.concatenate(bounds).astype(np.int64)
+
+
+def _token_step_starts(tokens: np.ndarray, step_tokens: int, d: int) -> np.ndarray:
+    starts = [0]
+    cumulative = np.cumsum(tokens)
+    base = 0
+    n = len(tokens)
+    while True:
+        lo = starts[-1]
+        # first pack count c >= 1 with tokens[lo:lo+c] >= step_tokens, then rounded up to a multiple of d
+        reach = int(np.searchsorted(cumulative, base + step_tokens, side="left")) + 1
+        count = max(reach - lo, 1)
+        count = -(-count // d) * d
+        if lo + count >= n:
+            break
+        starts.append(lo + count)
+        base = int(cumulative[lo + count - 1])
+    return np.asarray(starts, dtype=np.int64)
+
+
+@dataclass
+class StepResult:
+    """One balanced step: pieces (indices into the step's input pieces) of each output pack."""
+
+    offsets: np.ndarray  # int64, P'+1 over `pieces`
+    pieces: np.ndarray  # int64
+    dp_rank: np.ndarray  # int64, per output pack
+    micro_batch: np.ndarray  # int64, per output pack
+    equal: bool  # every rank got the same number of packs
+
+
+def balance_step(offsets: np.ndarray, padded: np.ndarray, costs: np.ndarray, movable: np.ndarray,
+                 spec: BalanceSpec) -> StepResult:
+    """Balance one step's packs (CSR `offsets` over pieces with aligned length `padded`, cost
+    `costs`; `movable` False for pieces that must stay in their pack) over `spec.dp_size` ranks.
+    The output packs are the input packs in the same order, possibly with sequences moved between
+    them (scope "sequences"), plus, for equal counts, packs split off right after their source."""
+    d = spec.dp_size
+    offsets = np.asarray(offsets, dtype=np.int64)
+    num_packs = len(offsets) - 1
+    piece_pack = np.repeat(np.arange(num_packs), np.diff(offsets))
+
+    # Equal counts: split packs until every rank can get the same number.
+    pack_of = piece_pack.copy()  # output pack of each piece, in the ids of `parent` below
+    parent = list(range(num_packs))
+    if spec.equal_counts and num_packs % d:
+        pack_of, parent = _split_for_counts(pack_of, num_packs, padded, costs, movable, -(-num_packs // d) * d)
+    packs = len(parent)
+    counts = np.bincount(pack_of, minlength=packs)
+    pack_cost = np.bincount(pack_of, weights=costs, minlength=packs)
+    equal = packs % d == 0
+
+    rank = kk_partition(pack_cost, d, equal_counts=spec.equal_counts or equal)
+    rr = np.arange(packs) % d
+    kk_max = np.bincount(rank, weights=pack_cost, minlength=d).max()
+    if np.bincount(rr, weights=pack_cost, minlength=d).max() < kk_max:
+        rank = rr
+    if spec.scope == "sequences" and d > 1:
+        pack_of = _local_search(pack_of, rank, padded, costs, movable, counts, spec)
+        pack_cost = np.bincount(pack_of, weights=costs, minlength=packs)
+
+    micro = np.zeros(packs, dtype=np.int64)
+    for r in range(d):
+        mine = np.flatnonzero(rank == r)
+        micro[mine[np.argsort(-pack_cost[mine], kind="stable")]] = np.arange(len(mine))
+
+    # Output order inside the step: micro-batch, then rank (row j of the step is rank j % D,
+    # micro-batch j // D whenever the counts are equal, as a strided sampler reads it).
+    out_order = np.lexsort((rank, micro))
+    position = np.empty(packs, dtype=np.int64)
+    position[out_order] = np.arange(packs)
+    new_pack = position[pack_of]
+    pieces = np.lexsort((np.arange(len(pack_of)), new_pack))
+    out_counts = np.bincount(new_pack, minlength=packs)
+    return StepResult(offsets=np.concatenate([[0], np.cumsum(out_counts)]).astype(np.int64),
+                      pieces=pieces.astype(np.int64), dp_rank=rank[out_order], micro_batch=micro[out_order],
+                      equal=equal)
+
+
+def _split_for_counts(pack_of, num_packs, padded, costs, movable, want):
+    """Split packs (the one with most movable pieces first) until there are `want` packs, or no
+    pack has two movable pieces left. Returns the new piece->pack map and each pack's source."""
+    pack_of = pack_of.copy()
+    parent = list(range(num_packs))
+    while len(parent) < want:
+        movable_count = np.bincount(pack_of[movable], minlength=len(parent))
+        total_count = np.bincount(pack_of, minlength=len(parent))
+        # a pack can give away movable pieces as long as it keeps one piece
+        can_give = np.minimum(movable_count, total_count - 1)
+        source = int(np.argmax(can_give))
+        if can_give[source] < 1:
+            break
+        mine = np.flatnonzero((pack_of == source) & movable)
+        mine = mine[np.argsort(-costs[mine], kind="stable")]
+        give = mine[1::2] if len(mine) == total_count[source] else mine[: max(1, len(mine) // 2)]
+        give = give[: int(can_give[source])]
+        pack_of[give] = len(parent)
+        parent.append(parent[source])
+    return pack_of, parent
+
+
+def _local_search(pack_of, rank, padded, costs, movable, counts, spec: BalanceSpec) -> np.ndarray:
+    """Move or swap single sequences from the most loaded rank to a less loaded one while that
+    lowers the larger of the two; every move keeps each pack within capacity and max_seqs."""
+    d = spec.dp_size
+    packs = len(rank)
+    pack_of = pack_of.copy()
+    load = np.bincount(pack_of, weights=padded, minlength=packs).astype(np.int64)
+    count = np.bincount(pack_of, minlength=packs)
+    max_seqs = spec.max_seqs_per_bin or (len(pack_of) + 1)
+    rank_cost = np.bincount(rank, weights=np.bincount(pack_of, weights=costs, minlength=packs), minlength=d)
+    iterations = spec.max_iterations if spec.max_iterations is not None else 16 * d
+    padded = np.asarray(padded, dtype=np.int64)
+    tolerance = 1e-9 * max(float(rank_cost.max()), 1.0)
+    for _ in range(iterations):
+        h = int(np.argmax(rank_cost))
+        done = True
+        for low in np.argsort(rank_cost, kind="stable").tolist():
+            gap = rank_cost[h] - rank_cost[low]
+            if low == h or gap <= tolerance:
+                break
+            move = _best_transfer(h, low, gap, pack_of, rank, padded, costs, movable, load, count, max_seqs,
+                                  spec.capacity)
+            if move is None:
+                continue
+            x, target, y = move
+            px, py = pack_of[x], target
+            pack_of[x] = target
+            load[px] -= padded[x]
+            load[target] += padded[x]
+            count[px] -= 1
+            count[target] += 1
+            delta = costs[x]
+            if y >= 0:
+                pack_of[y] = px
+                load[target] -= padded[y]
+                load[px] += padded[y]
+                count[target] -= 1
+                count[px] += 1
+                delta -= costs[y]
+            rank_cost[h] -= delta
+            rank_cost[low] += delta
+            done = False
+            break
+        if done:
+            break
+    return pack_of
+
+
+def _best_transfer(h, low, gap, pack_of, rank, padded, costs, movable, load, count, max_seqs, capacity):
+    """The move (x -> a pack of `low`) or swap (x <-> y) that best splits `gap`: transfers cost
+    t with 0 < t < gap, maximizing min(t, gap - t). None when no feasible one lowers the max."""
+    piece_rank = rank[pack_of]
+    xs = np.flatnonzero((piece_rank == h) & movable)
+    if len(xs) == 0:
+        return None
+    low_packs = np.flatnonzero(rank == low)
+    best_score, best = 0.0, None
+    # moves: x leaves a pack that keeps at least one piece, into the fullest low pack it fits
+    can_leave = xs[count[pack_of[xs]] > 1]
+    open_packs = low_packs[count[low_packs] < max_seqs]
+    if len(can_leave) and len(open_packs):
+        room = capacity - load[open_packs]
+        t = costs[can_leave]
+        fits = padded[can_leave][:, None] <= room[None, :]
+        ok = fits.any(axis=1) & (t < gap) & (t > 0)
+        if ok.any():
+            score = np.where(ok, np.minimum(t, gap - t), -1.0)
+            i = int(np.argmax(score))
+            if score[i] > best_score:
+                fit_room = np.where(fits[i], room, np.iinfo(np.int64).max)
+                best_score, best = float(score[i]), (int(can_leave[i]), int(open_packs[np.argmin(fit_room)]), -1)
+    ys = np.flatnonzero((piece_rank == low) & movable)
+    if len(ys):
+        t = costs[xs][:, None] - costs[ys][None, :]
+        px, py = pack_of[xs], pack_of[ys]
+        grow_y = padded[xs][:, None] - padded[ys][None, :]  # load change of y's pack
+        ok = (t > 0) & (t < gap) & (load[py][None, :] + grow_y <= capacity) & (load[px][:, None] - grow_y <= capacity)
+        if ok.any():
+            score = np.where(ok, np.minimum(t, gap - t), -1.0)
+            flat = int(np.argmax(score))
+            i, j = divmod(flat, len(ys))
+            if score[i, j] > best_score:
+                best_score, best = float(score[i, j]), (int(xs[i]), int(py[j]), int(ys[j]))
+    return best
+
+
+@dataclass
+class BalancedPlan:
+    """A plan whose packs carry (step, dp_rank, micro_batch), with per-step figures.
+
+    Steps are numbered from 0 in this plan; under MPI the pipeline adds the steps of the ranks
+    before. The grids are steps x dp_size costs per rank, under round robin of the planner's packs
+    (`before_*`) and after balancing (`after_*`)."""
+
+    plan: PackPlan
+    step: np.ndarray  # int64 per pack
+    dp_rank: np.ndarray
+    micro_batch: np.ndarray
+    step_sequences: np.ndarray  # pieces per step
+    step_tokens: np.ndarray  # true tokens per step
+    before_tokens: np.ndarray
+    before_attention: np.ndarray
+    after_tokens: np.ndarray
+    after_attention: np.ndarray
+    unequal_steps: int
+    packs_added: int
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.step_sequences)
+
+
+def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0) -> BalancedPlan:
+    """Cut each window's packs into steps and balance each step (`balance_step`).
+
+    grouping "cost": a window's packs are sorted by cost (ties: output order) and cut into steps
+    there, so a step holds packs of similar cost and can be balanced whatever M is; the window's
+    steps then run in a seeded random order (its short last step last), so no length trend is left
+    inside a window. grouping "order": steps are consecutive packs in the planner's order.
+    Pieces of a split sequence keep their order in the output (`_keep_split_order`).
+    `first_window`: the global index of the plan's first window (it seeds the step order), so any
+    run of whole windows balances the same wherever it is computed.
+    """
+    d = spec.dp_size
+    padded = plan.piece_padded.astype(np.int64)
+    true = plan.piece_len.astype(np.float64)
+    costs = piece_costs(true, spec.cost, spec.attn_coeff)
+    attention = piece_costs(true, "attention", spec.attn_coeff)
+    movable = ~np.isin(plan.piece_gid, plan.split_gids())
+    pack_of_piece = np.repeat(np.arange(plan.num_bins), np.diff(plan.bin_offsets))
+    pack_cost = np.bincount(pack_of_piece, weights=costs, minlength=plan.num_bins)
+    pack_tokens = plan.loads(padded=True)
+
+    offsets, pieces, ranks, micros, steps, windows = [np.zeros(1, np.int64)], [], [], [], [], [0]
+    after_step_of_piece_count: list[int] = []
+    unequal = 0
+    step_base = piece_base = 0
+    for w in range(plan.num_windows):
+        lo, hi = int(plan.window_bins[w]), int(plan.window_bins[w + 1])
+        if spec.grouping == "cost":
+            packs = lo + np.argsort(-pack_cost[lo:hi], kind="stable")
+        else:
+            packs = np.arange(lo, hi)
+        bounds = step_bounds(pack_tokens[packs], np.array([0, hi - lo]), spec)
+        num = len(bounds) - 1
+        if spec.grouping == "cost" and num > 2:
+            priority = np.concatenate([np.random.default_rng([spec.seed, first_window + w]).permutation(num - 1), [num - 1]])
+            step_of_pack = np.empty(plan.num_bins, dtype=np.int64)
+            step_of_pack[packs] = np.repeat(np.arange(num), np.diff(bounds))
+            run = _steps_in_split_order(priority, step_of_pack, plan, lo, hi, ~movable)
+        else:
+            run = np.arange(num)
+        window_offsets, window_pieces, window_rank, window_micro, window_step = [np.zeros(1, np.int64)], [], [], [], []
+        base = 0
+        for k, s in enumerate(run.tolist()):
+            members = packs[bounds[s]:bounds[s + 1]]
+            after_step_of_piece_count.append(len(members))
+            sel = _pieces_of(plan.bin_offsets, members)
+            counts = plan.bin_offsets[members + 1] - plan.bin_offsets[members]
+            result = balance_step(np.concatenate([[0], np.cumsum(counts)]), padded[sel], costs[sel], movable[sel],
+                                  spec)
+            window_offsets.append(result.offsets[1:] + base)
+            base += len(sel)
+            window_pieces.append(sel[result.pieces])
+            window_rank.append(result.dp_rank)
+            window_micro.append(result.micro_batch)
+            window_step.append(np.full(len(result.dp_rank), step_base + k, dtype=np.int64))
+            unequal += not result.equal
+        w_offsets = np.concatenate(window_offsets)
+        w_pieces = np.concatenate(window_pieces) if window_pieces else np.zeros(0, np.int64)
+        w_pieces, w_offsets = _keep_split_order(w_pieces, w_offsets, plan.piece_gid, ~movable)
+        offsets.append(w_offsets[1:] + piece_base)
+        piece_base += len(w_pieces)
+        pieces.append(w_pieces)
+        ranks.extend(window_rank)
+        micros.extend(window_micro)
+        steps.extend(window_step)
+        windows.append(windows[-1] + len(w_offsets) - 1)
+        step_base += num
+
+    take = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    new_offsets = np.concatenate(offsets)
+    balanced = PackPlan(
+        window_bins=np.asarray(windows, dtype=np.int64), bin_offsets=new_offsets,
+        piece_gid=plan.piece_gid[take], piece_start=plan.piece_start[take], piece_len=plan.piece_len[take],
+        piece_padded=plan.piece_padded[take], dropped=plan.dropped, truncated=plan.truncated,
+        tokens_dropped=plan.tokens_dropped, tokens_truncated=plan.tokens_truncated)
+    cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
+    step, dp_rank, micro_batch = cat(steps), cat(ranks), cat(micros)
+    num_steps = step_base
+
+    def grid(cell: np.ndarray, weights: np.ndarray, steps_in: int) -> np.ndarray:
+        return np.bincount(cell, weights=weights, minlength=steps_in * d).reshape(steps_in, d)
+
+    # before: the planner's packs in output order, round robin over consecutive steps
+    rr_bounds = step_bounds(pack_tokens, plan.window_bins, spec)
+    rr_step = np.searchsorted(rr_bounds, pack_of_piece, side="right") - 1
+    before_cell = rr_step * d + (pack_of_piece - rr_bounds[rr_step]) % d
+    rr_steps = len(rr_bounds) - 1
+    new_pack = np.repeat(np.arange(balanced.num_bins), np.diff(new_offsets))
+    piece_step = step[new_pack]
+    after_cell = piece_step * d + dp_rank[new_pack]
+    return BalancedPlan(
+        plan=balanced, step=step, dp_rank=dp_rank, micro_batch=micro_batch,
+        step_sequences=np.bincount(piece_step, minlength=num_steps).astype(np.int64),
+        step_tokens=np.bincount(piece_step, weights=balanced.piece_len, minlength=num_steps).astype(np.int64),
+        before_tokens=grid(before_cell, true, rr_steps),
+        before_attention=grid(before_cell, attention, rr_steps),
+        after_tokens=grid(after_cell, true[take], num_steps),
+        after_attention=grid(after_cell, attention[take], num_steps),
+        unequal_steps=unequal, packs_added=balanced.num_bins - plan.num_bins,
+    )
+
+
+def _steps_in_split_order(priority: np.ndarray, step_of_pack: np.ndarray, plan: PackPlan, lo: int, hi: int,
+                          pinned: np.ndarray) -> np.ndarray:
+    """The window's steps in `priority` order, except that a step holding an earlier piece of a
+    split sequence runs before the step holding a later one (a topological order of those
+    constraints, ties by priority). On a cycle the rest follow by priority; `_keep_split_order`
+    then fixes the packs involved."""
+    num = len(priority)
+    p_lo, p_hi = int(plan.bin_offsets[lo]), int(plan.bin_offsets[hi])
+    split = np.flatnonzero(pinned[p_lo:p_hi]) + p_lo
+    after: dict[int, set[int]] = {}
+    indegree = np.zeros(num, dtype=np.int64)
+    if len(split):
+        pack = np.searchsorted(plan.bin_offsets, split, side="right") - 1
+        order = np.lexsort((split, plan.piece_gid[split]))
+        g, st = plan.piece_gid[split][order], step_of_pack[pack[order]]
+        for i in np.flatnonzero((g[1:] == g[:-1]) & (st[1:] != st[:-1])).tolist():
+            a, b = int(st[i]), int(st[i + 1])
+            if b not in after.setdefault(a, set()):
+                after[a].add(b)
+                indegree[b] += 1
+    heap = [(int(priority[s]), s) for s in range(num) if indegree[s] == 0]
+    heapq.heapify(heap)
+    out: list[int] = []
+    placed = np.zeros(num, dtype=bool)
+    while len(out) < num:
+        if not heap:  # a cycle: take the remaining step of lowest priority
+            rest = np.flatnonzero(~placed)
+            s = int(rest[np.argmin(priority[rest])])
+            heapq.heappush(heap, (int(priority[s]), s))
+            indegree[s] = 0
+        _, s = heapq.heappop(heap)
+        if placed[s]:
+            continue
+        placed[s] = True
+        out.append(s)
+        for b in after.get(s, ()):
+            indegree[b] -= 1
+            if indegree[b] == 0 and not placed[b]:
+                heapq.heappush(heap, (int(priority[b]), b))
+    return np.asarray(out, dtype=np.int64)
+
+
+def _pieces_of(bin_offsets: np.ndarray, packs: np.ndarray) -> np.ndarray:
+    """Piece indices of the given packs, pack after pack."""
+    starts = bin_offsets[packs]
+    counts = bin_offsets[packs + 1] - starts
+    return np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(int(counts.sum()))
+
+
+def _keep_split_order(pieces: np.ndarray, offsets: np.ndarray, gid: np.ndarray, pinned: np.ndarray):
+    """Put the pieces of every split sequence back in their original order.
+
+    Packs linked by a split sequence (they hold pieces of the same sample) form a group; the
+    group's packs keep the output slots they were given, but take them in their original
+    relative order, which had the pieces in order. Pieces that never move (`pinned`) are exactly
+    the split ones, so only these groups need it."""
+    num_packs = len(offsets) - 1
+    pack = np.repeat(np.arange(num_packs), np.diff(offsets))
+    split = np.flatnonzero(pinned[pieces])
+    if len(split) == 0:
+        return pieces, offsets
+    parent = list(range(num_packs))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    by_gid: dict[int, int] = {}
+    for i in split.tolist():
+        g, p = int(gid[pieces[i]]), int(pack[i])
+        if g in by_gid:
+            a, b = find(by_gid[g]), find(p)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+        else:
+            by_gid[g] = p
+    groups: dict[int, list[int]] = {}
+    for p in sorted({int(pack[i]) for i in split.tolist()}):
+        groups.setdefault(find(p), []).append(p)
+    slot_of = np.arange(num_packs)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        # original order of a pack = the smallest original index of its split pieces (these never
+        # move, and the planner's order had them in order)
+        first = [int(pieces[offsets[p]:offsets[p + 1]][pinned[pieces[offsets[p]:offsets[p + 1]]]].min())
+                 for p in members]
+        in_order = [members[i] for i in np.argsort(first, kind="stable")]
+        slot_of[in_order] = sorted(members)
+    order = np.argsort(slot_of, kind="stable")  # pack now in slot j
+    counts = np.diff(offsets)[order]
+    new_pieces = pieces[_pieces_of(offsets, order)]
+    return new_pieces, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
+def imbalance(grid: np.ndarray) -> np.ndarray:
+    """max / mean over ranks, per step (a step with no cost counts 1.0)."""
+    grid = np.asarray(grid, dtype=np.float64)
+    if grid.size == 0:
+        return np.zeros(0)
+    mean = grid.mean(axis=1)
+    return np.where(mean > 0, grid.max(axis=1) / np.where(mean > 0, mean, 1.0), 1.0)
+
+
+def imbalance_summary(grid: np.ndarray) -> dict:
+    """Per-step max/mean summarized: mean and worst over steps, and `weighted` = sum over steps
+    of the slowest rank / sum of the mean rank (the share of a run's time spent waiting is
+    1 - 1/weighted)."""
+    per_step = imbalance(grid)
+    if len(per_step) == 0:
+        return {"mean": 1.0, "max": 1.0, "weighted": 1.0, "worst_step": None}
+    grid = np.asarray(grid, dtype=np.float64)
+    mean_total = grid.mean(axis=1).sum()
+    worst = int(np.argmax(per_step))
+    return {"mean": float(per_step.mean()), "max": float(per_step[worst]),
+            "weighted": float(grid.max(axis=1).sum() / mean_total) if mean_total > 0 else 1.0,
+            "worst_step": worst}
+
+
+def lr_scales(sizes: np.ndarray, ref: float, scaling: str) -> np.ndarray:
+    """Learning-rate multiplier of each step from its realized batch size (DeepSpeed's variable
+    batch-size rule): linear `size / ref`, sqrt `sqrt(size / ref)`, none 1.0.
+
+        >>> lr_scales(np.array([512, 256, 1024]), 512, "sqrt").round(3).tolist()
+        [1.0, 0.707, 1.414]
+    """
+    sizes = np.asarray(sizes, dtype=np.float64)
+    if scaling == "none":
+        return np.ones(len(sizes))
+    ratio = sizes / float(ref)
+    return ratio if scaling == "linear" else np.sqrt(ratio)
