@@ -44,12 +44,16 @@ ROOT = HERE.parent
 OPTIONS = ["--too-long", "split", "--window", "300", "--shard-rows", "40"]
 
 
-@pytest.mark.parametrize("order, algorithm", [("input", "concat"), ("shuffle", "ffs"), ("curriculum", "bfd")])
-def test_same_bytes_for_any_number_of_ranks(tmp_path, order, algorithm, contract):
+BALANCED = ["--dp-size", "4", "--micro-batches", "2", "--lr-scaling", "sqrt"]
+
+
+@pytest.mark.parametrize("order, algorithm, extra", [("input", "concat", []), ("shuffle", "ffs", []),
+                                                     ("curriculum", "bfd", []), ("shuffle", "ffs", BALANCED)])
+def test_same_bytes_for_any_number_of_ranks(tmp_path, order, algorithm, extra, contract):
     from conftest import check_contract
 
     out = tmp_path / "out"
-    options = [*OPTIONS, "--order", order, "--algorithm", algorithm]
+    options = [*OPTIONS, "--order", order, "--algorithm", algorithm, *extra]
     single = subprocess.run(_pack_cmd(out, *options), capture_output=True, text=True, timeout=120)
     assert single.returncode == 0, single.stderr
     reference = _fingerprint(out)
