@@ -39,6 +39,10 @@ PadToOpt = Annotated[Optional[str], typer.Option(help="capacity|multiple  [defau
 MaxSeqsPerBinOpt = Annotated[Optional[int], typer.Option(help="At most this many sequences per pack.")]
 TooLongOpt = Annotated[Optional[str], typer.Option(help="error|drop|truncate|split  [default: error]")]
 TokensColumnOpt = Annotated[Optional[str], typer.Option(help="Input column of token ids.  [default: input_ids]")]
+PoolSizeOpt = Annotated[Optional[int], typer.Option(help="Items waiting in the pool of --algorithm pool.  "
+                                                         "[default: 128]")]
+PoolStrategyOpt = Annotated[Optional[str], typer.Option(help="closest|first: pool picks the largest item that fits "
+                                                             "or the oldest.  [default: closest]")]
 
 
 def _fail(exc: PackctlError) -> None:
@@ -52,7 +56,9 @@ def pack_command(
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Output directory OUT."),
     config: Optional[Path] = typer.Option(None, "--config", help="TOML file with any of these options."),
     capacity: Optional[int] = typer.Option(None, help="Tokens per pack.  [default: 4096]"),
-    algorithm: Optional[str] = typer.Option(None, help="concat|ffd|bfd|mffd|ffs|split  [default: bfd]"),
+    algorithm: Optional[str] = typer.Option(None, help="concat|ffd|bfd|mffd|ffs|split|pool  [default: bfd]"),
+    pool_size: PoolSizeOpt = None,
+    pool_strategy: PoolStrategyOpt = None,
     order: OrderOpt = None,
     curriculum_order: CurriculumOrderOpt = None,
     seed: SeedOpt = None,
@@ -110,6 +116,7 @@ def pack_command(
         file_values = load_config(config) if config is not None else {}
         cfg = build_config(
             file_values, inputs=inputs or None, output=output, capacity=capacity, algorithm=algorithm,
+            pool_size=pool_size, pool_strategy=pool_strategy,
             order=order, curriculum_order=curriculum_order, seed=seed, window=window, cp_size=cp_size,
             tp_size=tp_size, seq_multiple=seq_multiple, pad_to=pad_to, pack_multiple=pack_multiple,
             pad_token_id=pad_token_id, max_seqs_per_bin=max_seqs_per_bin, too_long=too_long,
@@ -226,8 +233,10 @@ def stats_command(
     max_seqs_per_bin: MaxSeqsPerBinOpt = None,
     too_long: TooLongOpt = None,
     tokens_column: TokensColumnOpt = None,
+    pool_size: PoolSizeOpt = None,
+    pool_strategy: PoolStrategyOpt = None,
     attn_coeff: Optional[float] = typer.Option(None, help="a of the attention cost a*L + L^2 in the DP balance of "
-                                                          "a packed output.  [default: 0]"),
+                                                          "a packed output.  [default: the one it was packed with]"),
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the report into this PNG file."),
 ) -> None:
@@ -239,7 +248,8 @@ def stats_command(
                        file_values=load_config(config) if config is not None else {}, order=order,
                        curriculum_order=curriculum_order, seed=seed, window=window, cp_size=cp_size,
                        tp_size=tp_size, seq_multiple=seq_multiple, pad_to=pad_to, pack_multiple=pack_multiple,
-                       max_seqs_per_bin=max_seqs_per_bin, too_long=too_long, tokens_column=tokens_column)
+                       max_seqs_per_bin=max_seqs_per_bin, too_long=too_long, tokens_column=tokens_column,
+                       pool_size=pool_size, pool_strategy=pool_strategy)
         if plot is not None:
             from packctl.stats.plot import write_plot
 

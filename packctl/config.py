@@ -19,7 +19,8 @@ from typing import Any
 
 from packctl.errors import PackctlError
 
-ALGORITHMS = ("concat", "ffd", "bfd", "mffd", "ffs", "split")
+ALGORITHMS = ("concat", "ffd", "bfd", "mffd", "ffs", "split", "pool")
+POOL_STRATEGIES = ("closest", "first")
 ORDERS = ("input", "shuffle", "curriculum")
 CURRICULUM_ORDERS = ("asc", "desc")
 PAD_TO = ("capacity", "multiple")
@@ -70,7 +71,9 @@ class PackConfig:
         inputs: Parquet files, directories (every `*.parquet` below) or globs.
         output: output directory OUT; refused if it exists unless `overwrite`.
         capacity: tokens per pack (the bin size).
-        algorithm: one of concat, ffd, bfd, mffd, ffs, split (docs/algorithms.md).
+        algorithm: one of concat, ffd, bfd, mffd, ffs, split, pool (docs/algorithms.md).
+        pool_size: items waiting in the pool of `pool` (at most this many bins of reordering).
+        pool_strategy: `pool` picks the largest item that fits ("closest") or the oldest ("first").
         order: input, shuffle (seeded) or curriculum (by padded length, ties by global id).
         curriculum_order: asc or desc, for `order="curriculum"`.
         seed: seed of `shuffle` order and of the `ffs` algorithm.
@@ -118,6 +121,8 @@ class PackConfig:
     output: str = ""
     capacity: int = 4096
     algorithm: str = "bfd"
+    pool_size: int = 128
+    pool_strategy: str = "closest"
     order: str = "input"
     curriculum_order: str = "asc"
     seed: int = 0
@@ -196,11 +201,12 @@ class PackConfig:
         if not self.output:
             raise PackctlError("no output directory: pass -o OUT")
         _choice("algorithm", self.algorithm, ALGORITHMS)
+        _choice("pool_strategy", self.pool_strategy, POOL_STRATEGIES)
         _choice("order", self.order, ORDERS)
         _choice("curriculum_order", self.curriculum_order, CURRICULUM_ORDERS)
         _choice("pad_to", self.pad_to, PAD_TO)
         _choice("too_long", self.too_long, TOO_LONG)
-        for name in ("capacity", "window", "cp_size", "tp_size", "seq_multiple", "shard_rows"):
+        for name in ("capacity", "window", "cp_size", "tp_size", "seq_multiple", "shard_rows", "pool_size"):
             _positive(name, getattr(self, name))
         if self.max_seqs_per_bin is not None:
             _positive("max_seqs_per_bin", self.max_seqs_per_bin)

@@ -129,7 +129,8 @@ def _pack(config: PackConfig, comm, progress: Progress, out: Path, lock: OutputL
         plan = plan_windows(gids, lengths, capacity=config.plan_capacity, align=config.align,
                             algorithm=config.algorithm, too_long=config.too_long, window=config.window,
                             first_window=first_window, max_seqs_per_bin=config.max_seqs_per_bin,
-                            seed=config.seed, progress=progress.stage("plan", len(gids)))
+                            seed=config.seed, progress=progress.stage("plan", len(gids)),
+                            pool_size=config.pool_size, pool_strategy=config.pool_strategy)
         _check_something_to_pack(comm, plan, index, config, skipped_empty)
         balanced = balance(comm, plan, config, first_window) if config.balanced else None
         if balanced is not None:
@@ -496,6 +497,7 @@ def plan_corpus(index, config: PackConfig, permutation: np.ndarray | None = None
         plan = plan_windows(permutation, index.lengths[permutation], capacity=config.plan_capacity,
                             align=config.align, algorithm=config.algorithm, too_long=config.too_long,
                             window=config.window, max_seqs_per_bin=config.max_seqs_per_bin, seed=config.seed,
+                            pool_size=config.pool_size, pool_strategy=config.pool_strategy,
                             progress=progress)
     except SequenceTooLong as exc:
         raise PackctlError(

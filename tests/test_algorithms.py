@@ -499,3 +499,61 @@ def test_bad_lengths_array():
 def test_split_needs_capacity_multiple_of_align(capacity, align):
     with pytest.raises(ValueError, match="multiple of align"):
         pack_lengths([4, 4], capacity, "split", align=align)
+
+
+# --- pool -----------------------------------------------------------------------------------------
+
+def reference_pool(lengths, capacity, max_seqs, pool_size, closest):
+    waiting, upcoming, bins = [], list(range(len(lengths))), []
+
+    def refill():
+        while len(waiting) < pool_size and upcoming:
+            waiting.append(upcoming.pop(0))
+
+    refill()
+    while waiting:
+        members = [waiting.pop(0)]
+        refill()
+        while len(members) < max_seqs:
+            room = capacity - sum(lengths[j] for j in members)
+            fits = [i for i in waiting if lengths[i] <= room]
+            if not fits:
+                break
+            pick = max(fits, key=lambda i: (lengths[i], -waiting.index(i))) if closest else fits[0]
+            waiting.remove(pick)
+            members.append(pick)
+            refill()
+        bins.append(members)
+    return bins
+
+
+@SETTINGS
+@given(data=packing_inputs(), pool_size=st.integers(1, 12), strategy=st.sampled_from(["closest", "first"]))
+def test_pool_matches_reference_and_moves_order_little(data, pool_size, strategy):
+    lengths, capacity, max_seqs = data
+    bins = pack_lengths(lengths, capacity, "pool", max_seqs_per_bin=max_seqs, pool_size=pool_size,
+                        pool_strategy=strategy)
+    check_invariants(lengths, capacity, bins, max_seqs)
+    assert as_lists(bins) == reference_pool(lengths, capacity, max_seqs or len(lengths) + 1, pool_size,
+                                            strategy == "closest")
+    # item i enters the pool once the items before it are placed or waiting; it is placed within
+    # pool_size bins of the bin holding the oldest item waiting then: bin(i) < bin(i - pool_size + 1) + pool_size
+    bin_of = np.empty(len(lengths), np.int64)
+    bin_of[bins.members] = np.repeat(np.arange(bins.num_bins), np.diff(bins.offsets))
+    for i in range(pool_size, len(lengths)):
+        assert bin_of[i] <= bin_of[:i - pool_size + 1].max() + pool_size
+
+
+def test_pool_of_one_is_concat_and_a_big_pool_packs_tighter():
+    lengths = zipf_like_lengths(5000, 4096, seed=3)
+    assert_same_bins(pack_lengths(lengths, 4096, "pool", pool_size=1), pack_lengths(lengths, 4096, "concat"))
+    assert (pack_lengths(lengths, 4096, "pool", pool_size=128).num_bins
+            < pack_lengths(lengths, 4096, "pool", pool_size=4).num_bins
+            < pack_lengths(lengths, 4096, "concat").num_bins)
+
+
+def test_pool_options_are_checked():
+    with pytest.raises(ValueError, match="pool strategy 'best'"):
+        pack_lengths([1, 2], 4, "pool", pool_strategy="best")
+    with pytest.raises(ValueError, match="pool_size"):
+        pack_lengths([1, 2], 4, "pool", pool_size=0)

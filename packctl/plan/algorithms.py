@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-ALGORITHMS: tuple[str, ...] = ("concat", "ffd", "bfd", "mffd", "ffs", "split")
+ALGORITHMS: tuple[str, ...] = ("concat", "ffd", "bfd", "mffd", "ffs", "split", "pool")
+POOL_STRATEGIES: tuple[str, ...] = ("closest", "first")
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,7 +59,7 @@ class Bins:
 
 
 def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per_bin: int | None = None,
-                 seed: int = 0, align: int = 1) -> Bins:
+                 seed: int = 0, align: int = 1, pool_size: int = 128, pool_strategy: str = "closest") -> Bins:
     """Pack items of the given lengths into bins of `capacity` tokens.
 
     Args:
@@ -69,6 +70,7 @@ def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per
         seed: seed of the shuffle of `ffs`; the other algorithms are deterministic without it.
         align: cut granularity of `split` (cuts fall at multiples of `align` inside a sequence);
             unused by the other algorithms, whose items are never cut.
+        pool_size, pool_strategy: the pool of `pool` (items waiting, and how the next one is picked).
 
     Returns:
         `Bins`, in creation order; pieces inside a bin in the order they were put there.
@@ -86,6 +88,12 @@ def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per
         ffs: first fit in a shuffled order (`np.random.default_rng(seed).permutation`). O(n log B).
         split: in the given order, cut at capacity: each bin is filled up, the item that overflows
             continues in the next bin; inner cuts fall at multiples of `align`. O(n + B).
+        pool: near input order. The next `pool_size` items wait in a pool; a bin opens with the
+            oldest, then takes pool items while one fits: the largest that fits ("closest", best
+            fit) or the oldest that fits ("first"); the pool refills in input order. Every bin
+            opens with the oldest waiting item, so an item is placed at the latest in the
+            `pool_size`-th bin opened after it entered the pool: order moves little. pool_size 1
+            is concat. O(n * pool_size).
         `max_seqs_per_bin` holds in every one: a bin at the limit takes nothing more.
 
     Example, capacity 10:
@@ -123,6 +131,13 @@ def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per
         return _empty_bins()
     if algorithm == "concat":
         return _concat(lengths, capacity, max_seqs)
+    if algorithm == "pool":
+        if pool_strategy not in POOL_STRATEGIES:
+            raise ValueError(f"unknown pool strategy {pool_strategy!r}: choose one of {', '.join(POOL_STRATEGIES)}")
+        step_item, bin_of_step, num_bins = _pool_kernel(lengths, capacity, max_seqs,
+                                                        _positive_int(pool_size, "pool_size"),
+                                                        pool_strategy == "closest")
+        return _whole_items_into_bins(lengths, step_item, bin_of_step, num_bins)
 
     if algorithm == "ffs":
         order = np.random.default_rng(seed).permutation(n).astype(np.int64)
@@ -281,6 +296,60 @@ def _concat_kernel(lengths, capacity, max_seqs):
         count += 1
     offsets[num_bins] = n
     return offsets[: num_bins + 1].copy()
+
+
+# --- pool ----------------------------------------------------------------------------------------
+
+@numba.njit(cache=True)
+def _pool_kernel(lengths, capacity, max_seqs, pool_size, closest):
+    """Placement log of `pool`: the pool holds item indices in input order (oldest first)."""
+    n = lengths.size
+    step_item = np.empty(n, np.int64)
+    bin_of_step = np.empty(n, np.int64)
+    pool = np.empty(pool_size, np.int64)
+    held = 0
+    next_item = 0
+    step = 0
+    num_bins = 0
+    while True:
+        while held < pool_size and next_item < n:
+            pool[held] = next_item
+            held += 1
+            next_item += 1
+        if held == 0:
+            break
+        pick = 0  # a bin opens with the oldest item
+        room = capacity
+        count = 0
+        while True:
+            item = pool[pick]
+            step_item[step] = item
+            bin_of_step[step] = num_bins
+            step += 1
+            room -= lengths[item]
+            count += 1
+            for j in range(pick, held - 1):
+                pool[j] = pool[j + 1]
+            held -= 1
+            while held < pool_size and next_item < n:
+                pool[held] = next_item
+                held += 1
+                next_item += 1
+            if count == max_seqs:
+                break
+            pick = -1
+            best = 0
+            for j in range(held):
+                size = lengths[pool[j]]
+                if size <= room and size > best:
+                    pick = j
+                    best = size
+                    if not closest or size == room:
+                        break
+            if pick < 0:
+                break
+        num_bins += 1
+    return step_item, bin_of_step, num_bins
 
 
 # --- first fit (ffd, ffs) -------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def merge_plans(plans: list[PackPlan]) -> PackPlan:
 
 def plan_windows(gids: np.ndarray, lengths: np.ndarray, *, capacity: int, align: int, algorithm: str,
                  too_long: str, window: int, first_window: int = 0, max_seqs_per_bin: int | None = None,
-                 seed: int = 0, progress=None) -> PackPlan:
+                 seed: int = 0, progress=None, pool_size: int = 128, pool_strategy: str = "closest") -> PackPlan:
     """Pack sequences given in order (`gids[i]` has true length `lengths[i]`), window by window.
 
     The items are whole windows, the first being window `first_window` of the global order (its
@@ -114,7 +114,8 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, *, capacity: int, align:
     for w, lo in enumerate(range(0, len(gids), window)):
         result = _plan_one_window(gids[lo:lo + window], lengths[lo:lo + window], capacity=capacity, align=align,
                                   algorithm=algorithm, too_long=too_long, max_seqs_per_bin=max_seqs_per_bin,
-                                  seed=window_seed(seed, first_window + w))
+                                  seed=window_seed(seed, first_window + w), pool_size=pool_size,
+                                  pool_strategy=pool_strategy)
         parts.append(result)
         window_bins.append(window_bins[-1] + len(result[0]) - 1)
         if progress is not None:
@@ -136,7 +137,8 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, *, capacity: int, align:
     )
 
 
-def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max_seqs_per_bin, seed):
+def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max_seqs_per_bin, seed, pool_size=128,
+                     pool_strategy="closest"):
     """One window -> (bin_offsets, piece gid, start, len, padded)."""
     padded = round_up(lengths, align)
     over = padded > capacity
@@ -155,7 +157,7 @@ def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max
     item_padded = round_up(lengths, align)
 
     bins = pack_lengths(item_padded, capacity, algorithm, max_seqs_per_bin=max_seqs_per_bin,
-                        seed=seed, align=align)
+                        seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy)
     members = bins.members
     p_gid = gids[members]
     p_start = start[members] + bins.starts

@@ -35,7 +35,7 @@ from packctl.stats.lazy import collect_streaming
 
 # The options of PackConfig that change what `pack` plans; the what-if reports them.
 PLANNING_OPTIONS = ("order", "curriculum_order", "seed", "window", "cp_size", "tp_size", "seq_multiple",
-                    "pad_to", "pack_multiple", "max_seqs_per_bin", "too_long")
+                    "pad_to", "pack_multiple", "max_seqs_per_bin", "too_long", "pool_size", "pool_strategy")
 
 
 @dataclass
