@@ -83,6 +83,17 @@ def pack_command(
     resume: Optional[bool] = typer.Option(None, "--resume/--no-resume",
                                           help="Continue an interrupted run of the same command, keeping its "
                                                "finished shards."),
+    mode: Optional[str] = typer.Option(None, help="pack|batch: THD packs, or padded micro-batches (dynamic "
+                                                  "batching).  [default: pack]"),
+    max_tokens: Optional[int] = typer.Option(None, help="Batch mode: tokens per micro-batch, rows x padded length.  "
+                                                        "[default: --capacity]"),
+    seq_round: Optional[int] = typer.Option(None, help="Batch mode: round a micro-batch's padded length up to "
+                                                       "this multiple.  [default: 1]"),
+    shape_buckets: Optional[int] = typer.Option(None, help="At most K distinct padded lengths (batch mode) or pack "
+                                                           "lengths (--pad-to multiple), chosen for least padding."),
+    warmup_shapes: Optional[bool] = typer.Option(None, "--warmup-shapes/--no-warmup-shapes",
+                                                 help="With --dp-size: the first steps show every shape to "
+                                                      "every rank."),
     dp_size: Optional[int] = typer.Option(None, help="Data-parallel ranks: give every pack a step, dp_rank and "
                                                      "micro_batch (docs/balancing.md)."),
     micro_batches: Optional[int] = typer.Option(None, help="Packs per rank per optimizer step."),
@@ -122,7 +133,8 @@ def pack_command(
             pad_token_id=pad_token_id, max_seqs_per_bin=max_seqs_per_bin, too_long=too_long,
             tokens_column=tokens_column, labels_column=labels_column, shard_rows=shard_rows,
             skip_empty=skip_empty, memory_budget=memory_budget, overwrite=overwrite, resume=resume,
-            dp_size=dp_size, micro_batches=micro_batches, step_tokens=step_tokens, balance=balance,
+            mode=mode, max_tokens=max_tokens, seq_round=seq_round, shape_buckets=shape_buckets,
+            warmup_shapes=warmup_shapes, dp_size=dp_size, micro_batches=micro_batches, step_tokens=step_tokens, balance=balance,
             attn_coeff=attn_coeff, balance_scope=balance_scope, step_grouping=step_grouping,
             equal_counts=equal_counts, lr_scaling=lr_scaling, ref_batch_size=ref_batch_size, batch_unit=batch_unit,
         )

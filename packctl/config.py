@@ -30,6 +30,7 @@ BALANCE_SCOPES = ("packs", "sequences")
 STEP_GROUPINGS = ("cost", "order")
 LR_SCALINGS = ("none", "linear", "sqrt")
 BATCH_UNITS = ("sequences", "tokens")
+MODES = ("pack", "batch")
 
 IGNORE_INDEX = -100
 INT32_MAX = 2**31 - 1
@@ -97,6 +98,17 @@ class PackConfig:
         memory_budget: bytes of decoded tokens held in memory at once ("8GiB" also accepted).
         resume: continue an interrupted run with the same options and inputs, keeping the shards it
             finished (docs/errors.md); without an interrupted run, an ordinary run.
+        mode: "pack" (THD packs) or "batch" (padded micro-batches: sequences sorted by length in
+            each window, grouped while rows x padded length <= max_tokens; docs/format.md).
+        max_tokens: batch mode: tokens of a padded micro-batch, rows x padded length (default
+            `capacity`, the longest sequence).
+        seq_round: batch mode: a micro-batch's padded length is its longest sequence rounded up
+            to this multiple (with the alignment).
+        shape_buckets: at most this many distinct padded lengths (batch mode, where each bucket
+            also has a fixed number of rows) or pack lengths (`pad_to="multiple"`), chosen to
+            minimize padding: few shapes for torch.compile.
+        warmup_shapes: with dp_size, the first steps of the first window show every shape, so
+            each shape compiles up front.
         dp_size: data-parallel ranks; given, every pack gets a `step`, `dp_rank` and `micro_batch`
             (docs/balancing.md). Needs `micro_batches` or `step_tokens`.
         micro_batches: packs per rank per optimizer step.
@@ -142,6 +154,11 @@ class PackConfig:
     overwrite: bool = False
     memory_budget: int | str | None = None
     resume: bool = False
+    mode: str = "pack"
+    max_tokens: int | None = None
+    seq_round: int = 1
+    shape_buckets: int | None = None
+    warmup_shapes: bool = False
     dp_size: int | None = None
     micro_batches: int | None = None
     step_tokens: int | None = None
@@ -161,9 +178,15 @@ class PackConfig:
 
     @property
     def align(self) -> int:
-        """Per-sequence padding multiple: lcm(seq_multiple, 2*cp*tp if cp > 1 else tp)."""
+        """Per-sequence padding multiple: lcm(seq_multiple, 2*cp*tp if cp > 1 else tp), and
+        seq_round in batch mode."""
         parallel = 2 * self.cp_size * self.tp_size if self.cp_size > 1 else self.tp_size
-        return math.lcm(self.seq_multiple, parallel)
+        align = math.lcm(self.seq_multiple, parallel)
+        return math.lcm(align, self.seq_round) if self.mode == "batch" else align
+
+    @property
+    def resolved_max_tokens(self) -> int:
+        return self.max_tokens if self.max_tokens is not None else self.capacity
 
     @property
     def resolved_pack_multiple(self) -> int:
@@ -239,8 +262,33 @@ class PackConfig:
                 "lower --shard-rows")
         if self.resolved_memory_budget <= 0:
             raise PackctlError("--memory-budget must be positive")
+        self._validate_mode()
         self._validate_balance()
         return self
+
+    def _validate_mode(self) -> None:
+        _choice("mode", self.mode, MODES)
+        _positive("seq_round", self.seq_round)
+        if self.shape_buckets is not None:
+            _positive("shape_buckets", self.shape_buckets)
+        if not isinstance(self.warmup_shapes, bool):
+            raise PackctlError(f"warmup-shapes = {self.warmup_shapes!r}: must be true or false")
+        if self.mode == "pack":
+            if self.max_tokens is not None or self.seq_round != 1:
+                raise PackctlError("--max-tokens and --seq-round apply to --mode batch")
+            if self.shape_buckets is not None and self.pad_to != "multiple":
+                raise PackctlError("--shape-buckets limits pack lengths, which only vary with --pad-to multiple "
+                                   "(with --pad-to capacity every pack has one shape already)")
+        else:
+            if self.algorithm != "bfd" or self.pad_to != "capacity" or self.pack_multiple is not None:
+                raise PackctlError("--mode batch forms padded micro-batches itself: drop --algorithm, --pad-to "
+                                   "and --pack-multiple")
+            _positive("max_tokens", self.resolved_max_tokens)
+            if self.resolved_max_tokens < self.capacity:
+                raise PackctlError(f"--max-tokens {self.resolved_max_tokens} is smaller than --capacity "
+                                   f"{self.capacity} (the longest row): raise --max-tokens or lower --capacity")
+        if self.warmup_shapes and self.dp_size is None:
+            raise PackctlError("--warmup-shapes needs --dp-size (it orders the first steps over the ranks)")
 
     def _validate_balance(self) -> None:
         _choice("balance", self.balance, BALANCE_COSTS)

@@ -250,3 +250,42 @@ def dp_balance(step: np.ndarray, dp_rank: np.ndarray, token_loads: np.ndarray, a
         "attention": summary(attention),
         "per_step": {"step": steps.tolist(), "tokens": tokens.tolist(), "attention": attention.tolist()},
     }
+
+
+def batch_metrics(seq_lens: np.ndarray, seq_offsets: np.ndarray, rows: np.ndarray, batch_lens: np.ndarray, *,
+                  max_tokens: int, input_order: np.ndarray | None = None) -> dict[str, Any]:
+    """Padded micro-batches (`--mode batch`): shapes, padding, and the padding of naive batching
+    (the same mean number of sequences per batch, in input order, each batch padded to its
+    longest sequence).
+
+    rows [2, 1], batch_lens [10, 8] (padded_len 5 and 8), seq_lens [5, 4, 8]
+    -> 18 tokens written for 17: padding 1 (5.6%).
+    """
+    from packctl.plan.shapes import shape_table
+
+    seq_lens = np.asarray(seq_lens, dtype=np.int64)
+    rows = np.asarray(rows, dtype=np.int64)
+    batch_lens = np.asarray(batch_lens, dtype=np.int64)
+    batches = len(rows)
+    written = int(batch_lens.sum())
+    tokens = int(seq_lens.sum())
+    padded_len = np.where(rows > 0, batch_lens // np.maximum(rows, 1), 0)
+    mean_seqs = len(seq_lens) / batches if batches else 0.0
+    naive_lengths = seq_lens if input_order is None else seq_lens[input_order]
+    naive = padded_batching_tokens(naive_lengths, round(mean_seqs) or 1)
+    shapes = shape_table(rows, padded_len)
+    return {
+        "micro_batches": batches,
+        "max_tokens": max_tokens,
+        "sequences_per_batch": {"min": int(np.diff(seq_offsets).min()) if batches else 0, "mean": mean_seqs,
+                                "max": int(np.diff(seq_offsets).max()) if batches else 0},
+        "distinct_shapes": len(shapes),
+        "shapes": shapes,
+        "written_tokens": written,
+        "padding_tokens": written - tokens,
+        "padding_fraction": (written - tokens) / written if written else 0.0,
+        "empty_rows": int(rows.sum() - len(seq_lens)),
+        "naive": {"batch_size": round(mean_seqs) or 1, "written_tokens": naive,
+                  "padding_fraction": (naive - tokens) / naive if naive else 0.0},
+        "padding_saved_vs_naive": 1.0 - (written - tokens) / (naive - tokens) if naive > tokens else 0.0,
+    }

@@ -35,8 +35,10 @@ from packctl.io.manifest import build_manifest, shard_metadata
 from packctl.io.reader import SequenceIndex, index_inputs, scan_blocks, split_blocks
 from packctl.io.writer import OutputDir, OutputLock, ShardInfo, check_output_path, inspect_partial
 from packctl.materialize import materialize, shard_bounds
-from packctl.metrics import pack_metrics
+from packctl.metrics import batch_metrics, pack_metrics
 from packctl.plan.align import pack_lengths_padded, round_up
+from packctl.plan.shapes import (batch_shapes, buckets_from_histogram, length_histogram, planned_item_lengths,
+                                 with_row_length)
 from packctl.plan.balance import (BalancedPlan, BalanceSpec, balance_plan, imbalance, imbalance_summary,
                                   lr_scales)
 from packctl.plan.order import order_keys, order_sequences
@@ -126,17 +128,32 @@ def _pack(config: PackConfig, comm, progress: Progress, out: Path, lock: OutputL
         gids, lengths, first_window = order_and_distribute(comm, index, config)
 
     with _timed(timings, "plan"):
+        batch = config.mode == "batch"
+        buckets = shape_buckets_of_items(comm, lengths, config) if batch and config.shape_buckets else None
         plan = plan_windows(gids, lengths, capacity=config.plan_capacity, align=config.align,
-                            algorithm=config.algorithm, too_long=config.too_long, window=config.window,
-                            first_window=first_window, max_seqs_per_bin=config.max_seqs_per_bin,
+                            algorithm="batch" if batch else config.algorithm, too_long=config.too_long,
+                            window=config.window, first_window=first_window, max_seqs_per_bin=config.max_seqs_per_bin,
                             seed=config.seed, progress=progress.stage("plan", len(gids)),
-                            pool_size=config.pool_size, pool_strategy=config.pool_strategy)
+                            pool_size=config.pool_size, pool_strategy=config.pool_strategy,
+                            max_tokens=config.resolved_max_tokens, buckets=buckets)
         _check_something_to_pack(comm, plan, index, config, skipped_empty)
+        if batch:
+            plan = with_row_length(plan, batch_shapes(plan, config.resolved_max_tokens, buckets)[0])
         balanced = balance(comm, plan, config, first_window) if config.balanced else None
         if balanced is not None:
             plan = balanced.result.plan
-        pack_lens = pack_lengths_padded(plan.loads(padded=True), config.capacity, config.pad_to,
-                                        config.resolved_pack_multiple)
+        columns = dict(balanced.columns) if balanced is not None else {}
+        if batch:
+            padded_len, rows = batch_shapes(plan, config.resolved_max_tokens, buckets)
+            pack_lens = padded_len * rows
+            columns.update(padded_len=padded_len.astype(np.int32), batch_size=rows.astype(np.int32))
+        else:
+            pack_lens = pack_lengths_padded(plan.loads(padded=True), config.capacity, config.pad_to,
+                                            config.resolved_pack_multiple)
+            if config.shape_buckets:
+                buckets = _global_buckets(comm, pack_lens, config.resolved_pack_multiple, config.capacity,
+                                          config.shape_buckets)
+                pack_lens = buckets[np.searchsorted(buckets, pack_lens, side="left")] if len(pack_lens) else pack_lens
         first_shard = comm.exscan(len(shard_bounds(plan.window_bins, config.shard_rows)) - 1)
 
     output = run.output = _open_output(comm, out, config.overwrite, fingerprint, done)
@@ -147,12 +164,13 @@ def _pack(config: PackConfig, comm, progress: Progress, out: Path, lock: OutputL
                               metadata=shard_metadata(content, index.labels_column, index.files),
                               shard_rows=config.shard_rows, first_shard=first_shard,
                               pad_token_id=config.pad_token_id, budget=config.resolved_memory_budget,
-                              columns=balanced.columns if balanced is not None else None,
+                              columns=columns,
                               progress=progress.stage("materialize", plan.num_bins))
     with _timed(timings, "report"):
         tokens_in = comm.allreduce_sum(int(index.lengths.sum()))
         pad_like = comm.allreduce_sum(source.tokens_equal_to_pad_id)
-        mine = (plan, pack_lens, written.shards, balanced.figures if balanced is not None else None)
+        mine = (plan, pack_lens, written.shards, balanced.figures if balanced is not None else None,
+                columns.get("batch_size"), buckets)
         parts = comm.allgather(mine) if comm.size > 1 else [mine]
     timings["total"] = time.perf_counter() - started
     ranks = comm.allgather(_rank_report(comm, index, plan, written, timings))
@@ -165,6 +183,12 @@ def _pack(config: PackConfig, comm, progress: Progress, out: Path, lock: OutputL
         counts = metrics["counts"]
         if balanced is not None:
             metrics["balance"] = balance_report(config, [p[3] for p in parts])
+        if config.mode == "batch":
+            metrics["batching"] = batch_metrics(whole.piece_len, whole.bin_offsets, np.concatenate([p[4] for p in parts]),
+                                                all_pack_lens, max_tokens=config.resolved_max_tokens,
+                                                input_order=np.argsort(whole.piece_gid, kind="stable"))
+        if config.shape_buckets:
+            metrics["shape_buckets"] = [int(b) for b in parts[0][5]] if parts[0][5] is not None else []
         metrics["throughput"] = {
             "sequences_per_s": index.num_sequences / timings["total"],
             "tokens_per_s": tokens_in / timings["total"],
@@ -417,7 +441,10 @@ class _Balanced:
 
 def balance_spec(config: PackConfig) -> BalanceSpec:
     return BalanceSpec(dp_size=config.dp_size, micro_batches=config.micro_batches, step_tokens=config.step_tokens,
-                       cost=config.balance, attn_coeff=float(config.attn_coeff), scope=config.balance_scope,
+                       cost=config.balance, attn_coeff=float(config.attn_coeff),
+                       # a micro-batch's shape is its own: in batch mode sequences never move between them
+                       scope="packs" if config.mode == "batch" else config.balance_scope,
+                       padded_cost=config.mode == "batch",
                        equal_counts=config.equal_counts, capacity=config.plan_capacity,
                        max_seqs_per_bin=config.max_seqs_per_bin, grouping=config.step_grouping, seed=config.seed)
 
@@ -509,10 +536,25 @@ def plan_corpus(index, config: PackConfig, permutation: np.ndarray | None = None
     return plan, pack_lens
 
 
+def shape_buckets_of_items(comm, lengths: np.ndarray, config: PackConfig) -> np.ndarray:
+    """Batch mode's `--shape-buckets` padded lengths, from every rank's sequence lengths."""
+    items = planned_item_lengths(lengths, config.plan_capacity, config.align, config.too_long)
+    histogram = comm.allreduce_sum(length_histogram(items, config.align, config.plan_capacity))
+    return buckets_from_histogram(histogram, config.align, config.shape_buckets)
+
+
+def _global_buckets(comm, pack_lens: np.ndarray, multiple: int, capacity: int, k: int) -> np.ndarray:
+    """`--shape-buckets` pack lengths (--pad-to multiple), from every rank's pack lengths."""
+    histogram = comm.allreduce_sum(length_histogram(pack_lens, multiple, capacity))
+    return buckets_from_histogram(histogram, multiple, k)
+
+
 def plan_metrics(plan: PackPlan, pack_lens: np.ndarray, config: PackConfig, num_sequences: int,
                  tokens_in: int, *, skipped_empty: int = 0) -> dict[str, Any]:
-    """metrics.json without throughput and timings: what the plan of the whole corpus achieves."""
-    metrics = pack_metrics(plan.piece_len, plan.bin_offsets, pack_lens, capacity=config.capacity,
+    """metrics.json without throughput and timings: what the plan of the whole corpus achieves.
+    In batch mode the "capacity" of a row is the micro-batch budget, max_tokens."""
+    capacity = config.resolved_max_tokens if config.mode == "batch" else config.capacity
+    metrics = pack_metrics(plan.piece_len, plan.bin_offsets, pack_lens, capacity=capacity,
                            align=config.align, input_order=np.argsort(plan.piece_gid, kind="stable"))
     metrics["algorithm"] = config.algorithm
     metrics["order"] = config.order

@@ -182,6 +182,19 @@ def packed_overview_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
                                         f"{c['sequences_split']:,}  (of {c['sequences_in']:,} in)"),
         ("vs padded batching", _gain_line(r["padded_batching"])),
     ]
+    bt = r.get("batching")
+    if bt:
+        shapes = ", ".join(f"{s['rows']}x{s['padded_len']} ({s['micro_batches']})" for s in bt["shapes"][:6])
+        more = f" and {bt['distinct_shapes'] - 6} more" if bt["distinct_shapes"] > 6 else ""
+        rows += [
+            ("micro-batches", f"{bt['micro_batches']:,} of at most {bt['max_tokens']:,} tokens, "
+                              f"{bt['sequences_per_batch']['mean']:.1f} sequences on average"),
+            ("shapes (rows x len)", f"{bt['distinct_shapes']}: {shapes}{more}"),
+            ("padding", f"{_pct(bt['padding_fraction'])} of {bt['written_tokens']:,} written "
+                        f"({bt['empty_rows']:,} empty rows)"),
+            ("  naive padding", f"{_pct(bt['naive']['padding_fraction'])} (batches of {bt['naive']['batch_size']} "
+                                f"in input order): {_pct(bt['padding_saved_vs_naive'])} of it saved"),
+        ]
     dp = r.get("dp_balance")
     if dp:
         rows += [

@@ -17,6 +17,21 @@ EXECUTION_ONLY = ("output", "overwrite", "memory_budget")
 
 
 def layout_of(config: PackConfig) -> dict[str, Any]:
+    """The manifest's `layout`. Batch mode (`pad_to` "batch"): `capacity` is the micro-batch
+    budget max_tokens, `max_seq_len` the longest row (docs/format.md)."""
+    if config.mode == "batch":
+        return {
+            "mode": "batch",
+            "capacity": config.resolved_max_tokens,
+            "max_seq_len": config.capacity,
+            "align": config.align,
+            "pad_to": "batch",
+            "pack_multiple": config.align,
+            "pad_token_id": config.pad_token_id,
+            "ignore_index": IGNORE_INDEX,
+            "cp_size": config.cp_size,
+            "tp_size": config.tp_size,
+        }
     return {
         "capacity": config.capacity,
         "align": config.align,

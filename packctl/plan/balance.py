@@ -61,6 +61,7 @@ class BalanceSpec:
     max_seqs_per_bin: int | None = None
     max_iterations: int | None = None  # local-search moves per step (None: 16 x dp_size)
     grouping: str = "cost"  # how a window's packs are cut into steps: "cost" or "order"
+    padded_cost: bool = False  # costs of the aligned lengths (batch mode: every row's padded length)
     seed: int = 0  # order of the steps inside a window, with grouping "cost"
 
 
@@ -372,7 +373,7 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0) ->
     """
     d = spec.dp_size
     padded = plan.piece_padded.astype(np.int64)
-    true = plan.piece_len.astype(np.float64)
+    true = (plan.piece_padded if spec.padded_cost else plan.piece_len).astype(np.float64)
     costs = piece_costs(true, spec.cost, spec.attn_coeff)
     attention = piece_costs(true, "attention", spec.attn_coeff)
     movable = ~np.isin(plan.piece_gid, plan.split_gids())

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packctl.arrays import ranges
-from packctl.plan.algorithms import pack_lengths
+from packctl.plan.algorithms import batch_lengths, pack_lengths
 from packctl.plan.align import round_up
 from packctl.plan.order import window_seed
 
@@ -92,13 +92,15 @@ def merge_plans(plans: list[PackPlan]) -> PackPlan:
 
 def plan_windows(gids: np.ndarray, lengths: np.ndarray, *, capacity: int, align: int, algorithm: str,
                  too_long: str, window: int, first_window: int = 0, max_seqs_per_bin: int | None = None,
-                 seed: int = 0, progress=None, pool_size: int = 128, pool_strategy: str = "closest") -> PackPlan:
+                 seed: int = 0, progress=None, pool_size: int = 128, pool_strategy: str = "closest",
+                 max_tokens: int | None = None, buckets: np.ndarray | None = None) -> PackPlan:
     """Pack sequences given in order (`gids[i]` has true length `lengths[i]`), window by window.
 
     The items are whole windows, the first being window `first_window` of the global order (its
     index seeds `ffs`), so any run of whole windows plans the same wherever it is computed.
     `capacity` must be a multiple of `align`. Raises SequenceTooLong for the over-long sequence
-    with the smallest gid when `too_long == "error"`.
+    with the smallest gid when `too_long == "error"`. algorithm "batch" (`--mode batch`): the bins
+    are padded micro-batches of at most `max_tokens` (`batch_lengths`, with optional `buckets`).
     """
     gids = np.asarray(gids, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -115,7 +117,7 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, *, capacity: int, align:
         result = _plan_one_window(gids[lo:lo + window], lengths[lo:lo + window], capacity=capacity, align=align,
                                   algorithm=algorithm, too_long=too_long, max_seqs_per_bin=max_seqs_per_bin,
                                   seed=window_seed(seed, first_window + w), pool_size=pool_size,
-                                  pool_strategy=pool_strategy)
+                                  pool_strategy=pool_strategy, max_tokens=max_tokens, buckets=buckets)
         parts.append(result)
         window_bins.append(window_bins[-1] + len(result[0]) - 1)
         if progress is not None:
@@ -138,7 +140,7 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, *, capacity: int, align:
 
 
 def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max_seqs_per_bin, seed, pool_size=128,
-                     pool_strategy="closest"):
+                     pool_strategy="closest", max_tokens=None, buckets=None):
     """One window -> (bin_offsets, piece gid, start, len, padded)."""
     padded = round_up(lengths, align)
     over = padded > capacity
@@ -156,8 +158,11 @@ def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max
         lengths = lengths - start
     item_padded = round_up(lengths, align)
 
-    bins = pack_lengths(item_padded, capacity, algorithm, max_seqs_per_bin=max_seqs_per_bin,
-                        seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy)
+    if algorithm == "batch":
+        bins = batch_lengths(item_padded, max_tokens, max_seqs_per_bin=max_seqs_per_bin, buckets=buckets)
+    else:
+        bins = pack_lengths(item_padded, capacity, algorithm, max_seqs_per_bin=max_seqs_per_bin,
+                            seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy)
     members = bins.members
     p_gid = gids[members]
     p_start = start[members] + bins.starts

@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.errors import PackctlError
-from packctl.metrics import attention_cost, dp_balance, fill_histogram, length_summary, pack_loads, pack_metrics
+from packctl.metrics import (attention_cost, batch_metrics, dp_balance, fill_histogram, length_summary, pack_loads,
+                             pack_metrics)
 from packctl.schema import BALANCE_COLUMNS, FORMAT_VERSION, METADATA_KEY
 from packctl.stats.lazy import collect_streaming
 
@@ -103,7 +104,7 @@ def read_packed(out: Path, manifest: dict[str, Any]) -> PackedArrays:
         if missing:
             raise PackctlError(f"{path}: no column {', '.join(repr(c) for c in missing)}; not a packed "
                                "shard of format version 1 (docs/format.md)")
-        present = tuple(c for c in BALANCE_COLUMNS if c in names)
+        present = tuple(c for c in BALANCE_COLUMNS + SHAPE_COLUMNS if c in names)
         if balance_columns is None:
             balance_columns = present
         elif present != balance_columns:
@@ -197,17 +198,29 @@ def packed_stats(path: str | Path, *, attn_coeff: float | None = None) -> dict[s
         "fill_histogram": fill_histogram(packed.num_tokens, capacity),
         "dp_balance": None,
     })
-    if packed.balance is not None and {"step", "dp_rank"} <= packed.balance.keys():
+    extra = packed.balance or {}
+    batch = layout.get("pad_to") == "batch" and {"padded_len", "batch_size"} <= extra.keys()
+    if batch:
+        report["algorithm"] = "batch"
+        report["batching"] = batch_metrics(packed.seq_lens, packed.seq_offsets, extra["batch_size"], packed.pack_lens,
+                                           max_tokens=capacity, input_order=input_order)
+    if {"step", "dp_rank"} <= extra.keys():
         a = float(attn_coeff if attn_coeff is not None else config.get("attn_coeff") or 0.0)
-        costs = pack_loads(attention_cost(packed.seq_lens, a), packed.seq_offsets)
-        report["dp_balance"] = dp_balance(packed.balance["step"], packed.balance["dp_rank"], packed.num_tokens,
-                                          costs, attn_coeff=a, micro_batch=packed.balance.get("micro_batch"))
+        # batch mode balances what the rows cost: every sequence as long as its micro-batch's padded_len
+        lengths = np.repeat(extra["padded_len"], np.diff(packed.seq_offsets)) if batch else packed.seq_lens
+        costs = pack_loads(attention_cost(lengths, a), packed.seq_offsets)
+        tokens = pack_loads(lengths, packed.seq_offsets) if batch else packed.num_tokens
+        report["dp_balance"] = dp_balance(extra["step"], extra["dp_rank"], tokens,
+                                          costs, attn_coeff=a, micro_batch=extra.get("micro_batch"))
         recorded = _recorded_balance(out)
         if recorded is not None and float(recorded.get("attn_coeff", -1)) == a:
             report["dp_balance"]["round_robin"] = recorded["before"]
     t2 = time.perf_counter()
     report["stats_seconds"] = {"read": t1 - t0, "compute": t2 - t1, "total": t2 - t0}
     return report
+
+
+SHAPE_COLUMNS = ("padded_len", "batch_size")
 
 
 def _recorded_balance(out: Path) -> dict[str, Any] | None:

@@ -156,6 +156,31 @@ class _Locator:
         return row, seq_in_row, k - int(self.token_offsets[row]), k - int(seq_token_offsets[seq])
 
 
+def _check_batch_rows(fail, padded, aligned, last, row_of_seq, pack_len, n_seq, layout: Layout,
+                      batch_shape: tuple[np.ndarray, np.ndarray] | None) -> None:
+    """Batch mode (docs/format.md): a micro-batch is `batch_size` rows of `padded_len` tokens; every
+    sequence is padded to padded_len, the last one also holds the empty rows."""
+    rows_n = len(pack_len)
+    first = np.zeros(rows_n, dtype=np.int64)
+    has = n_seq > 0
+    first[has] = padded[np.concatenate([[0], np.cumsum(n_seq)[:-1]])[has]]
+    if batch_shape is None:
+        padded_len, batch_size = first, np.where(first > 0, pack_len // np.maximum(first, 1), 0)
+    else:
+        padded_len, batch_size = (np.asarray(a, dtype=np.int64) for a in batch_shape)
+    fail("batch-shape", pack_len != padded_len * batch_size,
+         lambda r: f"the micro-batch holds {pack_len[r]} tokens, not batch_size {batch_size[r]} x padded_len "
+                   f"{padded_len[r]}", level="row")
+    fail("batch-shape", (batch_size < n_seq) | (padded_len % layout.align != 0) | (padded_len < 1),
+         lambda r: f"batch_size {batch_size[r]} / padded_len {padded_len[r]} cannot hold {n_seq[r]} sequences "
+                   f"padded to a multiple of {layout.align}", level="row")
+    row_len = padded_len[row_of_seq]
+    fail("alignment", (~last & (padded != row_len)) | (last & ((padded < row_len) | (padded % np.maximum(row_len, 1) != 0)))
+         | (aligned > row_len),
+         lambda k: f"seq_lens_padded {padded[k]} in a micro-batch of padded_len {row_len[k]}: every sequence is "
+                   "padded to padded_len (the last one also holds the empty rows)", level="seq")
+
+
 def _row_cumsums(values: np.ndarray, seq_offsets: np.ndarray) -> np.ndarray:
     """`[0, cumsum(values of the row)]` of every row, flattened: rows [3, 2], [4] -> 0 3 5 0 4."""
     rows = len(seq_offsets) - 1
@@ -169,7 +194,8 @@ def _row_cumsums(values: np.ndarray, seq_offsets: np.ndarray) -> np.ndarray:
 
 
 def check_pack_rows(rows: PackRows, layout: Layout, *, shard: str | None = None,
-                    sequences_in: int | None = None) -> list[Violation]:
+                    sequences_in: int | None = None,
+                    batch_shape: tuple[np.ndarray, np.ndarray] | None = None) -> list[Violation]:
     """Every per-pack rule of the contract, over all rows at once; [] when the packs are valid.
 
     The writer can assert its own rows before writing them:
@@ -215,6 +241,8 @@ def check_pack_rows(rows: PackRows, layout: Layout, *, shard: str | None = None,
     if layout.pad_to == "capacity":
         fail("pack-length", pack_len != cap,
              lambda r: f"pack length {pack_len[r]}, but pad_to=capacity makes every pack {cap} tokens", level="row")
+    elif layout.pad_to == "batch":
+        pass  # the rows x padded_len rules below
     else:
         m = layout.pack_multiple
         fail("pack-length", pack_len % m != 0,
@@ -235,9 +263,12 @@ def check_pack_rows(rows: PackRows, layout: Layout, *, shard: str | None = None,
     aligned = (seq_lens + align - 1) // align * align
     last = np.zeros(len(seq_lens), dtype=bool)
     last[loc.seq_offsets[1:][n_seq > 0] - 1] = True
-    fail("alignment", (~last & (padded != aligned)) | (last & (padded < aligned)) | (padded % align != 0),
-         lambda k: f"seq_lens_padded {padded[k]} for a sequence of {seq_lens[k]} tokens with align {align} "
-                   f"(expected {aligned[k]}{', plus the tail padding' if last[k] else ''})", level="seq")
+    if layout.pad_to == "batch":
+        _check_batch_rows(fail, padded, aligned, last, row_of_seq, pack_len, n_seq, layout, batch_shape)
+    else:
+        fail("alignment", (~last & (padded != aligned)) | (last & (padded < aligned)) | (padded % align != 0),
+             lambda k: f"seq_lens_padded {padded[k]} for a sequence of {seq_lens[k]} tokens with align {align} "
+                       f"(expected {aligned[k]}{', plus the tail padding' if last[k] else ''})", level="seq")
     num_tokens = np.asarray(rows.num_tokens, dtype=np.int64)
     seq_sum = np.bincount(row_of_seq, weights=seq_lens, minlength=len(n_seq)).astype(np.int64)
     fail("num-tokens", num_tokens != seq_sum,
@@ -436,7 +467,14 @@ def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layo
     if "tokens" in entry and tokens != entry["tokens"]:
         found.append(Violation("structure", "manifest-shard", f"{tokens} tokens (sum of num_tokens), the manifest "
                                f"says {entry['tokens']}", shard=name))
-    found += check_pack_rows(rows, layout, shard=name, sequences_in=sequences_in)
+    batch_shape = None
+    if layout.pad_to == "batch":
+        if {"padded_len", "batch_size"} <= set(table.column_names):
+            batch_shape = (table.column("padded_len").to_numpy(), table.column("batch_size").to_numpy())
+        else:
+            found.append(Violation("structure", "schema", "a batch-mode shard needs the padded_len and batch_size "
+                                   "columns", shard=name))
+    found += check_pack_rows(rows, layout, shard=name, sequences_in=sequences_in, batch_shape=batch_shape)
     return rows, found
 
 
