@@ -170,7 +170,7 @@ def _pack(config: PackConfig, comm, progress: Progress, out: Path, lock: OutputL
         tokens_in = comm.allreduce_sum(int(index.lengths.sum()))
         pad_like = comm.allreduce_sum(source.tokens_equal_to_pad_id)
         mine = (plan, pack_lens, written.shards, balanced.figures if balanced is not None else None,
-                columns.get("batch_size"), buckets)
+                columns.get("batch_size"), buckets, columns.get("step"), columns.get("dp_rank"))
         parts = comm.allgather(mine) if comm.size > 1 else [mine]
     timings["total"] = time.perf_counter() - started
     ranks = comm.allgather(_rank_report(comm, index, plan, written, timings))
@@ -187,6 +187,12 @@ def _pack(config: PackConfig, comm, progress: Progress, out: Path, lock: OutputL
             metrics["batching"] = batch_metrics(whole.piece_len, whole.bin_offsets, np.concatenate([p[4] for p in parts]),
                                                 all_pack_lens, max_tokens=config.resolved_max_tokens,
                                                 input_order=np.argsort(whole.piece_gid, kind="stable"))
+        if balanced is not None:
+            shapes = all_pack_lens if config.mode != "batch" else np.concatenate(
+                [p[1] // np.maximum(p[4], 1) for p in parts])
+            metrics["balance"]["shapes"] = shape_coverage(np.concatenate([p[6] for p in parts]),
+                                                          np.concatenate([p[7] for p in parts]), shapes,
+                                                          config.dp_size)
         if config.shape_buckets:
             metrics["shape_buckets"] = [int(b) for b in parts[0][5]] if parts[0][5] is not None else []
         metrics["throughput"] = {
@@ -452,7 +458,20 @@ def balance_spec(config: PackConfig) -> BalanceSpec:
 def balance(comm, plan: PackPlan, config: PackConfig, first_window: int = 0) -> _Balanced:
     """Balance this rank's windows (plan/balance.py); steps are numbered after the ranks before,
     and `lr_scale` needs the mean batch size of all ranks when no reference is given."""
-    result = balance_plan(plan, balance_spec(config), first_window=first_window)
+    shape = None
+    if config.warmup_shapes:
+        loads = plan.loads(padded=True)
+        # a pack's shape: its padded length in batch mode, else the length it will be written with
+        if config.mode == "batch":
+            shape = np.maximum.reduceat(plan.piece_padded, plan.bin_offsets[:-1]) if plan.num_bins else loads
+        else:
+            shape = pack_lengths_padded(loads, config.capacity, config.pad_to, config.resolved_pack_multiple)
+            if config.shape_buckets:  # the buckets the pack lengths will be rounded to (moves may still change them)
+                buckets = _global_buckets(comm, shape, config.resolved_pack_multiple, config.capacity,
+                                          config.shape_buckets)
+                shape = buckets[np.searchsorted(buckets, shape, side="left")] if len(shape) else shape
+    result = balance_plan(plan, balance_spec(config), first_window=first_window,
+                          pack_shape=shape if plan.num_bins else None)
     first_step = comm.exscan(result.num_steps)
     sizes = result.step_sequences if config.batch_unit == "sequences" else result.step_tokens
     ref = config.ref_batch_size
@@ -472,6 +491,24 @@ def balance(comm, plan: PackPlan, config: PackConfig, first_window: int = 0) -> 
         "packs_per_step": np.bincount(result.step, minlength=result.num_steps),
     }
     return _Balanced(result=result, columns=columns, figures=figures)
+
+
+def shape_coverage(step: np.ndarray, dp_rank: np.ndarray, shape: np.ndarray, dp_size: int) -> dict[str, Any]:
+    """When every rank has met every shape (pack length, or padded_len in batch mode): the step
+    by which rank r has seen shape s, maximized over ranks: `all_seen_by_step` is the step after
+    which no rank meets a new shape (no more torch.compile recompiles)."""
+    step, dp_rank, shape = (np.asarray(a, dtype=np.int64) for a in (step, dp_rank, shape))
+    values = np.unique(shape)
+    first_seen = []
+    for value in values.tolist():
+        sel = shape == value
+        per_rank = np.full(dp_size, np.iinfo(np.int64).max)
+        np.minimum.at(per_rank, dp_rank[sel], step[sel])
+        first_seen.append(int(per_rank.max()) if (per_rank < np.iinfo(np.int64).max).all() else None)
+    seen = [f for f in first_seen if f is not None]
+    return {"distinct": len(values), "values": values.tolist(), "all_ranks_seen_by_step": first_seen,
+            "all_seen_by_step": max(seen) if seen and len(seen) == len(first_seen) else None,
+            "steps": int(step.max()) + 1 if len(step) else 0}
 
 
 def balance_report(config: PackConfig, figures: list[dict[str, Any]]) -> dict[str, Any]:

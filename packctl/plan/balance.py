@@ -179,11 +179,12 @@ class StepResult:
 
 
 def balance_step(offsets: np.ndarray, padded: np.ndarray, costs: np.ndarray, movable: np.ndarray,
-                 spec: BalanceSpec) -> StepResult:
+                 spec: BalanceSpec, *, strided: bool = False) -> StepResult:
     """Balance one step's packs (CSR `offsets` over pieces with aligned length `padded`, cost
     `costs`; `movable` False for pieces that must stay in their pack) over `spec.dp_size` ranks.
-    The output packs are the input packs in the same order, possibly with sequences moved between
-    them (scope "sequences"), plus, for equal counts, packs split off right after their source."""
+    The output packs are the input packs, possibly with sequences moved between them (scope
+    "sequences"), plus, for equal counts, packs split off. `strided`: pack j goes to rank j % D,
+    micro-batch j // D, as given (the warm-up steps, whose runs of D packs share a shape)."""
     d = spec.dp_size
     offsets = np.asarray(offsets, dtype=np.int64)
     num_packs = len(offsets) - 1
@@ -199,17 +200,23 @@ def balance_step(offsets: np.ndarray, padded: np.ndarray, costs: np.ndarray, mov
     pack_cost = np.bincount(pack_of, weights=costs, minlength=packs)
     equal = packs % d == 0
 
-    rank = kk_partition(pack_cost, d, equal_counts=spec.equal_counts or equal)
     rr = np.arange(packs) % d
-    kk_max = np.bincount(rank, weights=pack_cost, minlength=d).max()
-    if np.bincount(rr, weights=pack_cost, minlength=d).max() < kk_max:
+    if strided:
         rank = rr
-    if spec.scope == "sequences" and d > 1:
+    else:
+        rank = kk_partition(pack_cost, d, equal_counts=spec.equal_counts or equal)
+        kk_max = np.bincount(rank, weights=pack_cost, minlength=d).max()
+        if np.bincount(rr, weights=pack_cost, minlength=d).max() < kk_max:
+            rank = rr
+    if strided:
+        micro = np.arange(packs) // d
+    if spec.scope == "sequences" and d > 1 and not strided:
         pack_of = _local_search(pack_of, rank, padded, costs, movable, counts, spec)
         pack_cost = np.bincount(pack_of, weights=costs, minlength=packs)
 
-    micro = np.zeros(packs, dtype=np.int64)
-    for r in range(d):
+    if not strided:
+        micro = np.zeros(packs, dtype=np.int64)
+    for r in range(d if not strided else 0):
         mine = np.flatnonzero(rank == r)
         micro[mine[np.argsort(-pack_cost[mine], kind="stable")]] = np.arange(len(mine))
 
@@ -360,7 +367,8 @@ class BalancedPlan:
         return len(self.step_sequences)
 
 
-def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0) -> BalancedPlan:
+def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
+                 pack_shape: np.ndarray | None = None) -> BalancedPlan:
     """Cut each window's packs into steps and balance each step (`balance_step`).
 
     grouping "cost": a window's packs are sorted by cost (ties: output order) and cut into steps
@@ -370,6 +378,9 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0) ->
     Pieces of a split sequence keep their order in the output (`_keep_split_order`).
     `first_window`: the global index of the plan's first window (it seeds the step order), so any
     run of whole windows balances the same wherever it is computed.
+    `pack_shape` (one value per pack: its padded length, say) asks for warm-up: in the corpus's first
+    window, for every shape, largest first, the step holding most packs of that shape runs first
+    (`_warmup_steps`), so every shape is met, and compiled, in the first steps.
     """
     d = spec.dp_size
     padded = plan.piece_padded.astype(np.int64)
@@ -391,15 +402,30 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0) ->
             packs = lo + np.argsort(-pack_cost[lo:hi], kind="stable")
         else:
             packs = np.arange(lo, hi)
-        bounds = step_bounds(pack_tokens[packs], np.array([0, hi - lo]), spec)
+        warm_steps = 0
+        if pack_shape is not None and first_window + w == 0:
+            packs, warm = _warmup_first(packs, np.asarray(pack_shape), d)
+            per_step = d * spec.micro_batches if spec.micro_batches is not None else d
+            warm_steps = -(-warm // per_step) if warm else 0
+            bounds = np.unique(np.concatenate([np.arange(0, warm_steps * per_step, per_step),
+                                               warm_steps * per_step + step_bounds(
+                                                   pack_tokens[packs[warm_steps * per_step:]],
+                                                   np.array([0, hi - lo - min(warm_steps * per_step, hi - lo)]),
+                                                   spec)]).clip(max=hi - lo))
+        else:
+            bounds = step_bounds(pack_tokens[packs], np.array([0, hi - lo]), spec)
         num = len(bounds) - 1
         if spec.grouping == "cost" and num > 2:
-            priority = np.concatenate([np.random.default_rng([spec.seed, first_window + w]).permutation(num - 1), [num - 1]])
-            step_of_pack = np.empty(plan.num_bins, dtype=np.int64)
-            step_of_pack[packs] = np.repeat(np.arange(num), np.diff(bounds))
-            run = _steps_in_split_order(priority, step_of_pack, plan, lo, hi, ~movable)
+            priority = np.concatenate([np.random.default_rng([spec.seed, first_window + w]).permutation(num - 1),
+                                       [num - 1]])
         else:
-            run = np.arange(num)
+            priority = np.arange(num)
+        step_of_pack = np.empty(plan.num_bins, dtype=np.int64)
+        step_of_pack[packs] = np.repeat(np.arange(num), np.diff(bounds))
+        if warm_steps:
+            priority = priority.copy()
+            priority[:warm_steps] = np.arange(warm_steps) - warm_steps - num  # before every other step
+        run = _steps_in_split_order(priority, step_of_pack, plan, lo, hi, ~movable) if num > 1 else np.arange(num)
         window_offsets, window_pieces, window_rank, window_micro, window_step = [np.zeros(1, np.int64)], [], [], [], []
         base = 0
         for k, s in enumerate(run.tolist()):
@@ -408,7 +434,7 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0) ->
             sel = _pieces_of(plan.bin_offsets, members)
             counts = plan.bin_offsets[members + 1] - plan.bin_offsets[members]
             result = balance_step(np.concatenate([[0], np.cumsum(counts)]), padded[sel], costs[sel], movable[sel],
-                                  spec)
+                                  spec, strided=s < warm_steps)
             window_offsets.append(result.offsets[1:] + base)
             base += len(sel)
             window_pieces.append(sel[result.pieces])
@@ -502,6 +528,21 @@ def _steps_in_split_order(priority: np.ndarray, step_of_pack: np.ndarray, plan: 
             if indegree[b] == 0 and not placed[b]:
                 heapq.heappush(heap, (int(priority[b]), b))
     return np.asarray(out, dtype=np.int64)
+
+
+def _warmup_first(packs: np.ndarray, shape: np.ndarray, d: int) -> tuple[np.ndarray, int]:
+    """`packs` reordered with, first, for every shape (largest first) a run of `d` packs of it
+    (fewer when the window has fewer): strided over the ranks, each run gives every rank one pack
+    of its shape. Returns the order and how many packs lead."""
+    taken = np.zeros(len(packs), dtype=bool)
+    lead: list[np.ndarray] = []
+    of_pack = shape[packs]
+    for value in np.unique(of_pack)[::-1].tolist():
+        mine = np.flatnonzero(of_pack == value)[:d]
+        taken[mine] = True
+        lead.append(mine)
+    first = np.concatenate(lead) if lead else np.zeros(0, np.int64)
+    return np.concatenate([packs[first], packs[~taken]]), len(first)
 
 
 def _pieces_of(bin_offsets: np.ndarray, packs: np.ndarray) -> np.ndarray:
