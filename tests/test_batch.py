@@ -165,3 +165,10 @@ def test_warmup_shapes_show_every_shape_to_every_rank_first(tmp_path, sample_dat
     assert 2 <= shapes["distinct"] <= 4 and shapes["all_seen_by_step"] <= -(-2 * shapes["distinct"] // 4) - 1
     assert shapes["all_seen_by_step"] <= cold.metrics["balance"]["shapes"]["all_seen_by_step"]
     assert run_cli("verify", str(out), "--source", str(sample_data)).returncode == 0
+
+
+def test_stats_what_if_refuses_batch_and_balancing_options(tmp_path, sample_data):
+    config = tmp_path / "batch.toml"
+    config.write_text('mode = "batch"\n')
+    done = run_cli("stats", str(sample_data), "--config", str(config))
+    assert done.returncode == 2 and "what-if compares packing algorithms" in done.stderr

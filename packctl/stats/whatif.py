@@ -195,6 +195,9 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
 
 def _checked(config: PackConfig) -> PackConfig:
     # validate() wants an output directory; the what-if writes nothing.
+    if config.mode != "pack" or config.dp_size is not None:
+        raise PackctlError("the what-if compares packing algorithms: batch mode and balancing (mode, dp-size) "
+                           "are reported by `packctl stats OUT` on a packed output")
     dataclasses.replace(config, inputs=config.inputs or ["-"], output=config.output or "-").validate()
     return config
 
