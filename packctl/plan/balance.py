@@ -202,23 +202,19 @@ def balance_step(offsets: np.ndarray, padded: np.ndarray, costs: np.ndarray, mov
 
     rr = np.arange(packs) % d
     if strided:
-        rank = rr
+        rank, micro = rr, np.arange(packs) // d
     else:
         rank = kk_partition(pack_cost, d, equal_counts=spec.equal_counts or equal)
         kk_max = np.bincount(rank, weights=pack_cost, minlength=d).max()
         if np.bincount(rr, weights=pack_cost, minlength=d).max() < kk_max:
             rank = rr
-    if strided:
-        micro = np.arange(packs) // d
-    if spec.scope == "sequences" and d > 1 and not strided:
-        pack_of = _local_search(pack_of, rank, padded, costs, movable, counts, spec)
-        pack_cost = np.bincount(pack_of, weights=costs, minlength=packs)
-
-    if not strided:
+        if spec.scope == "sequences" and d > 1:
+            pack_of = _local_search(pack_of, rank, padded, costs, movable, counts, spec)
+            pack_cost = np.bincount(pack_of, weights=costs, minlength=packs)
         micro = np.zeros(packs, dtype=np.int64)
-    for r in range(d if not strided else 0):
-        mine = np.flatnonzero(rank == r)
-        micro[mine[np.argsort(-pack_cost[mine], kind="stable")]] = np.arange(len(mine))
+        for r in range(d):
+            mine = np.flatnonzero(rank == r)
+            micro[mine[np.argsort(-pack_cost[mine], kind="stable")]] = np.arange(len(mine))
 
     # Output order inside the step: micro-batch, then rank (row j of the step is rank j % D,
     # micro-batch j // D whenever the counts are equal, as a strided sampler reads it).
@@ -378,9 +374,9 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
     Pieces of a split sequence keep their order in the output (`_keep_split_order`).
     `first_window`: the global index of the plan's first window (it seeds the step order), so any
     run of whole windows balances the same wherever it is computed.
-    `pack_shape` (one value per pack: its padded length, say) asks for warm-up: in the corpus's first
-    window, for every shape, largest first, the step holding most packs of that shape runs first
-    (`_warmup_steps`), so every shape is met, and compiled, in the first steps.
+    `pack_shape` (one value per pack: its padded length, say) asks for warm-up: the corpus's first
+    window starts with, for every shape, largest first, a run of dp_size packs of it dealt one per
+    rank (`_warmup_first`), so every shape is met, and compiled, in the first steps.
     """
     d = spec.dp_size
     padded = plan.piece_padded.astype(np.int64)
