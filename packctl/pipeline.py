@@ -460,12 +460,13 @@ def balance(comm, plan: PackPlan, config: PackConfig, first_window: int = 0) -> 
     and `lr_scale` needs the mean batch size of all ranks when no reference is given."""
     shape = None
     if config.warmup_shapes:
-        loads = plan.loads(padded=True)
-        # a pack's shape: its padded length in batch mode, else the length it will be written with
+        # a pack's shape: its padded length in batch mode (every piece already holds it), else the
+        # length it will be written with
         if config.mode == "batch":
-            shape = np.maximum.reduceat(plan.piece_padded, plan.bin_offsets[:-1]) if plan.num_bins else loads
+            shape = plan.piece_padded[plan.bin_offsets[:-1]]
         else:
-            shape = pack_lengths_padded(loads, config.capacity, config.pad_to, config.resolved_pack_multiple)
+            shape = pack_lengths_padded(plan.loads(padded=True), config.capacity, config.pad_to,
+                                        config.resolved_pack_multiple)
             if config.shape_buckets:  # the buckets the pack lengths will be rounded to (moves may still change them)
                 buckets = _global_buckets(comm, shape, config.resolved_pack_multiple, config.capacity,
                                           config.shape_buckets)
