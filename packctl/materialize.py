@@ -35,9 +35,9 @@ import numpy as np
 
 from packctl.arrays import copy_segments, offsets_of
 from packctl.io.reader import SequenceIndex, TokenSource
-from packctl.io.writer import OutputDir, ShardInfo, rows_to_table
+from packctl.io.writer import OutputDir, ShardInfo, StagedShard, rows_to_table
 from packctl.plan.windows import PackPlan
-from packctl.thd import build_pack_rows
+from packctl.thd import lay_out_packs
 
 
 def shard_bounds(window_bins: np.ndarray, shard_rows: int) -> np.ndarray:
@@ -88,22 +88,44 @@ class _Bucket:
 
 
 class _Writers:
-    """Builds and writes complete shards on worker threads, with a bounded queue (backpressure)."""
+    """Builds and writes complete shards on worker threads, with a bounded queue (backpressure);
+    one more thread commits what they staged (fsync, rename, sha256, journal), so the workers
+    never wait on the disk.
 
-    def __init__(self, workers: int, max_pending: int):
+        worker 1   build+encode s0 | build+encode s2 | ...
+        worker 2   build+encode s1 | build+encode s3 | ...
+        commit                   fsync s0 | fsync s1 | fsync s2 ...
+    """
+
+    def __init__(self, workers: int, max_pending: int, commit: Callable[[StagedShard], ShardInfo]):
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="packctl-writer")
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packctl-commit")
+        self._commit = commit
         self._pending: deque[Future] = deque()
+        self._commits: list[Future] = []
         self._max_pending = max_pending
         self.results: dict[int, ShardInfo] = {}
+        self._failure: BaseException | None = None  # of a commit: raised at the next submit
         self._lock = threading.Lock()
 
-    def submit(self, shard: int, fn: Callable[[], ShardInfo]) -> None:
+    def submit(self, shard: int, fn: Callable[[], StagedShard]) -> None:
+        if self._failure is not None:
+            raise self._failure
         while len(self._pending) >= self._max_pending:
             self._pending.popleft().result()
         self._pending.append(self._pool.submit(self._run, shard, fn))
 
-    def _run(self, shard: int, fn: Callable[[], ShardInfo]) -> None:
-        info = fn()
+    def _run(self, shard: int, fn: Callable[[], StagedShard]) -> None:
+        staged = fn()
+        with self._lock:
+            self._commits.append(self._committer.submit(self._finish_one, shard, staged))
+
+    def _finish_one(self, shard: int, staged: StagedShard) -> None:
+        try:
+            info = self._commit(staged)
+        except BaseException as exc:
+            self._failure = exc
+            raise
         with self._lock:
             self.results[shard] = info
 
@@ -111,11 +133,15 @@ class _Writers:
         while self._pending:
             self._pending.popleft().result()
         self._pool.shutdown()
+        for future in self._commits:
+            future.result()
+        self._committer.shutdown()
 
     def cancel(self) -> None:
         for future in self._pending:
             future.cancel()
         self._pool.shutdown(wait=True)
+        self._committer.shutdown(wait=True)
 
 
 class ShardAssembler:
@@ -146,7 +172,7 @@ class ShardAssembler:
         self.spill_dir = output.tmp / f".spill-{first_shard:05d}"
         self.spill_files = self.spilled_bytes = 0
         workers = writers if writers is not None else max(1, min(2, os.cpu_count() or 1))
-        self._writers = _Writers(workers, max_pending=2 * workers)
+        self._writers = _Writers(workers, max_pending=2 * workers, commit=output.commit_shard)
         # Shards an interrupted run already finished (--resume): their pieces are neither fetched nor written.
         done = [self.shard_name(s) in output.done for s in range(self.num_shards)]
         self.shard_done = np.array(done, dtype=bool)
@@ -205,25 +231,24 @@ class ShardAssembler:
             self._writers.submit(s, lambda s=s: self._build_from_blocks(s, index, source))
         self.remaining[:] = 0
 
-    def _build_from_blocks(self, s: int, index: SequenceIndex, source: TokenSource) -> ShardInfo:
+    def _build_from_blocks(self, s: int, index: SequenceIndex, source: TokenSource) -> StagedShard:
+        """Shard s with each piece gathered from its decoded block straight into its place in the pack."""
         plan = self.plan
         p_lo, p_hi = int(self.shard_piece_offsets[s]), int(self.shard_piece_offsets[s + 1])
         gids, starts, lens = plan.piece_gid[p_lo:p_hi], plan.piece_start[p_lo:p_hi], plan.piece_len[p_lo:p_hi]
-        dst_starts = offsets_of(lens)
-        tokens = np.empty(int(dst_starts[-1]), dtype=np.int32)
-        labels = np.empty_like(tokens)
         block_of = np.searchsorted(index.block_offsets, gids, side="right") - 1
         order = np.argsort(block_of, kind="stable")
         blocks, first = np.unique(block_of[order], return_index=True)
         cuts = np.append(first, len(order))
-        for k, b in enumerate(blocks.tolist()):
-            sel = order[cuts[k]:cuts[k + 1]]
-            decoded = source.peek(b)
-            src_starts = decoded.offsets[gids[sel] - index.block_offsets[b]] + starts[sel]
-            copy_segments(decoded.tokens, src_starts, tokens, dst_starts[sel], lens[sel])
-            copy_segments(decoded.tokens if decoded.labels is None else decoded.labels, src_starts, labels,
-                          dst_starts[sel], lens[sel])
-        return self._write(s, tokens, labels)
+
+        def place(input_ids: np.ndarray, labels: np.ndarray, piece_flat_start: np.ndarray) -> None:
+            for k, b in enumerate(blocks.tolist()):
+                sel = order[cuts[k]:cuts[k + 1]]
+                decoded = source.peek(b)
+                src_starts = decoded.offsets[gids[sel] - index.block_offsets[b]] + starts[sel]
+                decoded.gather_into(src_starts, lens[sel], input_ids, labels, piece_flat_start[sel])
+
+        return self._write(s, place)
 
     def _keep_within_budget(self) -> None:
         """Over budget: spill the largest buckets until half the budget is free for what comes."""
@@ -239,32 +264,31 @@ class ShardAssembler:
             if self.buffered + self.held_elsewhere() <= self.budget // 2:
                 break
 
-    def _build(self, s: int, bucket: _Bucket) -> ShardInfo:
-        plan = self.plan
+    def _build(self, s: int, bucket: _Bucket) -> StagedShard:
+        """Shard s from its bucket: pieces arrive in any order, each is copied to its place."""
         pieces, tokens, labels = bucket.collect()
-        lens = plan.piece_len[pieces]
-        order = np.argsort(pieces, kind="stable")
-        if not (order[1:] > order[:-1]).all():  # arrived out of pack order: reorder the token segments
-            src_starts, lens = offsets_of(lens)[:-1][order], lens[order]
-            dst_starts = offsets_of(lens)[:-1]
-            in_order = np.empty_like(tokens), np.empty_like(labels)
-            copy_segments(tokens, src_starts, in_order[0], dst_starts, lens)
-            copy_segments(labels, src_starts, in_order[1], dst_starts, lens)
-            tokens, labels = in_order
-        return self._write(s, tokens, labels)
+        src_starts = offsets_of(self.plan.piece_len[pieces])[:-1]
+        slot = pieces - int(self.shard_piece_offsets[s])  # index of each arrived piece in the shard
 
-    def _write(self, s: int, tokens: np.ndarray, labels: np.ndarray) -> ShardInfo:
-        """Build shard s from its pieces' tokens and labels (in pack order) and write it."""
+        def place(input_ids: np.ndarray, out_labels: np.ndarray, piece_flat_start: np.ndarray) -> None:
+            lens, dst_starts = self.plan.piece_len[pieces], piece_flat_start[slot]
+            copy_segments(tokens, src_starts, input_ids, dst_starts, lens)
+            copy_segments(labels, src_starts, out_labels, dst_starts, lens)
+
+        return self._write(s, place)
+
+    def _write(self, s: int, place: Callable[[np.ndarray, np.ndarray, np.ndarray], None]) -> StagedShard:
+        """Build shard s, its tokens put in place by `place` (`lay_out_packs`), and stage it."""
         plan = self.plan
         lo, hi = int(self.bounds[s]), int(self.bounds[s + 1])
         p_lo, p_hi = int(self.shard_piece_offsets[s]), int(self.shard_piece_offsets[s + 1])
-        rows = build_pack_rows(plan.bin_offsets[lo:hi + 1] - p_lo, plan.piece_len[p_lo:p_hi],
-                               plan.piece_padded[p_lo:p_hi], plan.piece_gid[p_lo:p_hi], tokens, labels,
-                               self.pack_lens[lo:hi], pad_token_id=self.pad_token_id)
+        rows = lay_out_packs(plan.bin_offsets[lo:hi + 1] - p_lo, plan.piece_len[p_lo:p_hi],
+                             plan.piece_padded[p_lo:p_hi], plan.piece_gid[p_lo:p_hi], self.pack_lens[lo:hi],
+                             place, pad_token_id=self.pad_token_id)
         extra = {name: values[lo:hi] for name, values in self.columns.items()}
-        info = self.output.write_shard(self.shard_name(s), rows_to_table(rows, self.metadata, extra))
+        staged = self.output.stage_shard(self.shard_name(s), rows_to_table(rows, self.metadata, extra))
         self.progress(hi - lo)
-        return info
+        return staged
 
     def finish(self) -> list[ShardInfo]:
         if self.buckets or self.remaining.any():

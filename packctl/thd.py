@@ -6,6 +6,7 @@ See `packctl.schema` for a drawn pack.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -51,6 +52,22 @@ def build_pack_rows(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded
         seq_lens [3, 2]  seq_lens_padded [4, 4] (2 + 2 tail)  cu_seqlens_padded [0, 4, 8]
         input_ids    t t t 0 u u 0 0      position_ids 0 1 2 3 0 1 2 3
     """
+    src_starts = offsets_of(piece_len)[:-1]
+
+    def place(input_ids: np.ndarray, out_labels: np.ndarray, piece_flat_start: np.ndarray) -> None:
+        copy_segments(tokens, src_starts, input_ids, piece_flat_start, piece_len)
+        copy_segments(labels, src_starts, out_labels, piece_flat_start, piece_len)
+
+    return lay_out_packs(bin_offsets, piece_len, piece_padded, piece_gid, pack_lens, place,
+                         pad_token_id=pad_token_id)
+
+
+def lay_out_packs(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded: np.ndarray,
+                  piece_gid: np.ndarray, pack_lens: np.ndarray,
+                  place: Callable[[np.ndarray, np.ndarray, np.ndarray], None], *, pad_token_id: int) -> PackRows:
+    """`build_pack_rows` with the tokens put in place by `place(input_ids, labels, piece_flat_start)`:
+    it writes piece i's tokens and labels at piece_flat_start[i] (int64) of the pad-filled int32
+    columns, straight from wherever they are (no intermediate concatenation)."""
     bin_offsets = np.asarray(bin_offsets, dtype=np.int64)
     rows = len(bin_offsets) - 1
     pieces_per_row = np.diff(bin_offsets)
@@ -68,13 +85,11 @@ def build_pack_rows(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded
 
     token_offsets = offsets_of(pack_lens)
     piece_flat_start = offsets_of(seq_lens_padded)[:-1]
-    piece_src_start = offsets_of(piece_len)[:-1]
     total = int(token_offsets[-1])
 
     input_ids = np.full(total, pad_token_id, dtype=np.int32)
-    copy_segments(tokens, piece_src_start, input_ids, piece_flat_start, piece_len)
     out_labels = np.full(total, IGNORE_INDEX, dtype=np.int32)
-    copy_segments(labels, piece_src_start, out_labels, piece_flat_start, piece_len)
+    place(input_ids, out_labels, piece_flat_start)
     # The first token of each sequence has no predecessor in that sequence: after the usual shift
     # its label would be predicted from the previous sequence's last token, so it is ignored.
     out_labels[piece_flat_start] = IGNORE_INDEX

@@ -22,9 +22,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packctl.arrays import copy_segments, offsets_of
+from packctl.arrays import offsets_of
 from packctl.config import IGNORE_INDEX, INT32_MAX
 from packctl.errors import PackctlError
+from packctl.io.blocks import DecodedBlock, count_equal, first_outside_int32
 
 _GLOB_CHARS = set("*?[")
 
@@ -73,34 +74,6 @@ class SequenceIndex:
     def describe(self, gid: int) -> str:
         f, r = self.locate(np.asarray([gid]))
         return f"{self.files[int(f[0])].path} row {int(r[0])} column '{self.tokens_column}'"
-
-
-@dataclass
-class DecodedBlock:
-    """One block's tokens (and labels) as flat int32 values with int64 row offsets."""
-
-    offsets: np.ndarray
-    tokens: np.ndarray
-    labels: np.ndarray | None
-
-    @property
-    def nbytes(self) -> int:
-        return self.offsets.nbytes + self.tokens.nbytes + (0 if self.labels is None else self.labels.nbytes)
-
-    def gather(self, rows: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens and labels of pieces (row, start, len) of this block, concatenated in order.
-
-        rows [7, 2], starts [0, 4], lens [3, 2] -> row 7 [0:3] then row 2 [4:6]
-        """
-        src_starts = self.offsets[rows] + starts
-        dst_starts = offsets_of(lens)[:-1]
-        tokens = np.empty(int(lens.sum()), dtype=np.int32)
-        copy_segments(self.tokens, src_starts, tokens, dst_starts, lens)
-        if self.labels is None:
-            return tokens, tokens
-        labels = np.empty_like(tokens)
-        copy_segments(self.labels, src_starts, labels, dst_starts, lens)
-        return tokens, labels
 
 
 def resolve_inputs(inputs: list[str]) -> list[str]:
@@ -256,14 +229,8 @@ def _as_int32(where: _Where, values: pa.Array, offsets: np.ndarray, column: str,
     arr = values.to_numpy(zero_copy_only=False)
     if len(arr) == 0:
         return arr.astype(np.int32)
-    if arr.dtype.kind == "u":
-        bad = arr > INT32_MAX
-    else:
-        bad = (arr < 0) | (arr > INT32_MAX)
-        if allow_ignore:
-            bad &= arr != IGNORE_INDEX
-    if bad.any():
-        k = int(np.argmax(bad))
+    k = first_outside_int32(arr, allow_ignore)
+    if k >= 0:
         row, pos = _row_of(offsets, k)
         allowed = f"[0, {INT32_MAX}]" + (f" or {IGNORE_INDEX}" if allow_ignore else "")
         raise PackctlError(f"{where.row(row)} column '{column}': value {int(arr[k])} at position {pos} "
@@ -370,18 +337,24 @@ def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
                 progress=None, *, skip_empty: bool = False,
                 pad_token_id: int | None = None) -> tuple[SequenceIndex, TokenSource]:
     """Decode and validate blocks [block_lo, block_hi): their lengths, and a token source that
-    keeps as many of them decoded as the budget allows. Parquet decoding runs on a small thread
-    pool (it releases the GIL), results in order. With `skip_empty`, empty rows get length 0
-    instead of an error; with `pad_token_id`, input tokens equal to it are counted in
-    `source.tokens_equal_to_pad_id` (allowed, but worth knowing)."""
+    keeps as many of them as the budget allows, in compact form (`DecodedBlock.compact`).
+    Decoding runs on a small thread pool (Parquet and the kernels release the GIL), results in
+    order. With `skip_empty`, empty rows get length 0 instead of an error; with `pad_token_id`,
+    input tokens equal to it are counted in `source.tokens_equal_to_pad_id` (allowed, but worth
+    knowing)."""
     source = TokenSource([f.path for f in index.files], index.tokens_column, index.labels_column, budget,
                          skip_empty=skip_empty)
     gid_lo, gid_hi = int(index.block_offsets[block_lo]), int(index.block_offsets[block_hi])
     lengths = np.zeros(gid_hi - gid_lo, dtype=np.int64)
-    for b, decoded in _decode_in_order(source, index.blocks, block_lo, block_hi):
+
+    def decode(block: Block) -> tuple[DecodedBlock, int]:
+        decoded = source.decode(block)
+        pad_like = count_equal(decoded.tokens, pad_token_id) if pad_token_id is not None else 0
+        return decoded.compact(), pad_like
+
+    for b, (decoded, pad_like) in _decode_in_order(decode, index.blocks, block_lo, block_hi):
         lengths[index.block_offsets[b] - gid_lo:index.block_offsets[b + 1] - gid_lo] = np.diff(decoded.offsets)
-        if pad_token_id is not None:
-            source.tokens_equal_to_pad_id += int(np.count_nonzero(decoded.tokens == pad_token_id))
+        source.tokens_equal_to_pad_id += pad_like
         source.offer(b, decoded)
         if progress is not None:
             progress(1)
@@ -395,12 +368,12 @@ def scan(inputs: list[str], tokens_column: str, labels_column: str | None,
     return scan_blocks(index, 0, len(index.blocks), budget, progress)
 
 
-def _decode_in_order(source: TokenSource, blocks: list[Block], lo: int, hi: int, workers: int = 2):
-    """Yield (b, decoded block) for b in [lo, hi), in order, decoding up to `workers` blocks ahead."""
+def _decode_in_order(decode, blocks: list[Block], lo: int, hi: int, workers: int = 2):
+    """Yield (b, decode(blocks[b])) for b in [lo, hi), in order, decoding up to `workers` blocks ahead."""
     with ThreadPoolExecutor(max_workers=workers) as pool:
         pending: deque = deque()
         for b in range(lo, hi):
-            pending.append((b, pool.submit(source.decode, blocks[b])))
+            pending.append((b, pool.submit(decode, blocks[b])))
             if len(pending) > workers:
                 done_b, future = pending.popleft()
                 yield done_b, future.result()

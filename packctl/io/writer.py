@@ -49,6 +49,15 @@ class ShardInfo:
     sha256: str
 
 
+@dataclass(frozen=True)
+class StagedShard:
+    """A shard written as `name.tmp`, waiting for `OutputDir.commit_shard`."""
+
+    name: str
+    rows: int
+    tokens: int
+
+
 def _list(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), pa.array(values, value_type))
 
@@ -322,25 +331,42 @@ class OutputDir:
 
     def write_shard(self, name: str, table: pa.Table) -> ShardInfo:
         """Write `name` as `name.tmp`, fsync, rename, then journal it (with its sha256)."""
-        path, part = self.tmp / name, self.tmp / f"{name}.tmp"
+        return self.commit_shard(self.stage_shard(name, table))
+
+    def stage_shard(self, name: str, table: pa.Table) -> StagedShard:
+        """First half of `write_shard`: `name.tmp` written, not yet durable. The CPU-bound half:
+        writer threads run it while one thread commits the shards they staged."""
+        part = self.tmp / f"{name}.tmp"
         try:
             with self._journal_lock:
                 self._started += 1
                 if self._fail_after is not None and self._started > self._fail_after:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             pq.write_table(table, part, **PARQUET_OPTIONS)
+        except OSError as exc:
+            part.unlink(missing_ok=True)
+            raise self._write_failed(name, exc) from None
+        tokens = int(np.asarray(table.column("num_tokens").combine_chunks()).sum())
+        return StagedShard(name=name, rows=table.num_rows, tokens=tokens)
+
+    def commit_shard(self, staged: StagedShard) -> ShardInfo:
+        """Second half of `write_shard`: fsync `name.tmp`, rename it to `name`, journal it."""
+        path, part = self.tmp / staged.name, self.tmp / f"{staged.name}.tmp"
+        try:
             with open(part, "rb+") as fh:
                 os.fsync(fh.fileno())
             os.replace(part, path)
             _fsync_dir(self.tmp)
         except OSError as exc:
             part.unlink(missing_ok=True)
-            raise PackctlError(f"{self.out / name}: write failed ({exc.strerror or exc}); free space or choose "
-                               "another -o") from None
-        tokens = int(np.asarray(table.column("num_tokens").combine_chunks()).sum())
-        info = ShardInfo(path=name, rows=table.num_rows, tokens=tokens, sha256=sha256_file(path))
+            raise self._write_failed(staged.name, exc) from None
+        info = ShardInfo(path=staged.name, rows=staged.rows, tokens=staged.tokens, sha256=sha256_file(path))
         self._journal(info)
         return info
+
+    def _write_failed(self, name: str, exc: OSError) -> PackctlError:
+        return PackctlError(f"{self.out / name}: write failed ({exc.strerror or exc}); free space or choose "
+                            "another -o")
 
     def _journal(self, info: ShardInfo) -> None:
         line = json.dumps({"shard": info.path, "rows": info.rows, "tokens": info.tokens, "sha256": info.sha256})

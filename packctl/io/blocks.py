@@ -1,0 +1,170 @@
+"""Decoded input blocks: flat tokens and labels of one row group, and their compact form.
+
+Scan keeps decoded blocks in memory so that materialize reads the input only once; they are most
+of what a run holds, and filling fresh memory can cost as much as decoding it. A kept block is
+therefore stored in the smallest exact form (gathering from it gives back every token and label,
+bit for bit):
+
+    tokens   uint16 when every id of the block is below 65536, else int32
+    labels   none          no labels column: labels are the tokens
+             ignore bits   every label is its token or -100 (prompt masking): one bit a token
+             int32         anything else
+
+    tokens  17 4 9 9 | 301 2      labels  -100 -100 9 9 | 301 2
+    ->  tokens uint16 [17 4 9 9 301 2]   ignore bits 0b000011
+        2.125 bytes a token instead of 8 (tokens and labels as int32)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from packctl.arrays import offsets_of
+from packctl.config import IGNORE_INDEX, INT32_MAX
+
+_UINT16_LIMIT = 1 << 16
+
+
+@dataclass
+class DecodedBlock:
+    """One block's tokens and labels, flat, with int64 row offsets (starting at 0).
+
+    `labels` None means labels equal tokens, unless `ignore_bits` is set: then the label of
+    token k is -100 where bit k is set (bit k & 7 of byte k >> 3) and the token elsewhere.
+    """
+
+    offsets: np.ndarray
+    tokens: np.ndarray  # int32, or uint16 in compact form
+    labels: np.ndarray | None
+    ignore_bits: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.offsets, self.tokens, self.labels, self.ignore_bits) if a is not None)
+
+    def compact(self) -> "DecodedBlock":
+        """The same block in its smallest exact form (module docstring)."""
+        has_labels = self.labels is not None and self.ignore_bits is None
+        labels = self.labels if has_labels else self.tokens
+        max_token, masked_tokens = _max_and_masked(self.tokens, labels, has_labels)
+        tokens = self.tokens.astype(np.uint16) if max_token < _UINT16_LIMIT else self.tokens
+        if not has_labels or not masked_tokens:
+            return DecodedBlock(self.offsets, tokens, self.labels, self.ignore_bits)
+        bits = np.zeros((len(labels) + 7) // 8, dtype=np.uint8)
+        _set_ignore_bits(labels, bits)
+        return DecodedBlock(self.offsets, tokens, None, bits)
+
+    def gather_into(self, src_starts: np.ndarray, lens: np.ndarray, tokens_out: np.ndarray,
+                    labels_out: np.ndarray, dst_starts: np.ndarray) -> None:
+        """Copy segments [src_starts[i], +lens[i]) of the flat block to dst_starts[i] of the int32
+        outputs, labels decoded from whichever form the block holds."""
+        src_starts = np.asarray(src_starts, np.int64)
+        lens = np.asarray(lens, np.int64)
+        dst_starts = np.asarray(dst_starts, np.int64)
+        if self.labels is not None:
+            _gather_labels(self.tokens, self.labels, src_starts, lens, tokens_out, labels_out, dst_starts)
+        elif self.ignore_bits is not None:
+            _gather_masked(self.tokens, self.ignore_bits, src_starts, lens, tokens_out, labels_out, dst_starts)
+        else:
+            _gather_same(self.tokens, src_starts, lens, tokens_out, labels_out, dst_starts)
+
+    def gather(self, rows: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and labels (int32) of pieces (row, start, len) of this block, concatenated in order.
+
+        rows [7, 2], starts [0, 4], lens [3, 2] -> row 7 [0:3] then row 2 [4:6]
+        """
+        src_starts = self.offsets[rows] + starts
+        dst_starts = offsets_of(lens)[:-1]
+        tokens = np.empty(int(np.sum(lens)), dtype=np.int32)
+        if self.labels is None and self.ignore_bits is None:
+            _gather_same(self.tokens, src_starts, np.asarray(lens, np.int64), tokens, tokens, dst_starts)
+            return tokens, tokens
+        labels = np.empty_like(tokens)
+        self.gather_into(src_starts, lens, tokens, labels, dst_starts)
+        return tokens, labels
+
+
+def first_outside_int32(values: np.ndarray, allow_ignore: bool) -> int:
+    """Index of the first value outside [0, 2^31) (and not -100 when `allow_ignore`), or -1.
+    One pass, no temporaries."""
+    if values.dtype.kind == "u":
+        bad = np.flatnonzero(values > INT32_MAX)
+        return int(bad[0]) if len(bad) else -1
+    return int(_first_outside(values, allow_ignore))
+
+
+def count_equal(values: np.ndarray, value: int) -> int:
+    return int(_count_equal(values, value))
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_outside(values, allow_ignore):
+    for k in range(len(values)):
+        v = values[k]
+        if (v < 0 or v > INT32_MAX) and not (allow_ignore and v == IGNORE_INDEX):
+            return k
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_equal(values, value):
+    n = 0
+    for k in range(len(values)):
+        if values[k] == value:
+            n += 1
+    return n
+
+
+@numba.njit(cache=True, nogil=True)
+def _max_and_masked(tokens, labels, has_labels):
+    """(largest token, whether every label is its token or -100), in one pass."""
+    largest = 0
+    masked = has_labels
+    for k in range(len(tokens)):
+        t = tokens[k]
+        if t > largest:
+            largest = t
+        if masked:
+            label = labels[k]
+            if label != t and label != IGNORE_INDEX:
+                masked = False
+    return largest, masked
+
+
+@numba.njit(cache=True, nogil=True)
+def _set_ignore_bits(labels, bits):
+    for k in range(len(labels)):
+        if labels[k] == IGNORE_INDEX:
+            bits[k >> 3] |= np.uint8(1 << (k & 7))
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_same(tokens, src_starts, lens, tokens_out, labels_out, dst_starts):
+    for i in range(len(lens)):
+        s, d = src_starts[i], dst_starts[i]
+        for j in range(lens[i]):
+            t = tokens[s + j]
+            tokens_out[d + j] = t
+            labels_out[d + j] = t
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_masked(tokens, bits, src_starts, lens, tokens_out, labels_out, dst_starts):
+    for i in range(len(lens)):
+        s, d = src_starts[i], dst_starts[i]
+        for j in range(lens[i]):
+            k = s + j
+            t = tokens[k]
+            tokens_out[d + j] = t
+            labels_out[d + j] = IGNORE_INDEX if (bits[k >> 3] >> (k & 7)) & 1 else t
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_labels(tokens, labels, src_starts, lens, tokens_out, labels_out, dst_starts):
+    for i in range(len(lens)):
+        s, d = src_starts[i], dst_starts[i]
+        for j in range(lens[i]):
+            tokens_out[d + j] = tokens[s + j]
+            labels_out[d + j] = labels[s + j]
