@@ -56,9 +56,29 @@ def _segment_positions(lens, out):
             k += 1
 
 
-def segment_positions(lens: np.ndarray, dtype=np.int32) -> np.ndarray:
-    """`positions_in_segments` straight into `dtype`: lens [2, 3] -> [0, 1, 0, 1, 2]."""
+def segment_positions(lens: np.ndarray, dtype=np.int32, out: np.ndarray | None = None) -> np.ndarray:
+    """`positions_in_segments` straight into `dtype` (or into `out`): lens [2, 3] -> [0, 1, 0, 1, 2]."""
     lens = np.asarray(lens, dtype=np.int64)
-    out = np.empty(int(lens.sum()), dtype=dtype)
+    if out is None:
+        out = np.empty(int(lens.sum()), dtype=dtype)
     _segment_positions(lens, out)
     return out
+
+
+class Scratch:
+    """Output arrays reused from one call to the next (one Scratch per thread).
+
+    `take(name, n, dtype)` returns n elements of a buffer kept for `name`, grown when too small.
+    Building shard after shard into the same buffers reuses memory already touched: on many
+    machines filling fresh pages costs more than the copy itself. What was taken under a name is
+    valid until that name is taken again.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def take(self, name: str, n: int, dtype) -> np.ndarray:
+        buf = self._buffers.get(name)
+        if buf is None or buf.dtype != np.dtype(dtype) or len(buf) < n:
+            buf = self._buffers[name] = np.empty(max(n, n + n // 8, 1), dtype=dtype)
+        return buf[:n]

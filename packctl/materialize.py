@@ -33,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from packctl.arrays import copy_segments, offsets_of
+from packctl.arrays import Scratch, copy_segments, offsets_of
 from packctl.io.reader import SequenceIndex, TokenSource
 from packctl.io.writer import OutputDir, ShardInfo, StagedShard, rows_to_table
 from packctl.plan.windows import PackPlan
@@ -173,6 +173,7 @@ class ShardAssembler:
         self.spill_files = self.spilled_bytes = 0
         workers = writers if writers is not None else max(1, min(2, os.cpu_count() or 1))
         self._writers = _Writers(workers, max_pending=2 * workers, commit=output.commit_shard)
+        self._scratch = threading.local()  # each writer thread builds its shards in the same buffers
         # Shards an interrupted run already finished (--resume): their pieces are neither fetched nor written.
         done = [self.shard_name(s) in output.done for s in range(self.num_shards)]
         self.shard_done = np.array(done, dtype=bool)
@@ -282,9 +283,12 @@ class ShardAssembler:
         plan = self.plan
         lo, hi = int(self.bounds[s]), int(self.bounds[s + 1])
         p_lo, p_hi = int(self.shard_piece_offsets[s]), int(self.shard_piece_offsets[s + 1])
+        scratch = getattr(self._scratch, "buffers", None)
+        if scratch is None:
+            scratch = self._scratch.buffers = Scratch()
         rows = lay_out_packs(plan.bin_offsets[lo:hi + 1] - p_lo, plan.piece_len[p_lo:p_hi],
                              plan.piece_padded[p_lo:p_hi], plan.piece_gid[p_lo:p_hi], self.pack_lens[lo:hi],
-                             place, pad_token_id=self.pad_token_id)
+                             place, pad_token_id=self.pad_token_id, scratch=scratch)
         extra = {name: values[lo:hi] for name, values in self.columns.items()}
         staged = self.output.stage_shard(self.shard_name(s), rows_to_table(rows, self.metadata, extra))
         self.progress(hi - lo)

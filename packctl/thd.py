@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from packctl.arrays import copy_segments, offsets_of, segment_positions
+from packctl.arrays import Scratch, copy_segments, offsets_of, segment_positions
 from packctl.config import IGNORE_INDEX
 
 
@@ -64,10 +64,12 @@ def build_pack_rows(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded
 
 def lay_out_packs(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded: np.ndarray,
                   piece_gid: np.ndarray, pack_lens: np.ndarray,
-                  place: Callable[[np.ndarray, np.ndarray, np.ndarray], None], *, pad_token_id: int) -> PackRows:
+                  place: Callable[[np.ndarray, np.ndarray, np.ndarray], None], *, pad_token_id: int,
+                  scratch: Scratch | None = None) -> PackRows:
     """`build_pack_rows` with the tokens put in place by `place(input_ids, labels, piece_flat_start)`:
     it writes piece i's tokens and labels at piece_flat_start[i] (int64) of the pad-filled int32
-    columns, straight from wherever they are (no intermediate concatenation)."""
+    columns, straight from wherever they are (no intermediate concatenation). With `scratch`, the
+    three token-sized columns are `scratch` buffers (valid until its next use)."""
     bin_offsets = np.asarray(bin_offsets, dtype=np.int64)
     rows = len(bin_offsets) - 1
     pieces_per_row = np.diff(bin_offsets)
@@ -87,13 +89,16 @@ def lay_out_packs(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded: 
     piece_flat_start = offsets_of(seq_lens_padded)[:-1]
     total = int(token_offsets[-1])
 
-    input_ids = np.full(total, pad_token_id, dtype=np.int32)
-    out_labels = np.full(total, IGNORE_INDEX, dtype=np.int32)
+    scratch = scratch or Scratch()
+    input_ids = scratch.take("input_ids", total, np.int32)
+    input_ids.fill(pad_token_id)
+    out_labels = scratch.take("labels", total, np.int32)
+    out_labels.fill(IGNORE_INDEX)
     place(input_ids, out_labels, piece_flat_start)
     # The first token of each sequence has no predecessor in that sequence: after the usual shift
     # its label would be predicted from the previous sequence's last token, so it is ignored.
     out_labels[piece_flat_start] = IGNORE_INDEX
-    position_ids = segment_positions(seq_lens_padded, np.int32)
+    position_ids = segment_positions(seq_lens_padded, out=scratch.take("position_ids", total, np.int32))
 
     cu_offsets = bin_offsets + np.arange(rows + 1)
     cu_seqlens = _row_cumsums(piece_len, bin_offsets, row_of_piece)
