@@ -51,9 +51,10 @@ def copy_segments(src: np.ndarray, src_starts: np.ndarray, dst: np.ndarray, dst_
 def _segment_positions(lens, out):
     k = 0
     for i in range(len(lens)):
-        for j in range(lens[i]):
-            out[k] = j
-            k += 1
+        segment = out[k:k + lens[i]]  # a view: the loop below vectorizes
+        for j in range(len(segment)):
+            segment[j] = j
+        k += lens[i]
 
 
 def segment_positions(lens: np.ndarray, dtype=np.int32, out: np.ndarray | None = None) -> np.ndarray:

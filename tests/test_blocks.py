@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from packctl.arrays import offsets_of
 from packctl.config import IGNORE_INDEX
-from packctl.io.blocks import DecodedBlock, count_equal, first_outside_int32
+from packctl.io.blocks import DecodedBlock, first_outside_int32
 
 
 def _block(lengths: list[int], vocab: int, labels: str, seed: int) -> DecodedBlock:
@@ -34,7 +34,7 @@ def _full_labels(block: DecodedBlock) -> np.ndarray:
        data=st.data())
 def test_compact_gathers_the_same_tokens_and_labels(lengths, vocab, labels, seed, data):
     block = _block(lengths, vocab, labels, seed)
-    compact = block.compact()
+    compact, _ = block.compact()
     rows = np.asarray(data.draw(st.lists(st.integers(0, len(lengths) - 1), min_size=1, max_size=20)))
     starts = np.array([data.draw(st.integers(0, lengths[r] - 1)) for r in rows], dtype=np.int64)
     lens = np.array([data.draw(st.integers(0, lengths[r] - s)) for r, s in zip(rows, starts)], dtype=np.int64)
@@ -61,7 +61,7 @@ def test_compact_form_and_size(vocab, labels, dtype, form, bytes_per_token):
     block.tokens[0] = vocab - 1  # the largest id decides the token type
     if block.labels is not None and labels == "masked":
         block.labels[0] = block.tokens[0]
-    compact = block.compact()
+    compact, _ = block.compact()
     assert compact.tokens.dtype == dtype
     assert {"bits": compact.ignore_bits is not None and compact.labels is None,
             "none": compact.labels is None and compact.ignore_bits is None,
@@ -72,7 +72,7 @@ def test_compact_form_and_size(vocab, labels, dtype, form, bytes_per_token):
 
 def test_gather_into_places_segments_anywhere():
     block = DecodedBlock(offsets_of(np.array([4, 2])), np.array([17, 4, 9, 9, 301, 2], np.int32),
-                         np.array([IGNORE_INDEX, IGNORE_INDEX, 9, 9, 301, 2], np.int32)).compact()
+                         np.array([IGNORE_INDEX, IGNORE_INDEX, 9, 9, 301, 2], np.int32)).compact()[0]
     assert block.ignore_bits.tolist() == [0b000011]
     tokens, labels = np.zeros(8, np.int32), np.zeros(8, np.int32)
     block.gather_into(np.array([4, 1]), np.array([2, 2]), tokens, labels, np.array([0, 5]))
@@ -93,6 +93,8 @@ def test_first_outside_int32(values, allow_ignore, expected):
     assert first_outside_int32(values, allow_ignore) == expected
 
 
-def test_count_equal():
-    assert count_equal(np.array([0, 3, 0, 0], np.uint16), 0) == 3
-    assert count_equal(np.array([1, 2], np.int32), 0) == 0
+def test_compact_counts_tokens_equal_to_the_pad_id():
+    block = DecodedBlock(offsets_of(np.array([4])), np.array([0, 3, 0, 0], np.int32), None)
+    assert block.compact(0)[1] == 3
+    assert block.compact(7)[1] == 0
+    assert block.compact()[1] == 0

@@ -44,17 +44,18 @@ class DecodedBlock:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.offsets, self.tokens, self.labels, self.ignore_bits) if a is not None)
 
-    def compact(self) -> "DecodedBlock":
-        """The same block in its smallest exact form (module docstring)."""
+    def compact(self, pad_token_id: int = -1) -> tuple["DecodedBlock", int]:
+        """The same block in its smallest exact form (module docstring), and how many of its
+        tokens equal `pad_token_id`: one pass over tokens and labels."""
         has_labels = self.labels is not None and self.ignore_bits is None
         labels = self.labels if has_labels else self.tokens
-        max_token, masked_tokens = _max_and_masked(self.tokens, labels, has_labels)
-        tokens = self.tokens.astype(np.uint16) if max_token < _UINT16_LIMIT else self.tokens
-        if not has_labels or not masked_tokens:
-            return DecodedBlock(self.offsets, tokens, self.labels, self.ignore_bits)
-        bits = np.zeros((len(labels) + 7) // 8, dtype=np.uint8)
-        _set_ignore_bits(labels, bits)
-        return DecodedBlock(self.offsets, tokens, None, bits)
+        small = np.empty(len(self.tokens), dtype=np.uint16)
+        bits = np.zeros((len(self.tokens) + 7) // 8 if has_labels else 0, dtype=np.uint8)
+        largest, masked, pad_like = _compact(self.tokens, labels, has_labels, pad_token_id, small, bits)
+        tokens = small if largest < _UINT16_LIMIT else self.tokens
+        if has_labels and masked:
+            return DecodedBlock(self.offsets, tokens, None, bits), int(pad_like)
+        return DecodedBlock(self.offsets, tokens, self.labels, self.ignore_bits), int(pad_like)
 
     def gather_into(self, src_starts: np.ndarray, lens: np.ndarray, tokens_out: np.ndarray,
                     labels_out: np.ndarray, dst_starts: np.ndarray) -> None:
@@ -95,10 +96,6 @@ def first_outside_int32(values: np.ndarray, allow_ignore: bool) -> int:
     return int(_first_outside(values, allow_ignore))
 
 
-def count_equal(values: np.ndarray, value: int) -> int:
-    return int(_count_equal(values, value))
-
-
 @numba.njit(cache=True, nogil=True)
 def _first_outside(values, allow_ignore):
     for k in range(len(values)):
@@ -109,45 +106,35 @@ def _first_outside(values, allow_ignore):
 
 
 @numba.njit(cache=True, nogil=True)
-def _count_equal(values, value):
-    n = 0
-    for k in range(len(values)):
-        if values[k] == value:
-            n += 1
-    return n
-
-
-@numba.njit(cache=True, nogil=True)
-def _max_and_masked(tokens, labels, has_labels):
-    """(largest token, whether every label is its token or -100), in one pass."""
+def _compact(tokens, labels, has_labels, pad_token_id, small, bits):
+    """One pass: tokens into `small` (uint16) while they fit, ignore bits while every label is its
+    token or -100; returns (largest token, whether labels are masked tokens, tokens equal to the pad id)."""
     largest = 0
     masked = has_labels
+    pad_like = 0
     for k in range(len(tokens)):
         t = tokens[k]
+        if t == pad_token_id:
+            pad_like += 1
         if t > largest:
             largest = t
+        if largest < _UINT16_LIMIT:
+            small[k] = t
         if masked:
             label = labels[k]
-            if label != t and label != IGNORE_INDEX:
+            if label == IGNORE_INDEX:
+                bits[k >> 3] |= np.uint8(1 << (k & 7))
+            elif label != t:
                 masked = False
-    return largest, masked
-
-
-@numba.njit(cache=True, nogil=True)
-def _set_ignore_bits(labels, bits):
-    for k in range(len(labels)):
-        if labels[k] == IGNORE_INDEX:
-            bits[k >> 3] |= np.uint8(1 << (k & 7))
+    return largest, masked, pad_like
 
 
 @numba.njit(cache=True, nogil=True)
 def _gather_same(tokens, src_starts, lens, tokens_out, labels_out, dst_starts):
     for i in range(len(lens)):
-        s, d = src_starts[i], dst_starts[i]
-        for j in range(lens[i]):
-            t = tokens[s + j]
-            tokens_out[d + j] = t
-            labels_out[d + j] = t
+        s, d, n = src_starts[i], dst_starts[i], lens[i]
+        tokens_out[d:d + n] = tokens[s:s + n]
+        labels_out[d:d + n] = tokens_out[d:d + n]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -164,7 +151,6 @@ def _gather_masked(tokens, bits, src_starts, lens, tokens_out, labels_out, dst_s
 @numba.njit(cache=True, nogil=True)
 def _gather_labels(tokens, labels, src_starts, lens, tokens_out, labels_out, dst_starts):
     for i in range(len(lens)):
-        s, d = src_starts[i], dst_starts[i]
-        for j in range(lens[i]):
-            tokens_out[d + j] = tokens[s + j]
-            labels_out[d + j] = labels[s + j]
+        s, d, n = src_starts[i], dst_starts[i], lens[i]
+        tokens_out[d:d + n] = tokens[s:s + n]
+        labels_out[d:d + n] = labels[s:s + n]

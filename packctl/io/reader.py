@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from packctl.arrays import offsets_of
 from packctl.config import IGNORE_INDEX, INT32_MAX
 from packctl.errors import PackctlError
-from packctl.io.blocks import DecodedBlock, count_equal, first_outside_int32
+from packctl.io.blocks import DecodedBlock, first_outside_int32
 
 _GLOB_CHARS = set("*?[")
 
@@ -193,7 +193,7 @@ def decode_block(path: str, row_group: int | None, first_row: int, tokens_column
         raise PackctlError(f"{path}: cannot read column(s) {', '.join(columns)} ({_short(exc)}); "
                            "the file may be truncated or corrupt") from None
     where = _Where(path, first_row)
-    tok_arr = table.column(tokens_column).combine_chunks()
+    tok_arr = _one_array(table.column(tokens_column))
     offsets, tok_values = _flat(where, tok_arr, tokens_column)
     lengths = np.diff(offsets)
     if not skip_empty and len(lengths) and (lengths == 0).any():
@@ -203,7 +203,7 @@ def decode_block(path: str, row_group: int | None, first_row: int, tokens_column
     tokens = _as_int32(where, tok_values, offsets, tokens_column, allow_ignore=False)
     labels = None
     if labels_column is not None:
-        lab_arr = table.column(labels_column).combine_chunks()
+        lab_arr = _one_array(table.column(labels_column))
         lab_offsets, lab_values = _flat(where, lab_arr, labels_column)
         if not np.array_equal(lab_offsets, offsets):
             row = int(np.argmax(np.diff(lab_offsets) != lengths))
@@ -212,6 +212,10 @@ def decode_block(path: str, row_group: int | None, first_row: int, tokens_column
                 f"{int(lengths[row])} tokens; labels must have one entry per token")
         labels = _as_int32(where, lab_values, offsets, labels_column, allow_ignore=True)
     return DecodedBlock(offsets=offsets, tokens=tokens, labels=labels)
+
+
+def _one_array(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 @dataclass(frozen=True)
@@ -348,9 +352,7 @@ def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
     lengths = np.zeros(gid_hi - gid_lo, dtype=np.int64)
 
     def decode(block: Block) -> tuple[DecodedBlock, int]:
-        decoded = source.decode(block)
-        pad_like = count_equal(decoded.tokens, pad_token_id) if pad_token_id is not None else 0
-        return decoded.compact(), pad_like
+        return source.decode(block).compact(-1 if pad_token_id is None else pad_token_id)
 
     for b, (decoded, pad_like) in _decode_in_order(decode, index.blocks, block_lo, block_hi):
         lengths[index.block_offsets[b] - gid_lo:index.block_offsets[b + 1] - gid_lo] = np.diff(decoded.offsets)
