@@ -34,7 +34,7 @@ def _full_labels(block: DecodedBlock) -> np.ndarray:
        data=st.data())
 def test_compact_gathers_the_same_tokens_and_labels(lengths, vocab, labels, seed, data):
     block = _block(lengths, vocab, labels, seed)
-    compact, _ = block.compact()
+    compact = block.compact()[0]
     rows = np.asarray(data.draw(st.lists(st.integers(0, len(lengths) - 1), min_size=1, max_size=20)))
     starts = np.array([data.draw(st.integers(0, lengths[r] - 1)) for r in rows], dtype=np.int64)
     lens = np.array([data.draw(st.integers(0, lengths[r] - s)) for r, s in zip(rows, starts)], dtype=np.int64)
@@ -61,7 +61,7 @@ def test_compact_form_and_size(vocab, labels, dtype, form, bytes_per_token):
     block.tokens[0] = vocab - 1  # the largest id decides the token type
     if block.labels is not None and labels == "masked":
         block.labels[0] = block.tokens[0]
-    compact, _ = block.compact()
+    compact = block.compact()[0]
     assert compact.tokens.dtype == dtype
     assert {"bits": compact.ignore_bits is not None and compact.labels is None,
             "none": compact.labels is None and compact.ignore_bits is None,
@@ -91,6 +91,17 @@ def test_gather_into_places_segments_anywhere():
 ])
 def test_first_outside_int32(values, allow_ignore, expected):
     assert first_outside_int32(values, allow_ignore) == expected
+
+
+def test_compact_finds_the_first_value_out_of_range():
+    tokens = np.array([5, 7, -3, 2, -1], np.int32)
+    labels = np.array([5, -100, -7, -2, 1], np.int32)
+    _, _, bad_token, bad_label = DecodedBlock(offsets_of(np.array([5])), tokens, labels).compact()
+    assert (bad_token, bad_label) == (2, 2)
+    _, _, bad_token, bad_label = DecodedBlock(offsets_of(np.array([5])), np.abs(tokens), labels).compact()
+    assert (bad_token, bad_label) == (-1, 2)
+    fine = DecodedBlock(offsets_of(np.array([2])), np.array([1, 2], np.int32), np.array([-100, 2], np.int32))
+    assert fine.compact()[2:] == (-1, -1)
 
 
 def test_compact_counts_tokens_equal_to_the_pad_id():

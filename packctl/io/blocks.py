@@ -44,18 +44,23 @@ class DecodedBlock:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.offsets, self.tokens, self.labels, self.ignore_bits) if a is not None)
 
-    def compact(self, pad_token_id: int = -1) -> tuple["DecodedBlock", int]:
-        """The same block in its smallest exact form (module docstring), and how many of its
-        tokens equal `pad_token_id`: one pass over tokens and labels."""
+    def compact(self, pad_token_id: int = -1) -> tuple["DecodedBlock", int, int, int]:
+        """The same block in its smallest exact form (module docstring), in one pass over tokens
+        and labels that also counts tokens equal to `pad_token_id` and finds the first token
+        below 0 and the first label below 0 other than -100 (-1: none; the form is then not
+        meant to be used). Returns (block, pad-like tokens, bad token, bad label)."""
         has_labels = self.labels is not None and self.ignore_bits is None
         labels = self.labels if has_labels else self.tokens
         small = np.empty(len(self.tokens), dtype=np.uint16)
         bits = np.zeros((len(self.tokens) + 7) // 8 if has_labels else 0, dtype=np.uint8)
-        largest, masked, pad_like = _compact(self.tokens, labels, has_labels, pad_token_id, small, bits)
+        largest, masked, pad_like, bad_token, bad_label = _compact(self.tokens, labels, has_labels, pad_token_id,
+                                                                   small, bits)
         tokens = small if largest < _UINT16_LIMIT else self.tokens
         if has_labels and masked:
-            return DecodedBlock(self.offsets, tokens, None, bits), int(pad_like)
-        return DecodedBlock(self.offsets, tokens, self.labels, self.ignore_bits), int(pad_like)
+            compact = DecodedBlock(self.offsets, tokens, None, bits)
+        else:
+            compact = DecodedBlock(self.offsets, tokens, self.labels, self.ignore_bits)
+        return compact, int(pad_like), int(bad_token), int(bad_label)
 
     def gather_into(self, src_starts: np.ndarray, lens: np.ndarray, tokens_out: np.ndarray,
                     labels_out: np.ndarray, dst_starts: np.ndarray) -> None:
@@ -108,25 +113,34 @@ def _first_outside(values, allow_ignore):
 @numba.njit(cache=True, nogil=True)
 def _compact(tokens, labels, has_labels, pad_token_id, small, bits):
     """One pass: tokens into `small` (uint16) while they fit, ignore bits while every label is its
-    token or -100; returns (largest token, whether labels are masked tokens, tokens equal to the pad id)."""
+    token or -100; returns (largest token, whether labels are masked tokens, tokens equal to the
+    pad id, first negative token, first negative label other than -100)."""
     largest = 0
     masked = has_labels
     pad_like = 0
+    bad_token = -1
+    bad_label = -1
     for k in range(len(tokens)):
         t = tokens[k]
+        if t < 0 and bad_token < 0:
+            bad_token = k
         if t == pad_token_id:
             pad_like += 1
         if t > largest:
             largest = t
         if largest < _UINT16_LIMIT:
             small[k] = t
-        if masked:
+        if has_labels:
             label = labels[k]
             if label == IGNORE_INDEX:
-                bits[k >> 3] |= np.uint8(1 << (k & 7))
-            elif label != t:
-                masked = False
-    return largest, masked, pad_like
+                if masked:
+                    bits[k >> 3] |= np.uint8(1 << (k & 7))
+            else:
+                if label < 0 and bad_label < 0:
+                    bad_label = k
+                if label != t:
+                    masked = False
+    return largest, masked, pad_like, bad_token, bad_label
 
 
 @numba.njit(cache=True, nogil=True)

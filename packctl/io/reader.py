@@ -173,10 +173,11 @@ def _row_of(offsets: np.ndarray, flat_index: int) -> tuple[int, int]:
 
 
 def decode_block(path: str, row_group: int | None, first_row: int, tokens_column: str,
-                 labels_column: str | None, *, skip_empty: bool = False) -> DecodedBlock:
+                 labels_column: str | None, *, skip_empty: bool = False, check_values: bool = True) -> DecodedBlock:
     """Read and validate one row group (or the whole file with row_group=None): tokens in
     [0, 2^31), no nulls, no empty rows (unless `skip_empty`: they keep length 0 and the pipeline
-    leaves them out), labels aligned. Errors name rows of the file."""
+    leaves them out), labels aligned. Errors name rows of the file. `check_values=False` leaves
+    the range check of int32 columns to the caller (`compact_block` does it in its own pass)."""
     pf = open_parquet(path)
     schema = pf.schema_arrow
     check_list_column(path, schema, tokens_column, "tokens")
@@ -200,7 +201,7 @@ def decode_block(path: str, row_group: int | None, first_row: int, tokens_column
         row = int(np.argmax(lengths == 0))
         raise PackctlError(f"{where.row(row)} column '{tokens_column}': empty sequence; remove empty rows or "
                            "pass --skip-empty to leave them out (counted in the manifest)")
-    tokens = _as_int32(where, tok_values, offsets, tokens_column, allow_ignore=False)
+    tokens = _as_int32(where, tok_values, offsets, tokens_column, allow_ignore=False, check=check_values)
     labels = None
     if labels_column is not None:
         lab_arr = _one_array(table.column(labels_column))
@@ -210,7 +211,7 @@ def decode_block(path: str, row_group: int | None, first_row: int, tokens_column
             raise PackctlError(
                 f"{where.row(row)} column '{labels_column}': {int(np.diff(lab_offsets)[row])} labels for "
                 f"{int(lengths[row])} tokens; labels must have one entry per token")
-        labels = _as_int32(where, lab_values, offsets, labels_column, allow_ignore=True)
+        labels = _as_int32(where, lab_values, offsets, labels_column, allow_ignore=True, check=check_values)
     return DecodedBlock(offsets=offsets, tokens=tokens, labels=labels)
 
 
@@ -229,17 +230,38 @@ class _Where:
         return f"{self.path} row {self.first_row + row_in_block}"
 
 
-def _as_int32(where: _Where, values: pa.Array, offsets: np.ndarray, column: str, *, allow_ignore: bool) -> np.ndarray:
+def _as_int32(where: _Where, values: pa.Array, offsets: np.ndarray, column: str, *, allow_ignore: bool,
+              check: bool = True) -> np.ndarray:
+    """The values as int32, checked to lie in [0, 2^31) (or be -100 where `allow_ignore`); other
+    integer types are always checked, since converting them must be exact."""
     arr = values.to_numpy(zero_copy_only=False)
     if len(arr) == 0:
         return arr.astype(np.int32)
-    k = first_outside_int32(arr, allow_ignore)
-    if k >= 0:
-        row, pos = _row_of(offsets, k)
-        allowed = f"[0, {INT32_MAX}]" + (f" or {IGNORE_INDEX}" if allow_ignore else "")
-        raise PackctlError(f"{where.row(row)} column '{column}': value {int(arr[k])} at position {pos} "
-                           f"is outside {allowed}")
+    if check or arr.dtype != np.int32:
+        k = first_outside_int32(arr, allow_ignore)
+        if k >= 0:
+            raise _value_error(where, offsets, column, k, int(arr[k]), allow_ignore)
     return arr.astype(np.int32, copy=False)
+
+
+def _value_error(where: _Where, offsets: np.ndarray, column: str, k: int, value: int,
+                 allow_ignore: bool) -> PackctlError:
+    row, pos = _row_of(offsets, k)
+    allowed = f"[0, {INT32_MAX}]" + (f" or {IGNORE_INDEX}" if allow_ignore else "")
+    return PackctlError(f"{where.row(row)} column '{column}': value {value} at position {pos} is outside {allowed}")
+
+
+def compact_block(block: Block, decoded: DecodedBlock, path: str, tokens_column: str, labels_column: str | None,
+                  pad_token_id: int | None) -> tuple[DecodedBlock, int]:
+    """`DecodedBlock.compact` of a block decoded with `check_values=False`, with the range check
+    of `decode_block` done in the same pass (and the same error)."""
+    compact, pad_like, bad_token, bad_label = decoded.compact(-1 if pad_token_id is None else pad_token_id)
+    where = _Where(path, block.first_row)
+    if bad_token >= 0:
+        raise _value_error(where, decoded.offsets, tokens_column, bad_token, int(decoded.tokens[bad_token]), False)
+    if bad_label >= 0:
+        raise _value_error(where, decoded.offsets, labels_column, bad_label, int(decoded.labels[bad_label]), True)
+    return compact, pad_like
 
 
 class TokenSource:
@@ -287,9 +309,9 @@ class TokenSource:
         self.blocks_reread += 1
         return self.decode(block)
 
-    def decode(self, block: Block) -> DecodedBlock:
+    def decode(self, block: Block, check_values: bool = True) -> DecodedBlock:
         return decode_block(self.paths[block.file], block.row_group, block.first_row, self.tokens_column,
-                            self.labels_column, skip_empty=self.skip_empty)
+                            self.labels_column, skip_empty=self.skip_empty, check_values=check_values)
 
 
 def _blocks_of(path: str, f: int) -> tuple[list[Block], int]:
@@ -352,7 +374,8 @@ def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
     lengths = np.zeros(gid_hi - gid_lo, dtype=np.int64)
 
     def decode(block: Block) -> tuple[DecodedBlock, int]:
-        return source.decode(block).compact(-1 if pad_token_id is None else pad_token_id)
+        return compact_block(block, source.decode(block, check_values=False), source.paths[block.file],
+                             index.tokens_column, index.labels_column, pad_token_id)
 
     for b, (decoded, pad_like) in _decode_in_order(decode, index.blocks, block_lo, block_hi):
         lengths[index.block_offsets[b] - gid_lo:index.block_offsets[b + 1] - gid_lo] = np.diff(decoded.offsets)
