@@ -15,6 +15,12 @@ import numpy as np
 
 
 def _lex_order(keys: np.ndarray, gids: np.ndarray) -> np.ndarray:
+    """Order of (key, gid) pairs. Distinct keys (shuffle's hashes) need no tie-break, and a plain
+    argsort is 3-4x faster than lexsort; with ties (curriculum lengths) lexsort decides."""
+    order = np.argsort(keys)
+    ranked = keys[order]
+    if (ranked[1:] != ranked[:-1]).all():
+        return order
     return np.lexsort((gids, keys))
 
 
