@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,6 +160,10 @@ def _pack(config: PackConfig, comm, progress: Progress, out: Path, lock: OutputL
     output = run.output = _open_output(comm, out, config.overwrite, fingerprint, done)
     # --resume is how a run executes, not what it writes: the shards do not record it.
     content = dataclasses.replace(config, resume=False)
+    tokens_in = comm.allreduce_sum(int(index.lengths.sum()))
+    # In one process the plan is the whole plan: its metrics are computed beside materialize.
+    early_metrics = _in_background(plan_metrics, plan, pack_lens, config, index.num_sequences, tokens_in,
+                                   skipped_empty=skipped_empty) if comm.size == 1 else None
     with _timed(timings, "materialize"):
         written = materialize(comm, plan, pack_lens, index, source, block_bounds, output=output,
                               metadata=shard_metadata(content, index.labels_column, index.files),
@@ -167,7 +172,6 @@ def _pack(config: PackConfig, comm, progress: Progress, out: Path, lock: OutputL
                               columns=columns,
                               progress=progress.stage("materialize", plan.num_bins))
     with _timed(timings, "report"):
-        tokens_in = comm.allreduce_sum(int(index.lengths.sum()))
         pad_like = comm.allreduce_sum(source.tokens_equal_to_pad_id)
         mine = (plan, pack_lens, written.shards, balanced.figures if balanced is not None else None,
                 columns.get("batch_size"), buckets, columns.get("step"), columns.get("dp_rank"))
@@ -178,8 +182,8 @@ def _pack(config: PackConfig, comm, progress: Progress, out: Path, lock: OutputL
         whole = merge_plans([p[0] for p in parts])
         all_pack_lens = np.concatenate([p[1] for p in parts])
         shards = [s for p in parts for s in p[2]]
-        metrics = plan_metrics(whole, all_pack_lens, config, index.num_sequences, tokens_in,
-                               skipped_empty=skipped_empty)
+        metrics = early_metrics.result() if early_metrics is not None else plan_metrics(
+            whole, all_pack_lens, config, index.num_sequences, tokens_in, skipped_empty=skipped_empty)
         counts = metrics["counts"]
         if balanced is not None:
             metrics["balance"] = balance_report(config, [p[3] for p in parts])
@@ -625,6 +629,20 @@ def peak_rss_bytes() -> int:
     """Peak resident memory of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def _in_background(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
+    """fn(*args, **kwargs) on a thread of its own; `.result()` gives its value (or raises its error)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # handed to whoever asks for the result
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="packctl-metrics", daemon=True).start()
+    return future
 
 
 @contextmanager
