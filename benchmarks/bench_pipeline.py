@@ -88,7 +88,8 @@ def main() -> None:
                          (f"I/O floor: write ({workers} threads)", writes), ("I/O floor: total", floors)):
         print(f"{name:<28}{med(values):>10.2f}{min(values):>10.2f}{max(values):>10.2f}")
     ratios = [p / f for p, f in zip(packs, floors)]
-    print(f"ratio pack / floor: median {med(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})")
+    print(f"ratio pack / floor: median {med(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f}); "
+          f"each run: {' '.join(f'{r:.2f}' for r in ratios)}")
     print("packctl stages (median s): " + "  ".join(
         f"{k} {med([s[k] for s in stages]):.2f}" for k in stages[0]))
 

@@ -10,7 +10,8 @@ itself, with the same code):
                   grouped by the rank that asked, and sends them (Alltoallv of int32 tokens
                   and labels); what arrives goes to the bucket of its shard
     3. write      a shard whose last piece has arrived is built and written at once, on a writer
-                  thread, while the rounds go on
+                  thread, while the rounds go on; a commit thread makes it durable (fsync,
+                  rename, sha256, journal)
 
     blocks (input order)      shards (output order)
     b0 b1 b2 b3 ...   --->    part-00000 <- pieces from b0, b3     complete after b3: written

@@ -265,7 +265,7 @@ def compact_block(block: Block, decoded: DecodedBlock, path: str, tokens_column:
 
 
 class TokenSource:
-    """Decoded blocks, kept while they fit in `budget` bytes.
+    """Decoded blocks, kept (in compact form, `DecodedBlock.compact`) while they fit in `budget` bytes.
 
     Scan decodes every block once to learn lengths and keeps as many as the budget allows;
     materialize `take`s each block exactly once, in order, so a corpus that fits is read once and
