@@ -30,10 +30,8 @@ def offsets_of(lens: np.ndarray) -> np.ndarray:
 @numba.njit(cache=True, nogil=True)
 def _copy_segments(src, src_starts, dst, dst_starts, lens):
     for i in range(len(lens)):
-        s = src_starts[i]
-        d = dst_starts[i]
-        for j in range(lens[i]):
-            dst[d + j] = src[s + j]
+        s, d, n = src_starts[i], dst_starts[i], lens[i]
+        dst[d:d + n] = src[s:s + n]  # slice copies vectorize (and cast, e.g. uint16 -> int32)
 
 
 def copy_segments(src: np.ndarray, src_starts: np.ndarray, dst: np.ndarray, dst_starts: np.ndarray,

@@ -143,6 +143,8 @@ def _compact(tokens, labels, has_labels, pad_token_id, small, bits):
     return largest, masked, pad_like, bad_token, bad_label
 
 
+# Tokens and labels are gathered in one pass over each segment: two `copy_segments` calls read
+# every scattered segment twice and measured 1.5x slower on a 4M-token shard.
 @numba.njit(cache=True, nogil=True)
 def _gather_same(tokens, src_starts, lens, tokens_out, labels_out, dst_starts):
     for i in range(len(lens)):
