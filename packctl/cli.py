@@ -84,6 +84,8 @@ def pack_command(
     resume: Optional[bool] = typer.Option(None, "--resume/--no-resume",
                                           help="Continue an interrupted run of the same command, keeping its "
                                                "finished shards."),
+    token_transfer: Optional[str] = typer.Option(None, help="auto|exchange|read: under MPI, how a rank gets the "
+                                                            "tokens it writes (docs/distributed.md).  [default: auto]"),
     mode: Optional[str] = typer.Option(None, help="pack|batch: THD packs, or padded micro-batches (dynamic "
                                                   "batching).  [default: pack]"),
     max_tokens: Optional[int] = typer.Option(None, help="Batch mode: tokens per micro-batch, rows x padded length.  "
@@ -134,6 +136,7 @@ def pack_command(
             pad_token_id=pad_token_id, max_seqs_per_bin=max_seqs_per_bin, too_long=too_long,
             tokens_column=tokens_column, labels_column=labels_column, shard_rows=shard_rows,
             skip_empty=skip_empty, memory_budget=memory_budget, overwrite=overwrite, resume=resume,
+            token_transfer=token_transfer,
             mode=mode, max_tokens=max_tokens, seq_round=seq_round, shape_buckets=shape_buckets,
             warmup_shapes=warmup_shapes, dp_size=dp_size, micro_batches=micro_batches, step_tokens=step_tokens, balance=balance,
             attn_coeff=attn_coeff, balance_scope=balance_scope, step_grouping=step_grouping,

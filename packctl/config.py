@@ -31,6 +31,7 @@ STEP_GROUPINGS = ("cost", "order")
 LR_SCALINGS = ("none", "linear", "sqrt")
 BATCH_UNITS = ("sequences", "tokens")
 MODES = ("pack", "batch")
+TOKEN_TRANSFERS = ("auto", "exchange", "read")
 
 IGNORE_INDEX = -100
 INT32_MAX = 2**31 - 1
@@ -98,6 +99,9 @@ class PackConfig:
         memory_budget: bytes of decoded tokens held in memory at once ("8GiB" also accepted).
         resume: continue an interrupted run with the same options and inputs, keeping the shards it
             finished (docs/errors.md); without an interrupted run, an ordinary run.
+        token_transfer: how a rank gets the tokens of the packs it writes under MPI: "exchange" (sent
+            by the rank that scanned their block), "read" (it reads the blocks itself: a filesystem every
+            rank sees), "auto" (read when that decodes at most 1.5x the input, e.g. input order).
         mode: "pack" (THD packs) or "batch" (padded micro-batches: sequences sorted by length in
             each window, grouped while rows x padded length <= max_tokens; docs/format.md).
         max_tokens: batch mode: tokens of a padded micro-batch, rows x padded length (default
@@ -154,6 +158,7 @@ class PackConfig:
     overwrite: bool = False
     memory_budget: int | str | None = None
     resume: bool = False
+    token_transfer: str = "auto"
     mode: str = "pack"
     max_tokens: int | None = None
     seq_round: int = 1
@@ -229,6 +234,7 @@ class PackConfig:
         _choice("curriculum_order", self.curriculum_order, CURRICULUM_ORDERS)
         _choice("pad_to", self.pad_to, PAD_TO)
         _choice("too_long", self.too_long, TOO_LONG)
+        _choice("token_transfer", self.token_transfer, TOKEN_TRANSFERS)
         for name in ("capacity", "window", "cp_size", "tp_size", "seq_multiple", "shard_rows", "pool_size"):
             _positive(name, getattr(self, name))
         if self.max_seqs_per_bin is not None:

@@ -1,26 +1,31 @@
 """Materialize: move every piece's tokens from its input block to its output shard, in bounded memory.
 
-Each rank reads its own input blocks once, in order; each rank writes the shards of its own
-windows. In between, tokens travel (Alltoallv, one round per block; a single process sends to
-itself, with the same code):
+Each rank writes its run of units (row groups; dist/assign.py deals them out by tokens) and gets
+the tokens of its pieces in one of two ways (`--token-transfer`):
 
-    1. requests   every piece planned here asks the rank that reads its block for
-                  (gid, start, len): one Alltoallv of int64 records
-    2. rounds     round k: every rank decodes its k-th block, gathers the requested pieces,
-                  grouped by the rank that asked, and sends them (Alltoallv of int32 tokens
-                  and labels); what arrives goes to the bucket of its shard
-    3. write      a shard whose last piece has arrived is built and written at once, on a writer
-                  thread, while the rounds go on; a commit thread makes it durable (fsync,
-                  rename, sha256, journal)
+  exchange  each rank reads its own input blocks once, in order, and sends every piece to the
+            rank that writes it (Alltoallv, one round per block; a single process sends to itself):
+      1. requests   every piece written here asks the rank that reads its block for
+                    (gid, start, len): one Alltoallv of int64 records
+      2. rounds     round k: every rank decodes its k-th block, gathers the requested pieces,
+                    grouped by the rank that asked, and sends them (Alltoallv of int32 tokens
+                    and labels); what arrives goes to the bucket of its unit
+  read      each rank reads the blocks its pieces come from itself (a filesystem every rank
+            sees; with input order that is about its own share of the blocks): no exchange
 
-    blocks (input order)      shards (output order)
-    b0 b1 b2 b3 ...   --->    part-00000 <- pieces from b0, b3     complete after b3: written
-                              part-00001 <- pieces from b1, b2, b7 complete after b7: written
+    3. write  a unit whose last piece has arrived is built and encoded at once (a Parquet row
+              group), on a writer thread; a shard whose units are all encoded is joined
+              (io/stitch.py) and made durable on a commit thread (fsync, rename, sha256, journal).
+              A shard shared by two writers is joined, after both, by the one holding its start.
 
-With input order and `concat`, shards complete almost as fast as blocks are read and memory
-stays at a few blocks; with shuffle or curriculum order a shard completes only when its last
+    blocks (input order)      units -> shards (output order)
+    b0 b1 b2 b3 ...   --->    part-00000 <- u0 (pieces from b0, b3) u1 (b1)   complete after b3: joined
+                              part-00001 <- u2 (pieces from b1, b2, b7)       complete after b7: joined
+
+With input order and `concat`, units complete almost as fast as blocks are read and memory
+stays at a few blocks; with shuffle or curriculum order a unit completes only when its last
 source block is read, and the memory budget decides how much waits in memory and how much is
-spilled to disk (and read back when its shard is complete).
+spilled to disk (and read back when its unit is complete).
 """
 from __future__ import annotations
 
@@ -33,25 +38,20 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from packctl.arrays import Scratch, copy_segments, offsets_of
+from packctl.dist.assign import Assignment, WriteRun, write_run
 from packctl.io.reader import SequenceIndex, TokenSource
-from packctl.io.writer import OutputDir, ShardInfo, StagedShard, rows_to_table
+from packctl.io.stitch import stitch
+from packctl.io.writer import OutputDir, ShardInfo, StagedShard, encode_table, rows_to_table
 from packctl.plan.windows import PackPlan
 from packctl.thd import lay_out_packs
 
-
-def shard_bounds(window_bins: np.ndarray, shard_rows: int) -> np.ndarray:
-    """First pack of every shard (plus the end): shards hold at most `shard_rows` packs and never
-    straddle windows. window_bins [0, 5, 7], shard_rows 2 -> [0, 2, 4, 5, 7]."""
-    bounds = [np.arange(lo, hi, shard_rows) for lo, hi in zip(window_bins[:-1], window_bins[1:])]
-    starts = np.concatenate(bounds) if bounds else np.zeros(0, np.int64)
-    return np.append(starts, window_bins[-1]).astype(np.int64)
-
-
 @dataclass
 class _Bucket:
-    """Pieces of one shard received so far (in memory and spilled)."""
+    """Pieces of one unit received so far (in memory and spilled)."""
 
     pieces: list[np.ndarray] = field(default_factory=list)
     tokens: list[np.ndarray] = field(default_factory=list)
@@ -88,14 +88,16 @@ class _Bucket:
         return np.concatenate(pieces), np.concatenate(tokens), np.concatenate(labels)
 
 
-class _Writers:
-    """Builds and writes complete shards on worker threads, with a bounded queue (backpressure);
-    one more thread commits what they staged (fsync, rename, sha256, journal), so the workers
-    never wait on the disk.
 
-        worker 1   build+encode s0 | build+encode s2 | ...
-        worker 2   build+encode s1 | build+encode s3 | ...
-        commit                   fsync s0 | fsync s1 | fsync s2 ...
+
+class _Writers:
+    """Builds and encodes complete units on worker threads, with a bounded queue (backpressure);
+    one more thread commits the shards they staged (fsync, rename, sha256, journal), so the
+    workers never wait on the disk.
+
+        worker 1   build+encode u0 | build+encode u2 | ...
+        worker 2   build+encode u1 | build+encode u3 | ...
+        commit                   fsync s0 | fsync s1 ...
     """
 
     def __init__(self, workers: int, max_pending: int, commit: Callable[[StagedShard], ShardInfo]):
@@ -109,17 +111,18 @@ class _Writers:
         self._failure: BaseException | None = None  # of a commit: raised at the next submit
         self._lock = threading.Lock()
 
-    def submit(self, shard: int, fn: Callable[[], StagedShard]) -> None:
+    def submit(self, fn: Callable[[], tuple[int, StagedShard] | None]) -> None:
         if self._failure is not None:
             raise self._failure
         while len(self._pending) >= self._max_pending:
             self._pending.popleft().result()
-        self._pending.append(self._pool.submit(self._run, shard, fn))
+        self._pending.append(self._pool.submit(self._run, fn))
 
-    def _run(self, shard: int, fn: Callable[[], StagedShard]) -> None:
+    def _run(self, fn: Callable[[], tuple[int, StagedShard] | None]) -> None:
         staged = fn()
-        with self._lock:
-            self._commits.append(self._committer.submit(self._finish_one, shard, staged))
+        if staged is not None:
+            with self._lock:
+                self._commits.append(self._committer.submit(self._finish_one, *staged))
 
     def _finish_one(self, shard: int, staged: StagedShard) -> None:
         try:
@@ -145,47 +148,59 @@ class _Writers:
         self._committer.shutdown(wait=True)
 
 
+def shard_name(shard: int) -> str:
+    return f"part-{shard:05d}.parquet"
+
+
+def run_part_name(shard: int, first_part: int) -> str:
+    """The file one writer leaves for a shard it shares: its run of row groups from `first_part`."""
+    return f".{shard_name(shard)}.from-{first_part:05d}"
+
+
 class ShardAssembler:
-    """Collects the tokens of this rank's pieces, shard by shard, and writes each complete shard.
+    """Collects the tokens of this rank's pieces, unit by unit, and writes each complete unit.
 
     `add` takes pieces (indices into this rank's plan) with their tokens and labels, in any
     order and any grouping; memory held in buckets stays within `budget` (minus what
     `held_elsewhere()` reports), the largest buckets being spilled to disk beyond it.
     """
 
-    def __init__(self, plan: PackPlan, pack_lens: np.ndarray, *, output: OutputDir, metadata: bytes,
-                 shard_rows: int, first_shard: int, pad_token_id: int, budget: int,
+    def __init__(self, plan: PackPlan, pack_lens: np.ndarray, run: WriteRun, *, output: OutputDir,
+                 metadata: bytes, pad_token_id: int, budget: int,
                  held_elsewhere: Callable[[], int] = lambda: 0, progress: Callable[[int], None] = lambda n: None,
                  writers: int | None = None, columns: dict[str, np.ndarray] | None = None):
-        self.plan, self.pack_lens = plan, pack_lens
+        self.plan, self.pack_lens, self.run = plan, pack_lens, run
         self.columns = columns or {}  # extra per-pack columns (step, dp_rank, ...), in this rank's pack order
         self.output, self.metadata = output, metadata
-        self.first_shard, self.pad_token_id = first_shard, pad_token_id
+        self.pad_token_id = pad_token_id
         self.budget, self.held_elsewhere, self.progress = budget, held_elsewhere, progress
-        self.bounds = shard_bounds(plan.window_bins, shard_rows)
-        self.shard_piece_offsets = plan.bin_offsets[self.bounds]
-        self.num_shards = len(self.bounds) - 1
-        pieces_per_shard = np.diff(self.shard_piece_offsets)
-        self.piece_shard = np.repeat(np.arange(self.num_shards), pieces_per_shard)
-        self.remaining = pieces_per_shard.copy()
+        self.bounds = run.unit_bounds
+        self.unit_piece_offsets = plan.bin_offsets[self.bounds]
+        self.num_units = run.num_units
+        pieces_per_unit = np.diff(self.unit_piece_offsets)
+        self.piece_unit = np.repeat(np.arange(self.num_units), pieces_per_unit)
+        self.remaining = pieces_per_unit.copy()
         self.buckets: dict[int, _Bucket] = {}
         self.buffered = 0
-        self.spill_dir = output.tmp / f".spill-{first_shard:05d}"
+        self.spill_dir = output.tmp / f".spill-{output.rank:05d}"
         self.spill_files = self.spilled_bytes = 0
+        # encoded units of shards not yet complete here: shard -> {part: (bytes, rows, tokens)}
+        self._encoded: dict[int, dict[int, tuple[bytes, int, int]]] = {}
+        self.encoded_bytes = 0
+        self._local_units = {s: int(c) for s, c in zip(*np.unique(run.unit_shard, return_counts=True))}
+        self._lock = threading.Lock()
         workers = writers if writers is not None else max(1, min(2, os.cpu_count() or 1))
         self._writers = _Writers(workers, max_pending=2 * workers, commit=output.commit_shard)
-        self._scratch = threading.local()  # each writer thread builds its shards in the same buffers
+        self._scratch = threading.local()  # each writer thread builds its units in the same buffers
         # Shards an interrupted run already finished (--resume): their pieces are neither fetched nor written.
-        done = [self.shard_name(s) in output.done for s in range(self.num_shards)]
-        self.shard_done = np.array(done, dtype=bool)
-        self.piece_wanted = ~self.shard_done[self.piece_shard]
-        for s in np.flatnonzero(self.shard_done).tolist():
-            self.remaining[s] = 0
-            self._writers.results[s] = output.done[self.shard_name(s)]
-            self.progress(int(self.bounds[s + 1] - self.bounds[s]))
-
-    def shard_name(self, s: int) -> str:
-        return f"part-{self.first_shard + s:05d}.parquet"
+        self.unit_done = np.array([shard_name(int(s)) in output.done for s in run.unit_shard], dtype=bool)
+        self.piece_wanted = ~self.unit_done[self.piece_unit]
+        for u in np.flatnonzero(self.unit_done).tolist():
+            self.remaining[u] = 0
+            self.progress(int(self.bounds[u + 1] - self.bounds[u]))
+        for s in set(run.unit_shard[self.unit_done].tolist()):
+            if run.whole_here(s) or run.finishes(s):
+                self._writers.results[s] = output.done[shard_name(s)]
 
     def add(self, pieces: np.ndarray, tokens: np.ndarray, labels: np.ndarray) -> None:
         """Pieces with their tokens and labels concatenated in the same order."""
@@ -199,44 +214,44 @@ class ShardAssembler:
             copy_segments(labels, src_starts[sel], part_labels, dst_starts[:-1], lens)
             return part_tokens, part_labels
 
-        self._add_by_shard(pieces, part)
+        self._add_by_unit(pieces, part)
 
     def add_from_block(self, pieces: np.ndarray, decoded, rows: np.ndarray, starts: np.ndarray) -> None:
         """Pieces read straight from a decoded block (row in the block, start in the sequence)."""
-        self._add_by_shard(pieces, lambda sel, lens: decoded.gather(rows[sel], starts[sel], lens))
+        self._add_by_unit(pieces, lambda sel, lens: decoded.gather(rows[sel], starts[sel], lens))
 
-    def _add_by_shard(self, pieces: np.ndarray, part: Callable[[np.ndarray, np.ndarray], tuple]) -> None:
-        # Each shard's part gets arrays of its own (`part` gathers them), so spilling or writing it
-        # frees memory even while other shards still wait for their part of this batch.
+    def _add_by_unit(self, pieces: np.ndarray, part: Callable[[np.ndarray, np.ndarray], tuple]) -> None:
+        # Each unit's part gets arrays of its own (`part` gathers them), so spilling or writing it
+        # frees memory even while other units still wait for their part of this batch.
         if len(pieces) == 0:
             return
-        shard = self.piece_shard[pieces]
-        order = np.argsort(shard, kind="stable")
-        shards_here, first = np.unique(shard[order], return_index=True)
+        unit = self.piece_unit[pieces]
+        order = np.argsort(unit, kind="stable")
+        units_here, first = np.unique(unit[order], return_index=True)
         cuts = np.append(first, len(pieces))
-        for k, s in enumerate(shards_here.tolist()):
+        for k, u in enumerate(units_here.tolist()):
             sel = order[cuts[k]:cuts[k + 1]]
             part_tokens, part_labels = part(sel, self.plan.piece_len[pieces[sel]])
-            bucket = self.buckets.setdefault(s, _Bucket())
+            bucket = self.buckets.setdefault(u, _Bucket())
             self.buffered += bucket.add(pieces[sel], part_tokens, part_labels)
-            self.remaining[s] -= len(sel)
-            if self.remaining[s] == 0:
-                done = self.buckets.pop(s)
+            self.remaining[u] -= len(sel)
+            if self.remaining[u] == 0:
+                done = self.buckets.pop(u)
                 self.buffered -= done.nbytes
-                self._writers.submit(s, lambda s=s, done=done: self._build(s, done))
+                self._writers.submit(lambda u=u, done=done: self._build(u, done))
         self._keep_within_budget()
 
     def write_from_blocks(self, index: SequenceIndex, source: TokenSource) -> None:
-        """Every shard gathered straight from the decoded blocks `source` holds (all of them):
+        """Every unit gathered straight from the decoded blocks `source` holds (all of them):
         no buckets, no exchange; the writer threads gather, build and write in parallel."""
-        for s in np.flatnonzero(~self.shard_done).tolist():
-            self._writers.submit(s, lambda s=s: self._build_from_blocks(s, index, source))
+        for u in np.flatnonzero(~self.unit_done).tolist():
+            self._writers.submit(lambda u=u: self._build_from_blocks(u, index, source))
         self.remaining[:] = 0
 
-    def _build_from_blocks(self, s: int, index: SequenceIndex, source: TokenSource) -> StagedShard:
-        """Shard s with each piece gathered from its decoded block straight into its place in the pack."""
+    def _build_from_blocks(self, u: int, index: SequenceIndex, source: TokenSource):
+        """Unit u with each piece gathered from its decoded block straight into its place in the pack."""
         plan = self.plan
-        p_lo, p_hi = int(self.shard_piece_offsets[s]), int(self.shard_piece_offsets[s + 1])
+        p_lo, p_hi = int(self.unit_piece_offsets[u]), int(self.unit_piece_offsets[u + 1])
         gids, starts, lens = plan.piece_gid[p_lo:p_hi], plan.piece_start[p_lo:p_hi], plan.piece_len[p_lo:p_hi]
         block_of = np.searchsorted(index.block_offsets, gids, side="right") - 1
         order = np.argsort(block_of, kind="stable")
@@ -250,40 +265,41 @@ class ShardAssembler:
                 src_starts = decoded.offsets[gids[sel] - index.block_offsets[b]] + starts[sel]
                 decoded.gather_into(src_starts, lens[sel], input_ids, labels, piece_flat_start[sel])
 
-        return self._write(s, place)
+        return self._write(u, place)
 
     def _keep_within_budget(self) -> None:
         """Over budget: spill the largest buckets until half the budget is free for what comes."""
-        while self.buffered + self.held_elsewhere() > self.budget and self.buckets:
-            s = max(self.buckets, key=lambda key: self.buckets[key].nbytes)
-            if self.buckets[s].nbytes == 0:
+        while self.buffered + self.encoded_bytes + self.held_elsewhere() > self.budget and self.buckets:
+            u = max(self.buckets, key=lambda key: self.buckets[key].nbytes)
+            if self.buckets[u].nbytes == 0:
                 break
             self.spill_dir.mkdir(exist_ok=True)
-            freed = self.buckets[s].spill(self.spill_dir / f"{s:05d}-{self.spill_files}.npy")
+            freed = self.buckets[u].spill(self.spill_dir / f"{u:05d}-{self.spill_files}.npy")
             self.buffered -= freed
             self.spilled_bytes += freed
             self.spill_files += 1
-            if self.buffered + self.held_elsewhere() <= self.budget // 2:
+            if self.buffered + self.encoded_bytes + self.held_elsewhere() <= self.budget // 2:
                 break
 
-    def _build(self, s: int, bucket: _Bucket) -> StagedShard:
-        """Shard s from its bucket: pieces arrive in any order, each is copied to its place."""
+    def _build(self, u: int, bucket: _Bucket):
+        """Unit u from its bucket: pieces arrive in any order, each is copied to its place."""
         pieces, tokens, labels = bucket.collect()
         src_starts = offsets_of(self.plan.piece_len[pieces])[:-1]
-        slot = pieces - int(self.shard_piece_offsets[s])  # index of each arrived piece in the shard
+        slot = pieces - int(self.unit_piece_offsets[u])  # index of each arrived piece in the unit
 
         def place(input_ids: np.ndarray, out_labels: np.ndarray, piece_flat_start: np.ndarray) -> None:
             lens, dst_starts = self.plan.piece_len[pieces], piece_flat_start[slot]
             copy_segments(tokens, src_starts, input_ids, dst_starts, lens)
             copy_segments(labels, src_starts, out_labels, dst_starts, lens)
 
-        return self._write(s, place)
+        return self._write(u, place)
 
-    def _write(self, s: int, place: Callable[[np.ndarray, np.ndarray, np.ndarray], None]) -> StagedShard:
-        """Build shard s, its tokens put in place by `place` (`lay_out_packs`), and stage it."""
+    def _write(self, u: int, place: Callable[[np.ndarray, np.ndarray, np.ndarray], None]):
+        """Build unit u, its tokens put in place by `place` (`lay_out_packs`), encode it as a row
+        group; when it is the last of its shard here, join the shard (and stage it, if whole)."""
         plan = self.plan
-        lo, hi = int(self.bounds[s]), int(self.bounds[s + 1])
-        p_lo, p_hi = int(self.shard_piece_offsets[s]), int(self.shard_piece_offsets[s + 1])
+        lo, hi = int(self.bounds[u]), int(self.bounds[u + 1])
+        p_lo, p_hi = int(self.unit_piece_offsets[u]), int(self.unit_piece_offsets[u + 1])
         scratch = getattr(self._scratch, "buffers", None)
         if scratch is None:
             scratch = self._scratch.buffers = Scratch()
@@ -291,57 +307,122 @@ class ShardAssembler:
                              plan.piece_padded[p_lo:p_hi], plan.piece_gid[p_lo:p_hi], self.pack_lens[lo:hi],
                              place, pad_token_id=self.pad_token_id, scratch=scratch)
         extra = {name: values[lo:hi] for name, values in self.columns.items()}
-        staged = self.output.stage_shard(self.shard_name(s), rows_to_table(rows, self.metadata, extra))
+        data = encode_table(rows_to_table(rows, self.metadata, extra))
+        tokens = int(plan.piece_len[p_lo:p_hi].sum())
         self.progress(hi - lo)
-        return staged
+        shard, part = int(self.run.unit_shard[u]), int(self.run.unit_part[u])
+        with self._lock:
+            parts = self._encoded.setdefault(shard, {})
+            parts[part] = (data, hi - lo, tokens)
+            self.encoded_bytes += len(data)
+            if len(parts) < self._local_units[shard]:
+                return None
+            del self._encoded[shard]
+            self.encoded_bytes -= sum(len(p[0]) for p in parts.values())
+        ordered = [parts[k] for k in sorted(parts)]
+        joined = stitch([p[0] for p in ordered])
+        if not self.run.whole_here(shard):  # shared with another writer: leave this run for the join
+            self.output.stage_run_part(run_part_name(shard, min(parts)), joined)
+            return None
+        staged = self.output.stage_bytes(shard_name(shard), joined, rows=sum(p[1] for p in ordered),
+                                         tokens=sum(p[2] for p in ordered))
+        return shard, staged
 
-    def finish(self) -> list[ShardInfo]:
+    def finish(self) -> dict[int, ShardInfo]:
         if self.buckets or self.remaining.any():
             raise AssertionError(f"materialize left {int(self.remaining.sum())} pieces without tokens")
         self._writers.finish()
         if self.spill_dir.exists():
             self.spill_dir.rmdir()
-        return [self._writers.results[s] for s in range(self.num_shards)]
+        return dict(self._writers.results)
 
     def cancel(self) -> None:
         self._writers.cancel()
 
 
+def join_shared_shards(run: WriteRun, output: OutputDir) -> dict[int, ShardInfo]:
+    """The shards this writer finishes that other writers helped write: their runs, left as files
+    by every writer, joined in order (no value decoded again), then committed."""
+    results = {}
+    for shard, runs in sorted(run.shard_runs.items()):
+        if not run.finishes(shard) or shard_name(shard) in output.done:
+            continue
+        paths = [output.tmp / run_part_name(shard, first) for first in runs]
+        joined = stitch([p.read_bytes() for p in paths])
+        meta = pq.ParquetFile(pa.BufferReader(joined)).metadata
+        tokens = int(pq.read_table(pa.BufferReader(joined), columns=["num_tokens"]).column(0).to_numpy().sum())
+        staged = output.stage_bytes(shard_name(shard), joined, rows=meta.num_rows, tokens=tokens)
+        results[shard] = output.commit_shard(staged)
+        for path in paths:
+            path.unlink()
+    return results
+
+
 @dataclass
 class MaterializeResult:
-    shards: list[ShardInfo]
+    shards: dict[int, ShardInfo]  # the shards this rank committed, by number
     spill_files: int  # bucket spills written (and read back)
     spilled_bytes: int
     blocks_reread: int  # input blocks decoded a second time (they did not fit the budget during scan)
     rounds: int  # exchange rounds (one per block of the rank with most blocks)
+    blocks_read: int  # blocks this rank decoded to get its own pieces (--token-transfer read)
+
+
+def needed_blocks(plan: PackPlan, index: SequenceIndex) -> np.ndarray:
+    """The input blocks the pieces of `plan` come from."""
+    return np.unique(np.searchsorted(index.block_offsets, plan.piece_gid, side="right") - 1)
 
 
 def materialize(comm, plan: PackPlan, pack_lens: np.ndarray, index: SequenceIndex, source: TokenSource,
-                block_bounds: np.ndarray, *, output: OutputDir, metadata: bytes, shard_rows: int,
-                first_shard: int, pad_token_id: int, budget: int, columns: dict[str, np.ndarray] | None = None,
+                block_bounds: np.ndarray, assignment: Assignment, *, output: OutputDir, metadata: bytes,
+                pad_token_id: int, budget: int, read_own: bool = False,
+                columns: dict[str, np.ndarray] | None = None,
                 progress: Callable[[int], None] = lambda n: None) -> MaterializeResult:
-    """Write this rank's packs into shards part-{first_shard + k}.parquet (module docstring).
+    """Write this rank's run of units (module docstring); `plan` holds this rank's packs
+    (`dist.assign.hand_over`). With `read_own`, tokens are read from the input blocks, not exchanged.
 
-    `block_bounds[r]:block_bounds[r+1]` are the blocks rank r reads; `source` holds this rank's.
+    `block_bounds[r]:block_bounds[r+1]` are the blocks rank r scanned; `source` holds this rank's.
     """
-    assembler = ShardAssembler(plan, pack_lens, output=output, metadata=metadata, shard_rows=shard_rows,
-                               first_shard=first_shard, pad_token_id=pad_token_id, budget=budget,
+    run = write_run(assignment, comm.rank)
+    assembler = ShardAssembler(plan, pack_lens, run, output=output, metadata=metadata,
+                               pad_token_id=pad_token_id, budget=budget,
                                held_elsewhere=lambda: source.held, progress=progress, columns=columns)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
+    rounds = blocks_read = 0
     try:
         if comm.size == 1 and all(source.cached(b) for b in range(lo, hi)):
-            # The whole input is decoded in memory: each shard gathers its pieces from the blocks.
+            # The whole input is decoded in memory: each unit gathers its pieces from the blocks.
             assembler.write_from_blocks(index, source)
-            rounds = 0
+        elif read_own:
+            blocks_read = read_tokens(plan, index, source, assembler)
         else:
             rounds = route_tokens(comm, plan, index, source, block_bounds, assembler)
         shards = assembler.finish()
     except BaseException:
         assembler.cancel()
         raise
+    comm.barrier()  # every writer has left its runs of the shards it shares
+    shards.update(join_shared_shards(run, output))
     return MaterializeResult(shards=shards, spill_files=assembler.spill_files,
                              spilled_bytes=assembler.spilled_bytes, blocks_reread=source.blocks_reread,
-                             rounds=rounds)
+                             rounds=rounds, blocks_read=blocks_read)
+
+
+def read_tokens(plan: PackPlan, index: SequenceIndex, source: TokenSource, assembler: ShardAssembler) -> int:
+    """Read the blocks this rank's pieces come from, in order, and hand each its pieces (no
+    exchange). Blocks this rank scanned come from its cache when they are still there.
+    Returns the number of blocks read."""
+    wanted = np.flatnonzero(assembler.piece_wanted)
+    block_of = np.searchsorted(index.block_offsets, plan.piece_gid[wanted], side="right") - 1
+    order = np.argsort(block_of, kind="stable")
+    blocks, first = np.unique(block_of[order], return_index=True)
+    cuts = np.append(first, len(order))
+    for k, b in enumerate(blocks.tolist()):
+        sel = wanted[order[cuts[k]:cuts[k + 1]]]
+        decoded = source.take(b, index.blocks[b]) if source.cached(b) else source.decode(index.blocks[b])
+        assembler.add_from_block(sel, decoded, plan.piece_gid[sel] - index.block_offsets[b], plan.piece_start[sel])
+        del decoded
+    return len(blocks)
 
 
 def route_tokens(comm, plan: PackPlan, index: SequenceIndex, source: TokenSource, block_bounds: np.ndarray,

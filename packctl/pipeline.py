@@ -35,7 +35,12 @@ from packctl.errors import PackctlError
 from packctl.io.manifest import build_manifest, shard_metadata
 from packctl.io.reader import SequenceIndex, index_inputs, scan_blocks, split_blocks
 from packctl.io.writer import OutputDir, OutputLock, ShardInfo, check_output_path, inspect_partial
-from packctl.materialize import materialize, shard_bounds
+from packctl.dist.assign import assign, hand_over, units_of
+from packctl.materialize import materialize, needed_blocks
+
+# --token-transfer auto reads (instead of exchanging) when ranks together decode at most this many
+# times the input blocks the output needs.
+READ_AMPLIFICATION_LIMIT = 1.5
 from packctl.metrics import batch_metrics, pack_metrics
 from packctl.plan.align import pack_lengths_padded, round_up
 from packctl.plan.shapes import (batch_shapes, buckets_from_histogram, length_histogram, planned_item_lengths,
@@ -155,7 +160,11 @@ def _pack(config: PackConfig, comm, progress: Progress, out: Path, lock: OutputL
                 buckets = _global_buckets(comm, pack_lens, config.resolved_pack_multiple, config.capacity,
                                           config.shape_buckets)
                 pack_lens = buckets[np.searchsorted(buckets, pack_lens, side="left")] if len(pack_lens) else pack_lens
-        first_shard = comm.exscan(len(shard_bounds(plan.window_bins, config.shard_rows)) - 1)
+
+    with _timed(timings, "assign"):
+        assignment = assign(comm.allgather(units_of(plan.window_bins, pack_lens, config.shard_rows)), comm.size)
+        to_write, my_pack_lens, my_columns = hand_over(comm, plan, pack_lens, columns, assignment)
+        read_own = choose_read_own(comm, config.token_transfer, to_write, index)
 
     output = run.output = _open_output(comm, out, config.overwrite, fingerprint, done)
     # --resume is how a run executes, not what it writes: the shards do not record it.
@@ -165,23 +174,22 @@ def _pack(config: PackConfig, comm, progress: Progress, out: Path, lock: OutputL
     early_metrics = _in_background(plan_metrics, plan, pack_lens, config, index.num_sequences, tokens_in,
                                    skipped_empty=skipped_empty) if comm.size == 1 else None
     with _timed(timings, "materialize"):
-        written = materialize(comm, plan, pack_lens, index, source, block_bounds, output=output,
+        written = materialize(comm, to_write, my_pack_lens, index, source, block_bounds, assignment, output=output,
                               metadata=shard_metadata(content, index.labels_column, index.files),
-                              shard_rows=config.shard_rows, first_shard=first_shard,
                               pad_token_id=config.pad_token_id, budget=config.resolved_memory_budget,
-                              columns=columns,
-                              progress=progress.stage("materialize", plan.num_bins))
+                              columns=my_columns, read_own=read_own,
+                              progress=progress.stage("materialize", comm.allreduce_sum(plan.num_bins)))
     with _timed(timings, "report"):
         pad_like = comm.allreduce_sum(source.tokens_equal_to_pad_id)
         mine = (plan, pack_lens, written.shards, balanced.figures if balanced is not None else None,
                 columns.get("batch_size"), buckets, columns.get("step"), columns.get("dp_rank"))
         parts = comm.allgather(mine) if comm.size > 1 else [mine]
     timings["total"] = time.perf_counter() - started
-    ranks = comm.allgather(_rank_report(comm, index, plan, written, timings))
+    ranks = comm.allgather(_rank_report(comm, index, to_write, written, timings, read_own))
     if comm.rank == 0:
         whole = merge_plans([p[0] for p in parts])
         all_pack_lens = np.concatenate([p[1] for p in parts])
-        shards = [s for p in parts for s in p[2]]
+        shards = [info for _, info in sorted((n, i) for p in parts for n, i in p[2].items())]
         metrics = early_metrics.result() if early_metrics is not None else plan_metrics(
             whole, all_pack_lens, config, index.num_sequences, tokens_in, skipped_empty=skipped_empty)
         counts = metrics["counts"]
@@ -422,14 +430,35 @@ def _open_output(comm, out: Path, overwrite: bool, fingerprint: dict, done: dict
     return created["dir"] if "dir" in created else OutputDir.attach(out, Path(tmp), comm.rank, done)
 
 
-def _rank_report(comm, index: SequenceIndex, plan: PackPlan, written, timings: dict[str, float]) -> dict[str, Any]:
-    """One rank's share of the work, for metrics.json's `ranks`."""
+def choose_read_own(comm, transfer: str, plan: PackPlan, index: SequenceIndex) -> bool:
+    """Whether ranks read their pieces' blocks themselves (`--token-transfer`): "auto" reads when
+    all ranks together would decode at most READ_AMPLIFICATION_LIMIT x the blocks the output
+    needs (input order: each rank's packs come from about its own share of the blocks; shuffle:
+    every rank would read nearly every block)."""
+    if comm.size == 1 or transfer == "exchange":
+        return False
+    if transfer == "read":
+        return True
+    blocks = needed_blocks(plan, index)
+    read = comm.allreduce_sum(int(sum(index.blocks[b].nbytes for b in blocks.tolist())))
+    needed = np.zeros(len(index.blocks), np.int64)
+    needed[blocks] = 1
+    union = comm.allreduce_sum(needed) if comm.size > 1 else needed
+    total = int(sum(block.nbytes for block, used in zip(index.blocks, union.tolist()) if used))
+    return read <= READ_AMPLIFICATION_LIMIT * max(total, 1)
+
+
+def _rank_report(comm, index: SequenceIndex, plan: PackPlan, written, timings: dict[str, float],
+                 read_own: bool) -> dict[str, Any]:
+    """One rank's share of the work, for metrics.json's `ranks`: `plan` holds the packs it wrote."""
     return {
         "rank": comm.rank,
         "sequences_scanned": len(index.lengths),
         "tokens_scanned": int(index.lengths.sum()),
         "packs_written": plan.num_bins,
         "tokens_written": int(plan.piece_len.sum()),
+        "token_transfer": "read" if read_own else "exchange",
+        "blocks_read": written.blocks_read,
         "shards_written": len(written.shards),
         "bytes_sent": int(comm.bytes_sent),
         "bytes_received": int(comm.bytes_received),

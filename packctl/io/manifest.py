@@ -13,7 +13,7 @@ from packctl.schema import FORMAT_VERSION
 
 # Options that say where and how a run executes, never what it writes: kept out of the shards'
 # metadata so the same packing has the same bytes wherever it is written.
-EXECUTION_ONLY = ("output", "overwrite", "memory_budget")
+EXECUTION_ONLY = ("output", "overwrite", "memory_budget", "token_transfer")
 
 
 def layout_of(config: PackConfig) -> dict[str, Any]:

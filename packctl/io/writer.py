@@ -85,6 +85,13 @@ def rows_to_table(rows: PackRows, metadata: bytes, extra: dict[str, np.ndarray] 
     return pa.Table.from_arrays(columns, schema=schema.with_metadata({METADATA_KEY: metadata}))
 
 
+def encode_table(table: pa.Table) -> bytes:
+    """A table as the bytes of a Parquet file of one row group (PARQUET_OPTIONS)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=max(table.num_rows, 1), **PARQUET_OPTIONS)
+    return sink.getvalue().to_pybytes()
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -329,25 +336,34 @@ class OutputDir:
         os.replace(part, self.tmp / name)
         _fsync_dir(self.tmp)
 
-    def write_shard(self, name: str, table: pa.Table) -> ShardInfo:
-        """Write `name` as `name.tmp`, fsync, rename, then journal it (with its sha256)."""
-        return self.commit_shard(self.stage_shard(name, table))
-
-    def stage_shard(self, name: str, table: pa.Table) -> StagedShard:
-        """First half of `write_shard`: `name.tmp` written, not yet durable. The CPU-bound half:
-        writer threads run it while one thread commits the shards they staged."""
+    def stage_bytes(self, name: str, data: bytes, *, rows: int, tokens: int) -> StagedShard:
+        """First half of writing a shard: its encoded bytes written as `name.tmp`, not yet durable
+        (`commit_shard` makes it so)."""
         part = self.tmp / f"{name}.tmp"
         try:
             with self._journal_lock:
                 self._started += 1
                 if self._fail_after is not None and self._started > self._fail_after:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            pq.write_table(table, part, **PARQUET_OPTIONS)
+            with open(part, "wb") as fh:
+                fh.write(data)
         except OSError as exc:
             part.unlink(missing_ok=True)
             raise self._write_failed(name, exc) from None
-        tokens = int(np.asarray(table.column("num_tokens").combine_chunks()).sum())
-        return StagedShard(name=name, rows=table.num_rows, tokens=tokens)
+        return StagedShard(name=name, rows=rows, tokens=tokens)
+
+    def stage_run_part(self, name: str, data: bytes) -> None:
+        """A writer's run of a shard it shares with another writer, left for the one that joins it
+        (written whole and fsynced before the writers meet; never journaled)."""
+        path = self.tmp / name
+        try:
+            with open(path, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            path.unlink(missing_ok=True)
+            raise self._write_failed(name, exc) from None
 
     def commit_shard(self, staged: StagedShard) -> ShardInfo:
         """Second half of `write_shard`: fsync `name.tmp`, rename it to `name`, journal it."""

@@ -1,0 +1,183 @@
+"""Who writes what: after planning, every rank writes a contiguous run of packs of equal weight.
+
+Planning is cheap (lengths only) and is done where the windows are; writing (building rows,
+Parquet encoding) is most of a run, so it is dealt out on its own, by tokens:
+
+    global pack order      | window 0 ............ | window 1 ............ | window 2 ... |
+    shards (never straddle a window, at most shard_rows packs)
+                           | part-00000 | part-00001 | part-00002 | part-00003 | ...
+    units (row groups of ROW_GROUP_PACKS packs inside a shard; the unit of writing)
+                           |u0|u1|u2|u3 |u4|u5|u6|u7 |u8|...
+    writers (contiguous runs of units, cut where the written tokens reach k/N of the total)
+                           | rank 0          | rank 1          | rank 2 ...
+
+Shards and units depend on the plan only, never on the rank count, so the output bytes are the
+same for any N. A shard cut by a writer boundary is written as two runs of row groups and joined
+(io/stitch.py) by the rank that wrote its first unit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from packctl.plan.windows import PackPlan
+
+# Packs per Parquet row group, the unit in which writing is dealt out to ranks (a shard of 1,024
+# packs has 8): small enough to balance hundreds of ranks within a few percent, large enough that
+# each column chunk compresses as well as a whole shard.
+ROW_GROUP_PACKS = 128
+
+
+def shard_bounds(window_bins: np.ndarray, shard_rows: int) -> np.ndarray:
+    """First pack of every shard (plus the end): shards hold at most `shard_rows` packs and never
+    straddle windows. window_bins [0, 5, 7], shard_rows 2 -> [0, 2, 4, 5, 7]."""
+    bounds = [np.arange(lo, hi, shard_rows) for lo, hi in zip(window_bins[:-1], window_bins[1:])]
+    starts = np.concatenate(bounds) if bounds else np.zeros(0, np.int64)
+    return np.append(starts, window_bins[-1]).astype(np.int64)
+
+
+@dataclass
+class Units:
+    """Units (row groups) of a run of packs: `bounds` first pack of each (+ end), `first_of_shard`
+    whether a unit opens a new shard, `tokens` written tokens (padded pack lengths) of each."""
+
+    bounds: np.ndarray
+    first_of_shard: np.ndarray
+    tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def units_of(window_bins: np.ndarray, pack_lens: np.ndarray, shard_rows: int,
+             row_group_packs: int = ROW_GROUP_PACKS) -> Units:
+    """The units of packs planned in windows `window_bins` (pack lengths `pack_lens`).
+    Shard [0, 300) with 128-pack units -> units [0, 128), [128, 256), [256, 300)."""
+    shards = shard_bounds(window_bins, shard_rows)
+    starts, first = [], []
+    for lo, hi in zip(shards[:-1].tolist(), shards[1:].tolist()):
+        run = np.arange(lo, hi, row_group_packs, dtype=np.int64)
+        starts.append(run)
+        first.append(run == lo)
+    bounds = np.append(np.concatenate(starts) if starts else np.zeros(0, np.int64), shards[-1]).astype(np.int64)
+    sums = np.concatenate([[0], np.cumsum(pack_lens, dtype=np.int64)])
+    return Units(bounds=bounds, first_of_shard=np.concatenate(first) if first else np.zeros(0, bool),
+                 tokens=sums[bounds[1:]] - sums[bounds[:-1]])
+
+
+def writer_cuts(unit_tokens: np.ndarray, writers: int) -> np.ndarray:
+    """First unit of each writer (+ end): contiguous runs, each cut at the unit boundary nearest
+    to k/N of the written tokens. Tokens [4, 4, 4, 4], 2 writers -> [0, 2, 4]."""
+    ends = np.cumsum(unit_tokens, dtype=np.int64)
+    total = int(ends[-1]) if len(ends) else 0
+    targets = np.arange(1, writers, dtype=np.float64) * total / writers
+    after = np.searchsorted(ends, targets, side="left")  # first unit whose end reaches the target
+    before_end = np.where(after > 0, ends[np.maximum(after - 1, 0)], 0)
+    at_end = ends[np.minimum(after, len(ends) - 1)] if len(ends) else np.zeros(len(after))
+    nearer_after = (at_end - targets) < (targets - before_end)
+    cuts = np.where(nearer_after, after + 1, after)
+    return np.concatenate([[0], np.minimum(cuts, len(unit_tokens)), [len(unit_tokens)]]).astype(np.int64)
+
+
+@dataclass
+class Assignment:
+    """The global unit table (the same on every rank) and the writers' runs over it."""
+
+    unit_packs: np.ndarray  # packs of each unit, global order
+    unit_tokens: np.ndarray
+    unit_shard: np.ndarray  # global shard number of each unit
+    unit_part: np.ndarray  # index of the unit inside its shard
+    shard_units: np.ndarray  # units of each shard
+    cuts: np.ndarray  # first unit of each writer (+ end)
+
+    @property
+    def pack_cuts(self) -> np.ndarray:
+        """First global pack of each writer (+ end)."""
+        return np.concatenate([[0], np.cumsum(self.unit_packs, dtype=np.int64)])[self.cuts]
+
+    def writer_tokens(self) -> np.ndarray:
+        sums = np.concatenate([[0], np.cumsum(self.unit_tokens, dtype=np.int64)])
+        return np.diff(sums[self.cuts])
+
+
+def assign(per_rank_units: list[Units], writers: int) -> Assignment:
+    """Join the planning ranks' units (in rank order) and cut them into `writers` runs."""
+    packs = np.concatenate([np.diff(u.bounds) for u in per_rank_units]) if per_rank_units else np.zeros(0, np.int64)
+    tokens = np.concatenate([u.tokens for u in per_rank_units]).astype(np.int64)
+    first = np.concatenate([u.first_of_shard for u in per_rank_units])
+    shard = np.cumsum(first) - 1
+    shard_units = np.bincount(shard, minlength=int(shard[-1]) + 1 if len(shard) else 0)
+    first_unit = np.concatenate([[0], np.cumsum(shard_units)])[:-1]
+    return Assignment(unit_packs=packs.astype(np.int64), unit_tokens=tokens, unit_shard=shard.astype(np.int64),
+                      unit_part=np.arange(len(shard)) - first_unit[shard], shard_units=shard_units,
+                      cuts=writer_cuts(tokens, writers))
+
+
+def _send_slices(comm, arrays: list[np.ndarray], offsets: np.ndarray) -> list[np.ndarray]:
+    """Send arrays[k][offsets[w]:offsets[w+1]] to rank w (offsets: per destination, + end); returns
+    what arrived, concatenated in source-rank order."""
+    counts = np.diff(offsets).astype(np.int64)
+    return [comm.alltoallv(np.ascontiguousarray(a), counts)[0] for a in arrays]
+
+
+def hand_over(comm, plan: PackPlan, pack_lens: np.ndarray, columns: dict[str, np.ndarray],
+              assignment: Assignment) -> tuple[PackPlan, np.ndarray, dict[str, np.ndarray]]:
+    """Move the packs each rank planned to the ranks that write them: (the writer's plan of its
+    packs, their lengths, their extra columns), in global pack order. Only plan arrays travel
+    (a few int64 per piece). The returned plan has one window (its runs are cut by `Assignment`)."""
+    if comm.size == 1:
+        return plan, pack_lens, columns
+    first_pack = comm.exscan(plan.num_bins)
+    cuts = np.clip(assignment.pack_cuts - first_pack, 0, plan.num_bins)  # per writer, in local packs
+    piece_cuts = plan.bin_offsets[cuts]
+    names = sorted(columns)
+    per_pack = [pack_lens.astype(np.int64), np.diff(plan.bin_offsets)] + [columns[n] for n in names]
+    got = _send_slices(comm, per_pack, cuts)
+    pieces = _send_slices(comm, [plan.piece_gid, plan.piece_start, plan.piece_len, plan.piece_padded], piece_cuts)
+    lens, counts, extra = got[0], got[1], dict(zip(names, got[2:]))
+    empty = np.zeros(0, np.int64)
+    mine = PackPlan(window_bins=np.array([0, len(lens)], np.int64),
+                    bin_offsets=np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]),
+                    piece_gid=pieces[0], piece_start=pieces[1], piece_len=pieces[2], piece_padded=pieces[3],
+                    dropped=empty, truncated=empty, tokens_dropped=0, tokens_truncated=0)
+    return mine, lens, extra
+
+
+@dataclass
+class WriteRun:
+    """One writer's run of units, in the writer's own pack numbering."""
+
+    unit_bounds: np.ndarray  # first pack of each unit (index into the writer's packs), + end
+    unit_shard: np.ndarray  # global shard number of each unit
+    unit_part: np.ndarray  # index of each unit inside its shard
+    shard_units: np.ndarray  # units of every shard (global table)
+    shard_runs: dict[int, list[int]]  # shard cut by writer boundaries -> first part of each writer's run
+
+    @property
+    def num_units(self) -> int:
+        return len(self.unit_shard)
+
+    def whole_here(self, shard: int) -> bool:
+        return shard not in self.shard_runs
+
+    def finishes(self, shard: int) -> bool:
+        """This writer joins the runs of `shard` (it wrote its first unit)."""
+        return shard in self.shard_runs and bool(np.any((self.unit_shard == shard) & (self.unit_part == 0)))
+
+
+def write_run(assignment: Assignment, rank: int) -> WriteRun:
+    lo, hi = int(assignment.cuts[rank]), int(assignment.cuts[rank + 1])
+    unit_bounds = np.concatenate([[0], np.cumsum(assignment.unit_packs[lo:hi], dtype=np.int64)])
+    shard_runs: dict[int, list[int]] = {}
+    inner = assignment.cuts[1:-1]
+    for cut in inner[(inner > 0) & (inner < len(assignment.unit_shard))].tolist():
+        shard = int(assignment.unit_shard[cut])
+        if int(assignment.unit_part[cut]) > 0:  # a writer boundary inside a shard
+            shard_runs.setdefault(shard, [0]).append(int(assignment.unit_part[cut]))
+    for shard, runs in shard_runs.items():
+        shard_runs[shard] = sorted(set(runs))
+    touched = set(assignment.unit_shard[lo:hi].tolist())
+    return WriteRun(unit_bounds=unit_bounds, unit_shard=assignment.unit_shard[lo:hi],
+                    unit_part=assignment.unit_part[lo:hi], shard_units=assignment.shard_units,
+                    shard_runs={s: r for s, r in shard_runs.items() if s in touched})
