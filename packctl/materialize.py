@@ -373,6 +373,29 @@ def needed_blocks(plan: PackPlan, index: SequenceIndex) -> np.ndarray:
     return np.unique(np.searchsorted(index.block_offsets, plan.piece_gid, side="right") - 1)
 
 
+# --token-transfer auto reads (instead of exchanging) when the ranks together would decode at most
+# this many times the input blocks the output needs.
+READ_AMPLIFICATION_LIMIT = 1.5
+
+
+def choose_read_own(comm, transfer: str, plan: PackPlan, index: SequenceIndex) -> bool:
+    """Whether ranks read their pieces' blocks themselves (`--token-transfer`): "auto" reads when
+    all ranks together would decode at most READ_AMPLIFICATION_LIMIT x the blocks the output
+    needs (input order with concat: each rank's packs come from about its own share of the
+    blocks; shuffle: every rank would read nearly every block)."""
+    if comm.size == 1 or transfer == "exchange":
+        return False
+    if transfer == "read":
+        return True
+    blocks = needed_blocks(plan, index)
+    sizes = np.array([b.nbytes for b in index.blocks], dtype=np.int64)
+    read = comm.allreduce_sum(int(sizes[blocks].sum()))
+    needed = np.zeros(len(sizes), np.int64)
+    needed[blocks] = 1
+    union = comm.allreduce_sum(needed) > 0
+    return read <= READ_AMPLIFICATION_LIMIT * max(int(sizes[union].sum()), 1)
+
+
 def materialize(comm, plan: PackPlan, pack_lens: np.ndarray, index: SequenceIndex, source: TokenSource,
                 block_bounds: np.ndarray, assignment: Assignment, *, output: OutputDir, metadata: bytes,
                 pad_token_id: int, budget: int, read_own: bool = False,

@@ -7,7 +7,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgressBar, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from packctl.pipeline import PackResult, Progress
+from packctl.pipeline import PackResult
+from packctl.runtime import Progress
 
 
 class RichProgress(Progress):

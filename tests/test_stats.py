@@ -184,10 +184,13 @@ SETTINGS = [
     dict(capacity=2048, too_long="drop", order="shuffle", seed=3, cp_size=2, window=700),
     dict(capacity=4096, too_long="truncate", order="curriculum", curriculum_order="desc", tp_size=2,
          pad_to="multiple", max_seqs_per_bin=5, window=900),
+    # --shape-buckets rounds pack lengths up to K chosen lengths: the what-if must round them too
+    dict(capacity=4096, too_long="split", pad_to="multiple", pack_multiple=256, shape_buckets=3, window=700),
 ]
 
 
-@pytest.mark.parametrize("settings", SETTINGS, ids=["drop-shuffle-cp2", "truncate-curriculum-multiple"])
+@pytest.mark.parametrize("settings", SETTINGS, ids=["drop-shuffle-cp2", "truncate-curriculum-multiple",
+                                                    "shape-buckets"])
 def test_what_if_predicts_pack_on_sample_data(sample_data, tmp_path, settings):
     planning = {k: v for k, v in settings.items() if k != "capacity"}
     r = input_stats([str(sample_data)], [settings["capacity"]], PackConfig(**planning))

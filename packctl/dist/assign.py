@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from packctl.dist.comm import Comm
 from packctl.plan.windows import PackPlan
 
 # Packs per Parquet row group, the unit in which writing is dealt out to ranks (a shard of 1,024
@@ -114,14 +115,14 @@ def assign(per_rank_units: list[Units], writers: int) -> Assignment:
                       cuts=writer_cuts(tokens, writers))
 
 
-def _send_slices(comm, arrays: list[np.ndarray], offsets: np.ndarray) -> list[np.ndarray]:
+def _send_slices(comm: Comm, arrays: list[np.ndarray], offsets: np.ndarray) -> list[np.ndarray]:
     """Send arrays[k][offsets[w]:offsets[w+1]] to rank w (offsets: per destination, + end); returns
     what arrived, concatenated in source-rank order."""
     counts = np.diff(offsets).astype(np.int64)
     return [comm.alltoallv(np.ascontiguousarray(a), counts)[0] for a in arrays]
 
 
-def hand_over(comm, plan: PackPlan, pack_lens: np.ndarray, columns: dict[str, np.ndarray],
+def hand_over(comm: Comm, plan: PackPlan, pack_lens: np.ndarray, columns: dict[str, np.ndarray],
               assignment: Assignment) -> tuple[PackPlan, np.ndarray, dict[str, np.ndarray]]:
     """Move the packs each rank planned to the ranks that write them: (the writer's plan of its
     packs, their lengths, their extra columns), in global pack order. Only plan arrays travel
@@ -131,7 +132,7 @@ def hand_over(comm, plan: PackPlan, pack_lens: np.ndarray, columns: dict[str, np
     first_pack = comm.exscan(plan.num_bins)
     cuts = np.clip(assignment.pack_cuts - first_pack, 0, plan.num_bins)  # per writer, in local packs
     piece_cuts = plan.bin_offsets[cuts]
-    names = sorted(columns)
+    names = list(columns)  # the same names in the same order on every rank (the schema's order)
     per_pack = [pack_lens.astype(np.int64), np.diff(plan.bin_offsets)] + [columns[n] for n in names]
     got = _send_slices(comm, per_pack, cuts)
     pieces = _send_slices(comm, [plan.piece_gid, plan.piece_start, plan.piece_len, plan.piece_padded], piece_cuts)

@@ -12,16 +12,53 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from packctl.errors import MissingExtraError
+from packctl.errors import MissingExtraError, PackctlError
 
 # Environment variables that MPI launchers set in every rank they start.
 _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 # Largest element count of one MPI message piece: counts and displacements stay below 2^31.
 MAX_MESSAGE_ELEMENTS = 2**30
+
+
+class Comm(Protocol):
+    """What every stage may ask of its communicator (SingleComm, MPIComm, tests' fakes)."""
+
+    rank: int
+    size: int
+    is_mpi: bool
+    bytes_sent: int  # payload bytes sent to other ranks by alltoallv so far
+    bytes_received: int
+
+    def allgather(self, obj: Any) -> list[Any]: ...
+    def bcast(self, obj: Any, root: int = 0) -> Any: ...
+    def exscan(self, value: int) -> int: ...
+    def allreduce_sum(self, value: Any) -> Any: ...
+    def allreduce_max(self, value: Any) -> Any: ...
+    def alltoall(self, objs: list[Any]) -> list[Any]: ...
+    def alltoallv(self, send: np.ndarray, send_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+    def barrier(self) -> None: ...
+    def abort(self, code: int = 1) -> None: ...
+
+
+def broadcast_outcome(comm: Comm, fn):
+    """Run `fn` on rank 0 and give every rank its result, or raise its PackctlError on every rank
+    (so all ranks stop together, and only rank 0 needs to print)."""
+    outcome = None
+    if comm.rank == 0:
+        try:
+            outcome = ("ok", fn())
+        except PackctlError as exc:
+            outcome = ("error", exc)
+    if comm.size > 1:
+        outcome = comm.bcast(outcome)
+    if outcome[0] == "error":
+        outcome[1].everywhere = True
+        raise outcome[1]
+    return outcome[1]
 
 
 class SingleComm:
@@ -148,7 +185,7 @@ def launched_by_mpi() -> bool:
     return False
 
 
-def get_comm():
+def get_comm() -> Comm:
     """MPIComm when launched by mpiexec/srun with more than one rank (mpi4py required), else
     SingleComm. `mpiexec -n 1 packctl pack` runs as a single process."""
     if not launched_by_mpi():

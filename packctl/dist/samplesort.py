@@ -4,7 +4,13 @@
     1. sort locally                      [1, 5, 9]          [2, 3, 7, 8]
     2. regular samples, allgathered      (p-1 evenly spaced per rank) -> sorted -> p-1 splitters
     3. cut each local run at the splitters, Alltoall the counts, Alltoallv the pairs
-    4. merge what arrived                rank 0: [1, 2, 3, 5]   rank 1: [7, 8, 9]
+    4. merge the sorted runs that arrived rank 0: [1, 2, 3, 5]   rank 1: [7, 8, 9]
+
+Step 4 is a k-way merge, not a sort: what arrives is one sorted run per source rank, and a stable
+sort by key (timsort, which finds and merges runs) of the runs laid end to end orders them in
+O(n log k); 5-7x faster than sorting 8M pairs afresh (benchmarks/bench_mpi.py). Ties in key keep
+the source order, which is gid order when each rank's gids are below the next rank's (as scan
+gives them); otherwise the pairs are sorted afresh.
 
 Ties in key are broken by gid, so the global order is a total order that does not depend on the
 number of ranks: rank r ends up with a contiguous range of it, rank r's range before rank r+1's.
@@ -55,8 +61,20 @@ def sample_sort(comm, keys: np.ndarray, gids: np.ndarray, payload: np.ndarray | 
     packed = np.stack(columns, axis=1).ravel()  # already grouped by destination: the run is sorted
     recv, recv_counts = comm.alltoallv(packed, counts * len(columns))
     recv = recv.reshape(-1, len(columns))
-    merged = recv[_lex_order(recv[:, 0], recv[:, 1])]
+    merged = recv[merge_runs(recv[:, 0], recv[:, 1], recv_counts // len(columns))]
     return merged[:, 0].copy(), merged[:, 1].copy(), (merged[:, 2].copy() if payload is not None else None)
+
+
+def merge_runs(keys: np.ndarray, gids: np.ndarray, run_lengths: np.ndarray) -> np.ndarray:
+    """Order of (key, gid) pairs laid out as consecutive runs, each sorted by (key, gid).
+    Runs [1, 5] [2, 9] -> keys [1, 5, 2, 9] -> order [0, 2, 1, 3]."""
+    run_lengths = np.asarray(run_lengths, dtype=np.int64)
+    starts = (np.cumsum(run_lengths) - run_lengths)[run_lengths > 0]
+    lowest = np.minimum.reduceat(gids, starts) if len(gids) else gids
+    highest = np.maximum.reduceat(gids, starts) if len(gids) else gids
+    if (lowest[1:] > highest[:-1]).all():  # gid ranges in run order: ties in key resolve to gid order
+        return np.argsort(keys, kind="stable")
+    return _lex_order(keys, gids)
 
 
 def _count_le(splitters: np.ndarray, keys: np.ndarray, gids: np.ndarray) -> np.ndarray:

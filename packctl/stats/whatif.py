@@ -2,8 +2,8 @@
 
 Only the list lengths of the tokens column are kept (polars, lazy streamed scan of that one
 column; labels are never read). Each (capacity, algorithm) is planned with the code `pack` runs
-(`packctl.pipeline.plan_corpus`: order, windows, the over-long policy, pack lengths) and measured
-with `packctl.pipeline.plan_metrics`, so a what-if row predicts exactly the packs `pack` would
+(`packctl.planning.plan_corpus`: order, windows, the over-long policy, pack lengths) and measured
+with `packctl.run_report.plan_metrics`, so a what-if row predicts exactly the packs `pack` would
 write with the same
 options, and equals the metrics.json it would write (but for `throughput` and `timings`).
 
@@ -28,7 +28,8 @@ from packctl.config import PackConfig
 from packctl.errors import PackctlError
 from packctl.io.reader import InputFile, check_list_column, open_parquet, resolve_inputs
 from packctl.metrics import fill_histogram, length_histogram, length_summary
-from packctl.pipeline import order_corpus, plan_corpus, plan_metrics
+from packctl.planning import order_corpus, plan_corpus
+from packctl.run_report import plan_metrics
 from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
 from packctl.stats.lazy import collect_streaming
@@ -110,9 +111,11 @@ def what_if_row(index: LengthIndex, config: PackConfig, permutation: np.ndarray 
     `fill_histogram`. `permutation` may pass a precomputed `order_corpus` result (it depends only
     on the order options and the alignment, not on capacity or algorithm)."""
     t0 = time.perf_counter()
-    plan, pack_lens = plan_corpus(index, config, permutation)
+    plan, pack_lens, buckets = plan_corpus(index, config, permutation)
     plan_seconds = time.perf_counter() - t0
     row = plan_metrics(plan, pack_lens, config, index.num_sequences, int(index.lengths.sum()))
+    if config.shape_buckets:
+        row["shape_buckets"] = [int(b) for b in buckets]
     row["fill_histogram"] = fill_histogram(plan.loads(padded=False), config.capacity)
     row["plan_seconds"] = plan_seconds
     return row

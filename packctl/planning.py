@@ -1,0 +1,246 @@
+"""Order and plan: from sequence lengths to packs with their final lengths, on one rank or many.
+
+Used by `pack` (pipeline.py) and by the what-if of `packctl stats` (`plan_corpus`), through the
+same functions, so the what-if shows exactly the packs `pack` writes:
+
+    order_and_distribute   sample sort of (key, gid), then whole windows to ranks by position
+    plan_stage             plan_windows -> batch shapes -> balance -> final_pack_lengths
+    final_pack_lengths     each pack's written length: --pad-to, --pack-multiple, --shape-buckets
+                           (batch mode: rows x padded length)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from packctl.config import PackConfig
+from packctl.dist.comm import Comm, SingleComm
+from packctl.dist.samplesort import redistribute, sample_sort
+from packctl.errors import PackctlError
+from packctl.io.reader import SequenceIndex
+from packctl.plan.align import pack_lengths_padded, round_up
+from packctl.plan.balance import BalancedPlan, BalanceSpec, balance_plan, lr_scales
+from packctl.plan.order import order_keys, order_sequences
+from packctl.plan.shapes import (batch_shapes, buckets_from_histogram, length_histogram, planned_item_lengths,
+                                 with_row_length)
+from packctl.plan.windows import PackPlan, SequenceTooLong, plan_windows
+
+
+def too_long_message(where: str, length: int, padded: int, capacity: int) -> str:
+    """The one error for a sequence over the capacity under --too-long error."""
+    return (f"{where}: sequence of {length} tokens (padded to {padded}) is longer than the capacity {capacity}; "
+            "pass --too-long drop|truncate|split or raise --capacity")
+
+
+def check_too_long(comm: Comm, index: SequenceIndex, config: PackConfig) -> None:
+    """With --too-long error, name the over-long sequence with the smallest gid, on every rank."""
+    if config.too_long != "error":
+        return
+    over = np.flatnonzero(round_up(index.lengths, config.align) > config.plan_capacity)
+    mine = (int(index.gid_lo + over[0]), int(index.lengths[over[0]])) if len(over) else None
+    found = [f for f in comm.allgather(mine) if f is not None]
+    if found:
+        gid, length = min(found)
+        exc = PackctlError(too_long_message(index.describe(gid), length, int(round_up(length, config.align)),
+                                            config.plan_capacity))
+        exc.everywhere = True
+        raise exc
+
+
+@dataclass
+class Ordered:
+    """This rank's whole windows of the global order."""
+
+    gids: np.ndarray
+    lengths: np.ndarray  # true lengths
+    first_window: int  # global index of its first window
+
+
+def order_and_distribute(comm: Comm, index: SequenceIndex, config: PackConfig) -> Ordered:
+    """This rank's whole windows of the global order.
+
+    The order is a sample sort of (key, gid) over all ranks (input order needs none: blocks are
+    already split in gid order); windows are then moved so each lives whole on one rank, rank r
+    holding windows [ceil(r*W/size), ceil((r+1)*W/size)) (planning is cheap: writing is dealt out
+    later by tokens, dist/assign.py).
+    """
+    n_local = len(index.lengths)
+    gids = index.gid_lo + np.arange(n_local, dtype=np.int64)
+    lengths = index.lengths
+    total = index.num_sequences
+    if config.skip_empty:  # empty sequences take no place in the order (nor in window positions)
+        kept = lengths > 0
+        gids, lengths = gids[kept], lengths[kept]
+        total = comm.allreduce_sum(len(gids))
+    if config.order != "input":
+        keys = order_keys(gids, round_up(lengths, config.align), config.order, seed=config.seed,
+                          curriculum_order=config.curriculum_order)
+        _, gids, lengths = sample_sort(comm, keys, gids, payload=lengths)
+    num_windows = -(-total // config.window)
+    if comm.size > 1:
+        def owner(positions: np.ndarray) -> np.ndarray:
+            return (positions // config.window) * comm.size // num_windows
+
+        gids, lengths = redistribute(comm, [gids, lengths], comm.exscan(len(gids)), owner)
+    return Ordered(gids=gids, lengths=lengths, first_window=-(-comm.rank * num_windows // comm.size))
+
+
+def order_corpus(index, config: PackConfig) -> np.ndarray:
+    """The sequence order of `config` in one process (depends on the order options and the
+    alignment only)."""
+    return order_sequences(round_up(index.lengths, config.align), config.order, seed=config.seed,
+                           curriculum_order=config.curriculum_order)
+
+
+@dataclass
+class Balanced:
+    result: BalancedPlan
+    columns: dict[str, np.ndarray]  # per pack of this rank: step, dp_rank, micro_batch (lr_scale)
+    figures: dict[str, Any]  # this rank's steps, for the report
+
+
+@dataclass
+class Planned:
+    """What planning decided on this rank: its windows' packs, each pack's written length, the
+    extra per-pack columns (balance, batch shapes) and the `--shape-buckets` lengths."""
+
+    plan: PackPlan
+    pack_lens: np.ndarray
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+    balanced: Balanced | None = None
+    buckets: np.ndarray | None = None
+
+
+def plan_stage(comm: Comm, ordered: Ordered, config: PackConfig,
+               progress: Callable[[int], None] | None = None) -> Planned:
+    """Plan this rank's windows (plan/windows.py), then shapes, balance and final pack lengths."""
+    batch = config.mode == "batch"
+    item_buckets = batch_buckets(comm, ordered.lengths, config) if batch and config.shape_buckets else None
+    plan = plan_windows(ordered.gids, ordered.lengths, capacity=config.plan_capacity, align=config.align,
+                        algorithm="batch" if batch else config.algorithm, too_long=config.too_long,
+                        window=config.window, first_window=ordered.first_window,
+                        max_seqs_per_bin=config.max_seqs_per_bin, seed=config.seed, progress=progress,
+                        pool_size=config.pool_size, pool_strategy=config.pool_strategy,
+                        max_tokens=config.resolved_max_tokens, buckets=item_buckets)
+    if batch:
+        plan = with_row_length(plan, batch_shapes(plan, config.resolved_max_tokens, item_buckets)[0])
+    balanced = balance(comm, plan, config, ordered.first_window, item_buckets) if config.balanced else None
+    if balanced is not None:
+        plan = balanced.result.plan
+    pack_lens, columns, buckets = final_pack_lengths(comm, plan, config, item_buckets)
+    if balanced is not None:
+        columns = {**balanced.columns, **columns}
+    return Planned(plan=plan, pack_lens=pack_lens, columns=columns, balanced=balanced,
+                   buckets=item_buckets if batch else buckets)
+
+
+def final_pack_lengths(comm: Comm, plan: PackPlan, config: PackConfig, item_buckets: np.ndarray | None = None
+                       ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
+    """The length each pack is written with, the columns that go with it, and the
+    `--shape-buckets` lengths (pack mode, computed over every rank's packs).
+
+    Pack mode: the padded load rounded to --pad-to (capacity, or a multiple of --pack-multiple),
+    then up to the nearest of the K bucket lengths. Batch mode: rows x padded length of each
+    micro-batch (`padded_len`, `batch_size` columns)."""
+    if config.mode == "batch":
+        padded_len, rows = batch_shapes(plan, config.resolved_max_tokens, item_buckets)
+        return padded_len * rows, {"padded_len": padded_len.astype(np.int32), "batch_size": rows.astype(np.int32)}, None
+    pack_lens = pack_lengths_padded(plan.loads(padded=True), config.capacity, config.pad_to,
+                                    config.resolved_pack_multiple)
+    if not config.shape_buckets:
+        return pack_lens, {}, None
+    histogram = comm.allreduce_sum(length_histogram(pack_lens, config.resolved_pack_multiple, config.capacity))
+    buckets = buckets_from_histogram(histogram, config.resolved_pack_multiple, config.shape_buckets)
+    if len(pack_lens):
+        pack_lens = buckets[np.searchsorted(buckets, pack_lens, side="left")]
+    return pack_lens, {}, buckets
+
+
+def batch_buckets(comm: Comm, lengths: np.ndarray, config: PackConfig) -> np.ndarray:
+    """Batch mode's `--shape-buckets` padded lengths, from every rank's sequence lengths."""
+    items = planned_item_lengths(lengths, config.plan_capacity, config.align, config.too_long)
+    histogram = comm.allreduce_sum(length_histogram(items, config.align, config.plan_capacity))
+    return buckets_from_histogram(histogram, config.align, config.shape_buckets)
+
+
+def check_something_to_pack(comm: Comm, plan: PackPlan, index: SequenceIndex, config: PackConfig,
+                            skipped_empty: int) -> None:
+    """An output without a single pack is no dataset: refuse it, saying why every sequence went."""
+    if comm.allreduce_sum(plan.num_bins) > 0:
+        return
+    dropped = comm.allreduce_sum(len(plan.dropped))
+    exc = PackctlError(
+        f"{', '.join(str(i) for i in config.inputs)}: nothing to pack: of {index.num_sequences} sequences, "
+        f"{dropped} are longer than the capacity {config.plan_capacity} (--too-long {config.too_long}) and "
+        f"{skipped_empty} are empty (--skip-empty); raise --capacity or pass --too-long truncate|split")
+    exc.everywhere = True
+    raise exc
+
+
+def plan_corpus(index, config: PackConfig, permutation: np.ndarray | None = None,
+                progress: Callable[[int], None] | None = None) -> tuple[PackPlan, np.ndarray, np.ndarray | None]:
+    """The packs of a whole corpus, their final lengths and the `--shape-buckets` lengths, in one
+    process, exactly as `pack(config)` writes them (the what-if of `packctl stats`).
+
+    `index` needs `lengths` (true length by gid) and `describe(gid)` (where a sequence comes
+    from, for the over-long error).
+    """
+    if permutation is None:
+        permutation = order_corpus(index, config)
+    try:
+        plan = plan_windows(permutation, index.lengths[permutation], capacity=config.plan_capacity,
+                            align=config.align, algorithm=config.algorithm, too_long=config.too_long,
+                            window=config.window, max_seqs_per_bin=config.max_seqs_per_bin, seed=config.seed,
+                            pool_size=config.pool_size, pool_strategy=config.pool_strategy,
+                            progress=progress)
+    except SequenceTooLong as exc:
+        raise PackctlError(too_long_message(index.describe(exc.gid), exc.length, exc.padded, exc.capacity)) from None
+    pack_lens, _, buckets = final_pack_lengths(SingleComm(), plan, config)
+    return plan, pack_lens, buckets
+
+
+def balance_spec(config: PackConfig) -> BalanceSpec:
+    return BalanceSpec(dp_size=config.dp_size, micro_batches=config.micro_batches, step_tokens=config.step_tokens,
+                       cost=config.balance, attn_coeff=float(config.attn_coeff),
+                       # a micro-batch's shape is its own: in batch mode sequences never move between them
+                       scope="packs" if config.mode == "batch" else config.balance_scope,
+                       padded_cost=config.mode == "batch",
+                       equal_counts=config.equal_counts, capacity=config.plan_capacity,
+                       max_seqs_per_bin=config.max_seqs_per_bin, grouping=config.step_grouping, seed=config.seed)
+
+
+def balance(comm: Comm, plan: PackPlan, config: PackConfig, first_window: int = 0,
+            item_buckets: np.ndarray | None = None) -> Balanced:
+    """Balance this rank's windows (plan/balance.py); steps are numbered after the ranks before,
+    and `lr_scale` needs the mean batch size of all ranks when no reference is given."""
+    shape = None
+    if config.warmup_shapes:
+        # a pack's shape: its padded length in batch mode (every piece already holds it), else the
+        # length it will be written with (the buckets as planned: moves may still change them)
+        if config.mode == "batch":
+            shape = plan.piece_padded[plan.bin_offsets[:-1]]
+        else:
+            shape = final_pack_lengths(comm, plan, config, item_buckets)[0]
+    result = balance_plan(plan, balance_spec(config), first_window=first_window,
+                          pack_shape=shape if plan.num_bins else None)
+    first_step = comm.exscan(result.num_steps)
+    sizes = result.step_sequences if config.batch_unit == "sequences" else result.step_tokens
+    ref = config.ref_batch_size
+    if ref is None:
+        steps = comm.allreduce_sum(result.num_steps)
+        ref = comm.allreduce_sum(int(sizes.sum())) / max(steps, 1)
+    scales = lr_scales(sizes, ref, config.lr_scaling)
+    columns = {"step": (result.step + first_step).astype(np.int32), "dp_rank": result.dp_rank.astype(np.int32),
+               "micro_batch": result.micro_batch.astype(np.int32)}
+    if config.lr_scaling != "none":
+        columns["lr_scale"] = scales[result.step].astype(np.float32)
+    figures = {
+        "before_tokens": result.before_tokens, "before_attention": result.before_attention,
+        "after_tokens": result.after_tokens, "after_attention": result.after_attention,
+        "step_sequences": result.step_sequences, "step_tokens": result.step_tokens, "lr_scale": scales,
+        "ref_batch_size": float(ref), "unequal_steps": result.unequal_steps, "packs_added": result.packs_added,
+        "packs_per_step": np.bincount(result.step, minlength=result.num_steps),
+    }
+    return Balanced(result=result, columns=columns, figures=figures)

@@ -1,0 +1,186 @@
+"""metrics.json of a pack run: what the plan achieves, how the ranks shared the work.
+
+Every rank hands rank 0 a `RankShare` (its planned windows and what it wrote) and a rank report
+(`rank_report`); `assemble_metrics` turns them into metrics.json (keys in docs/format.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from packctl.config import PackConfig
+from packctl.io.writer import ShardInfo
+from packctl.metrics import batch_metrics, pack_metrics
+from packctl.plan.balance import imbalance, imbalance_summary
+from packctl.plan.windows import PackPlan, merge_plans
+from packctl.runtime import peak_rss_bytes
+
+STAGES = ("scan", "order", "plan", "assign", "materialize", "report")
+
+
+@dataclass
+class RankShare:
+    """What one rank planned (its windows, in global window order) and which shards it committed."""
+
+    plan: PackPlan
+    pack_lens: np.ndarray
+    shards: dict[int, ShardInfo]
+    balance_figures: dict[str, Any] | None
+    batch_size: np.ndarray | None
+    buckets: np.ndarray | None
+    step: np.ndarray | None
+    dp_rank: np.ndarray | None
+
+
+def plan_metrics(plan: PackPlan, pack_lens: np.ndarray, config: PackConfig, num_sequences: int,
+                 tokens_in: int, *, skipped_empty: int = 0) -> dict[str, Any]:
+    """metrics.json without throughput and timings: what the plan of the whole corpus achieves.
+    In batch mode the "capacity" of a row is the micro-batch budget, max_tokens."""
+    capacity = config.resolved_max_tokens if config.mode == "batch" else config.capacity
+    metrics = pack_metrics(plan.piece_len, plan.bin_offsets, pack_lens, capacity=capacity,
+                           align=config.align, input_order=np.argsort(plan.piece_gid, kind="stable"))
+    metrics["algorithm"] = config.algorithm
+    metrics["order"] = config.order
+    metrics["counts"] = plan_counts(plan, num_sequences, tokens_in, skipped_empty=skipped_empty)
+    return metrics
+
+
+def plan_counts(plan: PackPlan, num_sequences: int, tokens_in: int, *, skipped_empty: int = 0) -> dict[str, int]:
+    """The manifest's `counts`. Empty sequences left out by --skip-empty are counted on their own
+    (`sequences_skipped_empty`) and among `sequences_dropped` (every input sample absent from the
+    output), so conservation checks see every sample accounted for."""
+    dropped = len(plan.dropped) + skipped_empty
+    return {
+        "sequences_in": num_sequences,
+        "sequences_packed": num_sequences - dropped,
+        "sequences_dropped": dropped,
+        "sequences_skipped_empty": skipped_empty,
+        "sequences_truncated": len(plan.truncated),
+        "sequences_split": len(plan.split_gids()),
+        "tokens_in": tokens_in,
+        "tokens_packed": int(plan.piece_len.sum()),
+        "tokens_dropped": plan.tokens_dropped,
+        "tokens_truncated": plan.tokens_truncated,
+        "packs": plan.num_bins,
+        "pieces": len(plan.piece_gid),
+    }
+
+
+def rank_report(comm, index, written_plan: PackPlan, written, timings: dict[str, float],
+                read_own: bool) -> dict[str, Any]:
+    """One rank's share of the work, for metrics.json's `ranks`: `written_plan` holds the packs it wrote."""
+    return {
+        "rank": comm.rank,
+        "sequences_scanned": len(index.lengths),
+        "tokens_scanned": int(index.lengths.sum()),
+        "packs_written": written_plan.num_bins,
+        "tokens_written": int(written_plan.piece_len.sum()),
+        "token_transfer": "read" if read_own else "exchange",
+        "blocks_read": written.blocks_read,
+        "shards_written": len(written.shards),
+        "bytes_sent": int(comm.bytes_sent),
+        "bytes_received": int(comm.bytes_received),
+        "exchange_rounds": written.rounds,
+        "blocks_read_twice": written.blocks_reread,
+        "spill_files": written.spill_files,
+        "spilled_bytes": written.spilled_bytes,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "timings": dict(timings),
+    }
+
+
+def _max_mean(values: list[float]) -> dict[str, float]:
+    mean = sum(values) / len(values) if values else 0.0
+    return {"max": round(max(values), 6) if values else 0.0, "mean": round(mean, 6),
+            "max_over_mean": round(max(values) / mean, 4) if mean > 0 else 1.0}
+
+
+def scale_out(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """metrics.json's `scale_out`: how evenly the ranks shared the run (max/mean over ranks of
+    tokens written and of each stage's seconds) and the bytes they exchanged."""
+    return {
+        "ranks": len(ranks),
+        "token_transfer": ranks[0]["token_transfer"],
+        "tokens_written": _max_mean([r["tokens_written"] for r in ranks]),
+        "stage_seconds": {stage: _max_mean([r["timings"].get(stage, 0.0) for r in ranks])
+                          for stage in STAGES if any(stage in r["timings"] for r in ranks)},
+        "bytes_exchanged": int(sum(r["bytes_sent"] for r in ranks)),
+    }
+
+
+def assemble_metrics(config: PackConfig, shares: list[RankShare], ranks: list[dict[str, Any]], *,
+                     num_sequences: int, tokens_in: int, skipped_empty: int,
+                     plan_figures: dict[str, Any] | None = None) -> tuple[dict[str, Any], PackPlan]:
+    """metrics.json from every rank's share (in rank order), without throughput and timings;
+    `plan_figures` may pass `plan_metrics` computed ahead (one process). Returns the whole plan too."""
+    whole = merge_plans([s.plan for s in shares])
+    pack_lens = np.concatenate([s.pack_lens for s in shares])
+    metrics = plan_figures if plan_figures is not None else plan_metrics(
+        whole, pack_lens, config, num_sequences, tokens_in, skipped_empty=skipped_empty)
+    batch_sizes = np.concatenate([s.batch_size for s in shares]) if config.mode == "batch" else None
+    if config.balanced:
+        metrics["balance"] = balance_report(config, [s.balance_figures for s in shares])
+    if config.mode == "batch":
+        metrics["batching"] = batch_metrics(whole.piece_len, whole.bin_offsets, batch_sizes, pack_lens,
+                                            max_tokens=config.resolved_max_tokens,
+                                            input_order=np.argsort(whole.piece_gid, kind="stable"))
+    if config.balanced:
+        shapes = pack_lens if config.mode != "batch" else pack_lens // np.maximum(batch_sizes, 1)
+        metrics["balance"]["shapes"] = shape_coverage(np.concatenate([s.step for s in shares]),
+                                                      np.concatenate([s.dp_rank for s in shares]), shapes,
+                                                      config.dp_size)
+    if config.shape_buckets:
+        buckets = shares[0].buckets
+        metrics["shape_buckets"] = [int(b) for b in buckets] if buckets is not None else []
+    if len(ranks) > 1:
+        metrics["scale_out"] = scale_out(ranks)
+    return metrics, whole
+
+
+def shape_coverage(step: np.ndarray, dp_rank: np.ndarray, shape: np.ndarray, dp_size: int) -> dict[str, Any]:
+    """When every rank has met every shape (pack length, or padded_len in batch mode): the step
+    by which rank r has seen shape s, maximized over ranks: `all_seen_by_step` is the step after
+    which no rank meets a new shape (no more torch.compile recompiles)."""
+    step, dp_rank, shape = (np.asarray(a, dtype=np.int64) for a in (step, dp_rank, shape))
+    values = np.unique(shape)
+    first_seen = []
+    for value in values.tolist():
+        sel = shape == value
+        per_rank = np.full(dp_size, np.iinfo(np.int64).max)
+        np.minimum.at(per_rank, dp_rank[sel], step[sel])
+        first_seen.append(int(per_rank.max()) if (per_rank < np.iinfo(np.int64).max).all() else None)
+    seen = [f for f in first_seen if f is not None]
+    return {"distinct": len(values), "values": values.tolist(), "all_ranks_seen_by_step": first_seen,
+            "all_seen_by_step": max(seen) if seen and len(seen) == len(first_seen) else None,
+            "steps": int(step.max()) + 1 if len(step) else 0}
+
+
+def balance_report(config: PackConfig, figures: list[dict[str, Any]]) -> dict[str, Any]:
+    """metrics.json's `balance`: imbalance (max/mean over ranks, per step) before, i.e. round robin
+    over the planner's packs, and after; batch sizes and lr_scale per step."""
+    cat = (lambda key: np.concatenate([f[key] for f in figures]))
+    before_tokens, before_attention = cat("before_tokens"), cat("before_attention")
+    after_tokens, after_attention = cat("after_tokens"), cat("after_attention")
+    packs_per_step = cat("packs_per_step")
+    return {
+        "dp_size": config.dp_size, "micro_batches": config.micro_batches, "step_tokens": config.step_tokens,
+        "cost": config.balance, "attn_coeff": float(config.attn_coeff), "scope": config.balance_scope,
+        "step_grouping": config.step_grouping, "equal_counts": config.equal_counts,
+        "steps": int(len(packs_per_step)),
+        "unequal_steps": int(sum(f["unequal_steps"] for f in figures)),
+        "packs_added": int(sum(f["packs_added"] for f in figures)),
+        "before": {"tokens": imbalance_summary(before_tokens), "attention": imbalance_summary(before_attention)},
+        "after": {"tokens": imbalance_summary(after_tokens), "attention": imbalance_summary(after_attention)},
+        "lr_scaling": config.lr_scaling, "batch_unit": config.batch_unit,
+        "ref_batch_size": figures[0]["ref_batch_size"],
+        "per_step": {
+            "packs": packs_per_step.tolist(),
+            "sequences": cat("step_sequences").tolist(),
+            "tokens": cat("step_tokens").tolist(),
+            "lr_scale": [round(float(x), 6) for x in cat("lr_scale")],
+            "attention_imbalance": [round(float(x), 6) for x in imbalance(after_attention)],
+            "tokens_imbalance": [round(float(x), 6) for x in imbalance(after_tokens)],
+        },
+    }

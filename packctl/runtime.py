@@ -1,0 +1,135 @@
+"""How a run behaves as a process: progress, signals, failure cleanup, timings, memory.
+
+    with SignalGuard().installed():     SIGINT/SIGTERM raise `Interrupted` in the main thread
+        ...                             -> `after_failure` turns it into RunInterrupted (exit 130/143)
+    with timed(timings, "scan"): ...    seconds per stage, for metrics.json
+"""
+from __future__ import annotations
+
+import resource
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from packctl.errors import PackctlError
+
+
+class Progress:
+    """Receives stage progress; the default shows nothing (the CLI passes a rich display)."""
+
+    def stage(self, name: str, total: int | None) -> Callable[[int], None]:
+        return lambda n: None
+
+    def close(self) -> None:
+        pass
+
+
+class RunInterrupted(PackctlError):
+    """SIGINT or SIGTERM stopped the run; exit code 128 + the signal number (130, 143)."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+class Interrupted(BaseException):
+    """Raised in the main thread by the signal handler (a BaseException, like KeyboardInterrupt,
+    so no `except Exception` on the way swallows it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class SignalGuard:
+    """SIGINT and SIGTERM stop the run by raising in the main thread; writer threads finish the
+    shard they are writing (journaled), the others are not started. During the final commit a
+    signal is deferred, and the run completes."""
+
+    def __init__(self) -> None:
+        self._defer = False
+        self._stopping = False
+
+    def _handle(self, signum, frame) -> None:
+        if self._defer or self._stopping:
+            return
+        self._stopping = True
+        raise Interrupted(signum)
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, self._handle)
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._defer = True
+        try:
+            yield
+        finally:
+            self._defer = False
+
+
+def after_failure(comm, output, exc: BaseException) -> BaseException:
+    """Clean up after a failed or interrupted run and say what happened to the work done.
+
+    A single process removes its partial directory unless it holds finished shards; those are kept
+    for `--resume` (under MPI other ranks may still be writing: the directory is always kept)."""
+    kept = 0
+    if output is not None and comm.rank == 0:
+        kept = output.finished_shards()
+        if comm.size == 1 and kept == 0:
+            output.abort()
+    where = output.tmp if output is not None else None
+    resume_hint = (f"{kept} finished shard(s) are kept in {where}: rerun the same command with --resume to "
+                   "continue") if kept else ""
+    if isinstance(exc, (Interrupted, KeyboardInterrupt)):
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        name = signal.Signals(signum).name
+        message = f"interrupted by {name}; " + (resume_hint or "no shard was finished: run the command again")
+        return RunInterrupted(message, signum)
+    if isinstance(exc, PackctlError) and resume_hint:
+        exc.args = (f"{exc}; {resume_hint}",)
+    return exc
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def in_background(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
+    """fn(*args, **kwargs) on a thread of its own; `.result()` gives its value (or raises its error)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # handed to whoever asks for the result
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="packctl-metrics", daemon=True).start()
+    return future
+
+
+@contextmanager
+def timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = time.perf_counter() - t0
