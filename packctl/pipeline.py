@@ -135,7 +135,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
                               metadata=shard_metadata(content, index.labels_column, index.files),
                               pad_token_id=config.pad_token_id, budget=config.resolved_memory_budget,
                               columns=write_columns, read_own=read_own,
-                              progress=progress.stage("materialize", int(assignment.unit_packs.sum())))
+                              progress=progress.stage("materialize", len(write_lens)))
 
     with timed(timings, "report"):
         pad_like = comm.allreduce_sum(source.tokens_equal_to_pad_id)

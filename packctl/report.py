@@ -73,9 +73,23 @@ def summary_table(result: PackResult) -> Table:
                                      f"(worst step {b['after']['attention']['max']:.3f})"),
             ("  tokens max/mean", f"{b['before']['tokens']['mean']:.3f} -> {b['after']['tokens']['mean']:.3f}"),
         ]
+    rows += scale_out_rows(m.get("scale_out"))
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def scale_out_rows(so: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """How evenly the ranks of an MPI run shared it (metrics.json `scale_out`); none for one process."""
+    if not so:
+        return []
+    stages = so["stage_seconds"]
+    return [
+        ("ranks", f"{so['ranks']}, tokens by {so['token_transfer']}, {so['bytes_exchanged'] / 2**20:,.1f} MiB exchanged"),
+        ("  tokens written max/mean", f"{so['tokens_written']['max_over_mean']:.3f} "
+                                      f"({so['tokens_written']['max']:,.0f} / {so['tokens_written']['mean']:,.0f})"),
+        ("  seconds max/mean", "  ".join(f"{k} {v['max']:.2f}/{v['mean']:.2f}" for k, v in stages.items())),
+    ]
 
 
 # --- packctl stats ------------------------------------------------------------------------------
@@ -210,7 +224,7 @@ def packed_overview_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         if rr:
             rows += [("  round robin would be", f"tokens mean {rr['tokens']['mean']:.3f} · attention mean "
                                                 f"{rr['attention']['mean']:.3f}, worst {rr['attention']['max']:.3f}")]
-    return rows
+    return rows + scale_out_rows(r.get("scale_out"))
 
 
 def packed_renderables(r: dict[str, Any]) -> list:

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import check_contract, pack_to
-from packctl.materialize import shard_bounds
+from packctl.dist.assign import shard_bounds
 
 
 @pytest.fixture(scope="module")

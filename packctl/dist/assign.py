@@ -70,15 +70,17 @@ def units_of(window_bins: np.ndarray, pack_lens: np.ndarray, shard_rows: int,
 def writer_cuts(unit_tokens: np.ndarray, writers: int) -> np.ndarray:
     """First unit of each writer (+ end): contiguous runs, each cut at the unit boundary nearest
     to k/N of the written tokens. Tokens [4, 4, 4, 4], 2 writers -> [0, 2, 4]."""
-    ends = np.cumsum(unit_tokens, dtype=np.int64)
-    total = int(ends[-1]) if len(ends) else 0
-    targets = np.arange(1, writers, dtype=np.float64) * total / writers
-    after = np.searchsorted(ends, targets, side="left")  # first unit whose end reaches the target
-    before_end = np.where(after > 0, ends[np.maximum(after - 1, 0)], 0)
-    at_end = ends[np.minimum(after, len(ends) - 1)] if len(ends) else np.zeros(len(after))
-    nearer_after = (at_end - targets) < (targets - before_end)
-    cuts = np.where(nearer_after, after + 1, after)
-    return np.concatenate([[0], np.minimum(cuts, len(unit_tokens)), [len(unit_tokens)]]).astype(np.int64)
+    at = np.concatenate([[0], np.cumsum(unit_tokens, dtype=np.int64)])  # tokens before each boundary
+    targets = np.arange(1, writers, dtype=np.float64) * float(at[-1]) / writers
+    above = np.clip(np.searchsorted(at, targets, side="left"), 1, max(len(at) - 1, 1))  # first boundary >= target
+    below = above - 1
+    if len(at) > 1:
+        nearer_above = (at[above] - targets) < (targets - at[below])
+        cuts = np.where(nearer_above, above, below)
+    else:
+        cuts = np.zeros(len(targets), np.int64)
+    return np.concatenate([[0], np.maximum.accumulate(cuts) if len(cuts) else cuts,
+                           [len(unit_tokens)]]).astype(np.int64)
 
 
 @dataclass

@@ -212,9 +212,13 @@ def packed_stats(path: str | Path, *, attn_coeff: float | None = None) -> dict[s
         tokens = pack_loads(lengths, packed.seq_offsets) if batch else packed.num_tokens
         report["dp_balance"] = dp_balance(extra["step"], extra["dp_rank"], tokens,
                                           costs, attn_coeff=a, micro_batch=extra.get("micro_batch"))
-        recorded = _recorded_balance(out)
+        recorded = _recorded(out, "balance")
         if recorded is not None and float(recorded.get("attn_coeff", -1)) == a:
             report["dp_balance"]["round_robin"] = recorded["before"]
+    # how the ranks of an MPI run shared it: a fact of the run, not of the shards
+    scale_out = _recorded(out, "scale_out")
+    if scale_out is not None:
+        report["scale_out"] = scale_out
     t2 = time.perf_counter()
     report["stats_seconds"] = {"read": t1 - t0, "compute": t2 - t1, "total": t2 - t0}
     return report
@@ -223,9 +227,10 @@ def packed_stats(path: str | Path, *, attn_coeff: float | None = None) -> dict[s
 SHAPE_COLUMNS = ("padded_len", "batch_size")
 
 
-def _recorded_balance(out: Path) -> dict[str, Any] | None:
+def _recorded(out: Path, key: str) -> dict[str, Any] | None:
+    """metrics.json's `key`, when the output has a readable metrics.json holding it."""
     try:
-        return json.loads((out / "metrics.json").read_text()).get("balance")
+        return json.loads((out / "metrics.json").read_text()).get(key)
     except (OSError, ValueError, AttributeError):
         return None
 
