@@ -1,6 +1,6 @@
 """Scale-out: how evenly `mpiexec -n N packctl pack` shares the work, per order and rank count.
 
-    python benchmarks/bench_scaleout.py [--sequences 250000] [--ranks 2 4 8] [--window 100000]
+    python benchmarks/bench_scaleout.py [--sequences 250000] [--ranks 2 4 8] [--window 100000] [--options '--token-transfer read']
 
 For each order (input, shuffle, curriculum) and rank count it runs `packctl pack` on a generated
 lognormal corpus and prints, from metrics.json's `ranks`:
@@ -19,6 +19,7 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -61,10 +62,11 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--orders", nargs="+", default=["input", "shuffle", "curriculum"])
     ap.add_argument("--window", type=int, default=100_000)
-    ap.add_argument("--extra", nargs="*", default=[], help="more `packctl pack` options")
+    ap.add_argument("--options", default="", help="more `packctl pack` options, e.g. '--token-transfer read'")
     ap.add_argument("--per-rank", action="store_true", help="also print every rank's stage seconds")
     ap.add_argument("--dir", default="/tmp/packctl-bench")
     args = ap.parse_args()
+    args.extra = shlex.split(args.options)
     if MPIEXEC is None:
         sys.exit("no mpiexec: pip install 'packctl[mpi]'")
 

@@ -81,3 +81,16 @@ class Scratch:
         if buf is None or buf.dtype != np.dtype(dtype) or len(buf) < n:
             buf = self._buffers[name] = np.empty(max(n, n + n // 8, 1), dtype=dtype)
         return buf[:n]
+
+
+def row_cumsums(values: np.ndarray, seq_offsets: np.ndarray, dtype=np.int64) -> np.ndarray:
+    """`[0, cumsum(values of the row)]` of every row (rows are CSR over `values`), flattened:
+    rows [3, 2], [4] -> 0 3 5 0 4. The cu_seqlens columns are this of the sequence lengths."""
+    seq_offsets = np.asarray(seq_offsets, dtype=np.int64)
+    rows = len(seq_offsets) - 1
+    row_of = np.repeat(np.arange(rows), np.diff(seq_offsets))
+    inclusive = np.cumsum(values, dtype=np.int64)
+    before_row = np.concatenate([[0], inclusive])[seq_offsets[:-1]]
+    out = np.zeros(len(values) + rows, dtype=dtype)
+    out[np.arange(len(values)) + row_of + 1] = inclusive - before_row[row_of]
+    return out

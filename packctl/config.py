@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from packctl.errors import PackctlError
+from packctl.schema import INT32_MAX
 
 ALGORITHMS = ("concat", "ffd", "bfd", "mffd", "ffs", "split", "pool")
 POOL_STRATEGIES = ("closest", "first")
@@ -33,8 +34,6 @@ BATCH_UNITS = ("sequences", "tokens")
 MODES = ("pack", "batch")
 TOKEN_TRANSFERS = ("auto", "exchange", "read")
 
-IGNORE_INDEX = -100
-INT32_MAX = 2**31 - 1
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
           "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
 

@@ -19,6 +19,8 @@ import pyarrow as pa
 
 FORMAT_VERSION = 1
 METADATA_KEY = b"packctl"
+IGNORE_INDEX = -100  # label of a token that carries no loss (padding, masked prompts, first tokens)
+INT32_MAX = 2**31 - 1  # token ids, offsets and lengths are int32
 
 LIST_INT32_COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "seq_lens_padded",
                       "cu_seqlens", "cu_seqlens_padded")

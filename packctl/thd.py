@@ -10,8 +10,8 @@ from typing import Callable
 
 import numpy as np
 
-from packctl.arrays import Scratch, copy_segments, offsets_of, segment_positions
-from packctl.config import IGNORE_INDEX
+from packctl.arrays import Scratch, copy_segments, offsets_of, row_cumsums, segment_positions
+from packctl.schema import IGNORE_INDEX
 
 
 @dataclass
@@ -75,7 +75,6 @@ def lay_out_packs(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded: 
     pieces_per_row = np.diff(bin_offsets)
     if (pieces_per_row < 1).any():
         raise ValueError("every pack needs at least one piece")
-    row_of_piece = np.repeat(np.arange(rows), pieces_per_row)
     last_piece = bin_offsets[1:] - 1
 
     loads = np.add.reduceat(piece_padded, bin_offsets[:-1]) if rows else np.zeros(0, np.int64)
@@ -101,8 +100,8 @@ def lay_out_packs(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded: 
     position_ids = segment_positions(seq_lens_padded, out=scratch.take("position_ids", total, np.int32))
 
     cu_offsets = bin_offsets + np.arange(rows + 1)
-    cu_seqlens = _row_cumsums(piece_len, bin_offsets, row_of_piece)
-    cu_seqlens_padded = _row_cumsums(seq_lens_padded, bin_offsets, row_of_piece)
+    cu_seqlens = row_cumsums(piece_len, bin_offsets, np.int32)
+    cu_seqlens_padded = row_cumsums(seq_lens_padded, bin_offsets, np.int32)
     num_tokens = np.add.reduceat(piece_len, bin_offsets[:-1]) if rows else np.zeros(0, np.int64)
     return PackRows(
         token_offsets=token_offsets, input_ids=input_ids, labels=out_labels, position_ids=position_ids,
@@ -111,16 +110,6 @@ def lay_out_packs(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded: 
         cu_offsets=cu_offsets, cu_seqlens=cu_seqlens, cu_seqlens_padded=cu_seqlens_padded,
         num_tokens=num_tokens.astype(np.int32),
     )
-
-
-def _row_cumsums(values: np.ndarray, bin_offsets: np.ndarray, row_of_piece: np.ndarray) -> np.ndarray:
-    """[0, cumsum(values of the row)] for every row, flattened: rows [3, 2], [4] -> 0 3 5 0 4."""
-    rows = len(bin_offsets) - 1
-    inclusive = np.cumsum(values, dtype=np.int64)
-    row_base = np.concatenate([[0], inclusive])[bin_offsets[:-1]]
-    out = np.zeros(len(values) + rows, dtype=np.int32)
-    out[np.arange(len(values)) + row_of_piece + 1] = inclusive - row_base[row_of_piece]
-    return out
 
 
 def cp_partition_indices(cu_seqlens_padded: np.ndarray, cp_size: int, cp_rank: int) -> np.ndarray:

@@ -27,7 +27,6 @@ torch is an optional extra: importing this module without it fails with the pip 
 """
 from __future__ import annotations
 
-import json
 import math
 from collections import OrderedDict
 from pathlib import Path
@@ -37,9 +36,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packctl.config import IGNORE_INDEX
 from packctl.errors import PackctlError, require
-from packctl.schema import BALANCE_COLUMNS, FORMAT_VERSION, LIST_INT32_COLUMNS
+from packctl.io.manifest import MANIFEST, read_manifest
+from packctl.schema import BALANCE_COLUMNS, IGNORE_INDEX, LIST_INT32_COLUMNS
 from packctl.thd import cp_partition_indices
 
 torch = require("torch", "torch", "packctl.torch")
@@ -92,9 +91,8 @@ class PackedDataset(torch.utils.data.Dataset):
 
     def __init__(self, path: str | Path, dp_rank: int | None = None, dp_size: int | None = None, *,
                  drop_last: bool = False, cache_shards: int = 2):
-        self.manifest_path = _manifest_path(Path(path))
-        self.root = self.manifest_path.parent
-        self.manifest = _read_manifest(self.manifest_path)
+        self.root, self.manifest = read_manifest(path)
+        self.manifest_path = self.root / MANIFEST
         self.layout: dict[str, Any] = self.manifest.get("layout", {})
         self.shard_paths = [self.root / s["path"] for s in self.manifest["shards"]]
         rows = np.array([int(s["rows"]) for s in self.manifest["shards"]], dtype=np.int64)
@@ -192,26 +190,6 @@ def _strided_order(num_packs: int, dp_rank: int | None, dp_size: int | None, dro
         if num_packs:
             rows = np.resize(rows, total)  # np.resize repeats the array from its start
     return rows[:total][dp_rank::dp_size]
-
-
-def _manifest_path(path: Path) -> Path:
-    manifest = path if path.name == "manifest.json" else path / "manifest.json"
-    if not manifest.is_file():
-        raise PackctlError(f"{manifest}: not found; point at the directory written by `packctl pack -o OUT` "
-                           "(manifest.json is written last, so an interrupted run has none)")
-    return manifest
-
-
-def _read_manifest(manifest_path: Path) -> dict[str, Any]:
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise PackctlError(f"{manifest_path}: not valid JSON ({exc}); repack the output") from None
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise PackctlError(f"{manifest_path}: format version {version}, this packctl reads version "
-                           f"{FORMAT_VERSION}; install the packctl that wrote it or repack")
-    return manifest
 
 
 # ---- collate functions -------------------------------------------------------------------------
@@ -444,8 +422,7 @@ def read_lr_scales(path: str | Path) -> dict[int, float] | None:
         base_lrs = [g["lr"] for g in optimizer.param_groups]
         apply_lr_scale(optimizer, scales.get(step, 1.0) if scales else 1.0, base_lrs)
     """
-    manifest_path = _manifest_path(Path(path))
-    manifest = _read_manifest(manifest_path)
+    out, manifest = read_manifest(path)
     recorded = manifest.get(LR_SCALE_COLUMN)
     if isinstance(recorded, list):
         return {step: float(s) for step, s in enumerate(recorded)}
@@ -453,7 +430,7 @@ def read_lr_scales(path: str | Path) -> dict[int, float] | None:
         return {int(step): float(s) for step, s in recorded.items()}
     scales: dict[int, float] = {}
     for shard in manifest["shards"]:
-        shard_path = manifest_path.parent / shard["path"]
+        shard_path = out / shard["path"]
         names = pq.read_schema(shard_path, memory_map=True).names
         if LR_SCALE_COLUMN not in names:
             return None

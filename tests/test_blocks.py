@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packctl.arrays import offsets_of
-from packctl.config import IGNORE_INDEX
+from packctl.schema import IGNORE_INDEX
 from packctl.io.blocks import DecodedBlock, first_outside_int32
 
 

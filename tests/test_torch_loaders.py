@@ -154,7 +154,7 @@ def test_rank_arguments_are_checked(tmp_path):
         PackedDataset(out, dp_rank=0)
     with pytest.raises(PackctlError, match=r"dp_rank 3 is not in \[0, dp_size=2\)"):
         PackedDataset(out, dp_rank=3, dp_size=2)
-    with pytest.raises(PackctlError, match="manifest.json: not found"):
+    with pytest.raises(PackctlError, match="nowhere: no such output directory"):
         PackedDataset(tmp_path / "nowhere")
 
 

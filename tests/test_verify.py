@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from conftest import check_contract, pack_to, run_cli, write_table
 from packctl import PackConfig, PackctlError
 from packctl.cli import app
-from packctl.config import FIELDS, IGNORE_INDEX
+from packctl.config import FIELDS
+from packctl.schema import IGNORE_INDEX
 from packctl.io.manifest import layout_of
 from packctl.io.writer import sha256_file
 from packctl.verify import VerifyOptions, check_pack_rows, verify

@@ -22,7 +22,7 @@ import numba
 import numpy as np
 
 from packctl.arrays import offsets_of
-from packctl.config import IGNORE_INDEX, INT32_MAX
+from packctl.schema import IGNORE_INDEX, INT32_MAX
 
 _UINT16_LIMIT = 1 << 16
 

@@ -3,13 +3,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from packctl.errors import PackctlError
+from packctl.schema import FORMAT_VERSION, IGNORE_INDEX
 from packctl.version import __version__
-from packctl.config import IGNORE_INDEX, PackConfig
-from packctl.io.reader import InputFile
-from packctl.io.writer import ShardInfo
-from packctl.schema import FORMAT_VERSION
+
+if TYPE_CHECKING:  # readers of a manifest (packctl.torch) need none of the packing side
+    from packctl.config import PackConfig
+    from packctl.io.reader import InputFile
+    from packctl.io.writer import ShardInfo
+
+MANIFEST = "manifest.json"
 
 # Options that say where and how a run executes, never what it writes: kept out of the shards'
 # metadata so the same packing has the same bytes wherever it is written.
@@ -76,3 +82,33 @@ def build_manifest(config: PackConfig, labels_column: str | None, inputs: list[I
         "counts": counts,
         "timings": timings,
     }
+
+
+def read_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """(OUT, its manifest) of a packed output given as OUT or OUT/manifest.json: the one reader
+    of `stats`, `verify` and `packctl.torch`, with one PackctlError (exit 2) per problem."""
+    path = Path(path)
+    out = path.parent if path.name == MANIFEST and not path.is_dir() else path
+    manifest_path = out / MANIFEST
+    if not out.is_dir():
+        raise PackctlError(f"{out}: no such output directory; pass the -o OUT of a packctl pack run")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except FileNotFoundError:
+        raise PackctlError(f"{out}: no {MANIFEST}, so the output is incomplete or not a packctl output "
+                           f"(packctl pack writes {MANIFEST} last): run packctl pack again") from None
+    except (OSError, ValueError) as exc:
+        raise PackctlError(f"{manifest_path}: not readable JSON ({exc}); run packctl pack again") from None
+    version = manifest.get("format_version") if isinstance(manifest, dict) else None
+    if version != FORMAT_VERSION:
+        raise PackctlError(f"{manifest_path}: format_version {version!r}, this packctl reads version "
+                           f"{FORMAT_VERSION}: use the packctl that wrote it, or pack again")
+    for key in ("layout", "shards", "counts"):
+        if key not in manifest:
+            raise PackctlError(f"{manifest_path}: no '{key}' entry; not a packctl manifest (docs/format.md)")
+    if not isinstance(manifest["shards"], list) or not manifest["shards"]:
+        raise PackctlError(f"{manifest_path}: lists no shards")
+    for i, shard in enumerate(manifest["shards"]):
+        if not isinstance(shard, dict) or not isinstance(shard.get("path"), str):
+            raise PackctlError(f"{manifest_path}: shards[{i}] has no 'path'")
+    return out, manifest

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of
-from packctl.config import IGNORE_INDEX, INT32_MAX
+from packctl.schema import IGNORE_INDEX, INT32_MAX
 from packctl.errors import PackctlError
 from packctl.io.blocks import DecodedBlock, first_outside_int32
 
@@ -72,8 +72,15 @@ class SequenceIndex:
         return file_idx, gids - self.file_offsets[file_idx]
 
     def describe(self, gid: int) -> str:
-        f, r = self.locate(np.asarray([gid]))
-        return f"{self.files[int(f[0])].path} row {int(r[0])} column '{self.tokens_column}'"
+        return describe_gid([f.path for f in self.files], self.file_offsets, gid, self.tokens_column)
+
+
+def describe_gid(paths: list[str], file_offsets: np.ndarray, gid: int, column: str | None = None) -> str:
+    """Where a global sample id comes from, as every message names a row: 'FILE row R column C'.
+    Files a (3 rows), b: gid 4 -> 'b row 1'."""
+    f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
+    where = f"{paths[f]} row {gid - int(file_offsets[f])}"
+    return f"{where} column '{column}'" if column is not None else where
 
 
 def resolve_inputs(inputs: list[str]) -> list[str]:
@@ -384,13 +391,6 @@ def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
         if progress is not None:
             progress(1)
     return dataclasses.replace(index, lengths=lengths, gid_lo=gid_lo), source
-
-
-def scan(inputs: list[str], tokens_column: str, labels_column: str | None,
-         budget: int, progress=None) -> tuple[SequenceIndex, TokenSource]:
-    """Index the inputs and decode every block (a single process)."""
-    index = index_inputs(inputs, tokens_column, labels_column)
-    return scan_blocks(index, 0, len(index.blocks), budget, progress)
 
 
 def _decode_in_order(decode, blocks: list[Block], lo: int, hi: int, workers: int = 2):

@@ -25,10 +25,9 @@ import pyarrow.parquet as pq
 from packctl.errors import PackctlError
 from packctl.metrics import (attention_cost, batch_metrics, dp_balance, fill_histogram, length_summary, pack_loads,
                              pack_metrics)
-from packctl.schema import BALANCE_COLUMNS, FORMAT_VERSION, METADATA_KEY
+from packctl.io.manifest import MANIFEST, read_manifest
+from packctl.schema import BALANCE_COLUMNS, METADATA_KEY
 from packctl.stats.lazy import collect_streaming
-
-MANIFEST = "manifest.json"
 READ_COLUMNS = ("seq_lens", "sample_ids", "num_tokens")
 
 
@@ -63,27 +62,6 @@ def looks_like_unfinished_output(path: str | Path) -> bool:
     except (pa.ArrowException, OSError):  # unreadable: the input reader names the problem
         return False
     return METADATA_KEY in metadata
-
-
-def load_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
-    """(OUT directory, parsed manifest.json), or a PackctlError naming the file and the fix."""
-    path = Path(path)
-    out = path.parent if path.name == MANIFEST and path.is_file() else path
-    manifest_path = out / MANIFEST
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except FileNotFoundError:
-        raise PackctlError(f"{out}: no {MANIFEST}; the output is incomplete: run packctl pack again") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PackctlError(f"{manifest_path}: not valid JSON ({exc}); run packctl pack again") from None
-    version = manifest.get("format_version") if isinstance(manifest, dict) else None
-    if version != FORMAT_VERSION:
-        raise PackctlError(f"{manifest_path}: format_version {version!r}, this packctl reads version "
-                           f"{FORMAT_VERSION}: use the packctl that wrote it, or pack again")
-    for key in ("layout", "shards", "counts"):
-        if key not in manifest:
-            raise PackctlError(f"{manifest_path}: no '{key}' entry; not a packctl manifest (docs/format.md)")
-    return out, manifest
 
 
 def read_packed(out: Path, manifest: dict[str, Any]) -> PackedArrays:
@@ -177,7 +155,7 @@ def packed_stats(path: str | Path, *, attn_coeff: float | None = None) -> dict[s
     to the `--attn-coeff` the output was balanced with; `round_robin` is the imbalance before
     balancing, from metrics.json, when that was made with the same `a`)."""
     t0 = time.perf_counter()
-    out, manifest = load_manifest(path)
+    out, manifest = read_manifest(path)
     layout = manifest["layout"]
     packed = read_packed(out, manifest)
     t1 = time.perf_counter()

@@ -26,7 +26,7 @@ import polars as pl
 
 from packctl.config import PackConfig
 from packctl.errors import PackctlError
-from packctl.io.reader import InputFile, check_list_column, open_parquet, resolve_inputs
+from packctl.io.reader import InputFile, check_list_column, describe_gid, open_parquet, resolve_inputs
 from packctl.metrics import fill_histogram, length_histogram, length_summary
 from packctl.planning import order_corpus, plan_corpus
 from packctl.run_report import plan_metrics
@@ -54,8 +54,7 @@ class LengthIndex:
 
     def describe(self, gid: int) -> str:
         """'FILE row R column C' of a gid, as `pack` names a row."""
-        f = int(np.searchsorted(self.file_offsets, gid, side="right") - 1)
-        return f"{self.files[f].path} row {gid - int(self.file_offsets[f])} column '{self.tokens_column}'"
+        return describe_gid([f.path for f in self.files], self.file_offsets, gid, self.tokens_column)
 
 
 def read_lengths(inputs: list[str], tokens_column: str = "input_ids") -> LengthIndex:

@@ -26,9 +26,11 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of, positions_in_segments, ranges
-from packctl.config import FIELDS, IGNORE_INDEX, PackConfig
+from packctl.config import FIELDS, PackConfig
+from packctl.schema import IGNORE_INDEX
 from packctl.errors import PackctlError
 from packctl.io import reader
+from packctl.io.reader import describe_gid
 from packctl.thd import PackRows
 from packctl.verify.structure import Violation, tiled_starts
 
@@ -230,8 +232,7 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
     over_long = (src_len + config.align - 1) // config.align * config.align > config.plan_capacity
 
     def describe(gid: int) -> str:
-        f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
-        return f"sample {gid} ({paths[f]} row {gid - int(file_offsets[f])}, {src_len[gid]} tokens)"
+        return f"sample {gid} ({describe_gid(paths, file_offsets, gid)}, {src_len[gid]} tokens)"
 
     def pieces_of(gid: int, limit: int = 3) -> str:
         lo, hi = np.searchsorted(sorted_ids, [gid, gid + 1])

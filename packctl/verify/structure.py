@@ -27,9 +27,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packctl.arrays import offsets_of, positions_in_segments
-from packctl.config import IGNORE_INDEX
+from packctl.arrays import offsets_of, positions_in_segments, row_cumsums
+from packctl.schema import IGNORE_INDEX
 from packctl.errors import PackctlError
+from packctl.io.manifest import read_manifest
 from packctl.io.writer import sha256_file
 from packctl.schema import BALANCE_COLUMNS, FORMAT_VERSION, METADATA_KEY, PACK_SCHEMA
 from packctl.thd import PackRows
@@ -104,29 +105,8 @@ class Layout:
 
 
 def load_manifest(out: str | Path) -> dict[str, Any]:
-    """OUT/manifest.json, or PackctlError (exit 2) when there is none to read."""
-    path = Path(out) / "manifest.json"
-    if not Path(out).is_dir():
-        raise PackctlError(f"{out}: no such output directory; pass the -o OUT of a packctl pack run")
-    if not path.exists():
-        raise PackctlError(f"{out}: no manifest.json, so the output is incomplete or not a packctl output "
-                           "(packctl pack writes manifest.json last); run packctl pack again")
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise PackctlError(f"{path}: not readable JSON ({exc})") from None
-    if not isinstance(manifest, dict):
-        raise PackctlError(f"{path}: not a JSON object")
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise PackctlError(f"{path}: format_version {version!r}; this packctl verifies format version "
-                           f"{FORMAT_VERSION}: use the packctl that wrote the output")
-    if not isinstance(manifest.get("shards"), list) or not manifest["shards"]:
-        raise PackctlError(f"{path}: lists no shards")
-    for i, shard in enumerate(manifest["shards"]):
-        if not isinstance(shard, dict) or not isinstance(shard.get("path"), str):
-            raise PackctlError(f"{path}: shards[{i}] has no 'path'")
-    return manifest
+    """OUT/manifest.json, or PackctlError (exit 2) when there is none to read (io/manifest.py)."""
+    return read_manifest(out)[1]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,18 +159,6 @@ def _check_batch_rows(fail, padded, aligned, last, row_of_seq, pack_len, n_seq, 
          | (aligned > row_len),
          lambda k: f"seq_lens_padded {padded[k]} in a micro-batch of padded_len {row_len[k]}: every sequence is "
                    "padded to padded_len (the last one also holds the empty rows)", level="seq")
-
-
-def _row_cumsums(values: np.ndarray, seq_offsets: np.ndarray) -> np.ndarray:
-    """`[0, cumsum(values of the row)]` of every row, flattened: rows [3, 2], [4] -> 0 3 5 0 4."""
-    rows = len(seq_offsets) - 1
-    per_row = np.diff(seq_offsets)
-    row_of = np.repeat(np.arange(rows), per_row)
-    inclusive = np.cumsum(values, dtype=np.int64)
-    before_row = np.concatenate([[0], inclusive])[seq_offsets[:-1]]
-    out = np.zeros(len(values) + rows, dtype=np.int64)
-    out[np.arange(len(values)) + row_of + 1] = inclusive - before_row[row_of]
-    return out
 
 
 def check_pack_rows(rows: PackRows, layout: Layout, *, shard: str | None = None,
@@ -286,7 +254,7 @@ def check_pack_rows(rows: PackRows, layout: Layout, *, shard: str | None = None,
         for column, lens, formula in (("cu_seqlens", seq_lens, "[0, cumsum(seq_lens)]"),
                                       ("cu_seqlens_padded", padded, "[0, cumsum(seq_lens_padded)]")):
             actual = np.asarray(getattr(rows, column), dtype=np.int64)
-            expected = _row_cumsums(lens, loc.seq_offsets)
+            expected = row_cumsums(lens, loc.seq_offsets)
 
             def describe(k, actual=actual, expected=expected, column=column, formula=formula):
                 _, entry = loc.cu(k)
