@@ -45,7 +45,9 @@ from packctl.arrays import Scratch, copy_segments, offsets_of
 from packctl.dist.assign import Assignment, WriteRun, write_run
 from packctl.io.reader import SequenceIndex, TokenSource
 from packctl.io.stitch import stitch
-from packctl.io.writer import OutputDir, ShardInfo, StagedShard, encode_table, rows_to_table
+from packctl.io.encode import encode_table, rows_to_table
+from packctl.io.journal import ShardInfo
+from packctl.io.outdir import OutputDir, StagedShard
 from packctl.plan.windows import PackPlan
 from packctl.thd import lay_out_packs
 

@@ -32,7 +32,10 @@ from packctl.dist.assign import assign, hand_over, units_of
 from packctl.dist.comm import Comm, broadcast_outcome, get_comm
 from packctl.io.manifest import build_manifest, shard_metadata
 from packctl.io.reader import SequenceIndex, index_inputs, scan_blocks, split_blocks
-from packctl.io.writer import OutputDir, OutputLock, ShardInfo, check_output_path, inspect_partial
+from packctl.io.journal import ShardInfo, inspect_partial
+from packctl.io.lock import OutputLock
+from packctl.io.outdir import Faults, OutputDir
+from packctl.io.paths import check_output_path
 from packctl.materialize import choose_read_own, materialize
 from packctl.planning import check_something_to_pack, check_too_long, order_and_distribute, plan_stage
 from packctl.run_report import RankShare, assemble_metrics, plan_metrics, rank_report
@@ -53,7 +56,8 @@ class PackResult:
     shards: list[ShardInfo] = field(default_factory=list)
 
 
-def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | None = None) -> PackResult:
+def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | None = None,
+         faults: Faults | None = None) -> PackResult:
     """Pack `config.inputs` into `config.output` and return the counts and metrics.
 
     >>> from packctl import PackConfig, pack
@@ -68,7 +72,8 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
 
     Shards are journaled as they are finished in `.OUT.packctl-partial`; a run that fails or is
     interrupted (SIGINT, SIGTERM: `RunInterrupted`, exit 130 / 143) after finishing some keeps
-    them there, and `config.resume` continues it (io/writer.py).
+    them there, and `config.resume` continues it (io/journal.py). `faults` simulates a crash or a
+    full disk at a chosen point (tests).
     """
     comm = comm or get_comm()
     progress = progress if (progress is not None and comm.rank == 0) else Progress()
@@ -78,7 +83,7 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
     run = _Run()
     try:
         with guard.installed():
-            return _pack(config, comm, progress, out, lock, guard, run)
+            return _pack(config, comm, progress, out, lock, guard, run, faults)
     except BaseException as exc:
         failure = after_failure(comm, run.output, exc)
         if failure is exc:
@@ -95,7 +100,7 @@ class _Run:
 
 
 def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: OutputLock, guard: SignalGuard,
-          run: _Run) -> PackResult:
+          run: _Run, faults: Faults | None) -> PackResult:
     timings: dict[str, float] = {}
     started = time.perf_counter()
     index, fingerprint, done = broadcast_outcome(comm, lambda: _preflight(config, out, lock))
@@ -124,7 +129,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
                                                         assignment)
         read_own = choose_read_own(comm, config.token_transfer, to_write, index)
 
-    output = run.output = _open_output(comm, out, config.overwrite, fingerprint, done)
+    output = run.output = _open_output(comm, out, config.overwrite, fingerprint, done, faults)
     # --resume is how a run executes, not what it writes: the shards do not record it.
     content = dataclasses.replace(config, resume=False)
     # In one process the plan is the whole plan: its metrics are computed beside materialize.
@@ -209,14 +214,15 @@ def run_fingerprint(config: PackConfig, index: SequenceIndex) -> dict[str, Any]:
     return fingerprint
 
 
-def _open_output(comm: Comm, out: Path, overwrite: bool, fingerprint: dict, done: dict | None) -> OutputDir:
+def _open_output(comm: Comm, out: Path, overwrite: bool, fingerprint: dict, done: dict | None,
+                 faults: Faults | None) -> OutputDir:
     """Rank 0 creates (or, resuming, cleans) the partial output directory; every rank writes its
     shards into it, skipping those in `done`."""
     created: dict[str, OutputDir] = {}
 
     def create() -> str:
-        created["dir"] = OutputDir(out, overwrite=overwrite, fingerprint=fingerprint, done=done)
+        created["dir"] = OutputDir.create(out, overwrite=overwrite, fingerprint=fingerprint, done=done, faults=faults)
         return str(created["dir"].tmp)
 
     tmp = broadcast_outcome(comm, create)
-    return created["dir"] if "dir" in created else OutputDir.attach(out, Path(tmp), comm.rank, done)
+    return created["dir"] if "dir" in created else OutputDir(out, Path(tmp), rank=comm.rank, done=done, faults=faults)

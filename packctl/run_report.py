@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from packctl.config import PackConfig
-from packctl.io.writer import ShardInfo
+from packctl.io.journal import ShardInfo
 from packctl.metrics import batch_metrics, pack_metrics
 from packctl.plan.balance import imbalance, imbalance_summary
 from packctl.plan.windows import PackPlan, merge_plans

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -265,9 +266,9 @@ def test_output_in_a_read_only_directory(tmp_path):
 def test_disk_full_while_writing(tmp_path):
     f = write_table(tmp_path / "in/a.parquet", {"input_ids": pa.array([[1, 2, 3]] * 20, pa.list_(pa.int32()))})
     out = tmp_path / "out"
-    env = {**os.environ, "PACKCTL_TEST_FAIL_WRITE_AFTER_SHARDS": "0"}
-    proc = subprocess.run([sys.executable, "-m", "packctl.cli", "pack", str(f), "-o", str(out), "--capacity", "4",
-                           "--shard-rows", "5"], capture_output=True, text=True, env=env, timeout=300)
+    faulty = Path(__file__).parent / "faulty_pack.py"
+    proc = subprocess.run([sys.executable, str(faulty), "--fail-write-after", "0", "pack", str(f), "-o", str(out),
+                           "--capacity", "4", "--shard-rows", "5"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert "part-0000" in proc.stderr and "write failed (No space left on device)" in proc.stderr
     assert "Traceback" not in proc.stderr

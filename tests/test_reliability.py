@@ -1,9 +1,9 @@
 """Crashes lose nothing: journaled shards, `--resume` to byte-identical output, the output lock,
 SIGINT / SIGTERM, a full disk (docs/errors.md).
 
-Crashes are made with the test hooks of packctl/io/writer.py: `PACKCTL_TEST_KILL_AFTER_SHARDS=k`
-(SIGKILL, or `k:SIGTERM`, right after the k-th shard is journaled) and
-`PACKCTL_TEST_FAIL_WRITE_AFTER_SHARDS=k` (the next shard write fails with ENOSPC).
+Crashes are made by running the real CLI through tests/faulty_pack.py, which hands `pack` a
+`Faults` object: `--kill-after k` (SIGKILL, or `k:SIGTERM`, right after the k-th shard is
+journaled) and `--fail-write-after k` (the next shard write fails with ENOSPC).
 """
 from __future__ import annotations
 
@@ -27,11 +27,15 @@ SHARDS = 19  # what OPTIONS make of the corpus below (checked by the reference f
 MPIEXEC = shutil.which("mpiexec", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 
 
-def run_pack(corpus: Path, out: Path, *extra: str, env: dict | None = None, mpi: int = 0) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "packctl", "pack", str(corpus), "-o", str(out), *OPTIONS, *extra]
+def run_pack(corpus: Path, out: Path, *extra: str, faults: list[str] | None = None,
+             mpi: int = 0) -> subprocess.CompletedProcess:
+    """`packctl pack` in a process of its own; `faults` are tests/faulty_pack.py options."""
+    launcher = [sys.executable, str(Path(__file__).parent / "faulty_pack.py"), *faults] if faults else [
+        sys.executable, "-m", "packctl"]
+    cmd = [*launcher, "pack", str(corpus), "-o", str(out), *OPTIONS, *extra]
     if mpi:
         cmd = [MPIEXEC, "-n", str(mpi), *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, **(env or {})})
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
 
 
 def snapshot(out: Path) -> tuple[dict[str, str], dict]:
@@ -83,7 +87,7 @@ def assert_interrupted_and_consistent(out: Path, proc: subprocess.CompletedProce
 @pytest.mark.parametrize("kill_after", [1, 3, 7, 12, SHARDS])  # SHARDS: every shard done, killed before the manifest
 def test_sigkill_then_resume_is_byte_identical(tmp_path, corpus, reference, contract, kill_after):
     out = tmp_path / "out"
-    killed = run_pack(corpus, out, env={"PACKCTL_TEST_KILL_AFTER_SHARDS": str(kill_after)})
+    killed = run_pack(corpus, out, faults=["--kill-after", str(kill_after)])
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert_interrupted_and_consistent(out, killed, kill_after)
     assert (tmp_path / ".out.packctl-lock").exists()  # left by the killed run: stale, taken over below
@@ -98,8 +102,8 @@ def test_sigkill_then_resume_is_byte_identical(tmp_path, corpus, reference, cont
 
 def test_killed_twice(tmp_path, corpus, reference):
     out = tmp_path / "out"
-    assert run_pack(corpus, out, env={"PACKCTL_TEST_KILL_AFTER_SHARDS": "4"}).returncode == -signal.SIGKILL
-    again = run_pack(corpus, out, "--resume", env={"PACKCTL_TEST_KILL_AFTER_SHARDS": "5"})
+    assert run_pack(corpus, out, faults=["--kill-after", "4"]).returncode == -signal.SIGKILL
+    again = run_pack(corpus, out, "--resume", faults=["--kill-after", "5"])
     assert again.returncode == -signal.SIGKILL
     assert_interrupted_and_consistent(out, again, 9)
     assert run_pack(corpus, out, "--resume").returncode == 0
@@ -109,7 +113,7 @@ def test_killed_twice(tmp_path, corpus, reference):
 @pytest.mark.parametrize("signame, code", [("SIGTERM", 143), ("SIGINT", 130)])
 def test_signal_stops_cleanly_and_says_how_to_resume(tmp_path, corpus, reference, signame, code):
     out = tmp_path / "out"
-    proc = run_pack(corpus, out, env={"PACKCTL_TEST_KILL_AFTER_SHARDS": f"2:{signame}"})
+    proc = run_pack(corpus, out, faults=["--kill-after", f"2:{signame}"])
     assert proc.returncode == code, proc.stderr
     assert "Traceback" not in proc.stderr
     text = " ".join(proc.stderr.split())
@@ -146,7 +150,7 @@ def test_external_sigterm(tmp_path, corpus):
 
 def test_disk_full_keeps_finished_shards_for_resume(tmp_path, corpus, reference):
     out = tmp_path / "out"
-    proc = run_pack(corpus, out, env={"PACKCTL_TEST_FAIL_WRITE_AFTER_SHARDS": "5"})
+    proc = run_pack(corpus, out, faults=["--fail-write-after", "5"])
     assert proc.returncode == 2, proc.stderr
     text = " ".join(proc.stderr.split())
     assert "write failed (No space left on device)" in text and "--resume" in text
@@ -161,7 +165,7 @@ def test_disk_full_keeps_finished_shards_for_resume(tmp_path, corpus, reference)
 
 def test_resume_rewrites_a_shard_that_no_longer_matches(tmp_path, corpus, reference):
     out = tmp_path / "out"
-    run_pack(corpus, out, env={"PACKCTL_TEST_KILL_AFTER_SHARDS": "6"})
+    run_pack(corpus, out, faults=["--kill-after", "6"])
     victim = tmp_path / ".out.packctl-partial" / journal_lines(out)[0]["shard"]
     victim.write_bytes(victim.read_bytes()[:-10])
     proc = run_pack(corpus, out, "--resume", "--json")
@@ -172,7 +176,7 @@ def test_resume_rewrites_a_shard_that_no_longer_matches(tmp_path, corpus, refere
 
 def test_partial_run_without_resume_is_refused(tmp_path, corpus):
     out = tmp_path / "out"
-    run_pack(corpus, out, env={"PACKCTL_TEST_KILL_AFTER_SHARDS": "2"})
+    run_pack(corpus, out, faults=["--kill-after", "2"])
     proc = run_pack(corpus, out)
     assert proc.returncode == 2
     assert "an interrupted run left 2 finished shard(s)" in " ".join(proc.stderr.split())
@@ -185,7 +189,7 @@ def test_resume_refuses_other_config_or_changed_inputs(tmp_path, corpus, change)
     data = tmp_path / "data"
     shutil.copytree(corpus, data)
     out = tmp_path / "out"
-    run_pack(data, out, env={"PACKCTL_TEST_KILL_AFTER_SHARDS": "2"})
+    run_pack(data, out, faults=["--kill-after", "2"])
     if change == "config":
         proc = run_pack(data, out, "--resume", "--seed", "3")
         expected = "used different seed"
@@ -202,7 +206,7 @@ def test_resume_refuses_other_config_or_changed_inputs(tmp_path, corpus, change)
 
 def test_memory_budget_may_change_on_resume(tmp_path, corpus, reference):
     out = tmp_path / "out"
-    run_pack(corpus, out, env={"PACKCTL_TEST_KILL_AFTER_SHARDS": "3"})
+    run_pack(corpus, out, faults=["--kill-after", "3"])
     proc = run_pack(corpus, out, "--resume", "--memory-budget", "300k")
     assert proc.returncode == 0, proc.stderr
     files, manifest = snapshot(out)
@@ -252,13 +256,13 @@ def test_bad_input_releases_the_lock_and_writes_nothing(tmp_path):
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec on PATH (pip install 'packctl[mpi]')")
 def test_resume_across_rank_counts(tmp_path, corpus, reference):
     out = tmp_path / "out"
-    killed = run_pack(corpus, out, env={"PACKCTL_TEST_KILL_AFTER_SHARDS": "2"}, mpi=2)
+    killed = run_pack(corpus, out, faults=["--kill-after", "2"], mpi=2)
     assert killed.returncode != 0
     assert not out.exists()
     proc = run_pack(corpus, out, "--resume", mpi=3)
     assert proc.returncode == 0, proc.stderr
     assert snapshot(out) == reference
-    killed = run_pack(corpus, tmp_path / "out2", env={"PACKCTL_TEST_KILL_AFTER_SHARDS": "4"})
+    killed = run_pack(corpus, tmp_path / "out2", faults=["--kill-after", "4"])
     assert killed.returncode == -signal.SIGKILL
     proc = run_pack(corpus, tmp_path / "out2", "--resume", mpi=2)
     assert proc.returncode == 0, proc.stderr

@@ -16,7 +16,7 @@ from packctl import PackConfig, pack
 from packctl.dist.assign import ROW_GROUP_PACKS, Units, assign, units_of, write_run, writer_cuts
 from packctl.dist.samplesort import _lex_order, merge_runs
 from packctl.io.stitch import encode_footer, parse_footer, stitch
-from packctl.io.writer import PARQUET_OPTIONS, encode_table
+from packctl.io.encode import PARQUET_OPTIONS, encode_table
 
 from threadcomm import run_ranks
 

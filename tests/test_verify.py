@@ -20,7 +20,7 @@ from packctl.cli import app
 from packctl.config import FIELDS
 from packctl.schema import IGNORE_INDEX
 from packctl.io.manifest import layout_of
-from packctl.io.writer import sha256_file
+from packctl.io.journal import sha256_file
 from packctl.verify import VerifyOptions, check_pack_rows, verify
 from packctl.verify.structure import Layout, rows_from_table
 

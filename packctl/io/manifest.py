@@ -13,7 +13,7 @@ from packctl.version import __version__
 if TYPE_CHECKING:  # readers of a manifest (packctl.torch) need none of the packing side
     from packctl.config import PackConfig
     from packctl.io.reader import InputFile
-    from packctl.io.writer import ShardInfo
+    from packctl.io.journal import ShardInfo
 
 MANIFEST = "manifest.json"
 

@@ -31,7 +31,7 @@ from packctl.arrays import offsets_of, positions_in_segments, row_cumsums
 from packctl.schema import IGNORE_INDEX
 from packctl.errors import PackctlError
 from packctl.io.manifest import read_manifest
-from packctl.io.writer import sha256_file
+from packctl.io.journal import sha256_file
 from packctl.schema import BALANCE_COLUMNS, FORMAT_VERSION, METADATA_KEY, PACK_SCHEMA
 from packctl.thd import PackRows
 

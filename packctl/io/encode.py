@@ -1,0 +1,49 @@
+"""Parquet encoding of packs: the contract's table (schema.py) and its bytes.
+
+A shard is written row group by row group (dist/assign.py): each row group is encoded on its own
+as a small Parquet file (`encode_table`), and a shard's row groups are joined (io/stitch.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packctl.schema import METADATA_KEY, PACK_SCHEMA
+from packctl.thd import PackRows
+
+PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, write_statistics=False)
+
+
+def _list(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), pa.array(values, value_type))
+
+
+def rows_to_table(rows: PackRows, metadata: bytes, extra: dict[str, np.ndarray] | None = None) -> pa.Table:
+    """PackRows -> an Arrow table with the contract's schema and the `packctl` metadata key, plus
+    `extra` per-row columns (step, dp_rank, micro_batch as int32, lr_scale as float32)."""
+    i32 = pa.int32()
+    columns = [
+        _list(rows.token_offsets, rows.input_ids, i32),
+        _list(rows.token_offsets, rows.labels, i32),
+        _list(rows.token_offsets, rows.position_ids, i32),
+        _list(rows.seq_offsets, rows.seq_lens, i32),
+        _list(rows.seq_offsets, rows.seq_lens_padded, i32),
+        _list(rows.cu_offsets, rows.cu_seqlens, i32),
+        _list(rows.cu_offsets, rows.cu_seqlens_padded, i32),
+        _list(rows.seq_offsets, rows.sample_ids, pa.int64()),
+        pa.array(rows.num_tokens, i32),
+    ]
+    schema = PACK_SCHEMA
+    for name, values in (extra or {}).items():
+        array = pa.array(values)
+        columns.append(array)
+        schema = schema.append(pa.field(name, array.type, nullable=False))
+    return pa.Table.from_arrays(columns, schema=schema.with_metadata({METADATA_KEY: metadata}))
+
+
+def encode_table(table: pa.Table) -> bytes:
+    """A table as the bytes of a Parquet file of one row group (PARQUET_OPTIONS)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=max(table.num_rows, 1), **PARQUET_OPTIONS)
+    return sink.getvalue().to_pybytes()

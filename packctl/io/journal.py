@@ -1,0 +1,118 @@
+"""The partial output directory's journal: which shards are finished, and what `--resume` keeps.
+
+    .OUT.packctl-partial/
+        run.json                       fingerprint of the run: config and inputs (path, size, mtime)
+        journal.jsonl                  one line per finished shard: {"shard", "rows", "tokens", "sha256"}
+        journal.rank-00003.jsonl       the same, for the shards rank 3 finished (under MPI)
+
+A shard is journaled (line appended and fsync'd) only after its file is complete under its final
+name, so after a crash every journaled shard whose sha256 still matches can be kept.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from packctl.errors import PackctlError
+
+PARTIAL_SUFFIX = ".packctl-partial"
+RUN_FILE = "run.json"
+JOURNAL = "journal.jsonl"
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    path: str  # relative to OUT
+    rows: int
+    tokens: int  # true tokens (sum of num_tokens)
+    sha256: str
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def partial_dir(out: Path) -> Path:
+    """Where OUT is assembled: `.OUT.packctl-partial` beside it (the same name for every attempt, so
+    `--resume` finds it)."""
+    return out.parent / f".{out.name}{PARTIAL_SUFFIX}"
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def journal_line(info: ShardInfo) -> str:
+    return json.dumps({"shard": info.path, "rows": info.rows, "tokens": info.tokens, "sha256": info.sha256}) + "\n"
+
+
+def read_journal(tmp: Path) -> list[ShardInfo]:
+    """Every shard the journals of `tmp` record (a torn last line, from a crash, is ignored)."""
+    shards: dict[str, ShardInfo] = {}
+    for path in sorted(tmp.glob("journal*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+                info = ShardInfo(path=str(entry["shard"]), rows=int(entry["rows"]), tokens=int(entry["tokens"]),
+                                 sha256=str(entry["sha256"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+            shards[info.path] = info
+    return [shards[name] for name in sorted(shards)]
+
+
+def inspect_partial(out: Path, fingerprint: dict, *, resume: bool) -> dict[str, ShardInfo] | None:
+    """What an earlier, interrupted run left beside OUT, checked against this run.
+
+    Returns the shards to keep (name -> ShardInfo: journaled, and the file still has its sha256),
+    or None when there is nothing to resume (no partial directory, or one without finished shards).
+    Raises when finished shards exist but `resume` is off, or the fingerprint differs.
+    """
+    tmp = partial_dir(out)
+    if not tmp.is_dir():
+        return None
+    journaled = read_journal(tmp)
+    if not journaled:
+        return None
+    if not resume:
+        raise PackctlError(
+            f"{out}: an interrupted run left {len(journaled)} finished shard(s) in {tmp}; pass --resume to "
+            "continue it, or delete that directory to start over")
+    try:
+        earlier = json.loads((tmp / RUN_FILE).read_text())["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise PackctlError(f"{tmp}: no readable {RUN_FILE}, so it cannot be resumed; delete it and run again "
+                           "without --resume") from None
+    if earlier != fingerprint:
+        differs = sorted(k for k in set(earlier.get("config", {})) | set(fingerprint["config"])
+                         if earlier.get("config", {}).get(k) != fingerprint["config"].get(k))
+        if earlier.get("inputs") != fingerprint["inputs"]:
+            differs.append("inputs (paths, sizes or modification times)")
+        for key in ("format_version", "packctl_version"):
+            if earlier.get(key) != fingerprint.get(key):
+                differs.append(key)
+        raise PackctlError(
+            f"{out}: --resume refused: the interrupted run in {tmp} used different {', '.join(differs)}; "
+            "run with the same options and inputs, or delete that directory and run without --resume")
+    kept = {}
+    for info in journaled:
+        path = tmp / info.path
+        if path.is_file() and sha256_file(path) == info.sha256:
+            kept[info.path] = info
+    return kept

@@ -1,0 +1,33 @@
+"""Where OUT may be: checked before anything is read or written."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from packctl.errors import PackctlError
+
+def check_output_path(out: Path, *, overwrite: bool, inputs: list[str] | None = None,
+                      input_dirs: list[str] | None = None) -> None:
+    """Refuse an existing OUT without --overwrite, an OUT that is or holds an input file, an OUT
+    inside an input directory (its shards would be read as input next time), and an OUT whose
+    parent cannot be written."""
+    if out.exists() and not overwrite:
+        raise PackctlError(f"{out}: already exists; pass --overwrite to replace it or choose another -o")
+    ancestor = out.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise PackctlError(f"{out}: cannot be created: {ancestor} is not a directory; choose another -o")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise PackctlError(f"{out}: cannot be created: no write permission in {ancestor}; choose another -o")
+    for spec in input_dirs or []:
+        spec_real = os.path.realpath(spec)
+        if os.path.isdir(spec) and (os.path.realpath(out) + os.sep).startswith(spec_real + os.sep):
+            raise PackctlError(f"{out}: inside the input directory {spec}, so its shards would be read as input "
+                               "by the next run; choose an -o outside it")
+    if inputs:
+        out_real = os.path.realpath(out)
+        for path in inputs:
+            real = os.path.realpath(path)
+            if real == out_real or real.startswith(out_real + os.sep):
+                raise PackctlError(f"{out}: the output would replace the input {path}; choose another -o")
