@@ -12,7 +12,7 @@ and prints per order and N:
 - MiB moved by MPI (sample sort of (key, gid, length), windows to their planning rank, plan
   arrays to writers, and with exchange the tokens+labels of every piece scanned elsewhere),
 - read x: with --token-transfer read, blocks decoded by all writers over the blocks needed, and
-  what `auto` picks (read when <= 1.5).
+  what `auto` picks (read when <= 1.5, or <= 3 with input order).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from packctl.io.reader import Block, split_blocks
 from packctl.plan.align import pack_lengths_padded, round_up
 from packctl.plan.order import order_sequences
 from packctl.plan.windows import plan_windows
-from packctl.materialize import READ_AMPLIFICATION_LIMIT
+from packctl.materialize import READ_AMPLIFICATION_LIMIT, READ_AMPLIFICATION_LIMIT_INPUT_ORDER
 from packctl.sample import sample_lengths
 
 BLOCK_ROWS = 8192
@@ -83,7 +83,7 @@ def simulate(lengths: np.ndarray, order: str, ranks: list[int], *, capacity: int
         block_bytes = np.array([b.nbytes for b in blocks])
         read_bytes = int(block_bytes[pairs % len(blocks)].sum())
         amplification = read_bytes / max(int(block_bytes[needed].sum()), 1)
-        read = amplification <= READ_AMPLIFICATION_LIMIT
+        read = amplification <= (READ_AMPLIFICATION_LIMIT_INPUT_ORDER if order == "input" else READ_AMPLIFICATION_LIMIT)
         exchange = sort_bytes + plan_bytes + (0 if read else token_bytes)
         print(f"{size:>5} {ratio(writer_tokens):>14.3f} {ratio(planned):>13.3f} "
               f"{len(assignment.unit_tokens) / size:>10.1f} {exchange / 2**20:>12.1f} "

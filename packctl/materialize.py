@@ -376,26 +376,37 @@ def needed_blocks(plan: PackPlan, index: SequenceIndex) -> np.ndarray:
 
 
 # --token-transfer auto reads (instead of exchanging) when the ranks together would decode at most
-# this many times the input blocks the output needs.
+# this many times the input blocks the output needs; with input order up to the second figure
+# (docs/distributed.md has the measurements behind both).
 READ_AMPLIFICATION_LIMIT = 1.5
+READ_AMPLIFICATION_LIMIT_INPUT_ORDER = 3.0
 
 
-def choose_read_own(comm, transfer: str, plan: PackPlan, index: SequenceIndex) -> bool:
-    """Whether ranks read their pieces' blocks themselves (`--token-transfer`): "auto" reads when
-    all ranks together would decode at most READ_AMPLIFICATION_LIMIT x the blocks the output
-    needs (input order with concat: each rank's packs come from about its own share of the
-    blocks; shuffle: every rank would read nearly every block)."""
-    if comm.size == 1 or transfer == "exchange":
-        return False
-    if transfer == "read":
-        return True
+def read_amplification(comm, plan: PackPlan, index: SequenceIndex) -> float:
+    """Bytes of the blocks all ranks would decode to read their own pieces, over the bytes of the
+    blocks the output needs (1.0: every block feeds one rank only)."""
     blocks = needed_blocks(plan, index)
     sizes = np.array([b.nbytes for b in index.blocks], dtype=np.int64)
     read = comm.allreduce_sum(int(sizes[blocks].sum()))
     needed = np.zeros(len(sizes), np.int64)
     needed[blocks] = 1
     union = comm.allreduce_sum(needed) > 0
-    return read <= READ_AMPLIFICATION_LIMIT * max(int(sizes[union].sum()), 1)
+    return read / max(int(sizes[union].sum()), 1)
+
+
+def choose_read_own(transfer: str, amplification: float, order: str, ranks: int) -> bool:
+    """Whether ranks read their pieces' blocks themselves (`--token-transfer`). "auto" reads when
+    the read amplification is at most READ_AMPLIFICATION_LIMIT, or with input order at most
+    READ_AMPLIFICATION_LIMIT_INPUT_ORDER: there the exchange is slow for another reason, a rank's
+    first packs wait for the blocks its neighbour decodes last (rounds go in block order), while
+    with reads every rank writes as it decodes. Shuffle and curriculum draw every pack from every
+    block (amplification about N): they exchange."""
+    if ranks == 1 or transfer == "exchange":
+        return False
+    if transfer == "read":
+        return True
+    limit = READ_AMPLIFICATION_LIMIT_INPUT_ORDER if order == "input" else READ_AMPLIFICATION_LIMIT
+    return amplification <= limit
 
 
 def materialize(comm, plan: PackPlan, pack_lens: np.ndarray, index: SequenceIndex, source: TokenSource,

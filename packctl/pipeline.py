@@ -36,7 +36,7 @@ from packctl.io.journal import ShardInfo, inspect_partial
 from packctl.io.lock import OutputLock
 from packctl.io.outdir import Faults, OutputDir
 from packctl.io.paths import check_output_path
-from packctl.materialize import choose_read_own, materialize
+from packctl.materialize import choose_read_own, materialize, read_amplification
 from packctl.planning import check_something_to_pack, check_too_long, order_and_distribute, plan_stage
 from packctl.run_report import RankShare, assemble_metrics, plan_metrics, rank_report
 from packctl.runtime import Progress, RunInterrupted, SignalGuard, after_failure, in_background, timed
@@ -127,7 +127,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
                             comm.size)
         to_write, write_lens, write_columns = hand_over(comm, planned.plan, planned.pack_lens, planned.columns,
                                                         assignment)
-        read_own = choose_read_own(comm, config.token_transfer, to_write, index)
+        amplification = read_amplification(comm, to_write, index) if comm.size > 1 else 1.0
+        read_own = choose_read_own(config.token_transfer, amplification, config.order, comm.size)
 
     output = run.output = _open_output(comm, out, config.overwrite, fingerprint, done, faults)
     # --resume is how a run executes, not what it writes: the shards do not record it.
@@ -151,7 +152,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
                           step=columns.get("step"), dp_rank=columns.get("dp_rank"))
         shares = comm.allgather(share) if comm.size > 1 else [share]
     timings["total"] = time.perf_counter() - started
-    ranks = comm.allgather(rank_report(comm, index, to_write, written, timings, read_own))
+    ranks = comm.allgather(rank_report(comm, index, to_write, written, timings, read_own, amplification))
     if comm.rank != 0:
         comm.barrier()
         return PackResult(output=out, counts={}, metrics={"ranks": ranks}, timings=timings)

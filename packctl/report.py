@@ -85,7 +85,8 @@ def scale_out_rows(so: dict[str, Any] | None) -> list[tuple[str, str]]:
         return []
     stages = so["stage_seconds"]
     return [
-        ("ranks", f"{so['ranks']}, tokens by {so['token_transfer']}, {so['bytes_exchanged'] / 2**20:,.1f} MiB exchanged"),
+        ("ranks", f"{so['ranks']}, tokens by {so['token_transfer']} (reads would decode "
+                  f"{so['read_amplification']:.2f}x), {so['bytes_exchanged'] / 2**20:,.1f} MiB exchanged"),
         ("  tokens written max/mean", f"{so['tokens_written']['max_over_mean']:.3f} "
                                       f"({so['tokens_written']['max']:,.0f} / {so['tokens_written']['mean']:,.0f})"),
         ("  seconds max/mean", "  ".join(f"{k} {v['max']:.2f}/{v['mean']:.2f}" for k, v in stages.items())),

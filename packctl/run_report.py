@@ -69,7 +69,7 @@ def plan_counts(plan: PackPlan, num_sequences: int, tokens_in: int, *, skipped_e
 
 
 def rank_report(comm, index, written_plan: PackPlan, written, timings: dict[str, float],
-                read_own: bool) -> dict[str, Any]:
+                read_own: bool, amplification: float) -> dict[str, Any]:
     """One rank's share of the work, for metrics.json's `ranks`: `written_plan` holds the packs it wrote."""
     return {
         "rank": comm.rank,
@@ -78,6 +78,7 @@ def rank_report(comm, index, written_plan: PackPlan, written, timings: dict[str,
         "packs_written": written_plan.num_bins,
         "tokens_written": int(written_plan.piece_len.sum()),
         "token_transfer": "read" if read_own else "exchange",
+        "read_amplification": round(amplification, 4),  # of all ranks: blocks decoded by reading / needed
         "blocks_read": written.blocks_read,
         "shards_written": len(written.shards),
         "bytes_sent": int(comm.bytes_sent),
@@ -103,6 +104,7 @@ def scale_out(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "ranks": len(ranks),
         "token_transfer": ranks[0]["token_transfer"],
+        "read_amplification": ranks[0]["read_amplification"],
         "tokens_written": _max_mean([r["tokens_written"] for r in ranks]),
         "stage_seconds": {stage: _max_mean([r["timings"].get(stage, 0.0) for r in ranks])
                           for stage in STAGES if any(stage in r["timings"] for r in ranks)},
