@@ -79,6 +79,8 @@ def main() -> None:
     print(f"{'order':<11} {'ranks':>5} {'wall s':>7} {'tokens max/mean':>15}   seconds max/mean: {head} "
           f"{'MiB exch.':>9} {'identical':>9}")
     out = root / "scaleout-out"
+    for leftover in root.glob(".scaleout-out.packctl-*"):  # of a benchmark run that was stopped
+        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     for order in args.orders:
         launch(1, [sys.executable, "-m", "packctl", "pack", str(corpus), "-o", str(out), "--overwrite", "-q",
                    "--too-long", "split", "--window", str(args.window), "--order", order, *args.extra])

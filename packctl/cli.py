@@ -1,19 +1,20 @@
 """The `packctl` command line: thin typer commands over the Python API."""
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Iterator, List, Optional
+from typing import Iterator, List, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from packctl.config import build_config, load_config
+from packctl.config import FIELDS, PLANNING_OPTIONS, build_config, load_config, option_help
 from packctl.errors import PackctlError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -28,22 +29,29 @@ Example:
 """
 
 
-# Planning options shared by `pack` and the what-if of `stats`: one declaration, the same flags.
-OrderOpt = Annotated[Optional[str], typer.Option(help="input|shuffle|curriculum  [default: input]")]
-CurriculumOrderOpt = Annotated[Optional[str], typer.Option(help="asc|desc, for --order curriculum  [default: asc]")]
-SeedOpt = Annotated[Optional[int], typer.Option(help="Seed of shuffle order and of ffs.  [default: 0]")]
-WindowOpt = Annotated[Optional[int], typer.Option(help="Sequences per planning window.  [default: 100000]")]
-CpSizeOpt = Annotated[Optional[int], typer.Option(help="Context-parallel size (pads to 2*cp*tp).  [default: 1]")]
-TpSizeOpt = Annotated[Optional[int], typer.Option(help="Tensor-parallel size.  [default: 1]")]
-SeqMultipleOpt = Annotated[Optional[int], typer.Option(help="Extra per-sequence length multiple.  [default: 1]")]
-PadToOpt = Annotated[Optional[str], typer.Option(help="capacity|multiple  [default: capacity]")]
-MaxSeqsPerBinOpt = Annotated[Optional[int], typer.Option(help="At most this many sequences per pack.")]
-TooLongOpt = Annotated[Optional[str], typer.Option(help="error|drop|truncate|split  [default: error]")]
-TokensColumnOpt = Annotated[Optional[str], typer.Option(help="Input column of token ids.  [default: input_ids]")]
-PoolSizeOpt = Annotated[Optional[int], typer.Option(help="Items waiting in the pool of --algorithm pool.  "
-                                                         "[default: 128]")]
-PoolStrategyOpt = Annotated[Optional[str], typer.Option(help="closest|first: pool picks the largest item that fits "
-                                                             "or the oldest.  [default: closest]")]
+def config_options(names) -> list[inspect.Parameter]:
+    """Typer options of PackConfig fields, made from the fields themselves (config.py `option`):
+    the flag, help, choices and default are declared once, there."""
+    params = []
+    for name in names:
+        meta = FIELDS[name].metadata
+        flag = meta["flag"] or f"--{name.replace('_', '-')}"
+        decls = [f"{flag}/--no-{flag[2:]}" if meta["switch"] else flag] + ([meta["short"]] if meta["short"] else [])
+        kind = meta["cli"] or _CLI_TYPES[str(FIELDS[name].type).replace(" | None", "")]
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
+                                        default=typer.Option(None, *decls, help=option_help(name))))
+    return params
+
+
+_CLI_TYPES = {"int": int, "str": str, "bool": bool, "float": float}
+
+
+def _with_signature(params: list[inspect.Parameter]):
+    """Give a `**options` function the signature typer reads its options from."""
+    def decorate(fn):
+        fn.__signature__ = inspect.Signature(params)
+        return fn
+    return decorate
 
 
 def _fail(exc: PackctlError) -> None:
@@ -51,76 +59,24 @@ def _fail(exc: PackctlError) -> None:
     raise typer.Exit(exc.exit_code)
 
 
+_PACK_OWN = [
+    inspect.Parameter("inputs", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[List[str]],
+                      default=typer.Argument(None, metavar="INPUT...", help=FIELDS["inputs"].metadata["help"])),
+    inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                      default=typer.Option(None, "--config", help="TOML file with any of these options.")),
+]
+_OUTPUT_FORMAT = [
+    inspect.Parameter("json_output", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                      default=typer.Option(False, "--json", help="Print the result as JSON on stdout.")),
+    inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                      default=typer.Option(False, "--quiet", "-q", help="No summary table.")),
+]
+
+
 @app.command("pack", help=_PACK_EXAMPLE)
-def pack_command(
-    inputs: Optional[List[str]] = typer.Argument(None, metavar="INPUT...", help="Parquet files, directories or globs."),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="Output directory OUT."),
-    config: Optional[Path] = typer.Option(None, "--config", help="TOML file with any of these options."),
-    capacity: Optional[int] = typer.Option(None, help="Tokens per pack.  [default: 4096]"),
-    algorithm: Optional[str] = typer.Option(None, help="concat|ffd|bfd|mffd|ffs|split|pool  [default: bfd]"),
-    pool_size: PoolSizeOpt = None,
-    pool_strategy: PoolStrategyOpt = None,
-    order: OrderOpt = None,
-    curriculum_order: CurriculumOrderOpt = None,
-    seed: SeedOpt = None,
-    window: WindowOpt = None,
-    cp_size: CpSizeOpt = None,
-    tp_size: TpSizeOpt = None,
-    seq_multiple: SeqMultipleOpt = None,
-    pad_to: PadToOpt = None,
-    pack_multiple: Optional[int] = typer.Option(None, help="Pack length multiple for --pad-to multiple.  "
-                                                           "[default: the alignment]"),
-    pad_token_id: Optional[int] = typer.Option(None, help="Token id of padding.  [default: 0]"),
-    max_seqs_per_bin: MaxSeqsPerBinOpt = None,
-    too_long: TooLongOpt = None,
-    tokens_column: TokensColumnOpt = None,
-    labels_column: Optional[str] = typer.Option(None, help="Input column of labels.  [default: labels if present]"),
-    shard_rows: Optional[int] = typer.Option(None, help="Packs per output shard.  [default: 1024]"),
-    skip_empty: Optional[bool] = typer.Option(None, "--skip-empty/--no-skip-empty",
-                                              help="Leave empty sequences out (counted) instead of failing."),
-    memory_budget: Optional[str] = typer.Option(None, help="Decoded tokens held in memory, e.g. 8GiB.  "
-                                                           "[default: a quarter of RAM]"),
-    overwrite: Optional[bool] = typer.Option(None, "--overwrite/--no-overwrite", help="Replace an existing OUT."),
-    resume: Optional[bool] = typer.Option(None, "--resume/--no-resume",
-                                          help="Continue an interrupted run of the same command, keeping its "
-                                               "finished shards."),
-    token_transfer: Optional[str] = typer.Option(None, help="auto|exchange|read: under MPI, how a rank gets the "
-                                                            "tokens it writes (docs/distributed.md).  [default: auto]"),
-    mode: Optional[str] = typer.Option(None, help="pack|batch: THD packs, or padded micro-batches (dynamic "
-                                                  "batching).  [default: pack]"),
-    max_tokens: Optional[int] = typer.Option(None, help="Batch mode: tokens per micro-batch, rows x padded length.  "
-                                                        "[default: --capacity]"),
-    seq_round: Optional[int] = typer.Option(None, help="Batch mode: round a micro-batch's padded length up to "
-                                                       "this multiple.  [default: 1]"),
-    shape_buckets: Optional[int] = typer.Option(None, help="At most K distinct padded lengths (batch mode) or pack "
-                                                           "lengths (--pad-to multiple), chosen for least padding."),
-    warmup_shapes: Optional[bool] = typer.Option(None, "--warmup-shapes/--no-warmup-shapes",
-                                                 help="With --dp-size: the first steps show every shape to "
-                                                      "every rank."),
-    dp_size: Optional[int] = typer.Option(None, help="Data-parallel ranks: give every pack a step, dp_rank and "
-                                                     "micro_batch (docs/balancing.md)."),
-    micro_batches: Optional[int] = typer.Option(None, help="Packs per rank per optimizer step."),
-    step_tokens: Optional[int] = typer.Option(None, help="Instead of --micro-batches: tokens per step "
-                                                         "(steps of varying size)."),
-    balance: Optional[str] = typer.Option(None, help="Cost to even out over ranks: tokens|attention  "
-                                                     "[default: attention]"),
-    attn_coeff: Optional[float] = typer.Option(None, help="a of the attention cost a*L + L^2 (12 x hidden size "
-                                                          "weighs per-token and attention FLOPs alike).  [default: 0]"),
-    balance_scope: Optional[str] = typer.Option(None, help="packs|sequences: also move single sequences between "
-                                                           "a step's packs.  [default: sequences]"),
-    step_grouping: Optional[str] = typer.Option(None, help="cost|order: steps of packs of similar cost, or of "
-                                                           "consecutive packs.  [default: cost]"),
-    equal_counts: Optional[bool] = typer.Option(None, "--equal-counts/--no-equal-counts",
-                                                help="Same number of packs for every rank in every step.  "
-                                                     "[default: equal-counts]"),
-    lr_scaling: Optional[str] = typer.Option(None, help="none|linear|sqrt: record lr_scale per step against "
-                                                        "--ref-batch-size.  [default: none]"),
-    ref_batch_size: Optional[float] = typer.Option(None, help="Batch size the learning rate was tuned for, in "
-                                                              "--batch-unit.  [default: the mean batch]"),
-    batch_unit: Optional[str] = typer.Option(None, help="sequences|tokens, for batch sizes.  [default: tokens]"),
-    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary table."),
-) -> None:
+@_with_signature(_PACK_OWN + config_options([n for n in FIELDS if n != "inputs"]) + _OUTPUT_FORMAT)
+def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_output: bool, quiet: bool,
+                 **options) -> None:
     from packctl.dist.comm import get_comm
     from packctl.pipeline import pack
     from packctl.report import RichProgress, summary_table
@@ -128,20 +84,7 @@ def pack_command(
     try:
         comm = get_comm()
         file_values = load_config(config) if config is not None else {}
-        cfg = build_config(
-            file_values, inputs=inputs or None, output=output, capacity=capacity, algorithm=algorithm,
-            pool_size=pool_size, pool_strategy=pool_strategy,
-            order=order, curriculum_order=curriculum_order, seed=seed, window=window, cp_size=cp_size,
-            tp_size=tp_size, seq_multiple=seq_multiple, pad_to=pad_to, pack_multiple=pack_multiple,
-            pad_token_id=pad_token_id, max_seqs_per_bin=max_seqs_per_bin, too_long=too_long,
-            tokens_column=tokens_column, labels_column=labels_column, shard_rows=shard_rows,
-            skip_empty=skip_empty, memory_budget=memory_budget, overwrite=overwrite, resume=resume,
-            token_transfer=token_transfer,
-            mode=mode, max_tokens=max_tokens, seq_round=seq_round, shape_buckets=shape_buckets,
-            warmup_shapes=warmup_shapes, dp_size=dp_size, micro_batches=micro_batches, step_tokens=step_tokens, balance=balance,
-            attn_coeff=attn_coeff, balance_scope=balance_scope, step_grouping=step_grouping,
-            equal_counts=equal_counts, lr_scaling=lr_scaling, ref_batch_size=ref_batch_size, batch_unit=batch_unit,
-        )
+        cfg = build_config(file_values, inputs=inputs or None, **options)
     except PackctlError as exc:
         _fail(exc)
     err = Console(stderr=True)
@@ -230,42 +173,37 @@ Examples:
 """
 
 
+_STATS_OWN = [
+    inspect.Parameter("paths", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[List[str]],
+                      default=typer.Argument(None, metavar="PATH...", help="Packed output(s), or raw Parquet files, "
+                                                                           "directories or globs.")),
+    inspect.Parameter("capacity", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[List[int]],
+                      default=typer.Option(None, help="What-if capacity; repeat it to compare capacities "
+                                                      "(--capacity 4096 --capacity 8192).  [default: 4096]")),
+    inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                      default=typer.Option(None, "--config", help="TOML file of pack options for the what-if.")),
+]
+_STATS_REPORT = [
+    inspect.Parameter("attn_coeff", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[float],
+                      default=typer.Option(None, help="a of the attention cost a*L + L^2 in the DP balance of a "
+                                                      "packed output.  [default: the one it was packed with]")),
+    inspect.Parameter("json_output", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                      default=typer.Option(False, "--json", help="Print the report as JSON on stdout.")),
+    inspect.Parameter("plot", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                      default=typer.Option(None, "--plot", help="Also draw the report into this PNG file.")),
+]
+
+
 @app.command("stats", help=_STATS_EXAMPLE)
-def stats_command(
-    paths: Optional[List[str]] = typer.Argument(None, metavar="PATH...", help="Packed output(s), or raw Parquet files, "
-                                                                           "directories or globs."),
-    capacity: Optional[List[int]] = typer.Option(None, help="What-if capacity; repeat it to compare capacities "
-                                                           "(--capacity 4096 --capacity 8192).  [default: 4096]"),
-    config: Optional[Path] = typer.Option(None, "--config", help="TOML file of pack options for the what-if."),
-    order: OrderOpt = None,
-    curriculum_order: CurriculumOrderOpt = None,
-    seed: SeedOpt = None,
-    window: WindowOpt = None,
-    cp_size: CpSizeOpt = None,
-    tp_size: TpSizeOpt = None,
-    seq_multiple: SeqMultipleOpt = None,
-    pad_to: PadToOpt = None,
-    pack_multiple: Optional[int] = typer.Option(None, help="Pack length multiple for --pad-to multiple."),
-    max_seqs_per_bin: MaxSeqsPerBinOpt = None,
-    too_long: TooLongOpt = None,
-    tokens_column: TokensColumnOpt = None,
-    pool_size: PoolSizeOpt = None,
-    pool_strategy: PoolStrategyOpt = None,
-    attn_coeff: Optional[float] = typer.Option(None, help="a of the attention cost a*L + L^2 in the DP balance of "
-                                                          "a packed output.  [default: the one it was packed with]"),
-    json_output: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the report into this PNG file."),
-) -> None:
+@_with_signature(_STATS_OWN + config_options([*PLANNING_OPTIONS, "tokens_column"]) + _STATS_REPORT)
+def stats_command(*, paths: Optional[List[str]], capacity: Optional[List[int]], config: Optional[Path],
+                  attn_coeff: Optional[float], json_output: bool, plot: Optional[Path], **planning) -> None:
     from packctl.report import stats_renderables
     from packctl.stats import stats
 
     try:
         report = stats(paths or [], capacities=capacity or None, attn_coeff=attn_coeff,
-                       file_values=load_config(config) if config is not None else {}, order=order,
-                       curriculum_order=curriculum_order, seed=seed, window=window, cp_size=cp_size,
-                       tp_size=tp_size, seq_multiple=seq_multiple, pad_to=pad_to, pack_multiple=pack_multiple,
-                       max_seqs_per_bin=max_seqs_per_bin, too_long=too_long, tokens_column=tokens_column,
-                       pool_size=pool_size, pool_strategy=pool_strategy)
+                       file_values=load_config(config) if config is not None else {}, **planning)
         if plot is not None:
             from packctl.stats.plot import write_plot
 

@@ -18,21 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from packctl.errors import PackctlError
+from packctl.plan.names import ALGORITHMS
 from packctl.schema import INT32_MAX
 
-ALGORITHMS = ("concat", "ffd", "bfd", "mffd", "ffs", "split", "pool")
-POOL_STRATEGIES = ("closest", "first")
-ORDERS = ("input", "shuffle", "curriculum")
-CURRICULUM_ORDERS = ("asc", "desc")
-PAD_TO = ("capacity", "multiple")
-TOO_LONG = ("error", "drop", "truncate", "split")
-BALANCE_COSTS = ("tokens", "attention")
-BALANCE_SCOPES = ("packs", "sequences")
-STEP_GROUPINGS = ("cost", "order")
-LR_SCALINGS = ("none", "linear", "sqrt")
-BATCH_UNITS = ("sequences", "tokens")
-MODES = ("pack", "batch")
-TOKEN_TRANSFERS = ("auto", "exchange", "read")
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
           "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
@@ -64,116 +52,102 @@ def default_memory_budget() -> int:
         return 4 * 2**30
 
 
+def option(default: Any = dataclasses.MISSING, *, help: str, choices: tuple[str, ...] | None = None,
+           shown_default: str | None = None, flag: str | None = None, short: str | None = None,
+           switch: bool = False, cli: type | None = None, factory: Any = dataclasses.MISSING) -> Any:
+    """A PackConfig field with everything the CLI, the TOML file and the validation need: its help,
+    its choices, its default (`shown_default` where the real one depends on other options), the
+    flag when it is not `--field-name`, a short flag, `switch` for --x/--no-x booleans, and the
+    type typed on the command line (`cli`) when it is not the field's."""
+    metadata = {"help": help, "choices": choices, "shown_default": shown_default, "flag": flag, "short": short,
+                "switch": switch, "cli": cli}
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 @dataclass
 class PackConfig:
-    """Everything `packctl pack` needs. Field names are the flag names with `_` for `-`.
+    """Everything `packctl pack` needs, one field per option: its `help` (below) is what
+    `packctl pack --help` prints, and the field name is the flag (`too_long` -> `--too-long`) and the
+    TOML key (either spelling)."""
 
-    Args:
-        inputs: Parquet files, directories (every `*.parquet` below) or globs.
-        output: output directory OUT; refused if it exists unless `overwrite`.
-        capacity: tokens per pack (the bin size).
-        algorithm: one of concat, ffd, bfd, mffd, ffs, split, pool (docs/algorithms.md).
-        pool_size: items waiting in the pool of `pool` (at most this many bins of reordering).
-        pool_strategy: `pool` picks the largest item that fits ("closest") or the oldest ("first").
-        order: input, shuffle (seeded) or curriculum (by padded length, ties by global id).
-        curriculum_order: asc or desc, for `order="curriculum"`.
-        seed: seed of `shuffle` order and of the `ffs` algorithm.
-        window: sequences per planning window (global positions; each window is packed on its own).
-        cp_size: context-parallel size; with cp > 1 each sequence is padded to a multiple of 2*cp*tp.
-        tp_size: tensor-parallel size (sequence parallelism pads to a multiple of tp).
-        seq_multiple: extra per-sequence multiple (e.g. 8 or 64 for kernels that like aligned lengths).
-        pad_to: "capacity" (every pack exactly `capacity` tokens) or "multiple" (rounded up to
-            `pack_multiple`).
-        pack_multiple: pack-length multiple for `pad_to="multiple"`; default the alignment.
-        pad_token_id: token id written into padding.
-        max_seqs_per_bin: at most this many sequences in a pack (None: no limit).
-        too_long: what to do with a sequence longer than the capacity: error, drop, truncate, split.
-        tokens_column: input column of token ids.
-        labels_column: input column of labels; None uses `labels` when every input file has it,
-            otherwise labels are the tokens.
-        shard_rows: packs per output Parquet shard.
-        skip_empty: leave empty sequences out instead of refusing them; they are counted in the
-            manifest as `sequences_skipped_empty` (and in `sequences_dropped`).
-        overwrite: replace an existing OUT.
-        memory_budget: bytes of decoded tokens held in memory at once ("8GiB" also accepted).
-        resume: continue an interrupted run with the same options and inputs, keeping the shards it
-            finished (docs/errors.md); without an interrupted run, an ordinary run.
-        token_transfer: how a rank gets the tokens of the packs it writes under MPI: "exchange" (sent
-            by the rank that scanned their block), "read" (it reads the blocks itself: a filesystem every
-            rank sees), "auto" (read when that decodes at most 1.5x the input, e.g. input order).
-        mode: "pack" (THD packs) or "batch" (padded micro-batches: sequences sorted by length in
-            each window, grouped while rows x padded length <= max_tokens; docs/format.md).
-        max_tokens: batch mode: tokens of a padded micro-batch, rows x padded length (default
-            `capacity`, the longest sequence).
-        seq_round: batch mode: a micro-batch's padded length is its longest sequence rounded up
-            to this multiple (with the alignment).
-        shape_buckets: at most this many distinct padded lengths (batch mode, where each bucket
-            also has a fixed number of rows) or pack lengths (`pad_to="multiple"`), chosen to
-            minimize padding: few shapes for torch.compile.
-        warmup_shapes: with dp_size, the first steps of the first window show every shape, so
-            each shape compiles up front.
-        dp_size: data-parallel ranks; given, every pack gets a `step`, `dp_rank` and `micro_batch`
-            (docs/balancing.md). Needs `micro_batches` or `step_tokens`.
-        micro_batches: packs per rank per optimizer step.
-        step_tokens: instead of `micro_batches`, close a step once it holds this many tokens (then
-            up to a multiple of dp_size packs): steps of varying size.
-        balance: the cost shared out evenly: "tokens" or "attention" (a*L + L^2 per sequence).
-        attn_coeff: `a` of the attention cost; 12 x hidden size weighs per-token FLOPs and
-            attention FLOPs alike (0: attention alone).
-        balance_scope: "packs" (share whole packs out) or "sequences" (then also move single
-            sequences between the packs of a step, within capacity).
-        step_grouping: "cost" (a window's steps made of packs of similar cost, run in a seeded
-            order) or "order" (consecutive packs).
-        equal_counts: every rank gets the same number of packs in every step (packs are split to
-            make up the count when a step's packs are not a multiple of dp_size).
-        lr_scaling: "none", "linear" or "sqrt": record `lr_scale` = (batch / ref_batch_size)^p per step.
-        ref_batch_size: the batch size the learning rate was tuned for, in `batch_unit`s (None:
-            the mean realized batch size).
-        batch_unit: what a batch size counts: "sequences" or "tokens".
-    """
-
-    inputs: list[str] = field(default_factory=list)
-    output: str = ""
-    capacity: int = 4096
-    algorithm: str = "bfd"
-    pool_size: int = 128
-    pool_strategy: str = "closest"
-    order: str = "input"
-    curriculum_order: str = "asc"
-    seed: int = 0
-    window: int = 100_000
-    cp_size: int = 1
-    tp_size: int = 1
-    seq_multiple: int = 1
-    pad_to: str = "capacity"
-    pack_multiple: int | None = None
-    pad_token_id: int = 0
-    max_seqs_per_bin: int | None = None
-    too_long: str = "error"
-    tokens_column: str = "input_ids"
-    labels_column: str | None = None
-    shard_rows: int = 1024
-    skip_empty: bool = False
-    overwrite: bool = False
-    memory_budget: int | str | None = None
-    resume: bool = False
-    token_transfer: str = "auto"
-    mode: str = "pack"
-    max_tokens: int | None = None
-    seq_round: int = 1
-    shape_buckets: int | None = None
-    warmup_shapes: bool = False
-    dp_size: int | None = None
-    micro_batches: int | None = None
-    step_tokens: int | None = None
-    balance: str = "attention"
-    attn_coeff: float = 0.0
-    balance_scope: str = "sequences"
-    step_grouping: str = "cost"
-    equal_counts: bool = True
-    lr_scaling: str = "none"
-    ref_batch_size: float | None = None
-    batch_unit: str = "tokens"
+    inputs: list[str] = option(factory=list, help="Parquet files, directories (every *.parquet below) or globs.")
+    output: str = option("", help="Output directory OUT (required); refused if it exists unless --overwrite.",
+                         short="-o")
+    capacity: int = option(4096, help="Tokens per pack (the bin size).")
+    algorithm: str = option("bfd", choices=ALGORITHMS, help="Packing algorithm (docs/algorithms.md).")
+    pool_size: int = option(128, help="Items waiting in the pool of --algorithm pool (at most this many packs of "
+                                      "reordering).")
+    pool_strategy: str = option("closest", choices=("closest", "first"),
+                                help="--algorithm pool places the largest item that fits, or the oldest.")
+    order: str = option("input", choices=("input", "shuffle", "curriculum"),
+                        help="Sequence order: as read, seeded shuffle, or by padded length (ties by global id).")
+    curriculum_order: str = option("asc", choices=("asc", "desc"), help="Direction of --order curriculum.")
+    seed: int = option(0, help="Seed of --order shuffle, of --algorithm ffs and of step grouping.")
+    window: int = option(100_000, help="Sequences per planning window (global positions; each window is packed "
+                                       "on its own).")
+    cp_size: int = option(1, help="Context-parallel size; with cp > 1 each sequence is padded to a multiple of "
+                                  "2*cp*tp.")
+    tp_size: int = option(1, help="Tensor-parallel size (sequence parallelism pads to a multiple of tp).")
+    seq_multiple: int = option(1, help="Extra per-sequence length multiple (e.g. 8 or 64 for kernels that like "
+                                       "aligned lengths).")
+    pad_to: str = option("capacity", choices=("capacity", "multiple"),
+                         help="Every pack exactly --capacity tokens, or rounded up to --pack-multiple.")
+    pack_multiple: int | None = option(None, shown_default="the alignment",
+                                       help="Pack length multiple for --pad-to multiple.")
+    pad_token_id: int = option(0, help="Token id written into padding.")
+    max_seqs_per_bin: int | None = option(None, help="At most this many sequences in a pack.",
+                                          shown_default="no limit")
+    too_long: str = option("error", choices=("error", "drop", "truncate", "split"),
+                           help="What to do with a sequence longer than the capacity.")
+    tokens_column: str = option("input_ids", help="Input column of token ids.")
+    labels_column: str | None = option(None, shown_default="labels if every input file has it, else the tokens",
+                                       help="Input column of labels.")
+    shard_rows: int = option(1024, help="Packs per output Parquet shard.")
+    skip_empty: bool = option(False, switch=True, help="Leave empty sequences out instead of refusing them; they "
+                              "are counted in the manifest (sequences_skipped_empty, among sequences_dropped).")
+    overwrite: bool = option(False, switch=True, help="Replace an existing OUT.")
+    memory_budget: int | str | None = option(None, cli=str, shown_default="a quarter of RAM",
+                                             help="Decoded tokens held in memory at once, e.g. 8GiB (per rank).")
+    resume: bool = option(False, switch=True, help="Continue an interrupted run of the same command and inputs, "
+                          "keeping the shards it finished (docs/errors.md).")
+    token_transfer: str = option("auto", choices=("auto", "exchange", "read"),
+                                 help="Under MPI, how a rank gets the tokens of the packs it writes: sent by the rank "
+                                      "that scanned their block, or read by itself (a filesystem every rank sees); "
+                                      "auto reads when that decodes little more than the input "
+                                      "(docs/distributed.md).")
+    mode: str = option("pack", choices=("pack", "batch"),
+                       help="THD packs, or padded micro-batches (dynamic batching: sequences sorted by length in "
+                            "each window, grouped while rows x padded length <= --max-tokens; docs/format.md).")
+    max_tokens: int | None = option(None, shown_default="--capacity",
+                                    help="Batch mode: tokens of a padded micro-batch, rows x padded length.")
+    seq_round: int = option(1, help="Batch mode: round a micro-batch's padded length up to this multiple.")
+    shape_buckets: int | None = option(None, help="At most K distinct padded lengths (batch mode) or pack lengths "
+                                                  "(--pad-to multiple), chosen for least padding: few shapes for "
+                                                  "torch.compile.")
+    warmup_shapes: bool = option(False, switch=True, help="With --dp-size: the first steps show every shape to "
+                                                          "every rank, so each shape compiles up front.")
+    dp_size: int | None = option(None, help="Data-parallel ranks: give every pack a step, dp_rank and micro_batch "
+                                            "(docs/balancing.md); needs --micro-batches or --step-tokens.")
+    micro_batches: int | None = option(None, help="Packs per rank per optimizer step.")
+    step_tokens: int | None = option(None, help="Instead of --micro-batches: close a step once it holds this many "
+                                                "tokens (steps of varying size).")
+    balance: str = option("attention", choices=("tokens", "attention"),
+                          help="Cost shared out evenly over ranks (attention: a*L + L^2 per sequence).")
+    attn_coeff: float = option(0.0, help="a of the attention cost a*L + L^2 (12 x hidden size weighs per-token "
+                                         "and attention FLOPs alike; 0: attention alone).")
+    balance_scope: str = option("sequences", choices=("packs", "sequences"),
+                                help="Share whole packs out, or also move single sequences between a step's packs.")
+    step_grouping: str = option("cost", choices=("cost", "order"),
+                                help="Steps of packs of similar cost (in a seeded order), or of consecutive packs.")
+    equal_counts: bool = option(True, switch=True, help="Same number of packs for every rank in every step "
+                                                        "(packs are split to make up the count).")
+    lr_scaling: str = option("none", choices=("none", "linear", "sqrt"),
+                             help="Record lr_scale = (batch / --ref-batch-size)^p per step.")
+    ref_batch_size: float | None = option(None, shown_default="the mean batch",
+                                          help="Batch size the learning rate was tuned for, in --batch-unit.")
+    batch_unit: str = option("tokens", choices=("sequences", "tokens"), help="What a batch size counts.")
 
     @property
     def balanced(self) -> bool:
@@ -227,13 +201,9 @@ class PackConfig:
             raise PackctlError("no INPUT given: pass Parquet files, directories or globs")
         if not self.output:
             raise PackctlError("no output directory: pass -o OUT")
-        _choice("algorithm", self.algorithm, ALGORITHMS)
-        _choice("pool_strategy", self.pool_strategy, POOL_STRATEGIES)
-        _choice("order", self.order, ORDERS)
-        _choice("curriculum_order", self.curriculum_order, CURRICULUM_ORDERS)
-        _choice("pad_to", self.pad_to, PAD_TO)
-        _choice("too_long", self.too_long, TOO_LONG)
-        _choice("token_transfer", self.token_transfer, TOKEN_TRANSFERS)
+        for f in dataclasses.fields(self):
+            if f.metadata.get("choices"):
+                _choice(f.name, getattr(self, f.name), f.metadata["choices"])
         for name in ("capacity", "window", "cp_size", "tp_size", "seq_multiple", "shard_rows", "pool_size"):
             _positive(name, getattr(self, name))
         if self.max_seqs_per_bin is not None:
@@ -272,7 +242,6 @@ class PackConfig:
         return self
 
     def _validate_mode(self) -> None:
-        _choice("mode", self.mode, MODES)
         _positive("seq_round", self.seq_round)
         if self.shape_buckets is not None:
             _positive("shape_buckets", self.shape_buckets)
@@ -296,11 +265,6 @@ class PackConfig:
             raise PackctlError("--warmup-shapes needs --dp-size (it orders the first steps over the ranks)")
 
     def _validate_balance(self) -> None:
-        _choice("balance", self.balance, BALANCE_COSTS)
-        _choice("balance_scope", self.balance_scope, BALANCE_SCOPES)
-        _choice("step_grouping", self.step_grouping, STEP_GROUPINGS)
-        _choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
-        _choice("batch_unit", self.batch_unit, BATCH_UNITS)
         if not isinstance(self.equal_counts, bool):
             raise PackctlError(f"equal-counts = {self.equal_counts!r}: must be true or false")
         if isinstance(self.attn_coeff, bool) or not isinstance(self.attn_coeff, (int, float)) or not (
@@ -346,6 +310,31 @@ def _positive(name: str, value: int) -> None:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(PackConfig)}
+
+# The options that change what `pack` plans: the what-if of `packctl stats` takes and reports them.
+PLANNING_OPTIONS = ("order", "curriculum_order", "seed", "window", "cp_size", "tp_size", "seq_multiple",
+                    "pad_to", "pack_multiple", "max_seqs_per_bin", "too_long", "pool_size", "pool_strategy")
+
+
+def option_help(name: str) -> str:
+    """The --help text of an option: its choices, its help, its default."""
+    f = FIELDS[name]
+    meta = f.metadata
+    text = meta["help"]
+    if meta["choices"]:
+        text = f"{'|'.join(meta['choices'])}: {text}"
+    shown = meta["shown_default"]
+    if shown is None and f.default is not dataclasses.MISSING and f.default is not None:
+        if meta["switch"]:
+            shown = f"--{name.replace('_', '-')}" if f.default else None
+        else:
+            shown = f"{f.default:_}".replace("_", ",") if isinstance(f.default, int) else str(f.default)
+    return f"{text}  [default: {shown}]" if shown else text
+
+
+def choices_of(name: str) -> tuple[str, ...]:
+    """The values an option accepts: choices_of("order") -> ("input", "shuffle", "curriculum")."""
+    return FIELDS[name].metadata["choices"]
 
 
 def load_config(path: str | Path) -> dict[str, Any]:

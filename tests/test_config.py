@@ -56,3 +56,25 @@ def test_every_field_is_a_cli_flag():
         flag = "--output" if f.name == "output" else f"--{f.name.replace('_', '-')}"
         if f.name != "inputs":
             assert flag in help_text, flag
+
+
+def test_every_option_is_documented_in_docs_cli_md_with_its_flag():
+    import dataclasses
+    from pathlib import Path
+
+    table = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    for f in dataclasses.fields(PackConfig):
+        if f.name not in ("inputs", "output"):
+            assert f"| `--{f.name.replace('_', '-')}" in table, f.name
+
+
+def test_help_choices_and_defaults_come_from_the_field():
+    from packctl.config import choices_of, option_help
+
+    assert choices_of("too_long") == ("error", "drop", "truncate", "split")
+    assert option_help("too_long").startswith("error|drop|truncate|split: ")
+    assert option_help("window").endswith("[default: 100,000]")
+    assert option_help("equal_counts").endswith("[default: --equal-counts]")
+    assert "[default" not in option_help("overwrite")
+    with pytest.raises(PackctlError, match="--token-transfer 'rsync': choose one of auto, exchange, read"):
+        PackConfig(inputs=["x"], output="o", token_transfer="rsync").validate()

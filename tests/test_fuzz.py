@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 
 from conftest import check_contract
 from packctl import PackConfig, PackctlError, pack
-from packctl.config import ALGORITHMS, ORDERS, TOO_LONG
+from packctl.config import ALGORITHMS, choices_of
+
+ORDERS, TOO_LONG = choices_of("order"), choices_of("too_long")
 
 INT_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
 MAX_CAPACITY = 16

@@ -9,7 +9,9 @@ import pytest
 
 from conftest import check_contract, pack_to
 from packctl import PackConfig, PackctlError, pack
-from packctl.config import ALGORITHMS, ORDERS
+from packctl.config import ALGORITHMS, choices_of
+
+ORDERS = choices_of("order")
 
 LAYOUTS = [  # (cp_size, tp_size, pad_to)
     (cp, tp, pad_to) for cp, tp, pad_to in itertools.product((1, 2), (1, 2), ("capacity", "multiple"))

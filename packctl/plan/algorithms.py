@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-ALGORITHMS: tuple[str, ...] = ("concat", "ffd", "bfd", "mffd", "ffs", "split", "pool")
+from packctl.plan.names import ALGORITHMS
+
 POOL_STRATEGIES: tuple[str, ...] = ("closest", "first")
 
 

@@ -24,7 +24,7 @@ from typing import Any, Iterable
 import numpy as np
 import polars as pl
 
-from packctl.config import PackConfig
+from packctl.config import PLANNING_OPTIONS, PackConfig  # noqa: F401  (PLANNING_OPTIONS re-exported)
 from packctl.errors import PackctlError
 from packctl.io.reader import InputFile, check_list_column, describe_gid, open_parquet, resolve_inputs
 from packctl.metrics import fill_histogram, length_histogram, length_summary
@@ -34,9 +34,6 @@ from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
 from packctl.stats.lazy import collect_streaming
 
-# The options of PackConfig that change what `pack` plans; the what-if reports them.
-PLANNING_OPTIONS = ("order", "curriculum_order", "seed", "window", "cp_size", "tp_size", "seq_multiple",
-                    "pad_to", "pack_multiple", "max_seqs_per_bin", "too_long", "pool_size", "pool_strategy")
 
 
 @dataclass
