@@ -381,30 +381,19 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      backend: str = "auto") -> torch.Tensor:
     """Attention over the segments of a THD row: q [T, Hq, D], k and v [T, Hkv, D] -> [T, Hq, D].
 
-    backend "flash-attn" calls `flash_attn_varlen_func` (CUDA, fp16/bf16, the `gpu` extra);
-    "sdpa" runs `torch.nn.functional.scaled_dot_product_attention` with `block_causal_mask` (any
-    device and dtype, memory T*T); "auto" picks flash-attn on CUDA in fp16/bf16 when it is
-    installed, SDPA otherwise. Grouped-query attention (Hq a multiple of Hkv) works with both.
+    The kernels of `packctl verify` (packctl/verify/backends.py), so a training loop runs what
+    verify checked: "flash-attn" (`flash_attn_varlen_func`, FlashAttention 2 or 4; CUDA,
+    fp16/bf16, the `gpu` extra), "torch-varlen" (torch's varlen_attn, CUDA), "flex", "sdpa" (any
+    device and dtype; the mask is built in row blocks, so memory stays bounded at any length);
+    "auto" picks the fastest varlen kernel installed on CUDA in fp16/bf16, SDPA otherwise.
+    Grouped-query attention (Hq a multiple of Hkv) works with all.
     """
-    if backend == "auto":
-        import importlib.util
+    from packctl.verify.backends import DTYPE_NAMES, attention_backend
 
-        fast = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-        backend = "flash-attn" if fast and importlib.util.find_spec("flash_attn") else "sdpa"
-    if backend == "flash-attn":
-        flash_attn = require("flash_attn", "gpu", "varlen_attention(backend='flash-attn')")
-        cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-        return flash_attn.flash_attn_varlen_func(q, k, v, cu, cu, int(max_seqlen), int(max_seqlen),
-                                                 softmax_scale=softmax_scale, causal=causal)
-    if backend != "sdpa":
-        raise ValueError(f"backend {backend!r}: choose auto, flash-attn or sdpa")
-    mask = block_causal_mask(cu_seqlens, q.shape[0], causal=causal, device=q.device)
-    groups = q.shape[1] // k.shape[1]
-    k, v = (t.repeat_interleave(groups, dim=1) if groups > 1 else t for t in (k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
-        attn_mask=mask, scale=softmax_scale)
-    return out.squeeze(0).transpose(0, 1)
+    device = "cuda" if q.is_cuda else "cpu"
+    kernel = attention_backend(backend, device, DTYPE_NAMES.get(str(q.dtype).removeprefix("torch."), "fp32"))
+    return kernel(q, k, v, torch.as_tensor(cu_seqlens, device=q.device), int(max_seqlen), causal=causal,
+                  softmax_scale=softmax_scale)
 
 
 # ---- learning-rate scale -------------------------------------------------------------------------

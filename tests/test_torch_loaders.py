@@ -212,6 +212,19 @@ def test_varlen_attention_equals_each_sequence_alone():
         torch.testing.assert_close(out[s:e], alone, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_varlen_attention_bidirectional_and_scaled_is_each_sequence_alone(backend):
+    torch.manual_seed(1)
+    cu = torch.tensor([0, 3, 9, 10], dtype=torch.int32)
+    q, k, v = torch.randn(10, 4, 8), torch.randn(10, 1, 8), torch.randn(10, 1, 8)
+    out = varlen_attention(q, k, v, cu, 6, causal=False, softmax_scale=0.3, backend=backend)
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        alone = torch.nn.functional.scaled_dot_product_attention(
+            q[s:e].transpose(0, 1), k[s:e].transpose(0, 1).expand(4, -1, -1), v[s:e].transpose(0, 1).expand(4, -1, -1),
+            scale=0.3).transpose(0, 1)
+        torch.testing.assert_close(out[s:e], alone, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="flash-attn needs a CUDA GPU")
 def test_flash_attn_varlen_matches_sdpa_on_gpu():
     pytest.importorskip("flash_attn")

@@ -81,7 +81,9 @@ def torch_dtype(torch, name: str):
 
 
 class Backend:
-    """One varlen attention kernel; `__call__(q, k, v, cu_seqlens_padded, max_seqlen) -> out`."""
+    """One varlen attention kernel: `__call__(q, k, v, cu_seqlens, max_seqlen, causal=True,
+    softmax_scale=None) -> out`, q (T, Hq, D), k and v (T, Hkv, D) with Hq a multiple of Hkv
+    (grouped-query attention). `packctl verify` and `packctl.torch.varlen_attention` both run these."""
 
     name = ""
     dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
@@ -101,8 +103,15 @@ class Backend:
             return f"{self.name} supports {', '.join(self.dtypes)} only"
         return None
 
-    def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen: int):  # pragma: no cover - interface
+    def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen: int, causal: bool = True,
+                 softmax_scale: float | None = None):  # pragma: no cover - interface
         raise NotImplementedError
+
+
+def _expand_kv(q, k, v):
+    """k, v repeated over the query heads of their group (GQA) for kernels that need equal heads."""
+    groups = q.shape[1] // k.shape[1]
+    return (k, v) if groups == 1 else (k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1))
 
 
 def document_ids(torch, cu_seqlens_padded, total: int):
@@ -125,19 +134,23 @@ class SdpaBackend(Backend):
         super().__init__(torch, device)
         self.mode = "block-diagonal causal mask"
 
-    def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen):
+    def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen, causal=True, softmax_scale=None):
         torch = self.torch
         total = q.shape[0]
         doc = document_ids(torch, cu_seqlens_padded, total)
         pos = torch.arange(total, device=q.device)
+        k, v = _expand_kv(q, k, v)
         qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # (1, H, T, D)
         block = max(128, self.mask_entries // max(total, 1))
         parts = []
         for lo in range(0, total, block):
-            hi = min(total, lo + block)
-            mask = (doc[lo:hi, None] == doc[None, :hi]) & (pos[lo:hi, None] >= pos[None, :hi])
+            hi = min(total, lo + block) if causal else total  # without causality a row sees its whole sequence
+            end = min(total, lo + block)
+            mask = doc[lo:end, None] == doc[None, :hi]
+            if causal:
+                mask &= pos[lo:end, None] >= pos[None, :hi]
             parts.append(torch.nn.functional.scaled_dot_product_attention(
-                qh[:, :, lo:hi], kh[:, :, :hi], vh[:, :, :hi], attn_mask=mask))
+                qh[:, :, lo:end], kh[:, :, :hi], vh[:, :, :hi], attn_mask=mask, scale=softmax_scale))
         return torch.cat(parts, dim=2)[0].transpose(0, 1)
 
 
@@ -176,27 +189,31 @@ class FlexBackend(Backend):
             return f"flex attention does not run on {self.device} in {dtype} with torch {torch.__version__} ({first})"
         return None
 
-    def block_mask(self, cu_seqlens_padded, total: int):
-        """The document-causal BlockMask of a pack; the last one is kept, since the contamination
+    def block_mask(self, cu_seqlens_padded, total: int, causal: bool = True):
+        """The document(-causal) BlockMask of a pack; the last one is kept, since the contamination
         probe runs the same pack twice."""
-        key = (total, tuple(cu_seqlens_padded.tolist()))
+        key = (total, causal, tuple(cu_seqlens_padded.tolist()))
         if self._mask_key != key:
             doc = document_ids(self.torch, cu_seqlens_padded, total)
 
             def document_causal(b, h, q_idx, kv_idx):
                 return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
 
-            self._mask = self._flex.create_block_mask(document_causal, None, None, total, total,
-                                                      device=cu_seqlens_padded.device)
+            def document(b, h, q_idx, kv_idx):
+                return doc[q_idx] == doc[kv_idx]
+
+            self._mask = self._flex.create_block_mask(document_causal if causal else document, None, None, total,
+                                                      total, device=cu_seqlens_padded.device)
             self._mask_key = key
         return self._mask
 
-    def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen):
-        block_mask = self.block_mask(cu_seqlens_padded, q.shape[0])
+    def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen, causal=True, softmax_scale=None):
+        block_mask = self.block_mask(cu_seqlens_padded, q.shape[0], causal)
+        k, v = _expand_kv(q, k, v)
         qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-            out = self._fn(qh, kh, vh, block_mask=block_mask)
+            out = self._fn(qh, kh, vh, block_mask=block_mask, scale=softmax_scale)
         return out[0].transpose(0, 1)
 
 
@@ -224,13 +241,15 @@ class FlashAttnBackend(Backend):
             self.mode = "FlashAttention 4 (flash_attn.cute)"
             self._keywords = True
 
-    def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen):
-        cu = cu_seqlens_padded.to(self.torch.int32).contiguous()
+    def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen, causal=True, softmax_scale=None):
+        cu = cu_seqlens_padded.to(device=q.device, dtype=self.torch.int32).contiguous()
+        max_seqlen = int(max_seqlen)
         if self._keywords:
+            scale = {} if softmax_scale is None else {"softmax_scale": softmax_scale}
             out = self._fn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_seqlen,
-                           max_seqlen_k=max_seqlen, causal=True)
+                           max_seqlen_k=max_seqlen, causal=causal, **scale)
         else:
-            out = self._fn(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=True)
+            out = self._fn(q, k, v, cu, cu, max_seqlen, max_seqlen, softmax_scale=softmax_scale, causal=causal)
         return out[0] if isinstance(out, tuple) else out
 
 
@@ -254,18 +273,27 @@ class TorchVarlenBackend(Backend):
 
         self._fn = varlen_attn
         params = inspect.signature(varlen_attn).parameters
+        self._scale = "scale" in params
         if "is_causal" in params:
             self._causal: dict[str, Any] = {"is_causal": True}
+            self._full: dict[str, Any] = {"is_causal": False}
         elif "window_size" in params:
-            self._causal = {"window_size": (-1, 0)}
+            self._causal, self._full = {"window_size": (-1, 0)}, {"window_size": (-1, -1)}
         else:
             raise PackctlError(f"--backend torch-varlen: varlen_attn{inspect.signature(varlen_attn)} in torch "
                                f"{torch.__version__} has neither is_causal nor window_size; use --backend sdpa")
         self.mode = f"varlen_attn({', '.join(f'{k}={v}' for k, v in self._causal.items())})"
 
-    def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen):
-        cu = cu_seqlens_padded.to(self.torch.int32).contiguous()
-        out = self._fn(q, k, v, cu, cu, max_seqlen, max_seqlen, **self._causal)
+    def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen, causal=True, softmax_scale=None):
+        cu = cu_seqlens_padded.to(device=q.device, dtype=self.torch.int32).contiguous()
+        extra = dict(self._causal if causal else self._full)
+        if softmax_scale is not None:
+            if not self._scale:
+                raise PackctlError(f"torch-varlen in torch {self.torch.__version__} takes no softmax scale; "
+                                   "use backend sdpa")
+            extra["scale"] = softmax_scale
+        k, v = _expand_kv(q, k, v)
+        out = self._fn(q, k, v, cu, cu, int(max_seqlen), int(max_seqlen), **extra)
         return out[0] if isinstance(out, tuple) else out
 
 
@@ -306,6 +334,22 @@ def select_backends(name: str, device: str) -> tuple[list[Backend], list[str]]:
     # when asked for (--backend flex), not by default.
     notes.append("on CPU auto runs sdpa; pass --backend flex to check flex attention too")
     return [SdpaBackend(torch, device)], notes
+
+
+_BUILT: dict[tuple[str, str], Backend] = {}
+
+
+def attention_backend(name: str, device: str, dtype: str) -> Backend:
+    """One backend for a training loop (`packctl.torch.varlen_attention`), built once per
+    (name, device). "auto": on CUDA in fp16/bf16 the fastest varlen kernel installed, else sdpa."""
+    torch = import_torch()
+    if name == "auto":
+        name = available_cuda_varlen(torch) if device == "cuda" and dtype in ("fp16", "bf16") else "sdpa"
+    if name not in BACKENDS:
+        raise ValueError(f"backend {name!r}: choose auto, {', '.join(BACKENDS)}")
+    if (name, device) not in _BUILT:
+        _BUILT[name, device] = _CLASSES[name](torch, device)
+    return _BUILT[name, device]
 
 
 def as_tensor(torch, array: np.ndarray, device: str, dtype=None):
