@@ -25,7 +25,7 @@ from packctl.dist.assign import assign, units_of
 from packctl.io.reader import Block, split_blocks
 from packctl.plan.align import pack_lengths_padded, round_up
 from packctl.plan.order import order_sequences
-from packctl.plan.windows import plan_windows
+from packctl.plan.windows import WindowOptions, plan_windows
 from packctl.materialize import READ_AMPLIFICATION_LIMIT, READ_AMPLIFICATION_LIMIT_INPUT_ORDER
 from packctl.sample import sample_lengths
 
@@ -46,8 +46,8 @@ def simulate(lengths: np.ndarray, order: str, ranks: list[int], *, capacity: int
               for b, (lo, hi) in enumerate(zip(block_offsets[:-1], block_offsets[1:]))]
     t0 = time.perf_counter()
     perm = order_sequences(round_up(lengths, 1), order, seed=seed)
-    plan = plan_windows(perm, lengths[perm], capacity=capacity, align=1, algorithm=algorithm, too_long="split",
-                        window=window, seed=seed)
+    plan = plan_windows(perm, lengths[perm], WindowOptions(capacity=capacity, align=1, algorithm=algorithm,
+                                                           too_long="split", window=window, seed=seed))
     pack_lens = pack_lengths_padded(plan.loads(padded=True), capacity, "capacity", 1)
     print(f"\norder {order}: {plan.num_bins:,} packs, planned in {time.perf_counter() - t0:.1f} s (one process)")
     print(f"{'ranks':>5} {'write max/mean':>14} {'plan max/mean':>13} {'units/rank':>10} "

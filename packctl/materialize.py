@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.arrays import Scratch, copy_segments, offsets_of
-from packctl.dist.assign import Assignment, WriteRun, write_run
+from packctl.dist.assign import WriteJob, WriteRun, write_run
 from packctl.io.reader import SequenceIndex, TokenSource
 from packctl.io.stitch import stitch
 from packctl.io.encode import encode_table, rows_to_table
@@ -409,20 +409,34 @@ def choose_read_own(transfer: str, amplification: float, order: str, ranks: int)
     return amplification <= limit
 
 
-def materialize(comm, plan: PackPlan, pack_lens: np.ndarray, index: SequenceIndex, source: TokenSource,
-                block_bounds: np.ndarray, assignment: Assignment, *, output: OutputDir, metadata: bytes,
-                pad_token_id: int, budget: int, read_own: bool = False,
-                columns: dict[str, np.ndarray] | None = None,
-                progress: Callable[[int], None] = lambda n: None) -> MaterializeResult:
-    """Write this rank's run of units (module docstring); `plan` holds this rank's packs
-    (`dist.assign.hand_over`). With `read_own`, tokens are read from the input blocks, not exchanged.
+@dataclass
+class Scanned:
+    """The input as scan left it on this rank: the index, the decoded blocks it kept, and which
+    blocks every rank scanned (`block_bounds[r]:block_bounds[r+1]`)."""
 
-    `block_bounds[r]:block_bounds[r+1]` are the blocks rank r scanned; `source` holds this rank's.
-    """
-    run = write_run(assignment, comm.rank)
-    assembler = ShardAssembler(plan, pack_lens, run, output=output, metadata=metadata,
-                               pad_token_id=pad_token_id, budget=budget,
-                               held_elsewhere=lambda: source.held, progress=progress, columns=columns)
+    index: SequenceIndex
+    source: TokenSource
+    block_bounds: np.ndarray
+
+
+@dataclass(frozen=True)
+class ShardFormat:
+    """How shards are written: the `packctl` metadata key, the pad id, the memory budget."""
+
+    metadata: bytes
+    pad_token_id: int
+    budget: int
+
+
+def materialize(comm, job: WriteJob, scanned: Scanned, output: OutputDir, fmt: ShardFormat, *,
+                read_own: bool = False, progress: Callable[[int], None] = lambda n: None) -> MaterializeResult:
+    """Write this rank's run of units (module docstring); `job` holds this rank's packs
+    (`dist.assign.hand_over`). With `read_own`, tokens are read from the input blocks, not exchanged."""
+    plan, index, source, block_bounds = job.plan, scanned.index, scanned.source, scanned.block_bounds
+    run = write_run(job.assignment, comm.rank)
+    assembler = ShardAssembler(plan, job.pack_lens, run, output=output, metadata=fmt.metadata,
+                               pad_token_id=fmt.pad_token_id, budget=fmt.budget,
+                               held_elsewhere=lambda: source.held, progress=progress, columns=job.columns)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     rounds = blocks_read = 0
     try:

@@ -36,7 +36,7 @@ from packctl.io.journal import ShardInfo, inspect_partial
 from packctl.io.lock import OutputLock
 from packctl.io.outdir import Faults, OutputDir
 from packctl.io.paths import check_output_path
-from packctl.materialize import choose_read_own, materialize, read_amplification
+from packctl.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.planning import check_something_to_pack, check_too_long, order_and_distribute, plan_stage
 from packctl.run_report import RankShare, assemble_metrics, plan_metrics, rank_report
 from packctl.runtime import Progress, RunInterrupted, SignalGuard, after_failure, in_background, timed
@@ -125,9 +125,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     with timed(timings, "assign"):
         assignment = assign(comm.allgather(units_of(planned.plan.window_bins, planned.pack_lens, config.shard_rows)),
                             comm.size)
-        to_write, write_lens, write_columns = hand_over(comm, planned.plan, planned.pack_lens, planned.columns,
-                                                        assignment)
-        amplification = read_amplification(comm, to_write, index) if comm.size > 1 else 1.0
+        job = hand_over(comm, planned.plan, planned.pack_lens, planned.columns, assignment)
+        amplification = read_amplification(comm, job.plan, index) if comm.size > 1 else 1.0
         read_own = choose_read_own(config.token_transfer, amplification, config.order, comm.size)
 
     output = run.output = _open_output(comm, out, config.overwrite, fingerprint, done, faults)
@@ -137,11 +136,10 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     early_metrics = in_background(plan_metrics, planned.plan, planned.pack_lens, config, index.num_sequences,
                                   tokens_in, skipped_empty=skipped_empty) if comm.size == 1 else None
     with timed(timings, "materialize"):
-        written = materialize(comm, to_write, write_lens, index, source, block_bounds, assignment, output=output,
-                              metadata=shard_metadata(content, index.labels_column, index.files),
-                              pad_token_id=config.pad_token_id, budget=config.resolved_memory_budget,
-                              columns=write_columns, read_own=read_own,
-                              progress=progress.stage("materialize", len(write_lens)))
+        fmt = ShardFormat(metadata=shard_metadata(content, index.labels_column, index.files),
+                          pad_token_id=config.pad_token_id, budget=config.resolved_memory_budget)
+        written = materialize(comm, job, Scanned(index, source, block_bounds), output, fmt, read_own=read_own,
+                              progress=progress.stage("materialize", job.plan.num_bins))
 
     with timed(timings, "report"):
         pad_like = comm.allreduce_sum(source.tokens_equal_to_pad_id)
@@ -152,7 +150,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
                           step=columns.get("step"), dp_rank=columns.get("dp_rank"))
         shares = comm.allgather(share) if comm.size > 1 else [share]
     timings["total"] = time.perf_counter() - started
-    ranks = comm.allgather(rank_report(comm, index, to_write, written, timings, read_own, amplification))
+    ranks = comm.allgather(rank_report(comm, index, job.plan, written, timings, read_own, amplification))
     if comm.rank != 0:
         comm.barrier()
         return PackResult(output=out, counts={}, metrics={"ranks": ranks}, timings=timings)

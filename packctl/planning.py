@@ -25,7 +25,7 @@ from packctl.plan.balance import BalancedPlan, BalanceSpec, balance_plan, lr_sca
 from packctl.plan.order import order_keys, order_sequences
 from packctl.plan.shapes import (batch_shapes, buckets_from_histogram, length_histogram, planned_item_lengths,
                                  with_row_length)
-from packctl.plan.windows import PackPlan, SequenceTooLong, plan_windows
+from packctl.plan.windows import PackPlan, SequenceTooLong, WindowOptions, plan_windows
 
 
 def too_long_message(where: str, length: int, padded: int, capacity: int) -> str:
@@ -113,17 +113,23 @@ class Planned:
     buckets: np.ndarray | None = None
 
 
+def window_options(config: PackConfig, item_buckets: np.ndarray | None = None) -> WindowOptions:
+    """The planning options of `config` (batch mode plans padded micro-batches)."""
+    batch = config.mode == "batch"
+    return WindowOptions(capacity=config.plan_capacity, align=config.align,
+                         algorithm="batch" if batch else config.algorithm, too_long=config.too_long,
+                         window=config.window, max_seqs_per_bin=config.max_seqs_per_bin, seed=config.seed,
+                         pool_size=config.pool_size, pool_strategy=config.pool_strategy,
+                         max_tokens=config.resolved_max_tokens if batch else None, buckets=item_buckets)
+
+
 def plan_stage(comm: Comm, ordered: Ordered, config: PackConfig,
                progress: Callable[[int], None] | None = None) -> Planned:
     """Plan this rank's windows (plan/windows.py), then shapes, balance and final pack lengths."""
     batch = config.mode == "batch"
     item_buckets = batch_buckets(comm, ordered.lengths, config) if batch and config.shape_buckets else None
-    plan = plan_windows(ordered.gids, ordered.lengths, capacity=config.plan_capacity, align=config.align,
-                        algorithm="batch" if batch else config.algorithm, too_long=config.too_long,
-                        window=config.window, first_window=ordered.first_window,
-                        max_seqs_per_bin=config.max_seqs_per_bin, seed=config.seed, progress=progress,
-                        pool_size=config.pool_size, pool_strategy=config.pool_strategy,
-                        max_tokens=config.resolved_max_tokens, buckets=item_buckets)
+    plan = plan_windows(ordered.gids, ordered.lengths, window_options(config, item_buckets),
+                        first_window=ordered.first_window, progress=progress)
     if batch:
         plan = with_row_length(plan, batch_shapes(plan, config.resolved_max_tokens, item_buckets)[0])
     balanced = balance(comm, plan, config, ordered.first_window, item_buckets) if config.balanced else None
@@ -190,11 +196,7 @@ def plan_corpus(index, config: PackConfig, permutation: np.ndarray | None = None
     if permutation is None:
         permutation = order_corpus(index, config)
     try:
-        plan = plan_windows(permutation, index.lengths[permutation], capacity=config.plan_capacity,
-                            align=config.align, algorithm=config.algorithm, too_long=config.too_long,
-                            window=config.window, max_seqs_per_bin=config.max_seqs_per_bin, seed=config.seed,
-                            pool_size=config.pool_size, pool_strategy=config.pool_strategy,
-                            progress=progress)
+        plan = plan_windows(permutation, index.lengths[permutation], window_options(config), progress=progress)
     except SequenceTooLong as exc:
         raise PackctlError(too_long_message(index.describe(exc.gid), exc.length, exc.padded, exc.capacity)) from None
     pack_lens, _, buckets = final_pack_lengths(SingleComm(), plan, config)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from packctl.plan.balance import (BalanceSpec, balance_plan, balance_step, imbalance, imbalance_summary,
                                   kk_partition, lr_scales, piece_costs, round_robin, step_bounds)
-from packctl.plan.windows import plan_windows
+from packctl.plan.windows import WindowOptions, plan_windows
 from tests.conftest import check_contract, pack_to, run_cli
 
 
@@ -46,8 +46,8 @@ def _random_plan(data, capacity):
     lengths = np.array(data.draw(st.lists(st.integers(1, 2 * capacity), min_size=1, max_size=300)), dtype=np.int64)
     algorithm = data.draw(st.sampled_from(["concat", "ffd", "bfd", "ffs", "split"]))
     window = data.draw(st.integers(5, 400))
-    return plan_windows(np.arange(len(lengths)), lengths, capacity=capacity, align=1, algorithm=algorithm,
-                        too_long="split", window=window, seed=1), lengths
+    return plan_windows(np.arange(len(lengths)), lengths, WindowOptions(capacity=capacity, align=1, algorithm=algorithm,
+                                                                         too_long="split", window=window, seed=1)), lengths
 
 
 @settings(max_examples=120, deadline=None)
@@ -124,8 +124,8 @@ def test_rl_longtail_attention_balance_over_8_ranks():
     rng = np.random.default_rng(0)
     n = 20_000
     lengths = (np.ceil(rng.lognormal(5.5, 0.6, n)) + np.minimum(np.ceil(rng.lognormal(7.0, 1.0, n)), 16384))
-    plan = plan_windows(np.arange(n), lengths.astype(np.int64), capacity=16384, align=1, algorithm="ffs",
-                        too_long="split", window=n, seed=0)
+    plan = plan_windows(np.arange(n), lengths.astype(np.int64), WindowOptions(capacity=16384, align=1, algorithm="ffs",
+                                                                               too_long="split", window=n, seed=0))
     result = balance_plan(plan, BalanceSpec(dp_size=8, micro_batches=2, capacity=16384))
     before = imbalance_summary(result.before_attention)
     after = imbalance_summary(result.after_attention)

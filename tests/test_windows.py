@@ -5,13 +5,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from packctl.plan.windows import SequenceTooLong, plan_windows
+from packctl.plan.windows import SequenceTooLong, WindowOptions, plan_windows
 
 
 def plan_in_order(lengths, permutation, **options):
     """plan_windows over all sequences, given the gid order."""
     lengths, permutation = np.asarray(lengths), np.asarray(permutation)
-    return plan_windows(permutation, lengths[permutation], **options)
+    first_window, progress = options.pop("first_window", 0), options.pop("progress", None)
+    return plan_windows(permutation, lengths[permutation], WindowOptions(**options), first_window=first_window,
+                        progress=progress)
 
 
 def pieces(plan):

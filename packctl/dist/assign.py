@@ -124,13 +124,23 @@ def _send_slices(comm: Comm, arrays: list[np.ndarray], offsets: np.ndarray) -> l
     return [comm.alltoallv(np.ascontiguousarray(a), counts)[0] for a in arrays]
 
 
+@dataclass
+class WriteJob:
+    """What one rank writes: its packs in global order (a plan of one window), their lengths and
+    extra columns, and the assignment that cuts them into units and shards."""
+
+    plan: PackPlan
+    pack_lens: np.ndarray
+    columns: dict[str, np.ndarray]
+    assignment: Assignment
+
+
 def hand_over(comm: Comm, plan: PackPlan, pack_lens: np.ndarray, columns: dict[str, np.ndarray],
-              assignment: Assignment) -> tuple[PackPlan, np.ndarray, dict[str, np.ndarray]]:
-    """Move the packs each rank planned to the ranks that write them: (the writer's plan of its
-    packs, their lengths, their extra columns), in global pack order. Only plan arrays travel
-    (a few int64 per piece). The returned plan has one window (its runs are cut by `Assignment`)."""
+              assignment: Assignment) -> WriteJob:
+    """Move the packs each rank planned to the ranks that write them, in global pack order. Only
+    plan arrays travel (a few int64 per piece)."""
     if comm.size == 1:
-        return plan, pack_lens, columns
+        return WriteJob(plan, pack_lens, columns, assignment)
     first_pack = comm.exscan(plan.num_bins)
     cuts = np.clip(assignment.pack_cuts - first_pack, 0, plan.num_bins)  # per writer, in local packs
     piece_cuts = plan.bin_offsets[cuts]
@@ -144,7 +154,7 @@ def hand_over(comm: Comm, plan: PackPlan, pack_lens: np.ndarray, columns: dict[s
                     bin_offsets=np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]),
                     piece_gid=pieces[0], piece_start=pieces[1], piece_len=pieces[2], piece_padded=pieces[3],
                     dropped=empty, truncated=empty, tokens_dropped=0, tokens_truncated=0)
-    return mine, lens, extra
+    return WriteJob(mine, lens, extra, assignment)
 
 
 @dataclass

@@ -90,18 +90,36 @@ def merge_plans(plans: list[PackPlan]) -> PackPlan:
     )
 
 
-def plan_windows(gids: np.ndarray, lengths: np.ndarray, *, capacity: int, align: int, algorithm: str,
-                 too_long: str, window: int, first_window: int = 0, max_seqs_per_bin: int | None = None,
-                 seed: int = 0, progress=None, pool_size: int = 128, pool_strategy: str = "closest",
-                 max_tokens: int | None = None, buckets: np.ndarray | None = None) -> PackPlan:
+@dataclass(frozen=True)
+class WindowOptions:
+    """How a run plans its windows (packctl.planning.window_options makes them from a PackConfig).
+
+    `capacity` must be a multiple of `align`; algorithm "batch" (`--mode batch`) makes padded
+    micro-batches of at most `max_tokens` (`batch_lengths`, with optional `buckets`)."""
+
+    capacity: int
+    align: int
+    algorithm: str
+    too_long: str
+    window: int
+    max_seqs_per_bin: int | None = None
+    seed: int = 0
+    pool_size: int = 128
+    pool_strategy: str = "closest"
+    max_tokens: int | None = None
+    buckets: np.ndarray | None = None
+
+
+def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, *, first_window: int = 0,
+                 progress=None) -> PackPlan:
     """Pack sequences given in order (`gids[i]` has true length `lengths[i]`), window by window.
 
     The items are whole windows, the first being window `first_window` of the global order (its
     index seeds `ffs`), so any run of whole windows plans the same wherever it is computed.
-    `capacity` must be a multiple of `align`. Raises SequenceTooLong for the over-long sequence
-    with the smallest gid when `too_long == "error"`. algorithm "batch" (`--mode batch`): the bins
-    are padded micro-batches of at most `max_tokens` (`batch_lengths`, with optional `buckets`).
+    Raises SequenceTooLong for the over-long sequence with the smallest gid when `too_long == "error"`.
     """
+    o = options
+    capacity, align, too_long, window = o.capacity, o.align, o.too_long, o.window
     gids = np.asarray(gids, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     over = round_up(lengths, align) > capacity
@@ -115,9 +133,9 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, *, capacity: int, align:
     window_bins = [0]
     for w, lo in enumerate(range(0, len(gids), window)):
         result = _plan_one_window(gids[lo:lo + window], lengths[lo:lo + window], capacity=capacity, align=align,
-                                  algorithm=algorithm, too_long=too_long, max_seqs_per_bin=max_seqs_per_bin,
-                                  seed=window_seed(seed, first_window + w), pool_size=pool_size,
-                                  pool_strategy=pool_strategy, max_tokens=max_tokens, buckets=buckets)
+                                  algorithm=o.algorithm, too_long=too_long, max_seqs_per_bin=o.max_seqs_per_bin,
+                                  seed=window_seed(o.seed, first_window + w), pool_size=o.pool_size,
+                                  pool_strategy=o.pool_strategy, max_tokens=o.max_tokens, buckets=o.buckets)
         parts.append(result)
         window_bins.append(window_bins[-1] + len(result[0]) - 1)
         if progress is not None:
