@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from packctl.config import PackConfig
-from packctl.dist.assign import assign, hand_over, units_of
+from packctl.dist.assign import WriteJob, assign, hand_over, units_of
 from packctl.dist.comm import Comm, broadcast_outcome, get_comm
 from packctl.io.manifest import build_manifest, shard_metadata
 from packctl.io.reader import SequenceIndex, index_inputs, scan_blocks, split_blocks
@@ -37,8 +37,8 @@ from packctl.io.lock import OutputLock
 from packctl.io.outdir import Faults, OutputDir
 from packctl.io.paths import check_output_path
 from packctl.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
-from packctl.planning import check_something_to_pack, check_too_long, order_and_distribute, plan_stage
-from packctl.run_report import RankShare, assemble_metrics, plan_metrics, rank_report
+from packctl.planning import Planned, check_something_to_pack, check_too_long, order_and_distribute, plan_stage
+from packctl.run_report import Corpus, RankShare, Transfer, assemble_metrics, plan_metrics, rank_report, throughput
 from packctl.runtime import Progress, RunInterrupted, SignalGuard, after_failure, in_background, timed
 
 __all__ = ["PackResult", "Progress", "RunInterrupted", "pack", "run_fingerprint"]
@@ -106,83 +106,75 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     index, fingerprint, done = broadcast_outcome(comm, lambda: _preflight(config, out, lock))
 
     with timed(timings, "scan"):
-        block_bounds = split_blocks(index.blocks, comm.size)
-        lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
-        index, source = scan_blocks(index, lo, hi, config.resolved_memory_budget,
-                                    progress=progress.stage("scan", hi - lo), skip_empty=config.skip_empty,
-                                    pad_token_id=config.pad_token_id)
-        check_too_long(comm, index, config)
-        skipped_empty = comm.allreduce_sum(int(np.count_nonzero(index.lengths == 0))) if config.skip_empty else 0
-        tokens_in = comm.allreduce_sum(int(index.lengths.sum()))
-
+        scanned, corpus = _scan(comm, index, config, progress)
     with timed(timings, "order"):
-        ordered = order_and_distribute(comm, index, config)
-
+        ordered = order_and_distribute(comm, scanned.index, config)
     with timed(timings, "plan"):
         planned = plan_stage(comm, ordered, config, progress=progress.stage("plan", len(ordered.gids)))
-        check_something_to_pack(comm, planned.plan, index, config, skipped_empty)
-
+        check_something_to_pack(comm, planned.plan, scanned.index, config, corpus.skipped_empty)
     with timed(timings, "assign"):
-        assignment = assign(comm.allgather(units_of(planned.plan.window_bins, planned.pack_lens, config.shard_rows)),
-                            comm.size)
-        job = hand_over(comm, planned.plan, planned.pack_lens, planned.columns, assignment)
-        amplification = read_amplification(comm, job.plan, index) if comm.size > 1 else 1.0
-        read_own = choose_read_own(config.token_transfer, amplification, config.order, comm.size)
+        job, transfer = _assign(comm, planned, scanned, config)
 
     output = run.output = _open_output(comm, out, config.overwrite, fingerprint, done, faults)
-    # --resume is how a run executes, not what it writes: the shards do not record it.
-    content = dataclasses.replace(config, resume=False)
     # In one process the plan is the whole plan: its metrics are computed beside materialize.
-    early_metrics = in_background(plan_metrics, planned.plan, planned.pack_lens, config, index.num_sequences,
-                                  tokens_in, skipped_empty=skipped_empty) if comm.size == 1 else None
+    early_metrics = in_background(plan_metrics, planned.plan, planned.pack_lens, config, corpus.sequences,
+                                  corpus.tokens, skipped_empty=corpus.skipped_empty) if comm.size == 1 else None
     with timed(timings, "materialize"):
-        fmt = ShardFormat(metadata=shard_metadata(content, index.labels_column, index.files),
-                          pad_token_id=config.pad_token_id, budget=config.resolved_memory_budget)
-        written = materialize(comm, job, Scanned(index, source, block_bounds), output, fmt, read_own=read_own,
-                              progress=progress.stage("materialize", job.plan.num_bins))
-
+        written = materialize(comm, job, scanned, output, _shard_format(config, scanned.index),
+                              read_own=transfer.read_own, progress=progress.stage("materialize", job.plan.num_bins))
     with timed(timings, "report"):
-        pad_like = comm.allreduce_sum(source.tokens_equal_to_pad_id)
-        balanced, columns = planned.balanced, planned.columns
-        share = RankShare(plan=planned.plan, pack_lens=planned.pack_lens, shards=written.shards,
-                          balance_figures=balanced.figures if balanced is not None else None,
-                          batch_size=columns.get("batch_size"), buckets=planned.buckets,
-                          step=columns.get("step"), dp_rank=columns.get("dp_rank"))
-        shares = comm.allgather(share) if comm.size > 1 else [share]
+        corpus.tokens_equal_to_pad_id = comm.allreduce_sum(scanned.source.tokens_equal_to_pad_id)
+        shares = comm.allgather(RankShare.of(planned, written.shards))
     timings["total"] = time.perf_counter() - started
-    ranks = comm.allgather(rank_report(comm, index, job.plan, written, timings, read_own, amplification))
+    ranks = comm.allgather(rank_report(comm, scanned.index, job.plan, written, timings, transfer))
     if comm.rank != 0:
         comm.barrier()
         return PackResult(output=out, counts={}, metrics={"ranks": ranks}, timings=timings)
 
-    metrics, _ = assemble_metrics(config, shares, ranks, num_sequences=index.num_sequences, tokens_in=tokens_in,
-                                  skipped_empty=skipped_empty,
+    metrics, _ = assemble_metrics(config, shares, ranks, corpus,
                                   plan_figures=early_metrics.result() if early_metrics is not None else None)
-    counts = metrics["counts"]
-    shards = [info for _, info in sorted((n, i) for s in shares for n, i in s.shards.items())]
-    metrics["throughput"] = {
-        "sequences_per_s": index.num_sequences / timings["total"],
-        "tokens_per_s": tokens_in / timings["total"],
-        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranks),
-        "blocks": len(index.blocks),
-        "blocks_read_twice": sum(r["blocks_read_twice"] for r in ranks),
-        "spill_files": sum(r["spill_files"] for r in ranks),
-        "spilled_bytes": sum(r["spilled_bytes"] for r in ranks),
-        # facts of this run, not of the packing (`packctl stats` cannot recompute them)
-        "resumed_shards": len(done or {}),
-        "tokens_equal_to_pad_id": pad_like,
-    }
+    metrics["throughput"] = throughput(corpus, ranks, timings, resumed_shards=len(done or {}))
     metrics["timings"] = timings
-    if comm.size > 1:
-        metrics["ranks"] = ranks
+    shards = [info for _, info in sorted((n, i) for s in shares for n, i in s.shards.items())]
     output.write_json("metrics.json", metrics)
     with guard.deferred():  # a signal now waits: the output is moments from complete
         output.drop_journal()
-        output.write_json("manifest.json", build_manifest(config, index.labels_column, index.files,
-                                                           shards, counts, timings))
+        output.write_json("manifest.json", build_manifest(config, index.labels_column, index.files, shards,
+                                                           metrics["counts"], timings))
         output.commit()
     comm.barrier()
-    return PackResult(output=out, counts=counts, metrics=metrics, timings=timings, shards=shards)
+    return PackResult(output=out, counts=metrics["counts"], metrics=metrics, timings=timings, shards=shards)
+
+
+def _scan(comm: Comm, index: SequenceIndex, config: PackConfig, progress: Progress) -> tuple[Scanned, Corpus]:
+    """Decode and check this rank's blocks (equal bytes per rank); the corpus counts of all ranks."""
+    block_bounds = split_blocks(index.blocks, comm.size)
+    lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
+    index, source = scan_blocks(index, lo, hi, config.resolved_memory_budget, progress=progress.stage("scan", hi - lo),
+                                skip_empty=config.skip_empty, pad_token_id=config.pad_token_id)
+    check_too_long(comm, index, config)
+    skipped = comm.allreduce_sum(int(np.count_nonzero(index.lengths == 0))) if config.skip_empty else 0
+    corpus = Corpus(sequences=index.num_sequences, tokens=comm.allreduce_sum(int(index.lengths.sum())),
+                    skipped_empty=skipped, blocks=len(index.blocks))
+    return Scanned(index, source, block_bounds), corpus
+
+
+def _assign(comm: Comm, planned: Planned, scanned: Scanned, config: PackConfig) -> tuple[WriteJob, Transfer]:
+    """Deal the writing out by tokens (dist/assign.py), move the plan to its writers, and choose
+    how tokens reach them (--token-transfer)."""
+    assignment = assign(comm.allgather(units_of(planned.plan.window_bins, planned.pack_lens, config.shard_rows)),
+                        comm.size)
+    job = hand_over(comm, planned.plan, planned.pack_lens, planned.columns, assignment)
+    amplification = read_amplification(comm, job.plan, scanned.index) if comm.size > 1 else 1.0
+    return job, Transfer(read_own=choose_read_own(config.token_transfer, amplification, config.order, comm.size),
+                         amplification=amplification)
+
+
+def _shard_format(config: PackConfig, index: SequenceIndex) -> ShardFormat:
+    # --resume is how a run executes, not what it writes: the shards do not record it.
+    content = dataclasses.replace(config, resume=False)
+    return ShardFormat(metadata=shard_metadata(content, index.labels_column, index.files),
+                       pad_token_id=config.pad_token_id, budget=config.resolved_memory_budget)
 
 
 def _preflight(config: PackConfig, out: Path, lock: OutputLock) -> tuple[SequenceIndex, dict, dict | None]:

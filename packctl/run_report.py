@@ -21,6 +21,26 @@ STAGES = ("scan", "order", "plan", "assign", "materialize", "report")
 
 
 @dataclass
+class Corpus:
+    """Counts of the whole input (every rank's blocks), from scan."""
+
+    sequences: int
+    tokens: int
+    skipped_empty: int
+    blocks: int
+    tokens_equal_to_pad_id: int = 0
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """How tokens reached their writers: read by the writer, or exchanged; and how much reading
+    would have decoded over what the output needs."""
+
+    read_own: bool
+    amplification: float
+
+
+@dataclass
 class RankShare:
     """What one rank planned (its windows, in global window order) and which shards it committed."""
 
@@ -32,6 +52,15 @@ class RankShare:
     buckets: np.ndarray | None
     step: np.ndarray | None
     dp_rank: np.ndarray | None
+
+    @classmethod
+    def of(cls, planned, shards: dict[int, ShardInfo]) -> "RankShare":
+        """This rank's share from its planning result (planning.Planned) and the shards it committed."""
+        columns = planned.columns
+        return cls(plan=planned.plan, pack_lens=planned.pack_lens, shards=shards,
+                   balance_figures=planned.balanced.figures if planned.balanced is not None else None,
+                   batch_size=columns.get("batch_size"), buckets=planned.buckets, step=columns.get("step"),
+                   dp_rank=columns.get("dp_rank"))
 
 
 def plan_metrics(plan: PackPlan, pack_lens: np.ndarray, config: PackConfig, num_sequences: int,
@@ -69,7 +98,7 @@ def plan_counts(plan: PackPlan, num_sequences: int, tokens_in: int, *, skipped_e
 
 
 def rank_report(comm, index, written_plan: PackPlan, written, timings: dict[str, float],
-                read_own: bool, amplification: float) -> dict[str, Any]:
+                transfer: Transfer) -> dict[str, Any]:
     """One rank's share of the work, for metrics.json's `ranks`: `written_plan` holds the packs it wrote."""
     return {
         "rank": comm.rank,
@@ -77,8 +106,8 @@ def rank_report(comm, index, written_plan: PackPlan, written, timings: dict[str,
         "tokens_scanned": int(index.lengths.sum()),
         "packs_written": written_plan.num_bins,
         "tokens_written": int(written_plan.piece_len.sum()),
-        "token_transfer": "read" if read_own else "exchange",
-        "read_amplification": round(amplification, 4),  # of all ranks: blocks decoded by reading / needed
+        "token_transfer": "read" if transfer.read_own else "exchange",
+        "read_amplification": round(transfer.amplification, 4),  # of all ranks: blocks decoded by reading / needed
         "blocks_read": written.blocks_read,
         "shards_written": len(written.shards),
         "bytes_sent": int(comm.bytes_sent),
@@ -112,15 +141,14 @@ def scale_out(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def assemble_metrics(config: PackConfig, shares: list[RankShare], ranks: list[dict[str, Any]], *,
-                     num_sequences: int, tokens_in: int, skipped_empty: int,
+def assemble_metrics(config: PackConfig, shares: list[RankShare], ranks: list[dict[str, Any]], corpus: Corpus, *,
                      plan_figures: dict[str, Any] | None = None) -> tuple[dict[str, Any], PackPlan]:
     """metrics.json from every rank's share (in rank order), without throughput and timings;
     `plan_figures` may pass `plan_metrics` computed ahead (one process). Returns the whole plan too."""
     whole = merge_plans([s.plan for s in shares])
     pack_lens = np.concatenate([s.pack_lens for s in shares])
     metrics = plan_figures if plan_figures is not None else plan_metrics(
-        whole, pack_lens, config, num_sequences, tokens_in, skipped_empty=skipped_empty)
+        whole, pack_lens, config, corpus.sequences, corpus.tokens, skipped_empty=corpus.skipped_empty)
     batch_sizes = np.concatenate([s.batch_size for s in shares]) if config.mode == "batch" else None
     if config.balanced:
         metrics["balance"] = balance_report(config, [s.balance_figures for s in shares])
@@ -138,7 +166,25 @@ def assemble_metrics(config: PackConfig, shares: list[RankShare], ranks: list[di
         metrics["shape_buckets"] = [int(b) for b in buckets] if buckets is not None else []
     if len(ranks) > 1:
         metrics["scale_out"] = scale_out(ranks)
+        metrics["ranks"] = ranks
     return metrics, whole
+
+
+def throughput(corpus: Corpus, ranks: list[dict[str, Any]], timings: dict[str, float], *,
+               resumed_shards: int) -> dict[str, Any]:
+    """metrics.json's `throughput`: speed and memory of the run, and facts of this run that
+    `packctl stats` cannot recompute from the shards."""
+    return {
+        "sequences_per_s": corpus.sequences / timings["total"],
+        "tokens_per_s": corpus.tokens / timings["total"],
+        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranks),
+        "blocks": corpus.blocks,
+        "blocks_read_twice": sum(r["blocks_read_twice"] for r in ranks),
+        "spill_files": sum(r["spill_files"] for r in ranks),
+        "spilled_bytes": sum(r["spilled_bytes"] for r in ranks),
+        "resumed_shards": resumed_shards,
+        "tokens_equal_to_pad_id": corpus.tokens_equal_to_pad_id,
+    }
 
 
 def shape_coverage(step: np.ndarray, dp_rank: np.ndarray, shape: np.ndarray, dp_size: int) -> dict[str, Any]:
