@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from packctl.arrays import Scratch, copy_segments, offsets_of
 from packctl.dist.assign import WriteJob, WriteRun, write_run
 from packctl.io.reader import SequenceIndex, TokenSource
-from packctl.io.stitch import stitch
+from packctl.io.stitch import stitch, stitch_chunks
 from packctl.io.encode import encode_table, rows_to_table
 from packctl.io.journal import ShardInfo
 from packctl.io.outdir import OutputDir, StagedShard
@@ -322,7 +322,7 @@ class ShardAssembler:
             del self._encoded[shard]
             self.encoded_bytes -= sum(len(p[0]) for p in parts.values())
         ordered = [parts[k] for k in sorted(parts)]
-        joined = stitch([p[0] for p in ordered])
+        joined = stitch_chunks([p[0] for p in ordered])
         if not self.run.whole_here(shard):  # shared with another writer: leave this run for the join
             self.output.stage_run_part(run_part_name(shard, min(parts)), joined)
             return None

@@ -124,7 +124,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
                               read_own=transfer.read_own, progress=progress.stage("materialize", job.plan.num_bins))
     with timed(timings, "report"):
         corpus.tokens_equal_to_pad_id = comm.allreduce_sum(scanned.source.tokens_equal_to_pad_id)
-        shares = comm.allgather(RankShare.of(planned, written.shards))
+        shares = comm.gather(RankShare.of(planned, written.shards))  # rank 0 only: the plans are large
     timings["total"] = time.perf_counter() - started
     ranks = comm.allgather(rank_report(comm, scanned.index, job.plan, written, timings, transfer))
     if comm.rank != 0:

@@ -40,6 +40,10 @@ class ThreadComm:
         self._shared.barrier.wait()
         return out
 
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        everything = self.allgather(obj)
+        return everything if self.rank == root else None
+
     def bcast(self, obj: Any, root: int = 0) -> Any:
         return self.allgather(obj)[root]
 

@@ -34,6 +34,7 @@ class Comm(Protocol):
     bytes_received: int
 
     def allgather(self, obj: Any) -> list[Any]: ...
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None: ...
     def bcast(self, obj: Any, root: int = 0) -> Any: ...
     def exscan(self, value: int) -> int: ...
     def allreduce_sum(self, value: Any) -> Any: ...
@@ -71,6 +72,9 @@ class SingleComm:
     bytes_received = 0
 
     def allgather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
         return [obj]
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
@@ -112,6 +116,11 @@ class MPIComm:
 
     def allgather(self, obj: Any) -> list[Any]:
         return self._comm.allgather(obj)
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        """Every rank's `obj` on `root` (in rank order), None elsewhere: what only rank 0 needs
+        (the plans, for metrics.json) is not copied to every rank."""
+        return self._comm.gather(obj, root=root)
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         return self._comm.bcast(obj, root=root)

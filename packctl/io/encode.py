@@ -42,8 +42,8 @@ def rows_to_table(rows: PackRows, metadata: bytes, extra: dict[str, np.ndarray] 
     return pa.Table.from_arrays(columns, schema=schema.with_metadata({METADATA_KEY: metadata}))
 
 
-def encode_table(table: pa.Table) -> bytes:
-    """A table as the bytes of a Parquet file of one row group (PARQUET_OPTIONS)."""
+def encode_table(table: pa.Table) -> pa.Buffer:
+    """A table as a Parquet file of one row group (PARQUET_OPTIONS), in memory (a bytes-like Buffer)."""
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, row_group_size=max(table.num_rows, 1), **PARQUET_OPTIONS)
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue()

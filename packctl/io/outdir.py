@@ -117,9 +117,9 @@ class OutputDir:
         os.replace(part, self.tmp / name)
         fsync_dir(self.tmp)
 
-    def stage_bytes(self, name: str, data: bytes, *, rows: int, tokens: int) -> StagedShard:
-        """First half of writing a shard: its encoded bytes written as `name.tmp`, not yet durable
-        (`commit_shard` makes it so)."""
+    def stage_bytes(self, name: str, data, *, rows: int, tokens: int) -> StagedShard:
+        """First half of writing a shard: its encoded bytes (bytes-like, or a list of pieces written
+        one after the other) written as `name.tmp`, not yet durable (`commit_shard` makes it so)."""
         part = self.tmp / f"{name}.tmp"
         try:
             with self._journal_lock:
@@ -128,19 +128,19 @@ class OutputDir:
                 if fail_after is not None and self._started > fail_after:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             with open(part, "wb") as fh:
-                fh.write(data)
+                fh.writelines(data if isinstance(data, list) else [data])
         except OSError as exc:
             part.unlink(missing_ok=True)
             raise self._write_failed(name, exc) from None
         return StagedShard(name=name, rows=rows, tokens=tokens)
 
-    def stage_run_part(self, name: str, data: bytes) -> None:
+    def stage_run_part(self, name: str, data) -> None:
         """A writer's run of a shard it shares with another writer, left for the one that joins it
         (written whole and fsynced before the writers meet; never journaled)."""
         path = self.tmp / name
         try:
             with open(path, "wb") as fh:
-                fh.write(data)
+                fh.writelines(data if isinstance(data, list) else [data])
                 fh.flush()
                 os.fsync(fh.fileno())
         except OSError as exc:

@@ -64,11 +64,11 @@ class _Reader:
             return self.zigzag()
         if ctype == _DOUBLE:
             self.pos += 8
-            return self.data[self.pos - 8:self.pos]
+            return bytes(self.data[self.pos - 8:self.pos])
         if ctype == _BINARY:
             n = self.varint()
             self.pos += n
-            return self.data[self.pos - n:self.pos]
+            return bytes(self.data[self.pos - n:self.pos])
         if ctype in (_LIST, _SET):
             head = self.byte()
             size, etype = head >> 4, head & 0x0F
@@ -165,8 +165,10 @@ def _get(fields: list[Field], fid: int) -> Field | None:
     return next((f for f in fields if f[0] == fid), None)
 
 
-def parse_footer(data: bytes) -> tuple[list[Field], int]:
-    """(FileMetaData fields, offset where the footer starts) of a whole Parquet file."""
+def parse_footer(data) -> tuple[list[Field], int]:
+    """(FileMetaData fields, offset where the footer starts) of a whole Parquet file (any
+    bytes-like object: bytes, a memoryview, a pyarrow Buffer)."""
+    data = memoryview(data).cast("B")
     if len(data) < 12 or data[:4] != MAGIC or data[-4:] != MAGIC:
         raise ValueError("not a Parquet file (no PAR1 magic)")
     length = struct.unpack("<I", data[-8:-4])[0]
@@ -199,19 +201,26 @@ def _move_row_group(rg: list[Field], shift: int, ordinal: int) -> None:
                     field[2] += shift
 
 
-def stitch(parts: list[bytes]) -> bytes:
+def stitch(parts: list) -> bytes:
     """One Parquet file holding the row groups of `parts`, in order (same schema and metadata:
     the first part's footer is kept, with the row groups of all parts and the total row count)."""
+    return b"".join(stitch_chunks(parts))
+
+
+def stitch_chunks(parts: list) -> list:
+    """`stitch` as the list of pieces to write one after the other (views into `parts`, no copy
+    of the column chunks): `file.writelines(stitch_chunks(parts))` writes the joined file."""
     if not parts:
         raise ValueError("nothing to join")
     if len(parts) == 1:
-        return parts[0]
-    bodies: list[bytes] = []
+        return [memoryview(parts[0]).cast("B")]
+    bodies: list = []
     row_groups: list[list[Field]] = []
     head: list[Field] | None = None
     num_rows = 0
     position = len(MAGIC)
     for data in parts:
+        data = memoryview(data).cast("B")
         footer, start = parse_footer(data)
         if _get(footer, _FMD_ENCRYPTION) is not None:
             raise ValueError("cannot join encrypted Parquet files")
@@ -227,4 +236,4 @@ def stitch(parts: list[bytes]) -> bytes:
     rg_field = _get(head, _FMD_ROW_GROUPS)
     rg_field[2] = (rg_field[2][0], row_groups)
     footer = encode_footer(head)
-    return b"".join([MAGIC, *bodies, footer, struct.pack("<I", len(footer)), MAGIC])
+    return [MAGIC, *bodies, footer, struct.pack("<I", len(footer)), MAGIC]
