@@ -54,6 +54,20 @@ def _with_signature(params: list[inspect.Parameter]):
     return decorate
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from packctl.version import __version__
+
+        print(f"packctl {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Print the packctl version and exit.")) -> None:
+    """Pack variable-length tokenized Parquet datasets into THD shards for LLM training."""
+
+
 def _fail(exc: PackctlError) -> None:
     Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     raise typer.Exit(exc.exit_code)
@@ -88,7 +102,7 @@ def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_ou
     except PackctlError as exc:
         _fail(exc)
     err = Console(stderr=True)
-    progress = RichProgress(err) if err.is_terminal and not json_output and comm.rank == 0 else None
+    progress = RichProgress(err) if err.is_terminal and not (json_output or quiet) and comm.rank == 0 else None
     with _ranks_stop_together(comm):
         result = pack(cfg, progress=progress, comm=comm)
     if comm.rank != 0:
@@ -140,6 +154,7 @@ def sample_command(
     max_length: int = typer.Option(32768, help="Longest sequence."),
     prompt_fraction: float = typer.Option(0.5, help="Share of rows with a masked prompt (zipf, lognormal)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing directory."),
+    json_output: bool = typer.Option(False, "--json", help="Print what was written as JSON on stdout."),
 ) -> None:
     """Write a deterministic synthetic tokenized corpus.
 
@@ -155,6 +170,10 @@ def sample_command(
                                                 prompt_fraction=prompt_fraction), overwrite=overwrite)
     except PackctlError as exc:
         _fail(exc)
+    if json_output:
+        print(json.dumps({"output": str(output), "sequences": sequences, "distribution": distribution, "seed": seed,
+                          "shards": [str(p) for p in paths]}, indent=2))
+        return
     Console(stderr=True).print(f"wrote {sequences:,} sequences in {len(paths)} shards to {output}")
 
 

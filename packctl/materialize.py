@@ -189,7 +189,7 @@ class ShardAssembler:
         # encoded units of shards not yet complete here: shard -> {part: (bytes, rows, tokens)}
         self._encoded: dict[int, dict[int, tuple[bytes, int, int]]] = {}
         self.encoded_bytes = 0
-        self._local_units = {s: int(c) for s, c in zip(*np.unique(run.unit_shard, return_counts=True))}
+        self._local_units = {int(s): int(c) for s, c in zip(*np.unique(run.unit_shard, return_counts=True))}
         self._lock = threading.Lock()
         workers = writers if writers is not None else max(1, min(2, os.cpu_count() or 1))
         self._writers = _Writers(workers, max_pending=2 * workers, commit=output.commit_shard)

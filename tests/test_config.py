@@ -78,3 +78,18 @@ def test_help_choices_and_defaults_come_from_the_field():
     assert "[default" not in option_help("overwrite")
     with pytest.raises(PackctlError, match="--token-transfer 'rsync': choose one of auto, exchange, read"):
         PackConfig(inputs=["x"], output="o", token_transfer="rsync").validate()
+
+
+def test_toml_config_is_read_where_the_standard_library_has_no_tomllib(tmp_path):
+    """Python 3.10 has no tomllib: packctl imports and reads --config files with tomli."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("tomli")
+    cfg = tmp_path / "pack.toml"
+    cfg.write_text("capacity = 8\ntoo-long = 'split'\n")
+    code = ("import sys; sys.modules['tomllib'] = None\n"
+            "import packctl\nfrom packctl.config import load_config\nprint(load_config(sys.argv[1]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "'capacity': 8" in proc.stdout and "'too_long': 'split'" in proc.stdout

@@ -1,0 +1,44 @@
+"""Command-line conveniences: --version, -q quiet everywhere, sample --json."""
+from __future__ import annotations
+
+import json
+
+from conftest import run_cli
+from packctl.version import __version__
+
+
+def test_version_flag():
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"packctl {__version__}"
+
+
+def test_sample_json_lists_what_it_wrote(tmp_path):
+    proc = run_cli("sample", "-o", str(tmp_path / "c"), "--sequences", "12", "--shards", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["sequences"] == 12 and len(report["shards"]) == 3
+    assert all((tmp_path / "c" / f"shard-{k:05d}.parquet").as_posix() == path
+               for k, path in enumerate(report["shards"]))
+
+
+def test_quiet_hides_the_progress_bars_on_a_terminal(tmp_path, sample_data, monkeypatch):
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    import packctl.report
+    from packctl.cli import app
+
+    shown = []
+
+    class Recorded(packctl.report.RichProgress):
+        def __init__(self, console):
+            shown.append(console)
+            super().__init__(console)
+
+    monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))
+    monkeypatch.setattr(packctl.report, "RichProgress", Recorded)
+    args = ["pack", str(sample_data), "-o", str(tmp_path / "out"), "--too-long", "split", "--overwrite"]
+    assert CliRunner().invoke(app, [*args, "-q"]).exit_code == 0
+    assert shown == []
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert len(shown) == 1  # without -q a terminal shows them
