@@ -65,14 +65,18 @@ def martello_toth_l2(lengths: np.ndarray, capacity: int) -> int:
 
 
 def length_histogram(lengths: np.ndarray) -> dict[str, list[int]]:
-    """Counts in power-of-two buckets [1,2) [2,4) [4,8) ...: {"edges": [...], "counts": [...]}."""
+    """Sequences and their tokens in power-of-two buckets [1,2) [2,4) [4,8) ...:
+    {"edges": [...], "counts": [...], "tokens": [...]}. Lengths [1, 3, 3] -> edges [1, 2, 4],
+    counts [1, 2], tokens [1, 6]: few long sequences can hold most of the tokens."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if len(lengths) == 0:
-        return {"edges": [1], "counts": []}
+        return {"edges": [1], "counts": [], "tokens": []}
     top = int(np.ceil(np.log2(max(int(lengths.max()), 1) + 1)))
     edges = [2**k for k in range(top + 1)]
-    counts = np.bincount(np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64), minlength=top)
-    return {"edges": edges, "counts": counts[:top].tolist()}
+    bucket = np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64)
+    counts = np.bincount(bucket, minlength=top)
+    tokens = np.bincount(bucket, weights=lengths, minlength=top).astype(np.int64)
+    return {"edges": edges, "counts": counts[:top].tolist(), "tokens": tokens[:top].tolist()}
 
 
 def padded_batching_tokens(lengths: np.ndarray, batch_size: int) -> int:

@@ -107,17 +107,24 @@ def bar(value: float, top: float, width: int = BAR_WIDTH) -> str:
     return "█" * (eighths // 8) + (_EIGHTHS[eighths % 8] if eighths % 8 else "")
 
 
-def histogram_table(title: str, labels: list[str], counts: list[int], *, width: int = BAR_WIDTH) -> Table:
-    """Label, bar, count and share of each bucket."""
+def histogram_table(title: str, labels: list[str], counts: list[int], *, width: int = BAR_WIDTH,
+                    weights: list[int] | None = None) -> Table:
+    """Label, bar, count and share of each bucket (and the share of `weights`, e.g. tokens)."""
     table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 1))
     table.add_column(justify="right", style="dim")
     table.add_column(style="cyan", no_wrap=True)
     table.add_column(justify="right")
     table.add_column(justify="right", style="dim")
+    if weights is not None:
+        table.add_column(justify="right")
     total = sum(counts) or 1
+    weight_total = sum(weights or []) or 1
     top = max(counts, default=0)
-    for label, count in zip(labels, counts):
-        table.add_row(label, bar(count, top, width), f"{count:,}", f"{count / total:.1%}")
+    for k, (label, count) in enumerate(zip(labels, counts)):
+        cells = [label, bar(count, top, width), f"{count:,}", f"{count / total:.1%}"]
+        if weights is not None:
+            cells.append(f"{weights[k] / weight_total:.1%} of tokens")
+        table.add_row(*cells)
     return table
 
 
@@ -131,9 +138,13 @@ def _trimmed(edges: list, counts: list[int]) -> tuple[list, list[int]]:
 
 
 def length_histogram_table(histogram: dict[str, list[int]], title: str = "sequence lengths") -> Table:
+    """Sequences per length bucket, with each bucket's share of the sequences and of the tokens."""
+    nonzero = [i for i, c in enumerate(histogram["counts"]) if c]
+    lo = nonzero[0] if nonzero else 0
     edges, counts = _trimmed(histogram["edges"], histogram["counts"])
+    tokens = histogram.get("tokens")
     labels = [f"{a:,} - {b - 1:,}" for a, b in zip(edges[:-1], edges[1:])]
-    return histogram_table(title, labels, counts)
+    return histogram_table(title, labels, counts, weights=tokens[lo:lo + len(counts)] if tokens else None)
 
 
 def fill_histogram_table(histogram: dict[str, list], title: str = "pack fill (true tokens / capacity)") -> Table:
@@ -297,9 +308,15 @@ def input_renderables(r: dict[str, Any]) -> list:
     head.add_column()
     head.add_row("sequences / tokens", f"{r['sequences']:,} / {r['tokens']:,}")
     head.add_row("lengths", _lengths_line(r["lengths"]))
+    total = r["tokens"] or 1
     for cap in r["capacities"]:
-        head.add_row(f"over --capacity {cap['capacity']:,}",
-                     f"{cap['sequences_over_capacity']:,} sequences (--too-long {s['too_long']})")
+        over = cap["over_capacity"]
+        lost = over["tokens_lost"]
+        line = f"{over['sequences']:,} sequences, {over['token_share']:.1%} of the tokens (--too-long {s['too_long']})"
+        if over["sequences"]:
+            line += (f"; drop loses {lost['drop'] / total:.1%} of the tokens, truncate {lost['truncate'] / total:.1%}, "
+                     "split none (cuts them), error stops")
+        head.add_row(f"over --capacity {cap['capacity']:,}", line)
     head.add_row("settings", f"order {s['order']}, window {s['window']:,}, align {s['align']} (cp {s['cp_size']}, "
                              f"tp {s['tp_size']}, seq-multiple {s['seq_multiple']}), pad to {s['pad_to']}, "
                              f"max seqs per pack {s['max_seqs_per_bin'] or 'no limit'}")

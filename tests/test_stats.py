@@ -78,7 +78,8 @@ def test_packed_stats_by_hand(tiny_output):
                             "fraction_of_written": pytest.approx(25 / 80)}
     assert r["sequences_per_pack"] == {"min": 1, "mean": pytest.approx(8 / 5), "max": 3, "histogram": [0, 3, 1, 1]}
     # true lengths [9, 9, 16, 7, 4, 3, 6, 1] in [1,2) [2,4) [4,8) [8,16) [16,32)
-    assert r["length_histogram"] == {"edges": [1, 2, 4, 8, 16, 32], "counts": [1, 1, 3, 2, 1]}
+    assert r["length_histogram"] == {"edges": [1, 2, 4, 8, 16, 32], "counts": [1, 1, 3, 2, 1],
+                                   "tokens": [1, 3, 17, 18, 16]}
     # padded batching: pieces in sample-id order [9, 9, 7, 16, 4, 3, 6, 1], batches of round(1.6) = 2
     # -> 2*9 + 2*16 + 2*4 + 2*6 = 70 tokens against the 80 written
     assert r["padded_batching"] == {"batch_size": 2, "tokens": 70, "packed_tokens": 80,
@@ -165,6 +166,29 @@ def test_what_if_by_hand(tiny_input):
     assert pb == {"batch_size": 2, "batches": 4, "tokens": 70, "padding_tokens": 15,
                   "utilization": pytest.approx(55 / 70), "estimated_gain": pytest.approx(70 / 64)}
     assert r["lengths"]["max"] == 20 and r["lengths"]["percentiles"]["p50"] == 7
+
+
+def test_what_if_shows_the_tokens_of_over_long_sequences_and_what_each_policy_does(tiny_input):
+    r = input_stats([str(tiny_input)], [16, 32], PackConfig(seq_multiple=2, too_long="split"))
+    over16, over32 = (c["over_capacity"] for c in r["capacities"])
+    # one sequence of 20 tokens over 16: 20 of the 55 tokens; drop loses 20, truncate the 4 past 16
+    assert over16 == {"sequences": 1, "tokens": 20, "token_share": pytest.approx(20 / 55),
+                      "tokens_lost": {"error": 0, "drop": 20, "truncate": 4, "split": 0}}
+    assert over32["sequences"] == 0 and over32["token_share"] == 0.0
+    # lengths [9, 9, 7, 20, 3, 6, 1] by power-of-two bucket, counted and weighted by tokens
+    hist = r["length_histogram"]
+    assert hist["counts"] == [1, 1, 2, 2, 1] and hist["tokens"] == [1, 3, 13, 18, 20]
+    text = "".join(str(x) for x in stats_renderables_text(r))
+    assert "36.4% of the tokens" in text and "of tokens" in text
+
+
+def stats_renderables_text(report):
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    for renderable in __import__("packctl.report", fromlist=["stats_renderables"]).stats_renderables(report):
+        console.print(renderable)
+    return [console.export_text()]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

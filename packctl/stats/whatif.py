@@ -156,6 +156,7 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
             "capacity": capacity,
             "plan_capacity": plan_capacity,
             "sequences_over_capacity": int((round_up(index.lengths, config.align) > plan_capacity).sum()),
+            "over_capacity": over_capacity(index.lengths, config.align, plan_capacity),
             "best": best["algorithm"],
             "padded_batching": {
                 "batch_size": baseline["batch_size"],
@@ -199,6 +200,21 @@ def _checked(config: PackConfig) -> PackConfig:
                            "are reported by `packctl stats OUT` on a packed output")
     dataclasses.replace(config, inputs=config.inputs or ["-"], output=config.output or "-").validate()
     return config
+
+
+def over_capacity(lengths: np.ndarray, align: int, plan_capacity: int) -> dict[str, Any]:
+    """The sequences longer than the capacity, by count and by tokens, and what each --too-long
+    policy does with their tokens: drop loses them all, truncate what is past the capacity, split
+    keeps them all (in pieces of at most the capacity)."""
+    over = lengths[round_up(lengths, align) > plan_capacity]
+    total = int(lengths.sum())
+    tokens = int(over.sum())
+    return {
+        "sequences": int(len(over)),
+        "tokens": tokens,
+        "token_share": tokens / total if total else 0.0,
+        "tokens_lost": {"error": 0, "drop": tokens, "truncate": int((over - plan_capacity).sum()), "split": 0},
+    }
 
 
 def _tokens_lost(row: dict[str, Any]) -> int:
