@@ -332,11 +332,20 @@ def cp_slice(batch: Mapping[str, Any], cp_size: int, cp_rank: int) -> dict[str, 
     return out
 
 
-def packed_seq_params(batch: Mapping[str, Any]):
+def packed_seq_params(batch: Mapping[str, Any], *, padded_boundaries: bool = False):
     """Megatron's `PackedSeqParams` for a `collate_thd` batch (needs megatron-core).
 
         model(input_ids=batch["tokens"], position_ids=batch["position_ids"], attention_mask=None,
               labels=batch["labels"], packed_seq_params=packed_seq_params(batch))
+
+    Transformer Engine tells "padding between sequences" by identity (`cu_seqlens_q_padded is
+    cu_seqlens_q`) and, with padding, turns FlashAttention and unfused attention off. So when the
+    padded boundaries equal the true ones (no alignment padding) the same tensor is passed for
+    both and `pad_between_seqs=False` is set where the field exists; otherwise they differ and
+    `pad_between_seqs=True`. `padded_boundaries=True` follows Megatron's own packed-SFT
+    convention, `cu_seqlens_q = cu_seqlens_padded`: every sequence with its alignment padding, which
+    causal attention of the true tokens never sees (the padding comes after them), and no padding
+    between sequences for TE to handle.
     """
     try:
         from megatron.core.packed_seq_params import PackedSeqParams
@@ -344,8 +353,26 @@ def packed_seq_params(batch: Mapping[str, Any]):
         raise PackctlError("packed_seq_params needs megatron-core, which is not installed: "
                            "pip install megatron-core") from None
     cu, cu_padded, max_len = batch["cu_seqlens"], batch["cu_seqlens_padded"], batch["max_seqlen"]
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu_padded,
-                           cu_seqlens_kv_padded=cu_padded, max_seqlen_q=max_len, max_seqlen_kv=max_len)
+    if padded_boundaries:
+        cu = cu_padded
+        max_len = int((cu_padded[1:] - cu_padded[:-1]).max()) if len(cu_padded) > 1 else 0
+    same = cu is cu_padded or (cu.shape == cu_padded.shape and bool(torch.equal(cu, cu_padded)))
+    if same:
+        cu_padded = cu
+    values = dict(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu_padded,
+                  cu_seqlens_kv_padded=cu_padded, max_seqlen_q=max_len, max_seqlen_kv=max_len)
+    if "pad_between_seqs" in _field_names(PackedSeqParams):
+        values["pad_between_seqs"] = not same
+    return PackedSeqParams(**values)
+
+
+def _field_names(cls) -> set[str]:
+    import dataclasses
+    import inspect
+
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    return set(inspect.signature(cls).parameters)
 
 
 # ---- attention -----------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import json
 import pickle
 import subprocess
 import sys
+from typing import Any
 from types import SimpleNamespace
 
 import numpy as np
@@ -270,3 +271,46 @@ def _fake_output(tmp_path, num_packs: int, extra: dict | None = None, shard_rows
     manifest = {"format_version": 1, "layout": {"capacity": 4}, "shards": shards, "counts": {"packs": num_packs}}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     return tmp_path
+
+
+def _fake_megatron(monkeypatch):
+    import dataclasses
+    import types
+
+    @dataclasses.dataclass
+    class PackedSeqParams:  # the fields of megatron.core.packed_seq_params.PackedSeqParams
+        qkv_format: str = None
+        cu_seqlens_q: Any = None
+        cu_seqlens_kv: Any = None
+        cu_seqlens_q_padded: Any = None
+        cu_seqlens_kv_padded: Any = None
+        max_seqlen_q: Any = None
+        max_seqlen_kv: Any = None
+        pad_between_seqs: Any = None
+
+    names = ["megatron", "megatron.core", "megatron.core.packed_seq_params"]
+    modules = {name: types.ModuleType(name) for name in names}
+    modules["megatron.core.packed_seq_params"].PackedSeqParams = PackedSeqParams
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_packed_seq_params_tells_transformer_engine_whether_sequences_are_padded(monkeypatch):
+    """TE takes `cu_seqlens_q_padded is cu_seqlens_q` to mean no padding between sequences (and
+    only then keeps FlashAttention): equal boundaries must be the same tensor."""
+    from packctl.torch import packed_seq_params
+
+    _fake_megatron(monkeypatch)
+    unpadded = {"cu_seqlens": torch.tensor([0, 3, 5], dtype=torch.int32),
+                "cu_seqlens_padded": torch.tensor([0, 3, 5], dtype=torch.int32), "max_seqlen": 3}
+    p = packed_seq_params(unpadded)
+    assert p.cu_seqlens_q_padded is p.cu_seqlens_q and p.cu_seqlens_kv_padded is p.cu_seqlens_kv
+    assert p.pad_between_seqs is False
+    padded = {"cu_seqlens": torch.tensor([0, 3, 5], dtype=torch.int32),
+              "cu_seqlens_padded": torch.tensor([0, 4, 8], dtype=torch.int32), "max_seqlen": 3}
+    p = packed_seq_params(padded)
+    assert p.cu_seqlens_q_padded is not p.cu_seqlens_q and p.pad_between_seqs is True
+    assert p.qkv_format == "thd" and p.max_seqlen_q == 3
+    megatron_style = packed_seq_params(padded, padded_boundaries=True)
+    assert megatron_style.cu_seqlens_q.tolist() == [0, 4, 8] and megatron_style.pad_between_seqs is False
+    assert megatron_style.cu_seqlens_q_padded is megatron_style.cu_seqlens_q and megatron_style.max_seqlen_q == 4
