@@ -93,7 +93,7 @@ def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_ou
                  **options) -> None:
     from packctl.dist.comm import get_comm
     from packctl.pipeline import pack
-    from packctl.report import RichProgress, summary_table
+    from packctl.report import LogProgress, RichProgress, summary_table
 
     try:
         comm = get_comm()
@@ -102,7 +102,9 @@ def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_ou
     except PackctlError as exc:
         _fail(exc)
     err = Console(stderr=True)
-    progress = RichProgress(err) if err.is_terminal and not (json_output or quiet) and comm.rank == 0 else None
+    progress = None
+    if comm.rank == 0 and not (json_output or quiet):  # on a terminal bars, elsewhere (Slurm logs) log lines
+        progress = RichProgress(err) if err.is_terminal else LogProgress()
     with _ranks_stop_together(comm):
         result = pack(cfg, progress=progress, comm=comm)
     if comm.rank != 0:

@@ -42,3 +42,37 @@ def test_quiet_hides_the_progress_bars_on_a_terminal(tmp_path, sample_data, monk
     assert shown == []
     assert CliRunner().invoke(app, args).exit_code == 0
     assert len(shown) == 1  # without -q a terminal shows them
+
+
+def test_log_progress_prints_stage_lines_with_rate_and_eta():
+    import io
+
+    from packctl.report import LogProgress
+
+    now = [0.0]
+    out = io.StringIO()
+    progress = LogProgress(out, interval=10, clock=lambda: now[0])
+    advance = progress.stage("materialize", 1000)
+    now[0] = 5.0
+    advance(100)  # within the interval: no line
+    now[0] = 10.0
+    advance(150)  # 250 packs in 10 s: 25/s, 750 left: eta 30 s
+    progress.stage("report", None)
+    progress.close()
+    assert out.getvalue().splitlines() == [
+        "packctl: materialize: 1,000 packs",
+        "packctl: materialize 250/1,000 packs (25%), 25 packs/s, eta 30s",
+        "packctl: materialize done: 250 packs in 10.0s, 25 packs/s",
+        "packctl: report",
+        "packctl: report done: 0 in 0.0s",
+    ]
+
+
+def test_without_a_terminal_a_run_logs_its_stages_unless_quiet(tmp_path, sample_data):
+    args = ["pack", str(sample_data), "-o", str(tmp_path / "out"), "--too-long", "split", "--overwrite"]
+    logged = run_cli(*args)
+    assert logged.returncode == 0, logged.stderr
+    for line in ("packctl: scan: 4 blocks", "packctl: plan done: 2,000 sequences", "packctl: materialize done:"):
+        assert line in logged.stderr
+    quiet = run_cli(*args, "-q")
+    assert quiet.returncode == 0 and "packctl:" not in quiet.stderr
