@@ -224,7 +224,30 @@ def _padded_offsets(packs: Sequence[Mapping[str, Any]]) -> np.ndarray:
     return _concat_offsets(p["cu_seqlens_padded"] for p in packs)
 
 
-def collate_flash_attn(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _tail_split_offsets(packs: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """Segment offsets of packs laid end to end, with each pack's padding after its last true token
+    (its alignment padding and the tail up to the pack length) cut off the last sequence into
+    segments of padding no longer than the longest sequence: `max_seqlen` is then the longest
+    sequence, not the last one plus the tail. Pack [0, 4, 16] with a last sequence of 5 true tokens
+    -> segments 4, 5, then the 7 pad tokens as 5 + 2."""
+    parts, base = [np.zeros(1, np.int64)], 0
+    cuts = []
+    for p in packs:
+        cu = np.asarray(p["cu_seqlens_padded"], dtype=np.int64)
+        lens = np.asarray(p["seq_lens"], dtype=np.int64)
+        end = int(cu[-2] + lens[-1])  # the last true token of the pack, + 1
+        cuts.append((cu[:-1], end, int(cu[-1])))
+    longest = max(max(int(np.diff(np.append(c, e)).max()), 1) for c, e, _ in cuts)
+    for starts, end, total in cuts:
+        pads = np.arange(end, total, longest)
+        bounds = np.concatenate([starts[1:], [end], pads[1:] if len(pads) else pads, [total]])
+        bounds = np.unique(bounds[bounds > 0])
+        parts.append(bounds + base)
+        base += total
+    return np.concatenate(parts)
+
+
+def collate_flash_attn(packs: Sequence[Mapping[str, Any]], *, split_tail: bool = False) -> dict[str, Any]:
     """Packs -> the inputs of a model built on `flash_attn_varlen_func`.
 
     Returns `input_ids`, `labels`, `position_ids` (int64, [1, T]), `cu_seqlens` (int32, [S+1], the
@@ -235,8 +258,17 @@ def collate_flash_attn(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     with q, k, v of shape [T, heads, head_dim] (`varlen_attention` does it, with an SDPA fallback).
     `labels` are not shifted: logits[i] predicts labels[i + 1] (see the module docstring).
+
+    The last segment of a pack holds the pack's tail padding (with `--pad-to capacity`, up to the
+    capacity), so `max_seqlen` can be far above the longest sequence (1,334 where
+    `DataCollatorWithFlattening` says 22 on short chat turns). `split_tail=True` cuts the padding
+    after each pack's last true token into segments of its own, no longer than the longest
+    sequence: the true tokens attend exactly as before (the padding came after them), and
+    `max_seqlen` is the longest sequence. Not for CP (`cp_slice` needs the aligned boundaries).
     """
-    cu = _padded_offsets(packs)
+    cu = _padded_offsets(packs)  # checks every pack spans its tokens
+    if split_tail:
+        cu = _tail_split_offsets(packs)
     return {
         "input_ids": _row(_flat(packs, "input_ids")),
         "labels": _row(_flat(packs, "labels")),
@@ -246,7 +278,7 @@ def collate_flash_attn(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def collate_hf(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def collate_hf(packs: Sequence[Mapping[str, Any]], *, split_tail: bool = False) -> dict[str, Any]:
     """Packs -> the batch `transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`
     makes: `input_ids`, `labels`, `position_ids` (int64, [1, T]), `cu_seq_lens_q` and
     `cu_seq_lens_k` (the same int32 tensor, [S+1]) and `max_length_q`, `max_length_k` (Python ints).
@@ -260,9 +292,9 @@ def collate_hf(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     The differences from that collator: each segment carries its alignment padding (the
     boundaries are `cu_seqlens_padded`), and the first label of each sequence is already -100 in
-    the pack (the collator's `separator_id`).
+    the pack (the collator's `separator_id`). `split_tail=True`: see `collate_flash_attn`.
     """
-    out = collate_flash_attn(packs)
+    out = collate_flash_attn(packs, split_tail=split_tail)
     cu = out.pop("cu_seqlens")
     max_len = out.pop("max_seqlen")
     out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_len, max_length_k=max_len)

@@ -61,6 +61,27 @@ def test_collate_flash_attn_lays_packs_end_to_end():
         assert batch[name].dtype == torch.int64 and batch[name].shape == (1, 16)
 
 
+def test_split_tail_keeps_the_padding_out_of_max_seqlen():
+    # a tail of 20 pad tokens after a 3-token sequence: by default the last segment is 23 long
+    tail = _pack([1, 2, 3, 4, 5, 6, 7] + [0] * 21, [IGNORE, 2, 3, 4, IGNORE, 6, 7] + [IGNORE] * 21,
+                 [4, 3], [4, 24], [0, 1])
+    assert collate_flash_attn([tail, PACK_0])["max_seqlen"] == 24
+    batch = collate_flash_attn([tail, PACK_0], split_tail=True)
+    # segments 4, 3 | pad 21 as 4 4 4 4 4 1 | pack 0: 4 then its last sequence 4 (no padding after it)
+    assert batch["cu_seqlens"].tolist() == [0, 4, 7, 11, 15, 19, 23, 27, 28, 32, 36]
+    assert batch["max_seqlen"] == 4
+    hf = collate_hf([tail], split_tail=True)
+    assert hf["max_length_q"] == hf["max_length_k"] == 4
+    # the true tokens attend exactly as with the pack's own boundaries
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(36, 2, 8) for _ in range(3))
+    plain = collate_flash_attn([tail, PACK_0])
+    full = varlen_attention(q, k, v, plain["cu_seqlens"], plain["max_seqlen"], backend="sdpa")
+    split = varlen_attention(q, k, v, batch["cu_seqlens"], batch["max_seqlen"], backend="sdpa")
+    true_tokens = batch["labels"][0] != IGNORE
+    torch.testing.assert_close(split[true_tokens], full[true_tokens])
+
+
 def test_collate_hf_keys_and_types():
     batch = collate_hf([PACK_0, PACK_1])
     assert set(batch) == {"input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k",
