@@ -38,12 +38,14 @@ def config_options(names) -> list[inspect.Parameter]:
         flag = meta["flag"] or f"--{name.replace('_', '-')}"
         decls = [f"{flag}/--no-{flag[2:]}" if meta["switch"] else flag] + ([meta["short"]] if meta["short"] else [])
         kind = meta["cli"] or _CLI_TYPES[str(FIELDS[name].type).replace(" | None", "")]
+        if kind is list:  # a repeated flag: --keep-columns a --keep-columns b
+            kind = List[str]
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
                                         default=typer.Option(None, *decls, help=option_help(name))))
     return params
 
 
-_CLI_TYPES = {"int": int, "str": str, "bool": bool, "float": float}
+_CLI_TYPES = {"int": int, "str": str, "bool": bool, "float": float, "list[str]": list}
 
 
 def _with_signature(params: list[inspect.Parameter]):

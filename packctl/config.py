@@ -22,7 +22,7 @@ from typing import Any
 
 from packctl.errors import PackctlError
 from packctl.plan.names import ALGORITHMS
-from packctl.schema import INT32_MAX
+from packctl.schema import INT32_MAX, RESERVED_COLUMNS
 
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
@@ -107,6 +107,9 @@ class PackConfig:
     tokens_column: str = option("input_ids", help="Input column of token ids.")
     labels_column: str | None = option(None, shown_default="labels if every input file has it, else the tokens",
                                        help="Input column of labels.")
+    keep_columns: list[str] = option(factory=list, shown_default="none",
+                                     help="Input columns carried into the packs, one value per sequence, as list "
+                                          "columns aligned with sample_ids (repeat the flag for several).")
     shard_rows: int = option(1024, help="Packs per output Parquet shard.")
     skip_empty: bool = option(False, switch=True, help="Leave empty sequences out instead of refusing them; they "
                               "are counted in the manifest (sequences_skipped_empty, among sequences_dropped).")
@@ -197,6 +200,15 @@ class PackConfig:
             value = getattr(self, name)
             if not isinstance(value, (str, os.PathLike)) and not (name == "labels_column" and value is None):
                 raise PackctlError(f"--{name.replace('_', '-')} {value!r}: must be a string")
+        if isinstance(self.keep_columns, str) or not all(isinstance(c, str) for c in self.keep_columns):
+            raise PackctlError(f"keep-columns = {self.keep_columns!r}: must be a list of column names")
+        reserved = {*RESERVED_COLUMNS, self.tokens_column, self.labels_column or "labels"}
+        clash = [c for c in self.keep_columns if c in reserved]
+        if clash:
+            raise PackctlError(f"--keep-columns {clash[0]}: that name is an input or output column packctl writes "
+                               "itself; keep another column, or rename it in the input")
+        if len(set(self.keep_columns)) != len(self.keep_columns):
+            raise PackctlError(f"--keep-columns {', '.join(self.keep_columns)}: a column is named twice")
         for name in ("seed", "pad_token_id"):
             if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
                 raise PackctlError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: must be a whole number")
@@ -368,5 +380,5 @@ def load_config(path: str | Path) -> dict[str, Any]:
 def build_config(file_values: dict[str, Any] | None = None, **flags: Any) -> PackConfig:
     """Merge config-file values with flags given on the command line (None = not given)."""
     values = dict(file_values or {})
-    values.update({k: v for k, v in flags.items() if v is not None})
+    values.update({k: v for k, v in flags.items() if v is not None and v != []})  # [] : a repeatable flag not given
     return PackConfig(**values)

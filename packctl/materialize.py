@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 
 from packctl.arrays import Scratch, copy_segments, offsets_of
 from packctl.dist.assign import WriteJob, WriteRun, write_run
-from packctl.io.reader import SequenceIndex, TokenSource
+from packctl.io.reader import SequenceIndex, TokenSource, read_kept_columns
 from packctl.io.stitch import stitch, stitch_chunks
 from packctl.io.encode import encode_table, rows_to_table
 from packctl.io.journal import ShardInfo
@@ -170,9 +170,11 @@ class ShardAssembler:
     def __init__(self, plan: PackPlan, pack_lens: np.ndarray, run: WriteRun, *, output: OutputDir,
                  metadata: bytes, pad_token_id: int, budget: int,
                  held_elsewhere: Callable[[], int] = lambda: 0, progress: Callable[[int], None] = lambda n: None,
-                 writers: int | None = None, columns: dict[str, np.ndarray] | None = None):
+                 writers: int | None = None, columns: dict[str, np.ndarray] | None = None,
+                 kept: pa.Table | None = None):
         self.plan, self.pack_lens, self.run = plan, pack_lens, run
         self.columns = columns or {}  # extra per-pack columns (step, dp_rank, ...), in this rank's pack order
+        self.kept = kept  # --keep-columns values, one row per piece of this rank's plan
         self.output, self.metadata = output, metadata
         self.pad_token_id = pad_token_id
         self.budget, self.held_elsewhere, self.progress = budget, held_elsewhere, progress
@@ -309,7 +311,9 @@ class ShardAssembler:
                              plan.piece_padded[p_lo:p_hi], plan.piece_gid[p_lo:p_hi], self.pack_lens[lo:hi],
                              place, pad_token_id=self.pad_token_id, scratch=scratch)
         extra = {name: values[lo:hi] for name, values in self.columns.items()}
-        data = encode_table(rows_to_table(rows, self.metadata, extra))
+        per_piece = ({name: self.kept.column(name).slice(p_lo, p_hi - p_lo) for name in self.kept.column_names}
+                     if self.kept is not None else None)
+        data = encode_table(rows_to_table(rows, self.metadata, extra, per_piece))
         tokens = int(plan.piece_len[p_lo:p_hi].sum())
         self.progress(hi - lo)
         shard, part = int(self.run.unit_shard[u]), int(self.run.unit_part[u])
@@ -421,11 +425,13 @@ class Scanned:
 
 @dataclass(frozen=True)
 class ShardFormat:
-    """How shards are written: the `packctl` metadata key, the pad id, the memory budget."""
+    """How shards are written: the `packctl` metadata key, the pad id, the memory budget, the input
+    columns carried into the packs (--keep-columns)."""
 
     metadata: bytes
     pad_token_id: int
     budget: int
+    keep_columns: tuple[str, ...] = ()
 
 
 def materialize(comm, job: WriteJob, scanned: Scanned, output: OutputDir, fmt: ShardFormat, *,
@@ -434,9 +440,11 @@ def materialize(comm, job: WriteJob, scanned: Scanned, output: OutputDir, fmt: S
     (`dist.assign.hand_over`). With `read_own`, tokens are read from the input blocks, not exchanged."""
     plan, index, source, block_bounds = job.plan, scanned.index, scanned.source, scanned.block_bounds
     run = write_run(job.assignment, comm.rank)
+    kept = read_kept_columns(index, plan.piece_gid, list(fmt.keep_columns)) if fmt.keep_columns else None
     assembler = ShardAssembler(plan, job.pack_lens, run, output=output, metadata=fmt.metadata,
                                pad_token_id=fmt.pad_token_id, budget=fmt.budget,
-                               held_elsewhere=lambda: source.held, progress=progress, columns=job.columns)
+                               held_elsewhere=lambda: source.held, progress=progress, columns=job.columns,
+                               kept=kept)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     rounds = blocks_read = 0
     try:

@@ -25,6 +25,9 @@ INT32_MAX = 2**31 - 1  # token ids, offsets and lengths are int32
 LIST_INT32_COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "seq_lens_padded",
                       "cu_seqlens", "cu_seqlens_padded")
 BALANCE_COLUMNS = ("step", "dp_rank", "micro_batch")
+# Every column packctl itself may write (kept input columns must not reuse these names).
+RESERVED_COLUMNS = (*LIST_INT32_COLUMNS, "sample_ids", "num_tokens", *BALANCE_COLUMNS, "lr_scale", "padded_len",
+                    "batch_size")
 
 PACK_SCHEMA = pa.schema(
     [pa.field(name, pa.list_(pa.int32()), nullable=False) for name in LIST_INT32_COLUMNS]

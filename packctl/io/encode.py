@@ -19,9 +19,12 @@ def _list(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> p
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), pa.array(values, value_type))
 
 
-def rows_to_table(rows: PackRows, metadata: bytes, extra: dict[str, np.ndarray] | None = None) -> pa.Table:
+def rows_to_table(rows: PackRows, metadata: bytes, extra: dict[str, np.ndarray] | None = None,
+                  per_piece: dict[str, pa.ChunkedArray] | None = None) -> pa.Table:
     """PackRows -> an Arrow table with the contract's schema and the `packctl` metadata key, plus
-    `extra` per-row columns (step, dp_rank, micro_batch as int32, lr_scale as float32)."""
+    `extra` per-row columns (step, dp_rank, micro_batch as int32, lr_scale as float32) and
+    `per_piece` values (--keep-columns: one per piece, in row order), written as list columns
+    aligned with `sample_ids`."""
     i32 = pa.int32()
     columns = [
         _list(rows.token_offsets, rows.input_ids, i32),
@@ -37,6 +40,12 @@ def rows_to_table(rows: PackRows, metadata: bytes, extra: dict[str, np.ndarray] 
     schema = PACK_SCHEMA
     for name, values in (extra or {}).items():
         array = pa.array(values)
+        columns.append(array)
+        schema = schema.append(pa.field(name, array.type, nullable=False))
+    offsets = pa.array(rows.seq_offsets.astype(np.int32), pa.int32())
+    for name, values in (per_piece or {}).items():
+        array = pa.ListArray.from_arrays(offsets, values.combine_chunks() if isinstance(values, pa.ChunkedArray)
+                                         else values)
         columns.append(array)
         schema = schema.append(pa.field(name, array.type, nullable=False))
     return pa.Table.from_arrays(columns, schema=schema.with_metadata({METADATA_KEY: metadata}))

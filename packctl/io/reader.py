@@ -133,6 +133,38 @@ def check_list_column(path: str, schema: pa.Schema, column: str, role: str) -> N
         raise PackctlError(f"{path}: column '{column}' is {_type_name(typ)}; {role} must be a list of integers")
 
 
+def check_kept_column(path: str, schema: pa.Schema, column: str, seen: dict[str, pa.DataType]) -> None:
+    """A --keep-columns column: present in every file, with one type across files."""
+    if column not in schema.names:
+        raise PackctlError(f"{path}: no column '{column}' to keep (columns: {', '.join(schema.names)}); "
+                           "drop it from --keep-columns or add it to every input file")
+    typ = schema.field(column).type
+    if seen.setdefault(column, typ) != typ:
+        raise PackctlError(f"{path}: column '{column}' is {_type_name(typ)} here and {_type_name(seen[column])} in "
+                           "the files before; cast it to one type in every input file")
+
+
+def read_kept_columns(index: "SequenceIndex", gids: np.ndarray, columns: list[str]) -> pa.Table:
+    """The `columns` of rows `gids` (in that order, repeats allowed), read from the row groups that
+    hold them: the values --keep-columns carries into the packs."""
+    gids = np.asarray(gids, dtype=np.int64)
+    block_of = np.searchsorted(index.block_offsets, gids, side="right") - 1
+    blocks = np.unique(block_of)
+    tables, start = [], np.zeros(len(index.blocks), dtype=np.int64)
+    at = 0
+    for b in blocks.tolist():
+        block = index.blocks[b]
+        table = open_parquet(index.files[block.file].path).read_row_group(block.row_group, columns=columns)
+        start[b] = at
+        at += table.num_rows
+        tables.append(table)
+    if not tables:
+        schema = open_parquet(index.files[0].path).schema_arrow
+        return pa.table({c: pa.array([], schema.field(c).type) for c in columns})
+    whole = pa.concat_tables(tables)
+    return whole.take(pa.array(start[block_of] + gids - index.block_offsets[block_of]))
+
+
 def _type_name(typ: pa.DataType) -> str:
     """Arrow type without child field names: list<element: list<item: int64>> -> list<list<int64>>."""
     if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
@@ -331,15 +363,20 @@ def _blocks_of(path: str, f: int) -> tuple[list[Block], int]:
     return blocks, first
 
 
-def index_inputs(inputs: list[str], tokens_column: str, labels_column: str | None) -> SequenceIndex:
+def index_inputs(inputs: list[str], tokens_column: str, labels_column: str | None,
+                 keep_columns: tuple[str, ...] = ()) -> SequenceIndex:
     """Resolve INPUTs and read their footers and schemas: files, blocks and gids, no lengths yet."""
     paths = resolve_inputs(inputs)
     labels = resolve_labels_column(paths, labels_column)
     files: list[InputFile] = []
     blocks: list[Block] = []
+    kept_types: dict[str, pa.DataType] = {}
     for f, path in enumerate(paths):
         file_blocks, rows = _blocks_of(path, f)
-        check_list_column(path, open_parquet(path).schema_arrow, tokens_column, "tokens")
+        schema = open_parquet(path).schema_arrow
+        check_list_column(path, schema, tokens_column, "tokens")
+        for column in keep_columns:
+            check_kept_column(path, schema, column, kept_types)
         files.append(InputFile(path=path, rows=rows, bytes=os.path.getsize(path)))
         blocks += file_blocks
     index = SequenceIndex(
