@@ -188,8 +188,8 @@ class ShardAssembler:
         self.buffered = 0
         self.spill_dir = output.tmp / f".spill-{output.rank:05d}"
         self.spill_files = self.spilled_bytes = 0
-        # encoded units of shards not yet complete here: shard -> {part: (bytes, rows, tokens)}
-        self._encoded: dict[int, dict[int, tuple[bytes, int, int]]] = {}
+        # encoded units of shards not yet complete here: shard -> {part: (Parquet buffer, rows, tokens)}
+        self._encoded: dict[int, dict[int, tuple[pa.Buffer, int, int]]] = {}
         self.encoded_bytes = 0
         self._local_units = {int(s): int(c) for s, c in zip(*np.unique(run.unit_shard, return_counts=True))}
         self._lock = threading.Lock()

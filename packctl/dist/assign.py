@@ -47,9 +47,6 @@ class Units:
     first_of_shard: np.ndarray
     tokens: np.ndarray
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
 
 def units_of(window_bins: np.ndarray, pack_lens: np.ndarray, shard_rows: int,
              row_group_packs: int = ROW_GROUP_PACKS) -> Units:

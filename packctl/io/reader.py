@@ -66,11 +66,6 @@ class SequenceIndex:
     def num_sequences(self) -> int:
         return int(self.file_offsets[-1])
 
-    def locate(self, gids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """gid -> (file index, row in file)."""
-        file_idx = np.searchsorted(self.file_offsets, gids, side="right") - 1
-        return file_idx, gids - self.file_offsets[file_idx]
-
     def describe(self, gid: int) -> str:
         return describe_gid([f.path for f in self.files], self.file_offsets, gid, self.tokens_column)
 
