@@ -11,7 +11,8 @@ One Parquet row per pack. A pack of capacity 16 holding sequences of 5 and 6 tok
     sample_ids         [gid_a, gid_b]    num_tokens        11
 
 The last entry of `seq_lens_padded` also holds the tail padding of the pack, so the padded
-lengths always sum to len(input_ids).
+lengths always sum to len(input_ids). `seq_lengths` repeats `seq_lens_padded` under the name TRL's
+padding-free collator reads (it rebuilds position_ids from it, so TRL needs no other column).
 """
 from __future__ import annotations
 
@@ -24,9 +25,13 @@ INT32_MAX = 2**31 - 1  # token ids, offsets and lengths are int32
 
 LIST_INT32_COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "seq_lens_padded",
                       "cu_seqlens", "cu_seqlens_padded")
+# The lengths that tile input_ids again, named as TRL reads them (DataCollatorForLanguageModeling
+# rebuilds position_ids from `seq_lengths`; SFTTrainer keeps input_ids, labels and seq_lengths).
+# Written in every shard; readers and checks do not require it (shards written before it lack it).
+TRL_LENGTHS_COLUMN = "seq_lengths"
 BALANCE_COLUMNS = ("step", "dp_rank", "micro_batch")
 # Every column packctl itself may write (kept input columns must not reuse these names).
-RESERVED_COLUMNS = (*LIST_INT32_COLUMNS, "sample_ids", "num_tokens", *BALANCE_COLUMNS, "lr_scale", "padded_len",
+RESERVED_COLUMNS = (*LIST_INT32_COLUMNS, "sample_ids", "num_tokens", TRL_LENGTHS_COLUMN, *BALANCE_COLUMNS, "lr_scale", "padded_len",
                     "batch_size")
 
 PACK_SCHEMA = pa.schema(
@@ -34,3 +39,4 @@ PACK_SCHEMA = pa.schema(
     + [pa.field("sample_ids", pa.list_(pa.int64()), nullable=False),
        pa.field("num_tokens", pa.int32(), nullable=False)]
 )
+TRL_LENGTHS_FIELD = pa.field(TRL_LENGTHS_COLUMN, pa.list_(pa.int32()), nullable=False)

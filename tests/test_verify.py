@@ -212,6 +212,30 @@ def test_position_ids_not_reset(out, tmp_path):
     assert "restart at 0" in v.message
 
 
+def test_trl_lengths_that_differ_from_seq_lens_padded(out, tmp_path):
+    broken = _copy(out, tmp_path)
+    row = _row(pq.read_table(out / "part-00000.parquet"))
+
+    def merge_first_two(values, offsets):  # TRL would see one sequence where packctl wrote two
+        values[offsets[row]] += values[offsets[row] + 1]
+        values[offsets[row] + 1] = 0
+
+    _rewrite(broken, lambda t: _edit_list(t, "seq_lengths", merge_first_two))
+    report = verify(broken, VerifyOptions(**NO_ATTENTION))
+    (v,) = report.violations
+    assert (v.rule, v.row, v.count) == ("trl-lengths", row, 1)
+    assert "seq_lengths differs from seq_lens_padded" in str(v)
+
+
+def test_shards_without_trl_lengths_still_verify(out, tmp_path):
+    """Outputs written before the seq_lengths column stay valid: it is checked only when present."""
+    older = _copy(out, tmp_path)
+    for index in range(len(_manifest(older)["shards"])):
+        _rewrite(older, lambda t: t.drop_columns(["seq_lengths"]), shard=index)
+    report = verify(older, VerifyOptions(**NO_ATTENTION))
+    assert report.exit_code == 0, [str(v) for v in report.violations]
+
+
 def test_shard_altered_after_the_manifest(out, tmp_path, sample_data):
     broken = _copy(out, tmp_path)
 

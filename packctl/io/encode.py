@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packctl.schema import METADATA_KEY, PACK_SCHEMA
+from packctl.schema import METADATA_KEY, PACK_SCHEMA, TRL_LENGTHS_FIELD
 from packctl.thd import PackRows
 
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, write_statistics=False)
@@ -26,18 +26,20 @@ def rows_to_table(rows: PackRows, metadata: bytes, extra: dict[str, np.ndarray] 
     `per_piece` values (--keep-columns: one per piece, in row order), written as list columns
     aligned with `sample_ids`."""
     i32 = pa.int32()
+    padded_lengths = _list(rows.seq_offsets, rows.seq_lens_padded, i32)
     columns = [
         _list(rows.token_offsets, rows.input_ids, i32),
         _list(rows.token_offsets, rows.labels, i32),
         _list(rows.token_offsets, rows.position_ids, i32),
         _list(rows.seq_offsets, rows.seq_lens, i32),
-        _list(rows.seq_offsets, rows.seq_lens_padded, i32),
+        padded_lengths,
         _list(rows.cu_offsets, rows.cu_seqlens, i32),
         _list(rows.cu_offsets, rows.cu_seqlens_padded, i32),
         _list(rows.seq_offsets, rows.sample_ids, pa.int64()),
         pa.array(rows.num_tokens, i32),
+        padded_lengths,
     ]
-    schema = PACK_SCHEMA
+    schema = PACK_SCHEMA.append(TRL_LENGTHS_FIELD)
     for name, values in (extra or {}).items():
         array = pa.array(values)
         columns.append(array)

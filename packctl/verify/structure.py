@@ -32,7 +32,8 @@ from packctl.schema import IGNORE_INDEX
 from packctl.errors import PackctlError
 from packctl.io.manifest import read_manifest
 from packctl.io.journal import sha256_file
-from packctl.schema import BALANCE_COLUMNS, FORMAT_VERSION, METADATA_KEY, PACK_SCHEMA
+from packctl.schema import (BALANCE_COLUMNS, FORMAT_VERSION, METADATA_KEY, PACK_SCHEMA, TRL_LENGTHS_COLUMN,
+                            TRL_LENGTHS_FIELD)
 from packctl.thd import PackRows
 
 COUNT_KEYS = ("sequences_in", "sequences_packed", "sequences_dropped", "sequences_truncated", "sequences_split",
@@ -379,6 +380,34 @@ def _schema_violations(schema: pa.Schema, shard: str) -> list[Violation]:
     return found
 
 
+def _trl_lengths_violations(table: pa.Table, rows: PackRows, shard: str) -> list[Violation]:
+    """`seq_lengths` (TRL's name for the lengths that tile input_ids), when the shard has it, must
+    equal `seq_lens_padded` row by row: TRL rebuilds position_ids and sequence boundaries from it."""
+    if TRL_LENGTHS_COLUMN not in table.column_names:
+        return []
+    if not table.schema.field(TRL_LENGTHS_COLUMN).type.equals(TRL_LENGTHS_FIELD.type):
+        return [Violation("structure", "schema", f"column {TRL_LENGTHS_COLUMN} is "
+                          f"{table.schema.field(TRL_LENGTHS_COLUMN).type}, the contract says {TRL_LENGTHS_FIELD.type}",
+                          shard=shard)]
+    column = _list_column(table, TRL_LENGTHS_COLUMN)
+    if isinstance(column, str):
+        return [Violation("structure", "schema", column, shard=shard)]
+    offsets, values = column
+    padded = np.asarray(rows.seq_lens_padded)
+    if np.array_equal(offsets, rows.seq_offsets) and np.array_equal(values, padded):
+        return []
+    same_len = np.diff(offsets) == np.diff(rows.seq_offsets)
+    bad_rows = ~same_len
+    for r in np.flatnonzero(same_len):
+        a, b = offsets[r], rows.seq_offsets[r]
+        n = offsets[r + 1] - a
+        bad_rows[r] = not np.array_equal(values[a:a + n], padded[b:b + n])
+    r = int(np.argmax(bad_rows))
+    return [Violation("structure", "trl-lengths", f"{TRL_LENGTHS_COLUMN} differs from seq_lens_padded; TRL would "
+                      "take other sequence boundaries than packctl's", shard=shard, row=r,
+                      count=int(np.count_nonzero(bad_rows)))]
+
+
 def _metadata_violations(schema: pa.Schema, manifest: dict[str, Any], shard: str) -> list[Violation]:
     raw = (schema.metadata or {}).get(METADATA_KEY)
     if raw is None:
@@ -431,6 +460,7 @@ def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layo
     found += problems
     if rows is None:
         return None, found
+    found += _trl_lengths_violations(table, rows, name)
     tokens = int(np.asarray(rows.num_tokens, dtype=np.int64).sum())
     if "tokens" in entry and tokens != entry["tokens"]:
         found.append(Violation("structure", "manifest-shard", f"{tokens} tokens (sum of num_tokens), the manifest "
