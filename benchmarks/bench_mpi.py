@@ -33,7 +33,7 @@ def launch(ranks: int, args: list[str]) -> subprocess.CompletedProcess:
 
 
 def fingerprint(out: Path):
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     manifest.pop("timings")
     return manifest
 
@@ -70,7 +70,7 @@ def main() -> None:
             launch(ranks, [sys.executable, "-m", "packctl", "pack", str(corpus), "-o", str(out), "--overwrite", "-q",
                            "--too-long", "split", "--window", "20000", "--order", order])
             wall = time.perf_counter() - t0
-            metrics = json.loads((out / "metrics.json").read_text())
+            metrics = json.loads((out / "_metrics.json").read_text())
             t = metrics["timings"]
             sent = sum(r["bytes_sent"] for r in metrics.get("ranks", []))
             current = fingerprint(out)

@@ -72,7 +72,7 @@ def main() -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
         packs.append(time.perf_counter() - t0)
         stages.append(json.loads(proc.stdout)["metrics"]["timings"])
-        manifest = json.loads((out / "manifest.json").read_text())
+        manifest = json.loads((out / "_manifest.json").read_text())
         tables = [pq.read_table(out / s["path"]) for s in manifest["shards"]]
         r = read_floor(inputs)
         w = write_floor(tables, root / "floor-write", workers)
@@ -80,7 +80,7 @@ def main() -> None:
         reads.append(r)
         writes.append(w)
         floors.append(r + w)
-    out_bytes = sum(p.stat().st_size for p in out.glob("*.parquet"))
+    out_bytes = sum(p.stat().st_size for p in out.rglob("*.parquet"))
     med = statistics.median
     print(f"output: {out_bytes / 2**20:,.0f} MiB in {len(manifest['shards'])} shards; options {' '.join(args.pack_args)}")
     print(f"{'figure':<28}{'median s':>10}{'min s':>10}{'max s':>10}")

@@ -3,7 +3,7 @@
     python benchmarks/bench_scaleout.py [--sequences 250000] [--ranks 2 4 8] [--window 100000] [--options '--token-transfer read']
 
 For each order (input, shuffle, curriculum) and rank count it runs `packctl pack` on a generated
-lognormal corpus and prints, from metrics.json's `ranks`:
+lognormal corpus and prints, from _metrics.json's `ranks`:
 
 - tokens written per rank, max/mean (1.00 = every rank writes the same share),
 - seconds per stage per rank, max/mean over ranks (scan, order, plan, materialize),
@@ -90,7 +90,7 @@ def main() -> None:
             launch(ranks, [sys.executable, "-m", "packctl", "pack", str(corpus), "-o", str(out), "--overwrite",
                            "-q", "--too-long", "split", "--window", str(args.window), "--order", order, *args.extra])
             wall = time.perf_counter() - t0
-            per_rank = json.loads((out / "metrics.json").read_text())["ranks"]
+            per_rank = json.loads((out / "_metrics.json").read_text())["ranks"]
             tokens = ratio([r["tokens_written"] for r in per_rank])
             stages = " ".join(f"{ratio([r['timings'][s] for r in per_rank]):>6.2f}" for s in STAGES)
             exchanged = sum(r["bytes_sent"] for r in per_rank) / 2**20

@@ -17,7 +17,7 @@ from rich.markup import escape
 from packctl.config import FIELDS, PLANNING_OPTIONS, build_config, load_config, option_help
 from packctl.errors import PackctlError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+app = typer.Typer(add_completion=True, no_args_is_help=True, rich_markup_mode=None,
                   help="Pack variable-length tokenized Parquet datasets into THD shards for LLM training.")
 
 _PACK_EXAMPLE = """Pack tokenized Parquet shards into THD packs.
@@ -27,6 +27,24 @@ Example:
 \b
     packctl pack sample_data -o out --capacity 4096 --algorithm bfd --too-long split
 """
+
+
+def choice(values) -> dict:
+    """typer.Option arguments for an option with a fixed set of values: --help shows them
+    (`[input|shuffle|curriculum]`) and shell completion offers them. A value outside them is
+    refused by the option's own check (one line naming the option and the choices, exit 2)."""
+    values = tuple(values)
+
+    def complete(ctx, param, incomplete: str) -> list[str]:
+        return [v for v in values if v.startswith(incomplete)]
+
+    return {"metavar": f"[{'|'.join(values)}]", "shell_complete": complete}
+
+
+# The names of packctl.sample.DISTRIBUTIONS and packctl.verify.backends.BACKENDS, spelled here so
+# that --help and completion import neither numpy nor torch (tests/test_cli.py checks they agree).
+SAMPLE_DISTRIBUTIONS = ("zipf", "lognormal", "rl-longtail")
+VERIFY_BACKENDS = ("flash-attn", "torch-varlen", "flex", "sdpa")
 
 
 def config_options(names) -> list[inspect.Parameter]:
@@ -40,8 +58,10 @@ def config_options(names) -> list[inspect.Parameter]:
         kind = meta["cli"] or _CLI_TYPES[str(FIELDS[name].type).replace(" | None", "")]
         if kind is list:  # a repeated flag: --keep-columns a --keep-columns b
             kind = List[str]
+        choices = choice(meta["choices"]) if meta["choices"] else {}
+        option = typer.Option(None, *decls, help=option_help(name, with_choices=not choices), **choices)
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
-                                        default=typer.Option(None, *decls, help=option_help(name))))
+                                        default=option))
     return params
 
 
@@ -151,7 +171,7 @@ def _ranks_stop_together(comm) -> Iterator[None]:
 def sample_command(
     output: str = typer.Option(..., "--output", "-o", help="Directory to write the shards into."),
     sequences: int = typer.Option(3000, help="Number of sequences."),
-    distribution: str = typer.Option("lognormal", help="zipf|lognormal|rl-longtail"),
+    distribution: str = typer.Option("lognormal", **choice(SAMPLE_DISTRIBUTIONS), help="Length distribution."),
     shards: int = typer.Option(4, help="Number of Parquet shards."),
     seed: int = typer.Option(0, help="Random seed."),
     vocab_size: int = typer.Option(32000, help="Token ids are drawn from [1, vocab-size)."),
@@ -183,7 +203,7 @@ def sample_command(
 
 _STATS_EXAMPLE = """How good a packing is, or what-if planning before one (docs/stats.md).
 
-PATH: a packed output (a directory holding manifest.json), several to compare,
+PATH: a packed output (a directory holding _manifest.json), several to compare,
 or raw tokenized Parquet (files, directories, globs) for a what-if table.
 Planning options apply to raw input only and mean what they mean for pack.
 
@@ -261,8 +281,10 @@ def verify_command(
                                                                       "several); checks conservation."),
     sample: int = typer.Option(8, help="Packs drawn for the attention checks."),
     seed: int = typer.Option(0, help="Seed of the pack sample and of the probe embedding."),
-    backend: str = typer.Option("auto", help="auto|flash-attn|torch-varlen|flex|sdpa"),
-    device: str = typer.Option("auto", help="auto|cpu|cuda (auto: cuda when torch sees a GPU)"),
+    backend: str = typer.Option("auto", **choice(("auto", *VERIFY_BACKENDS)),
+                                help="Attention backend."),
+    device: str = typer.Option("auto", **choice(("auto", "cpu", "cuda")),
+                               help="auto: cuda when torch sees a GPU."),
     dtype: Optional[str] = typer.Option(None, help="Comma-separated fp32,bf16,fp16.  [default: fp32 on CPU, "
                                                    "bf16,fp16 on CUDA]"),
     heads: int = typer.Option(2, help="Attention heads of the probe."),

@@ -331,12 +331,13 @@ PLANNING_OPTIONS = ("order", "curriculum_order", "seed", "window", "cp_size", "t
                     "pad_to", "pack_multiple", "max_seqs_per_bin", "too_long", "pool_size", "pool_strategy")
 
 
-def option_help(name: str) -> str:
-    """The --help text of an option: its choices, its help, its default."""
+def option_help(name: str, *, with_choices: bool = True) -> str:
+    """The --help text of an option: its choices (unless the caller shows them otherwise, as the
+    CLI does in the option's metavar), its help, its default."""
     f = FIELDS[name]
     meta = f.metadata
     text = meta["help"]
-    if meta["choices"]:
+    if meta["choices"] and with_choices:
         text = f"{'|'.join(meta['choices'])}: {text}"
     shown = meta["shown_default"]
     if shown is None and f.default is not dataclasses.MISSING and f.default is not None:

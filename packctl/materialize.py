@@ -19,8 +19,8 @@ the tokens of its pieces in one of two ways (`--token-transfer`):
               A shard shared by two writers is joined, after both, by the one holding its start.
 
     blocks (input order)      units -> shards (output order)
-    b0 b1 b2 b3 ...   --->    part-00000 <- u0 (pieces from b0, b3) u1 (b1)   complete after b3: joined
-                              part-00001 <- u2 (pieces from b1, b2, b7)       complete after b7: joined
+    b0 b1 b2 b3 ...   --->    train-00000 <- u0 (pieces from b0, b3) u1 (b1)   complete after b3: joined
+                              train-00001 <- u2 (pieces from b1, b2, b7)       complete after b7: joined
 
 With input order and `concat`, units complete almost as fast as blocks are read and memory
 stays at a few blocks; with shuffle or curriculum order a unit completes only when its last
@@ -47,6 +47,7 @@ from packctl.io.reader import SequenceIndex, TokenSource, read_kept_columns
 from packctl.io.stitch import stitch, stitch_chunks
 from packctl.io.encode import encode_table, rows_to_table
 from packctl.io.journal import ShardInfo
+from packctl.io.manifest import shard_name
 from packctl.io.outdir import OutputDir, StagedShard
 from packctl.plan.windows import PackPlan
 from packctl.thd import lay_out_packs
@@ -150,13 +151,11 @@ class _Writers:
         self._committer.shutdown(wait=True)
 
 
-def shard_name(shard: int) -> str:
-    return f"part-{shard:05d}.parquet"
-
-
 def run_part_name(shard: int, first_part: int) -> str:
-    """The file one writer leaves for a shard it shares: its run of row groups from `first_part`."""
-    return f".{shard_name(shard)}.from-{first_part:05d}"
+    """The file one writer leaves for a shard it shares: its run of row groups from `first_part`
+    (`data/.train-00003.parquet.from-00128`, hidden beside the shard)."""
+    folder, _, file = shard_name(shard).rpartition("/")
+    return f"{folder}/.{file}.from-{first_part:05d}"
 
 
 class ShardAssembler:

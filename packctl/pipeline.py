@@ -10,7 +10,7 @@ materialize.
              assign: its run of packs to write,  dist/assign.py
                      equal tokens on every rank
              materialize its packs' row groups   materialize.py
-    rank 0:  metrics.json, manifest.json (last)  run_report.py, io/manifest.py -> OUT
+    rank 0:  _metrics.json, _manifest.json (last)  run_report.py, io/manifest.py -> OUT
 
 Shards are fixed runs of packs in global order (dist/assign.py), never cut by rank, so the output
 bytes do not depend on the number of ranks.
@@ -30,7 +30,7 @@ import numpy as np
 from packctl.config import PackConfig
 from packctl.dist.assign import WriteJob, assign, hand_over, units_of
 from packctl.dist.comm import Comm, broadcast_outcome, get_comm
-from packctl.io.manifest import build_manifest, shard_metadata
+from packctl.io.manifest import MANIFEST, METRICS, build_manifest, shard_metadata
 from packctl.io.reader import SequenceIndex, index_inputs, scan_blocks, split_blocks
 from packctl.io.journal import ShardInfo, inspect_partial
 from packctl.io.lock import OutputLock
@@ -136,10 +136,10 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     metrics["throughput"] = throughput(corpus, ranks, timings, resumed_shards=len(done or {}))
     metrics["timings"] = timings
     shards = [info for _, info in sorted((n, i) for s in shares for n, i in s.shards.items())]
-    output.write_json("metrics.json", metrics)
+    output.write_json(METRICS, metrics)
     with guard.deferred():  # a signal now waits: the output is moments from complete
         output.drop_journal()
-        output.write_json("manifest.json", build_manifest(config, index.labels_column, index.files, shards,
+        output.write_json(MANIFEST, build_manifest(config, index.labels_column, index.files, shards,
                                                            metrics["counts"], timings))
         output.commit()
     comm.barrier()

@@ -8,7 +8,7 @@ import time
 from typing import Any, Callable, TextIO
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgressBar, ProgressColumn, TextColumn,
+from rich.progress import (BarColumn, Progress as RichProgressBar, ProgressColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 from rich.text import Text
@@ -30,11 +30,21 @@ class _Rate(ProgressColumn):
         return Text(f"{speed:,.0f} {unit}/s" if speed else f"- {unit}/s", style="dim")
 
 
+class _Count(ProgressColumn):
+    """Done/total of a stage with thousands separators: '25,899/36,910' (done alone when the total
+    is not known)."""
+
+    def render(self, task) -> Text:
+        done = f"{int(task.completed):,}"
+        return Text(done if task.total is None else f"{done}/{int(task.total):,}", style="progress.download")
+
+
 class RichProgress(Progress):
     """One progress bar per stage, on stderr: done/total in the stage's unit, rate, elapsed, ETA."""
 
     def __init__(self, console: Console):
-        self._bar = RichProgressBar(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
+        self._bar = RichProgressBar(TextColumn("{task.description:<12}"), BarColumn(),
+                                    _Count(),
                                     TextColumn("{task.fields[unit]}"), _Rate(), TimeElapsedColumn(),
                                     TextColumn("eta"), TimeRemainingColumn(), console=console, transient=False)
         self._bar.start()
@@ -391,10 +401,16 @@ def input_renderables(r: dict[str, Any]) -> list:
     for cap in r["capacities"]:
         over = cap["over_capacity"]
         lost = over["tokens_lost"]
-        line = f"{over['sequences']:,} sequences, {over['token_share']:.1%} of the tokens (--too-long {s['too_long']})"
+        line = f"{over['sequences']:,} sequences, {over['token_share']:.1%} of the tokens"
         if over["sequences"]:
-            line += (f"; drop loses {lost['drop'] / total:.1%} of the tokens, truncate {lost['truncate'] / total:.1%}, "
-                     "split none (cuts them), error stops")
+            line += (f"; drop loses {lost['drop']:,} tokens ({lost['drop'] / total:.1%}), truncate {lost['truncate']:,} "
+                     f"({lost['truncate'] / total:.1%}), split keeps all in {over['pieces_added']['split']:,} extra "
+                     "pieces")
+            if cap.get("pack_stops_at"):
+                line += (f"; --too-long error: pack stops at {cap['pack_stops_at']}, so these rows assume "
+                         "--too-long split")
+            else:
+                line += f"; rows with --too-long {cap['too_long']}"
         head.add_row(f"over --capacity {cap['capacity']:,}", line)
     head.add_row("settings", f"order {s['order']}, window {s['window']:,}, align {s['align']} (cp {s['cp_size']}, "
                              f"tp {s['tp_size']}, seq-multiple {s['seq_multiple']}), pad to {s['pad_to']}, "

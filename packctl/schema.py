@@ -1,4 +1,4 @@
-"""The output contract (format version 1): column names and Arrow types of a packed shard.
+"""The output contract (format version 2): column names and Arrow types of a packed shard.
 
 One Parquet row per pack. A pack of capacity 16 holding sequences of 5 and 6 tokens with align 4
 (pad id 0; `.` = -100):
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: OUT is a Parquet dataset (data/, _manifest.json); the columns are version 1's
 METADATA_KEY = b"packctl"
 IGNORE_INDEX = -100  # label of a token that carries no loss (padding, masked prompts, first tokens)
 INT32_MAX = 2**31 - 1  # token ids, offsets and lengths are int32

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.errors import PackctlError, require
-from packctl.io.manifest import MANIFEST, read_manifest
+from packctl.io.manifest import manifest_path, read_manifest
 from packctl.schema import BALANCE_COLUMNS, IGNORE_INDEX, LIST_INT32_COLUMNS
 from packctl.thd import cp_partition_indices
 
@@ -54,7 +54,7 @@ __all__ = [
 class PackedDataset(torch.utils.data.Dataset):
     """Map-style dataset over the packs of a packctl output directory; item i is one pack.
 
-    The shards are those listed in `OUT/manifest.json`, in that order, read through a memory map
+    The shards are those listed in `OUT/_manifest.json`, in that order, read through a memory map
     and decoded one shard at a time (the last `cache_shards` decoded shards are kept, per process:
     each DataLoader worker holds its own). `len()` comes from the manifest's row counts (a balanced
     output also has its three small balance columns read once, to find the rank's packs).
@@ -82,7 +82,7 @@ class PackedDataset(torch.utils.data.Dataset):
     of the decoded shard; the collate functions copy them.
 
     Args:
-        path: the output directory OUT (or its `manifest.json`).
+        path: the output directory OUT (or its `_manifest.json`).
         dp_rank: this process's data-parallel rank (None: all packs).
         dp_size: the data-parallel world size; needed with `dp_rank` unless the output is balanced.
         drop_last: with strided ranks, leave out the remainder instead of wrapping around.
@@ -92,7 +92,7 @@ class PackedDataset(torch.utils.data.Dataset):
     def __init__(self, path: str | Path, dp_rank: int | None = None, dp_size: int | None = None, *,
                  drop_last: bool = False, cache_shards: int = 2):
         self.root, self.manifest = read_manifest(path)
-        self.manifest_path = self.root / MANIFEST
+        self.manifest_path = manifest_path(self.root)
         self.layout: dict[str, Any] = self.manifest.get("layout", {})
         self.shard_paths = [self.root / s["path"] for s in self.manifest["shards"]]
         rows = np.array([int(s["rows"]) for s in self.manifest["shards"]], dtype=np.int64)
@@ -461,10 +461,9 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 def read_lr_scales(path: str | Path) -> dict[int, float] | None:
     """The learning-rate scale of each step, when the output records one; None otherwise.
 
-    Format version 1 writes no scale: this returns None for every output packctl writes today,
-    and training code that calls it keeps working unchanged once balanced outputs carry one.
-    Read from the manifest's `lr_scale` (a list indexed by step, or a {step: scale} mapping), else
-    from the shards' `lr_scale` column with their `step` column (one value per step).
+    Outputs packed with `--lr-scaling linear|sqrt` carry an `lr_scale` column with their `step`
+    column (one value per step); a manifest's `lr_scale` (a list indexed by step, or a {step:
+    scale} mapping) is read first.
 
         scales = read_lr_scales("packed")            # {0: 1.0, 1: 0.96, ...} or None
         base_lrs = [g["lr"] for g in optimizer.param_groups]

@@ -36,7 +36,7 @@ def check_contract(contract, out: Path, sources: list[Path]) -> list[str]:
     """Run every rule of the checker in-process; returns the broken rules (empty when ok)."""
     import json
 
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     findings = contract.Findings()
     per_seq, toks, labs, _, _ = contract.check_shards(out, manifest, findings)
     files = []

@@ -147,7 +147,7 @@ def test_balanced_pack_output_passes_contract_and_records_slots(tmp_path, sample
     assert check_contract(contract, out, [sample_data]) == []
     b = result.metrics["balance"]
     assert b["after"]["attention"]["mean"] < b["before"]["attention"]["mean"]
-    table = pq.read_table(sorted(out.glob("part-*.parquet")))
+    table = pq.read_table(sorted(out.glob("data/train-*.parquet")))
     for name in ("step", "dp_rank", "micro_batch", "lr_scale"):
         assert name in table.column_names
     step = table["step"].to_numpy()
@@ -164,7 +164,7 @@ def test_balanced_output_feeds_packed_dataset(tmp_path, sample_data):
     from packctl.torch import PackedDataset, read_lr_scales
 
     _, out = pack_to(tmp_path, [sample_data], too_long="split", dp_size=2, micro_batches=3, lr_scaling="linear")
-    table = pq.read_table(sorted(out.glob("part-*.parquet")))
+    table = pq.read_table(sorted(out.glob("data/train-*.parquet")))
     seen = []
     for rank in range(2):
         ds = PackedDataset(out, dp_rank=rank)
@@ -182,7 +182,7 @@ def test_stats_reports_dp_balance_with_round_robin(tmp_path, sample_data):
     done = run_cli("stats", str(out), "--json")
     assert done.returncode == 0, done.stderr
     dp = json.loads(done.stdout)["dp_balance"]
-    recorded = json.loads((out / "metrics.json").read_text())["balance"]
+    recorded = json.loads((out / "_metrics.json").read_text())["balance"]
     assert dp["attention"]["mean"] == pytest.approx(recorded["after"]["attention"]["mean"])
     assert dp["round_robin"] == recorded["before"]
 

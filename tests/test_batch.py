@@ -68,7 +68,7 @@ def test_planned_item_lengths_follow_the_policy():
 
 
 def _table(out):
-    return pq.read_table(sorted(out.glob("part-*.parquet")))
+    return pq.read_table(sorted(out.glob("data/train-*.parquet")))
 
 
 def test_batch_output_layout_verify_and_padding_report(tmp_path, sample_data):
@@ -83,7 +83,7 @@ def test_batch_output_layout_verify_and_padding_report(tmp_path, sample_data):
         assert padded_len[r] % 64 == 0 and lens[r].max() <= padded_len[r] < lens[r].max() + 64
         grid = np.array(ids[r]).reshape(batch_size[r], padded_len[r])
         assert (grid[len(lens[r]):] == 0).all()  # empty rows, if any, are padding
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["layout"]["pad_to"] == "batch" and manifest["layout"]["capacity"] == 16384
     b = result.metrics["batching"]
     assert b["padding_fraction"] < b["naive"]["padding_fraction"]
@@ -99,10 +99,10 @@ def test_batch_verify_catches_a_wrong_shape(tmp_path, sample_data):
     from packctl.verify.structure import Layout, check_pack_rows, rows_from_table
 
     _, out = pack_to(tmp_path, [sample_data], mode="batch", too_long="split", max_tokens=8192, seq_round=8)
-    table = pq.read_table(sorted(out.glob("part-*.parquet"))[0])
+    table = pq.read_table(sorted(out.glob("data/train-*.parquet"))[0])
     rows, problems = rows_from_table(table)
     assert problems == []
-    layout = Layout.from_dict(json.loads((out / "manifest.json").read_text())["layout"])
+    layout = Layout.from_dict(json.loads((out / "_manifest.json").read_text())["layout"])
     padded_len = table["padded_len"].to_numpy().copy()
     batch_size = table["batch_size"].to_numpy()
     assert check_pack_rows(rows, layout, batch_shape=(padded_len, batch_size)) == []

@@ -76,3 +76,42 @@ def test_without_a_terminal_a_run_logs_its_stages_unless_quiet(tmp_path, sample_
         assert line in logged.stderr
     quiet = run_cli(*args, "-q")
     assert quiet.returncode == 0 and "packctl:" not in quiet.stderr
+
+
+def test_choice_options_list_their_values_in_help():
+    proc = run_cli("pack", "--help")
+    text = " ".join(proc.stdout.split())
+    for flag, values in (("--algorithm", "concat|ffd|bfd|mffd|ffs|split|pool"), ("--order", "input|shuffle|curriculum"),
+                         ("--too-long", "error|drop|truncate|split"), ("--pad-to", "capacity|multiple"),
+                         ("--mode", "pack|batch"), ("--token-transfer", "auto|exchange|read")):
+        assert f"{flag} [{values}]" in text, flag
+
+
+def _complete(words: str) -> list[str]:
+    """What bash completion offers for the last word (click's protocol, as the installed script asks)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, _PACKCTL_COMPLETE="complete_bash", COMP_WORDS=words,
+               COMP_CWORD=str(len(words.split()) - (0 if words.endswith(" ") else 1)))
+    code = "import sys; sys.argv = ['packctl']; from packctl.cli import main; main()"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
+def test_shell_completion_offers_the_choices():
+    assert _complete("packctl pack --algorithm ") == ["concat", "ffd", "bfd", "mffd", "ffs", "split", "pool"]
+    assert _complete("packctl pack --too-long tr") == ["truncate"]
+    assert _complete("packctl stats --order c") == ["curriculum"]
+    assert _complete("packctl verify --backend f") == ["flash-attn", "flex"]
+    assert _complete("packctl sample --distribution r") == ["rl-longtail"]
+
+
+def test_cli_choice_lists_match_the_implementations():
+    from packctl.cli import SAMPLE_DISTRIBUTIONS, VERIFY_BACKENDS
+    from packctl.sample import DISTRIBUTIONS
+    from packctl.verify.backends import BACKENDS
+
+    assert SAMPLE_DISTRIBUTIONS == DISTRIBUTIONS and VERIFY_BACKENDS == BACKENDS

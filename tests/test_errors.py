@@ -210,7 +210,7 @@ def test_empty_sequences_skipped_when_asked(tmp_path, contract):
     out = tmp_path / "out"
     proc = run_cli("pack", str(f), "-o", str(out), "--capacity", "4", "--skip-empty", "-q")
     assert proc.returncode == 0, proc.stderr
-    counts = json.loads((out / "manifest.json").read_text())["counts"]
+    counts = json.loads((out / "_manifest.json").read_text())["counts"]
     assert counts["sequences_skipped_empty"] == 2
     assert counts["sequences_dropped"] == 2 and counts["sequences_packed"] == 2
     assert check_contract(contract, out, [f]) == []
@@ -229,7 +229,7 @@ def test_tokens_equal_to_pad_id_are_allowed_and_counted(tmp_path):
     proc = run_cli("pack", str(f), "-o", str(out), "--capacity", "4")
     assert proc.returncode == 0, proc.stderr
     assert "note: 2 input tokens equal --pad-token-id 0" in " ".join(proc.stderr.split())
-    assert json.loads((out / "metrics.json").read_text())["throughput"]["tokens_equal_to_pad_id"] == 2
+    assert json.loads((out / "_metrics.json").read_text())["throughput"]["tokens_equal_to_pad_id"] == 2
 
 
 def test_output_inside_an_input_directory(tmp_path):
@@ -270,7 +270,7 @@ def test_disk_full_while_writing(tmp_path):
     proc = subprocess.run([sys.executable, str(faulty), "--fail-write-after", "0", "pack", str(f), "-o", str(out),
                            "--capacity", "4", "--shard-rows", "5"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
-    assert "part-0000" in proc.stderr and "write failed (No space left on device)" in proc.stderr
+    assert "train-0000" in proc.stderr and "write failed (No space left on device)" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not out.exists() and not list(tmp_path.glob(".out.packctl-*"))
 

@@ -34,7 +34,7 @@ def corpus(tmp_path_factory):
 
 def _kept(out, column):
     """(sample_ids, values) of every pack, flattened, in output order."""
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     ids, values = [], []
     for shard in manifest["shards"]:
         table = pq.read_table(out / shard["path"])
@@ -54,7 +54,7 @@ def test_kept_values_follow_their_sequences_into_the_packs(tmp_path, corpus, con
     assert weights == pytest.approx([g / 10.0 for g in ids])
     assert len(ids) > 65  # some sequences were split
     assert check_contract(contract, out, [corpus]) == []
-    schema = pq.read_schema(next(out.glob("*.parquet")))
+    schema = pq.read_schema(next(out.glob("data/*.parquet")))
     assert schema.field("doc_id").type == pa.list_(pa.string())
     # the readers take the output with its extra columns
     assert stats([str(out)])["packs"] > 0
@@ -66,15 +66,16 @@ def test_several_ranks_write_the_same_kept_columns(tmp_path, corpus):
                    shard_rows=3, window=30, overwrite=True)
     pack(PackConfig(output=str(tmp_path / "one"), **options))
     run_ranks(3, lambda comm: pack(PackConfig(output=str(tmp_path / "many"), **options), comm=comm))
-    for one, many in zip(sorted((tmp_path / "one").glob("*.parquet")), sorted((tmp_path / "many").glob("*.parquet"))):
-        assert one.read_bytes() == many.read_bytes()
+    one, many = (sorted((tmp_path / name).glob("data/*.parquet")) for name in ("one", "many"))
+    assert len(one) == len(many) > 1
+    assert [p.read_bytes() for p in one] == [p.read_bytes() for p in many]
 
 
 def test_keep_columns_on_the_command_line(tmp_path, corpus):
     proc = run_cli("pack", str(corpus), "-o", str(tmp_path / "out"), "--capacity", "128", "--too-long", "split",
                    "--keep-columns", "doc_id", "--keep-columns", "weight", "-q")
     assert proc.returncode == 0, proc.stderr
-    assert {"doc_id", "weight"} <= set(pq.read_schema(tmp_path / "out" / "part-00000.parquet").names)
+    assert {"doc_id", "weight"} <= set(pq.read_schema(tmp_path / "out" / "data" / "train-00000.parquet").names)
 
 
 @pytest.mark.parametrize("columns, message", [

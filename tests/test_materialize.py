@@ -21,7 +21,7 @@ def row_group_corpus(tmp_path_factory, sample_data):
 
 
 def _hashes(out):
-    return [s["sha256"] for s in json.loads((out / "manifest.json").read_text())["shards"]]
+    return [s["sha256"] for s in json.loads((out / "_manifest.json").read_text())["shards"]]
 
 
 def test_shard_bounds_never_straddle_windows():

@@ -35,7 +35,7 @@ def _pack_cmd(out: Path, *options: str) -> list[str]:
 
 
 def _fingerprint(out: Path) -> tuple[list[str], dict]:
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     manifest.pop("timings")
     return [s["sha256"] for s in manifest["shards"]], manifest
 
@@ -69,7 +69,7 @@ def test_same_bytes_for_any_number_of_ranks(tmp_path, order, algorithm, extra, r
         proc = mpirun(n, *_pack_cmd(out, *options))
         assert proc.returncode == 0, proc.stderr
         assert _fingerprint(out) == reference, f"{n} ranks"
-        metrics = json.loads((out / "metrics.json").read_text())
+        metrics = json.loads((out / "_metrics.json").read_text())
         if n > 1:
             assert len(metrics["ranks"]) == n
             assert sum(r["sequences_scanned"] for r in metrics["ranks"]) == 2000
@@ -98,7 +98,7 @@ def test_a_rank_that_fails_stops_all_ranks(tmp_path):
     assert proc.returncode != 0
     assert "rank 3: " in proc.stderr and "shard-00003.parquet row 10 column 'input_ids': value -7" in proc.stderr
     assert proc.stderr.count("value -7") == 1
-    assert not (out / "manifest.json").exists()
+    assert not (out / "_manifest.json").exists()
 
 
 def test_errors_found_before_reading_are_printed_once(tmp_path):

@@ -83,7 +83,7 @@ def test_resume_keeps_the_journaled_shards_whose_bytes_are_intact(tmp_path):
     kept = inspect_partial(out, fingerprint, resume=True)
     assert sorted(kept) == ["part-00000.parquet", "part-00002.parquet"]
     again = OutputDir.create(out, overwrite=False, fingerprint=fingerprint, done=kept)
-    assert sorted(p.name for p in again.tmp.iterdir()) == sorted([*kept, RUN_FILE, JOURNAL])
+    assert sorted(p.name for p in again.tmp.iterdir()) == sorted([*kept, RUN_FILE, JOURNAL, "data"])
     assert [i.path for i in read_journal(again.tmp)] == sorted(kept)
 
 

@@ -27,7 +27,7 @@ def test_every_combination_passes_the_contract(tmp_path, sample_data, contract, 
                               too_long=too_long, cp_size=cp, tp_size=tp, pad_to=pad_to, window=700)
         errors = check_contract(contract, out, [sample_data])
         assert errors == [], (algorithm, order, too_long, cp, tp, pad_to, errors)
-        manifest = json.loads((out / "manifest.json").read_text())
+        manifest = json.loads((out / "_manifest.json").read_text())
         assert manifest["layout"]["align"] == (2 * cp * tp if cp > 1 else tp)
         counts = result.counts
         assert counts["sequences_in"] == 2000
@@ -50,7 +50,7 @@ def test_too_long_error_names_file_row_and_fix(tmp_path, sample_data):
 
 
 def _shard_hashes(out):
-    return [s["sha256"] for s in json.loads((out / "manifest.json").read_text())["shards"]]
+    return [s["sha256"] for s in json.loads((out / "_manifest.json").read_text())["shards"]]
 
 
 @pytest.mark.parametrize("algorithm", ["ffs", "bfd"])
@@ -71,7 +71,7 @@ def test_seed_changes_shuffle(tmp_path, sample_data):
 
 def _read(out, column):
     """One column of every pack, shards in manifest order."""
-    shards = json.loads((out / "manifest.json").read_text())["shards"]
+    shards = json.loads((out / "_manifest.json").read_text())["shards"]
     return [v for s in shards for v in pq.read_table(out / s["path"], columns=[column]).column(column).to_pylist()]
 
 
@@ -85,7 +85,7 @@ def test_curriculum_concat_packs_grow(tmp_path, sample_data):
 def test_curriculum_windows_do_not_overlap(tmp_path, sample_data):
     _, out = pack_to(tmp_path, [sample_data], capacity=4096, algorithm="bfd", order="curriculum",
                      too_long="drop", window=500, shard_rows=10_000)
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     assert len(manifest["shards"]) == 4  # one shard per window: shards never straddle windows
     ranges = []
     for shard in manifest["shards"]:
@@ -109,10 +109,10 @@ def test_no_labels_column_uses_tokens(tmp_path, sample_data, contract):
     for path in sorted(sample_data.glob("*.parquet"))[:2]:
         pq.write_table(pq.read_table(path, columns=["input_ids"]).rename_columns(["tokens"]), src / path.name)
     result, out = pack_to(tmp_path, [src], capacity=8192, tokens_column="tokens")
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["config"]["labels_column"] is None
     assert manifest["config"]["tokens_column"] == "tokens"
-    first = pq.read_table(out / "part-00000.parquet").slice(0, 1).to_pylist()[0]
+    first = pq.read_table(out / "data/train-00000.parquet").slice(0, 1).to_pylist()[0]
     n = first["seq_lens"][0]
     assert first["labels"][1:n] == first["input_ids"][1:n]
     assert first["labels"][0] == -100
@@ -127,7 +127,7 @@ def test_existing_output_is_refused_then_replaced(tmp_path, sample_data):
         pack(PackConfig(**cfg))
     assert (out / "keep.txt").exists()
     pack(PackConfig(**cfg, overwrite=True))
-    assert (out / "manifest.json").exists() and not (out / "keep.txt").exists()
+    assert (out / "_manifest.json").exists() and not (out / "keep.txt").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary directory left behind
 
 
@@ -143,8 +143,8 @@ def test_failed_run_leaves_previous_output_untouched(tmp_path, sample_data):
 @pytest.mark.parametrize("algorithm", ["ffd", "bfd"])
 def test_manifest_counts_and_metrics(tmp_path, sample_data, algorithm):
     result, out = pack_to(tmp_path, [sample_data], capacity=4096, too_long="split", algorithm=algorithm)
-    manifest = json.loads((out / "manifest.json").read_text())
-    metrics = json.loads((out / "metrics.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
+    metrics = json.loads((out / "_metrics.json").read_text())
     c = manifest["counts"]
     assert c["tokens_packed"] == c["tokens_in"] == 1_170_955
     assert c["sequences_packed"] == 2000

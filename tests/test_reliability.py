@@ -41,9 +41,9 @@ def run_pack(corpus: Path, out: Path, *extra: str, faults: list[str] | None = No
 def snapshot(out: Path) -> tuple[dict[str, str], dict]:
     """sha256 of every file of OUT but the reports, and the manifest without timings and the options
     that say how and where a run executes (`resume`, `output`, `memory_budget`)."""
-    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())
-             if p.name not in ("manifest.json", "metrics.json")}
-    manifest = json.loads((out / "manifest.json").read_text())
+    files = {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(out.rglob("*")) if p.is_file() and p.name not in ("_manifest.json", "_metrics.json")}
+    manifest = json.loads((out / "_manifest.json").read_text())
     manifest.pop("timings")
     for key in ("resume", "output", "memory_budget"):
         manifest["config"].pop(key)
@@ -81,7 +81,7 @@ def assert_interrupted_and_consistent(out: Path, proc: subprocess.CompletedProce
     assert len(lines) == finished, proc.stderr
     for entry in lines:
         assert hashlib.sha256((partial / entry["shard"]).read_bytes()).hexdigest() == entry["sha256"]
-    assert not (partial / "manifest.json").exists()
+    assert not (partial / "_manifest.json").exists()
 
 
 @pytest.mark.parametrize("kill_after", [1, 3, 7, 12, SHARDS])  # SHARDS: every shard done, killed before the manifest
@@ -141,7 +141,7 @@ def test_external_sigterm(tmp_path, corpus):
     _, stderr = proc.communicate(timeout=60)
     assert "Traceback" not in stderr
     if proc.returncode == 0:  # it finished first: a complete output
-        assert (out / "manifest.json").exists()
+        assert (out / "_manifest.json").exists()
     else:
         assert proc.returncode == 143, stderr
         assert "interrupted by SIGTERM" in stderr and not out.exists()
@@ -158,7 +158,7 @@ def test_disk_full_keeps_finished_shards_for_resume(tmp_path, corpus, reference)
     finished = len(journal_lines(out))
     assert 3 <= finished <= 5
     assert_interrupted_and_consistent(out, proc, finished)
-    assert not list((tmp_path / ".out.packctl-partial").glob("*.tmp"))
+    assert not list((tmp_path / ".out.packctl-partial").rglob("*.tmp"))
     assert run_pack(corpus, out, "--resume").returncode == 0
     assert snapshot(out) == reference
 

@@ -126,9 +126,11 @@ def test_merge_of_sorted_runs_is_the_lexicographic_order(runs, gid_ranges_in_ord
 
 def _digest(out: Path) -> tuple[str, dict]:
     h = hashlib.sha256()
-    for path in sorted(out.glob("*.parquet")):
+    shards = sorted(out.glob("data/*.parquet"))
+    assert shards
+    for path in shards:
         h.update(path.name.encode() + path.read_bytes())
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     manifest.pop("timings")
     for how in ("output", "token_transfer", "resume"):  # where and how it ran, not what it wrote
         manifest["config"].pop(how)
@@ -162,8 +164,8 @@ def test_ranks_in_one_process_write_the_single_process_bytes(tmp_path, sample_da
     if transfer == "read":  # only plan arrays travel
         assert scale["bytes_exchanged"] < 100_000
     # shards of 1,024 packs hold several row groups, and a shard may be written by two ranks
-    rows = [pq.ParquetFile(p).metadata for p in sorted((tmp_path / "many").glob("*.parquet"))]
-    assert all(m.num_row_groups == -(-m.num_rows // ROW_GROUP_PACKS) for m in rows)
+    rows = [pq.ParquetFile(p).metadata for p in sorted((tmp_path / "many").glob("data/*.parquet"))]
+    assert rows and all(m.num_row_groups == -(-m.num_rows // ROW_GROUP_PACKS) for m in rows)
 
 
 def test_shared_shards_resume_after_an_interrupted_multi_rank_run(tmp_path, sample_data, monkeypatch):
@@ -186,6 +188,6 @@ def test_shared_shards_resume_after_an_interrupted_multi_rank_run(tmp_path, samp
         run_ranks(2, lambda comm: pack(PackConfig(output=str(tmp_path / "many"), **options), comm=comm))
     monkeypatch.undo()
     partial = tmp_path / ".many.packctl-partial"
-    assert any(p.name.startswith(".part-") for p in partial.iterdir())  # runs left for the join
+    assert any(p.name.startswith(".train-") for p in (partial / "data").iterdir())  # runs left for the join
     run_ranks(2, lambda comm: pack(PackConfig(output=str(tmp_path / "many"), resume=True, **options), comm=comm))
     assert _digest(tmp_path / "many") == reference

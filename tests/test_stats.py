@@ -1,4 +1,4 @@
-"""`packctl stats`: every metric against a hand computation, what-if == pack, JSON == metrics.json.
+"""`packctl stats`: every metric against a hand computation, what-if == pack, JSON == _metrics.json.
 
 The fixture, worked by hand (capacity 16, --seq-multiple 2, --too-long split, concat, input order):
 
@@ -95,7 +95,7 @@ def test_packed_stats_by_hand(tiny_output):
 
 
 def test_packed_stats_agree_with_metrics_json(tiny_output):
-    metrics = json.loads((tiny_output / "metrics.json").read_text())
+    metrics = json.loads((tiny_output / "_metrics.json").read_text())
     r = packed_stats(tiny_output)
     for key, value in metrics.items():
         if key not in NOT_IN_STATS:
@@ -106,7 +106,7 @@ def test_stats_json_on_sample_output_agrees_with_metrics_json(sample_output):
     proc = run_cli("stats", str(sample_output), "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    metrics = json.loads((sample_output / "metrics.json").read_text())
+    metrics = json.loads((sample_output / "_metrics.json").read_text())
     assert {k for k in metrics if k not in NOT_IN_STATS} <= report.keys()
     for key in metrics:
         if key not in NOT_IN_STATS:
@@ -115,7 +115,7 @@ def test_stats_json_on_sample_output_agrees_with_metrics_json(sample_output):
 
 
 def _with_balance(out: Path, step, dp_rank, micro_batch) -> Path:
-    shard = out / "part-00000.parquet"
+    shard = out / "data/train-00000.parquet"
     table = pq.read_table(shard)
     for name, values in (("step", step), ("dp_rank", dp_rank), ("micro_batch", micro_batch)):
         table = table.append_column(name, pa.array(values, pa.int32()))
@@ -168,12 +168,41 @@ def test_what_if_by_hand(tiny_input):
     assert r["lengths"]["max"] == 20 and r["lengths"]["percentiles"]["p50"] == 7
 
 
+def test_what_if_with_too_long_error_reports_instead_of_stopping(tiny_input):
+    """The default --too-long error: pack would stop at sample 3 (20 tokens > 16); the what-if says
+    where, plans that capacity's rows with split (the same rows as --too-long split gives), and
+    leaves a capacity with nothing over it planned as asked."""
+    r = input_stats([str(tiny_input)], [16, 32], PackConfig(seq_multiple=2))
+    split = input_stats([str(tiny_input)], [16], PackConfig(seq_multiple=2, too_long="split"))
+    at16, at32 = r["capacities"]
+    assert at16["pack_stops_at"].endswith("a.parquet row 3 column 'input_ids'")
+    assert at16["too_long"] == "split" and at16["over_capacity"]["pieces_added"]["split"] == 1
+    assert at32["pack_stops_at"] is None and at32["too_long"] == "error"
+    rows16 = [row for row in r["what_if"] if row["capacity"] == 16]
+    for got, want in zip(rows16, split["what_if"]):
+        assert (got["algorithm"], got["packs"], got["counts"]) == (want["algorithm"], want["packs"], want["counts"])
+    # the split rows' extra pieces are the over-long sequence's: ceil(20 / 16) - 1
+    assert rows16[0]["counts"]["pieces"] - r["sequences"] == 1
+    # the best capacity is 32 (nothing cut, nothing stops); asking for 16 alone says what to pass
+    only16 = input_stats([str(tiny_input)], [16], PackConfig(seq_multiple=2))
+    assert "pass --too-long split (with --too-long error pack stops at" in only16["recommendation"]
+    assert "--too-long" not in r["recommendation"]
+
+
+def test_stats_cli_what_if_on_over_long_input_exits_0(tiny_input):
+    proc = run_cli("stats", str(tiny_input), "--capacity", "16", "--seq-multiple", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["capacities"][0]["pack_stops_at"] is not None
+
+
 def test_what_if_shows_the_tokens_of_over_long_sequences_and_what_each_policy_does(tiny_input):
     r = input_stats([str(tiny_input)], [16, 32], PackConfig(seq_multiple=2, too_long="split"))
     over16, over32 = (c["over_capacity"] for c in r["capacities"])
     # one sequence of 20 tokens over 16: 20 of the 55 tokens; drop loses 20, truncate the 4 past 16
     assert over16 == {"sequences": 1, "tokens": 20, "token_share": pytest.approx(20 / 55),
-                      "tokens_lost": {"error": 0, "drop": 20, "truncate": 4, "split": 0}}
+                      "tokens_lost": {"error": 0, "drop": 20, "truncate": 4, "split": 0},
+                      "pieces_added": {"error": 0, "drop": 0, "truncate": 0, "split": 1}}
     assert over32["sequences"] == 0 and over32["token_share"] == 0.0
     # lengths [9, 9, 7, 20, 3, 6, 1] by power-of-two bucket, counted and weighted by tokens
     hist = r["length_histogram"]
@@ -197,11 +226,11 @@ def test_what_if_predicts_pack_on_the_tiny_input(tiny_input, tmp_path, algorithm
     result, out = pack_to(tmp_path, [tiny_input], **options)
     r = input_stats([str(tiny_input)], [16], PackConfig(seq_multiple=2, too_long="split"), algorithms=[algorithm])
     (row,) = r["what_if"]
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = json.loads((out / "_metrics.json").read_text())
     for key, value in metrics.items():
         if key not in NOT_IN_STATS:
             assert row[key] == value, key
-    assert row["packs"] == json.loads((out / "manifest.json").read_text())["counts"]["packs"]
+    assert row["packs"] == json.loads((out / "_manifest.json").read_text())["counts"]["packs"]
 
 
 SETTINGS = [
@@ -220,8 +249,8 @@ def test_what_if_predicts_pack_on_sample_data(sample_data, tmp_path, settings):
     r = input_stats([str(sample_data)], [settings["capacity"]], PackConfig(**planning))
     for algorithm in ("concat", "bfd", "ffs", "split"):
         _, out = pack_to(tmp_path / algorithm, [sample_data], algorithm=algorithm, **settings)
-        manifest = json.loads((out / "manifest.json").read_text())
-        metrics = json.loads((out / "metrics.json").read_text())
+        manifest = json.loads((out / "_manifest.json").read_text())
+        metrics = json.loads((out / "_metrics.json").read_text())
         row = next(w for w in r["what_if"] if w["algorithm"] == algorithm)
         assert row["packs"] == manifest["counts"]["packs"] == sum(s["rows"] for s in manifest["shards"])
         assert row["counts"] == manifest["counts"]
@@ -339,33 +368,32 @@ def test_bad_input(tiny_input, tiny_output, tmp_path):
     assert "nothing-here: no such file or directory" in _bad([tmp_path / "nothing-here"])
     assert "not a packed output" in _bad([tiny_output, tiny_input])
     assert "--capacity only apply to raw input" in _bad([tiny_output], capacities=[8])
-    text = _bad([tiny_input], capacities=[16])
-    assert "a.parquet row 3 column 'input_ids': sequence of 20 tokens" in text and "--too-long" in text
     assert "--attn-coeff applies to packed outputs" in _bad([tiny_input], attn_coeff=1.0, too_long="split")
     assert "--capacity 15 is not a multiple of the alignment 2" in _bad([tiny_input], capacities=[15], seq_multiple=2)
 
 
 def test_cli_exit_code_2_with_one_line(tiny_input):
-    proc = run_cli("stats", str(tiny_input), "--capacity", "16")
+    proc = run_cli("stats", str(tiny_input), "--capacity", "15", "--seq-multiple", "2")
     assert proc.returncode == 2 and proc.stdout == ""
-    assert "Traceback" not in proc.stderr and "a.parquet row 3 column 'input_ids'" in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr and "--capacity 15 is not a multiple of the alignment 2" in \
+        " ".join(proc.stderr.split())
 
 
 def test_damaged_outputs(tiny_input, tmp_path):
     _, out = pack_to(tmp_path / "a", [tiny_input], **TINY)
-    (out / "part-00000.parquet").unlink()
-    with pytest.raises(PackctlError, match="part-00000.parquet: listed in .*manifest.json but missing"):
+    (out / "data/train-00000.parquet").unlink()
+    with pytest.raises(PackctlError, match="data/train-00000.parquet: listed in .*manifest.json but missing"):
         packed_stats(out)
     _, out = pack_to(tmp_path / "b", [tiny_input], **TINY)
-    (out / "manifest.json").unlink()
-    with pytest.raises(PackctlError, match="without manifest.json"):
+    (out / "_manifest.json").unlink()
+    with pytest.raises(PackctlError, match="without _manifest.json"):
         stats([str(out)])
     _, out = pack_to(tmp_path / "c", [tiny_input], **TINY)
-    table = pq.read_table(out / "part-00000.parquet")
+    table = pq.read_table(out / "data/train-00000.parquet")
     table = table.set_column(table.schema.get_field_index("num_tokens"), "num_tokens",
                              pa.array([9, 9, 16, 14, 8], pa.int32()))
-    pq.write_table(table, out / "part-00000.parquet")
-    with pytest.raises(PackctlError, match="part-00000.parquet row 4: num_tokens 8 but seq_lens sum to 7"):
+    pq.write_table(table, out / "data/train-00000.parquet")
+    with pytest.raises(PackctlError, match="data/train-00000.parquet row 4: num_tokens 8 but seq_lens sum to 7"):
         packed_stats(out)
 
 

@@ -127,7 +127,7 @@ def test_collate_refuses_a_pack_whose_offsets_do_not_span_it():
 
 
 def test_dataset_reads_the_packs_of_the_manifest(packed):
-    manifest = json.loads((packed / "manifest.json").read_text())
+    manifest = json.loads((packed / "_manifest.json").read_text())
     assert len(manifest["shards"]) > 1
     dataset = PackedDataset(packed)
     assert len(dataset) == sum(s["rows"] for s in manifest["shards"]) == manifest["counts"]["packs"]
@@ -139,9 +139,9 @@ def test_dataset_reads_the_packs_of_the_manifest(packed):
             item, row = dataset[first + local], table[local]
             assert item["index"] == first + local
             for name, value in row.items():
-                got = item[name]
+                got = item["seq_lens_padded" if name == "seq_lengths" else name]  # the same values
                 assert (got.tolist() if isinstance(got, np.ndarray) else got) == value, name
-    assert PackedDataset(packed / "manifest.json")[5]["sample_ids"].tolist() == dataset[5]["sample_ids"].tolist()
+    assert PackedDataset(packed / "_manifest.json")[5]["sample_ids"].tolist() == dataset[5]["sample_ids"].tolist()
     with pytest.raises(IndexError):
         dataset[len(dataset)]
 
@@ -196,7 +196,7 @@ def test_balanced_output_is_read_in_step_order(tmp_path):
         PackedDataset(out, dp_rank=0, dp_size=1)
 
 
-def test_lr_scale_is_none_today_and_read_when_recorded(tmp_path, packed):
+def test_lr_scale_is_read_when_recorded(tmp_path, packed):
     assert read_lr_scales(packed) is None
     out = _fake_output(tmp_path / "column", 4, extra={"step": [0, 0, 1, 1], "dp_rank": [0, 1, 0, 1],
                                                       "micro_batch": [0, 0, 0, 0],
@@ -290,7 +290,7 @@ def _fake_output(tmp_path, num_packs: int, extra: dict | None = None, shard_rows
         pq.write_table(table, tmp_path / name)
         shards.append({"path": name, "rows": len(rows), "tokens": 4 * len(rows), "sha256": ""})
     manifest = {"format_version": 1, "layout": {"capacity": 4}, "shards": shards, "counts": {"packs": num_packs}}
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))  # a version-1 output
     return tmp_path
 
 

@@ -59,7 +59,7 @@ def _copy(out: Path, tmp_path: Path) -> Path:
 
 
 def _manifest(out: Path) -> dict:
-    return json.loads((out / "manifest.json").read_text())
+    return json.loads((out / "_manifest.json").read_text())
 
 
 def _rewrite(out: Path, edit, *, shard: int = 0, consistent: bool = True) -> None:
@@ -83,7 +83,7 @@ def _rewrite(out: Path, edit, *, shard: int = 0, consistent: bool = True) -> Non
         counts["packs"] += table.num_rows - rows_before
         counts["tokens_packed"] += tokens - tokens_before
         counts["pieces"] += pieces - pieces_before
-        (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        (out / "_manifest.json").write_text(json.dumps(manifest, indent=2))
 
 
 def _edit_list(table: pa.Table, column: str, change) -> pa.Table:
@@ -167,7 +167,7 @@ def test_check_pack_rows_runs_on_what_the_writer_builds():
 
 def test_boundary_label_left_in(out, tmp_path):
     broken = _copy(out, tmp_path)
-    table = pq.read_table(broken / "part-00000.parquet")
+    table = pq.read_table(broken / "data/train-00000.parquet")
     row = _row(table)
     second_start = table.column("cu_seqlens_padded")[row].as_py()[1]
 
@@ -178,15 +178,15 @@ def test_boundary_label_left_in(out, tmp_path):
     report = verify(broken, VerifyOptions(**NO_ATTENTION))
     assert report.exit_code == 1
     (v,) = report.violations
-    assert (v.rule, v.shard, v.row, v.sequence) == ("labels-boundary", "part-00000.parquet", row, 1)
+    assert (v.rule, v.shard, v.row, v.sequence) == ("labels-boundary", "data/train-00000.parquet", row, 1)
     assert "first token of the sequence has label 5" in str(v)
-    assert f"part-00000.parquet row {row} sequence 1" in str(v)
+    assert f"data/train-00000.parquet row {row} sequence 1" in str(v)
 
 
 @pytest.mark.parametrize("column", ["cu_seqlens", "cu_seqlens_padded"])
 def test_cu_seqlens_off_by_one(out, tmp_path, column):
     broken = _copy(out, tmp_path)
-    row = _row(pq.read_table(out / "part-00000.parquet"))
+    row = _row(pq.read_table(out / "data/train-00000.parquet"))
 
     def shift(values, offsets):
         values[offsets[row] + 1] += 1
@@ -200,7 +200,7 @@ def test_cu_seqlens_off_by_one(out, tmp_path, column):
 
 def test_position_ids_not_reset(out, tmp_path):
     broken = _copy(out, tmp_path)
-    row = _row(pq.read_table(out / "part-00000.parquet"))
+    row = _row(pq.read_table(out / "data/train-00000.parquet"))
 
     def count_on(values, offsets):
         values[offsets[row]:offsets[row + 1]] = np.arange(offsets[row + 1] - offsets[row])
@@ -214,7 +214,7 @@ def test_position_ids_not_reset(out, tmp_path):
 
 def test_trl_lengths_that_differ_from_seq_lens_padded(out, tmp_path):
     broken = _copy(out, tmp_path)
-    row = _row(pq.read_table(out / "part-00000.parquet"))
+    row = _row(pq.read_table(out / "data/train-00000.parquet"))
 
     def merge_first_two(values, offsets):  # TRL would see one sequence where packctl wrote two
         values[offsets[row]] += values[offsets[row] + 1]
@@ -225,15 +225,6 @@ def test_trl_lengths_that_differ_from_seq_lens_padded(out, tmp_path):
     (v,) = report.violations
     assert (v.rule, v.row, v.count) == ("trl-lengths", row, 1)
     assert "seq_lengths differs from seq_lens_padded" in str(v)
-
-
-def test_shards_without_trl_lengths_still_verify(out, tmp_path):
-    """Outputs written before the seq_lengths column stay valid: it is checked only when present."""
-    older = _copy(out, tmp_path)
-    for index in range(len(_manifest(older)["shards"])):
-        _rewrite(older, lambda t: t.drop_columns(["seq_lengths"]), shard=index)
-    report = verify(older, VerifyOptions(**NO_ATTENTION))
-    assert report.exit_code == 0, [str(v) for v in report.violations]
 
 
 def test_shard_altered_after_the_manifest(out, tmp_path, sample_data):
@@ -247,27 +238,27 @@ def test_shard_altered_after_the_manifest(out, tmp_path, sample_data):
     rules = _rules(report)
     assert "checksum" in rules and "tokens" in rules
     checksum = report.violations[rules.index("checksum")]
-    assert checksum.shard == "part-00000.parquet" and "sha256 differs from the manifest" in checksum.message
+    assert checksum.shard == "data/train-00000.parquet" and "sha256 differs from the manifest" in checksum.message
     tokens = report.violations[rules.index("tokens")]
     assert (tokens.row, tokens.sequence) == (0, 0) and "token 1 of the sequence is" in tokens.message
 
 
 def test_unlisted_and_missing_shards(out, tmp_path):
     broken = _copy(out, tmp_path)
-    shutil.copy(broken / "part-00000.parquet", broken / "part-00001.parquet")
+    shutil.copy(broken / "data/train-00000.parquet", broken / "data/train-00001.parquet")
     report = verify(broken, VerifyOptions(**NO_ATTENTION))
-    assert _rules(report) == ["shard-unlisted"] and report.violations[0].shard == "part-00001.parquet"
-    (broken / "part-00000.parquet").unlink()
+    assert _rules(report) == ["shard-unlisted"] and report.violations[0].shard == "data/train-00001.parquet"
+    (broken / "data/train-00000.parquet").unlink()
     report = verify(broken, VerifyOptions(**NO_ATTENTION))
     assert "shard-missing" in _rules(report)
 
 
 def test_no_manifest_is_unusable_input(out, tmp_path):
     broken = _copy(out, tmp_path)
-    (broken / "manifest.json").unlink()
+    (broken / "_manifest.json").unlink()
     with pytest.raises(PackctlError) as err:
         verify(broken, VerifyOptions(**NO_ATTENTION))
-    assert "no manifest.json" in str(err.value) and err.value.exit_code == 2
+    assert "no _manifest.json" in str(err.value) and err.value.exit_code == 2
 
 
 # ------------------------------------------------------------------------------------------ conservation
@@ -275,7 +266,7 @@ def test_no_manifest_is_unusable_input(out, tmp_path):
 
 def test_two_tokens_swapped_across_sequences(out, tmp_path, sample_data):
     broken = _copy(out, tmp_path)
-    table = pq.read_table(out / "part-00000.parquet")
+    table = pq.read_table(out / "data/train-00000.parquet")
     row = _row(table)
     ids = table.column("input_ids")[row].as_py()
     cu = table.column("cu_seqlens_padded")[row].as_py()
@@ -297,7 +288,7 @@ def test_two_tokens_swapped_across_sequences(out, tmp_path, sample_data):
 
 def test_sample_missing(out, tmp_path, sample_data):
     broken = _copy(out, tmp_path)
-    lost = pq.read_table(out / "part-00000.parquet").column("sample_ids")[7].as_py()
+    lost = pq.read_table(out / "data/train-00000.parquet").column("sample_ids")[7].as_py()
     _rewrite(broken, lambda t: pa.concat_tables([t.slice(0, 7), t.slice(8)]))
     report = verify(broken, VerifyOptions(source=[str(sample_data)], **NO_ATTENTION))
     structure = [v for v in report.violations if v.check == "structure"]
@@ -310,7 +301,7 @@ def test_sample_missing(out, tmp_path, sample_data):
 
 def test_sample_duplicated(out, tmp_path, sample_data):
     broken = _copy(out, tmp_path)
-    table = pq.read_table(out / "part-00000.parquet")
+    table = pq.read_table(out / "data/train-00000.parquet")
     twice = table.column("sample_ids")[0].as_py()
     _rewrite(broken, lambda t: pa.concat_tables([t, t.slice(0, 1)]))
     report = verify(broken, VerifyOptions(**NO_ATTENTION))
@@ -320,14 +311,14 @@ def test_sample_duplicated(out, tmp_path, sample_data):
     dup = next(v for v in report.violations if v.rule == "sample-duplicated")
     seq = twice.index(min(twice))
     assert f"sample {min(twice)} (" in dup.message and "appears 2 times" in dup.message
-    assert f"part-00000.parquet row 0 sequence {seq}; part-00000.parquet row {table.num_rows} sequence {seq}" in \
+    assert f"data/train-00000.parquet row 0 sequence {seq}; data/train-00000.parquet row {table.num_rows} sequence {seq}" in \
         dup.message
-    assert (dup.shard, dup.row, dup.sequence) == ("part-00000.parquet", table.num_rows, seq)
+    assert (dup.shard, dup.row, dup.sequence) == ("data/train-00000.parquet", table.num_rows, seq)
 
 
 def test_source_label_changed(out, tmp_path, sample_data):
     broken = _copy(out, tmp_path)
-    table = pq.read_table(out / "part-00000.parquet")
+    table = pq.read_table(out / "data/train-00000.parquet")
     row = 3
     labels = table.column("labels")[row].as_py()
     k = next(i for i, x in enumerate(labels) if i > 0 and x != IGNORE_INDEX)
@@ -358,7 +349,7 @@ def test_source_found_from_another_directory(out, tmp_path, sample_data):
 
 
 def test_rows_from_table_refuses_ragged_columns(out):
-    table = pq.read_table(out / "part-00000.parquet")
+    table = pq.read_table(out / "data/train-00000.parquet")
     labels = table.column("labels").to_pylist()
     labels[2] = labels[2][:-1]
     table = table.set_column(1, table.schema.field(1), pa.array(labels, pa.list_(pa.int32())))
@@ -386,7 +377,7 @@ def test_cli_exit_codes_and_json(out, tmp_path, sample_data):
     _rewrite(broken, lambda t: _edit_list(t, "labels", lambda v, o: v.__setitem__(o[0], 9)))
     result = _invoke("verify", str(broken), "--no-attention")
     assert result.exit_code == 1
-    assert "FAIL part-00000.parquet row 0 sequence 0: the first token of the sequence has label 9" in \
+    assert "FAIL data/train-00000.parquet row 0 sequence 0: the first token of the sequence has label 9" in \
         " ".join(result.stdout.split())
 
     result = _invoke("verify", str(tmp_path / "nowhere"))

@@ -49,11 +49,11 @@ def small_output(tmp_path_factory, sample_data):
 
 @pytest.fixture(scope="module")
 def packs(small_output):
-    table = pq.read_table(small_output / "part-00000.parquet")
-    rows, problems = rows_from_table(table, shard="part-00000.parquet")
+    table = pq.read_table(small_output / "data/train-00000.parquet")
+    rows, problems = rows_from_table(table, shard="data/train-00000.parquet")
     assert not problems
     many = [r for r in range(rows.num_rows) if len(table.column("seq_lens")[r]) >= 3]
-    return [Pack.from_rows(rows, r, "part-00000.parquet") for r in many[:3]]
+    return [Pack.from_rows(rows, r, "data/train-00000.parquet") for r in many[:3]]
 
 
 @pytest.fixture(scope="module")

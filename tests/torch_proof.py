@@ -48,7 +48,7 @@ def source_pieces(out: Path, packs: list[int]) -> list[list[Piece]]:
     A split sample's pieces appear in output order, so a piece starts where the pieces of the same
     sample before it in the output end.
     """
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     offsets, files = [0], []
     for entry in manifest["inputs"]:
         files.append(entry["path"])

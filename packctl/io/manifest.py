@@ -1,4 +1,15 @@
-"""manifest.json and the `packctl` Parquet metadata key (format version 1, docs/format.md)."""
+"""The manifest and the `packctl` Parquet metadata key (docs/format.md).
+
+Format version 2 lays OUT out as a Parquet dataset: the shards under `data/`, the reports under
+names Parquet dataset readers skip (leading underscore), so pyarrow, polars and Hugging Face
+`datasets` read OUT itself as the table of packs:
+
+    OUT/_manifest.json             written last: its presence means the output is complete
+    OUT/_metrics.json              the packing report
+    OUT/data/train-00000.parquet   the packs, shards numbered in window order
+
+Version 1 (manifest.json, metrics.json, part-00000.parquet at OUT's root) is still read.
+"""
 from __future__ import annotations
 
 import json
@@ -15,7 +26,33 @@ if TYPE_CHECKING:  # readers of a manifest (packctl.torch) need none of the pack
     from packctl.io.reader import InputFile
     from packctl.io.journal import ShardInfo
 
-MANIFEST = "manifest.json"
+MANIFEST = "_manifest.json"
+METRICS = "_metrics.json"
+DATA_DIR = "data"
+LEGACY_MANIFEST = "manifest.json"  # format version 1
+LEGACY_METRICS = "metrics.json"
+READABLE_VERSIONS = (1, FORMAT_VERSION)
+
+
+def shard_name(shard: int) -> str:
+    """The path of shard k inside OUT: `data/train-00000.parquet` (the file name Hugging Face
+    `datasets` maps to the train split, so `load_dataset("parquet", data_dir=OUT)` takes only the
+    shards)."""
+    return f"{DATA_DIR}/train-{shard:05d}.parquet"
+
+
+def manifest_path(out: Path) -> Path | None:
+    """OUT's manifest: `_manifest.json`, or the `manifest.json` of a version-1 output; None if neither."""
+    for name in (MANIFEST, LEGACY_MANIFEST):
+        if (out / name).is_file():
+            return out / name
+    return None
+
+
+def metrics_path(out: Path) -> Path:
+    """OUT's packing report (`_metrics.json`, or `metrics.json` in a version-1 output)."""
+    return out / LEGACY_METRICS if (out / LEGACY_MANIFEST).is_file() and not (out / MANIFEST).is_file() \
+        else out / METRICS
 
 # Options that say where and how a run executes, never what it writes: kept out of the shards'
 # metadata so the same packing has the same bytes wherever it is written.
@@ -85,30 +122,31 @@ def build_manifest(config: PackConfig, labels_column: str | None, inputs: list[I
 
 
 def read_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
-    """(OUT, its manifest) of a packed output given as OUT or OUT/manifest.json: the one reader
-    of `stats`, `verify` and `packctl.torch`, with one PackctlError (exit 2) per problem."""
+    """(OUT, its manifest) of a packed output given as OUT or its manifest file: the one reader of
+    `stats`, `verify` and `packctl.torch`, with one PackctlError (exit 2) per problem. Reads
+    format versions 1 and 2."""
     path = Path(path)
-    out = path.parent if path.name == MANIFEST and not path.is_dir() else path
-    manifest_path = out / MANIFEST
+    out = path.parent if path.name in (MANIFEST, LEGACY_MANIFEST) and not path.is_dir() else path
     if not out.is_dir():
         raise PackctlError(f"{out}: no such output directory; pass the -o OUT of a packctl pack run")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except FileNotFoundError:
+    found = manifest_path(out)
+    if found is None:
         raise PackctlError(f"{out}: no {MANIFEST}, so the output is incomplete or not a packctl output "
-                           f"(packctl pack writes {MANIFEST} last): run packctl pack again") from None
+                           f"(packctl pack writes {MANIFEST} last): run packctl pack again")
+    try:
+        manifest = json.loads(found.read_text())
     except (OSError, ValueError) as exc:
-        raise PackctlError(f"{manifest_path}: not readable JSON ({exc}); run packctl pack again") from None
+        raise PackctlError(f"{found}: not readable JSON ({exc}); run packctl pack again") from None
     version = manifest.get("format_version") if isinstance(manifest, dict) else None
-    if version != FORMAT_VERSION:
-        raise PackctlError(f"{manifest_path}: format_version {version!r}, this packctl reads version "
-                           f"{FORMAT_VERSION}: use the packctl that wrote it, or pack again")
+    if version not in READABLE_VERSIONS:
+        raise PackctlError(f"{found}: format_version {version!r}, this packctl reads versions "
+                           f"{', '.join(map(str, READABLE_VERSIONS))}: use the packctl that wrote it, or pack again")
     for key in ("layout", "shards", "counts"):
         if key not in manifest:
-            raise PackctlError(f"{manifest_path}: no '{key}' entry; not a packctl manifest (docs/format.md)")
+            raise PackctlError(f"{found}: no '{key}' entry; not a packctl manifest (docs/format.md)")
     if not isinstance(manifest["shards"], list) or not manifest["shards"]:
-        raise PackctlError(f"{manifest_path}: lists no shards")
+        raise PackctlError(f"{found}: lists no shards")
     for i, shard in enumerate(manifest["shards"]):
         if not isinstance(shard, dict) or not isinstance(shard.get("path"), str):
-            raise PackctlError(f"{manifest_path}: shards[{i}] has no 'path'")
+            raise PackctlError(f"{found}: shards[{i}] has no 'path'")
     return out, manifest

@@ -7,9 +7,9 @@ Everything goes into the sibling directory `.OUT.packctl-partial`, then it is re
         run.json                       fingerprint of the run: config and inputs (path, size, mtime)
         journal.jsonl                  one line per finished shard: {"shard", "rows", "tokens", "sha256"}
         journal.rank-00003.jsonl       the same, for the shards rank 3 wrote (under MPI)
-        part-00000.parquet             finished shards (written as part-00000.parquet.tmp, fsync'd, renamed)
-        part-00001.parquet.tmp         a shard being written
-    -> journal files and run.json are removed, metrics.json and manifest.json (last) written,
+        data/train-00000.parquet       finished shards (written as train-00000.parquet.tmp, fsync'd, renamed)
+        data/train-00001.parquet.tmp   a shard being written
+    -> journal files and run.json are removed, _metrics.json and _manifest.json (last) written,
        and the directory renamed to OUT.
 
 A shard is journaled (line appended and fsync'd) only after its file is complete under its final
@@ -31,6 +31,7 @@ from pathlib import Path
 from packctl.errors import PackctlError
 from packctl.io.journal import (JOURNAL, RUN_FILE, ShardInfo, fsync_dir, journal_line, partial_dir, read_journal,
                                 sha256_file)
+from packctl.io.manifest import DATA_DIR
 from packctl.io.paths import check_output_path
 
 
@@ -89,6 +90,7 @@ class OutputDir:
                 if self.tmp.exists():
                     shutil.rmtree(self.tmp)
                 self.tmp.mkdir(parents=True)
+                (self.tmp / DATA_DIR).mkdir()
                 self._write_atomic(RUN_FILE, json.dumps({"fingerprint": fingerprint or {}}, indent=2) + "\n")
                 fsync_dir(self.tmp.parent)
         except OSError as exc:
@@ -102,10 +104,13 @@ class OutputDir:
 
     def _keep_only_done(self) -> None:
         """Reuse the partial directory: keep run.json and the verified shards, compact the journal."""
-        for entry in self.tmp.iterdir():
-            if entry.name in self.done or entry.name == RUN_FILE:
+        keep = {RUN_FILE, *self.done}
+        for entry in sorted(self.tmp.rglob("*"), reverse=True):  # children before their folder
+            name = entry.relative_to(self.tmp).as_posix()
+            if name in keep or any(k.startswith(f"{name}/") for k in keep):
                 continue
             shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        (self.tmp / DATA_DIR).mkdir(exist_ok=True)
         self._write_atomic(JOURNAL, "".join(journal_line(info) for info in self.done.values()))
 
     def _write_atomic(self, name: str, text: str) -> None:
@@ -154,7 +159,7 @@ class OutputDir:
             with open(part, "rb+") as fh:
                 os.fsync(fh.fileno())
             os.replace(part, path)
-            fsync_dir(self.tmp)
+            fsync_dir(path.parent)
         except OSError as exc:
             part.unlink(missing_ok=True)
             raise self._write_failed(staged.name, exc) from None
@@ -198,7 +203,7 @@ class OutputDir:
             path.unlink(missing_ok=True)
 
     def commit(self) -> None:
-        """Replace OUT with the finished directory (manifest.json must already be in it)."""
+        """Replace OUT with the finished directory (_manifest.json must already be in it)."""
         trash = None
         if self.out.exists():
             trash = self.out.parent / f".{self.out.name}.packctl-old-{os.getpid()}"

@@ -1,6 +1,6 @@
 """`packctl stats`: how good a packing is, and what a corpus would pack into before a long run.
 
-    packctl stats OUT                      a packed output (holds manifest.json), recomputed from its shards
+    packctl stats OUT                      a packed output (holds _manifest.json), recomputed from its shards
     packctl stats OUT_A OUT_B              packed outputs side by side
     packctl stats INPUT --capacity 4096    raw tokenized shards: lengths and a what-if table of every
                                            algorithm (repeat --capacity to compare capacities)
@@ -47,18 +47,18 @@ def stats(paths: list[str], *, capacities: list[int] | None = None, attn_coeff: 
         raise PackctlError("no PATH given: pass a packed output directory or tokenized Parquet files")
     for path in paths:
         if looks_like_unfinished_output(path):
-            raise PackctlError(f"{path}: packed shards without manifest.json, a run that did not finish: "
+            raise PackctlError(f"{path}: packed shards without _manifest.json, a run that did not finish: "
                                "pack again")
     packed = [is_packed_output(p) for p in paths]
     if any(packed):
         if not all(packed):
             raw = paths[packed.index(False)]
-            raise PackctlError(f"{raw}: not a packed output (no manifest.json) while {paths[packed.index(True)]} "
+            raise PackctlError(f"{raw}: not a packed output (no _manifest.json) while {paths[packed.index(True)]} "
                                "is one; compare packed outputs together, or run stats on raw input alone")
         what_if_flags = [f"--{k.replace('_', '-')}" for k in given] + (["--capacity"] if capacities else [])
         if what_if_flags or file_values:
             flags = ", ".join(what_if_flags) or "--config"
-            raise PackctlError(f"{paths[0]} is a packed output, whose settings are in its manifest.json: {flags} "
+            raise PackctlError(f"{paths[0]} is a packed output, whose settings are in its _manifest.json: {flags} "
                                "only apply to raw input; drop them, or point stats at the tokenized input")
         a = attn_coeff
         return packed_stats(paths[0], attn_coeff=a) if len(paths) == 1 else compare_stats(paths, attn_coeff=a)

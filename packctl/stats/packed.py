@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from packctl.errors import PackctlError
 from packctl.metrics import (attention_cost, batch_metrics, dp_balance, fill_histogram, length_summary, pack_loads,
                              pack_metrics)
-from packctl.io.manifest import MANIFEST, read_manifest
+from packctl.io.manifest import LEGACY_MANIFEST, MANIFEST, manifest_path, metrics_path, read_manifest
 from packctl.schema import BALANCE_COLUMNS, METADATA_KEY
 from packctl.stats.lazy import collect_streaming
 READ_COLUMNS = ("seq_lens", "sample_ids", "num_tokens")
@@ -44,17 +44,19 @@ class PackedArrays:
 
 
 def is_packed_output(path: str | Path) -> bool:
-    """A directory holding manifest.json (or the manifest file itself)."""
+    """A directory holding a manifest (_manifest.json, or a version-1 manifest.json), or the
+    manifest file itself."""
     path = Path(path)
-    return (path.is_dir() and (path / MANIFEST).is_file()) or (path.is_file() and path.name == MANIFEST)
+    return (path.is_dir() and manifest_path(path) is not None) or \
+        (path.is_file() and path.name in (MANIFEST, LEGACY_MANIFEST))
 
 
 def looks_like_unfinished_output(path: str | Path) -> bool:
-    """A directory of packctl shards without manifest.json: a run that did not finish."""
+    """A directory of packctl shards without a manifest: a run that did not finish."""
     path = Path(path)
-    if not path.is_dir() or (path / MANIFEST).exists():
+    if not path.is_dir() or manifest_path(path) is not None:
         return False
-    first = next(iter(sorted(path.glob("part-*.parquet"))), None)
+    first = next(iter(sorted([*path.glob("data/train-*.parquet"), *path.glob("part-*.parquet")])), None)
     if first is None:
         return False
     try:
@@ -71,7 +73,7 @@ def read_packed(out: Path, manifest: dict[str, Any]) -> PackedArrays:
     for shard in manifest["shards"]:
         path = out / shard["path"]
         if not path.is_file():
-            raise PackctlError(f"{path}: listed in {out / MANIFEST} but missing; the output was moved or "
+            raise PackctlError(f"{path}: listed in {manifest_path(out)} but missing; the output was moved or "
                                "damaged: pack again")
         try:
             scan = pl.scan_parquet(path, glob=False, hive_partitioning=False)
@@ -206,9 +208,9 @@ SHAPE_COLUMNS = ("padded_len", "batch_size")
 
 
 def _recorded(out: Path, key: str) -> dict[str, Any] | None:
-    """metrics.json's `key`, when the output has a readable metrics.json holding it."""
+    """The packing report's `key`, when the output has a readable report holding it."""
     try:
-        return json.loads((out / "metrics.json").read_text()).get(key)
+        return json.loads(metrics_path(out).read_text()).get(key)
     except (OSError, ValueError, AttributeError):
         return None
 

@@ -135,6 +135,16 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
 
     index = read_lengths(inputs, config.tokens_column)
     read_seconds = time.perf_counter() - started
+    # With --too-long error, pack would stop at the first over-long sequence: the what-if reports
+    # where, and plans that capacity's rows with split (every token kept) instead of stopping.
+    stops: dict[int, str] = {}
+    for capacity in capacities:
+        aligned = configs[capacity, algorithms[0]]
+        over = np.flatnonzero(round_up(index.lengths, aligned.align) > aligned.plan_capacity)
+        if aligned.too_long == "error" and len(over):
+            stops[capacity] = index.describe(int(over[0]))
+            for algorithm in algorithms:
+                configs[capacity, algorithm] = dataclasses.replace(configs[capacity, algorithm], too_long="split")
 
     t0 = time.perf_counter()
     for algorithm in algorithms:  # load the compiled kernels outside the timed plans
@@ -157,6 +167,8 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
             "plan_capacity": plan_capacity,
             "sequences_over_capacity": int((round_up(index.lengths, config.align) > plan_capacity).sum()),
             "over_capacity": over_capacity(index.lengths, config.align, plan_capacity),
+            "too_long": configs[capacity, algorithms[0]].too_long,
+            "pack_stops_at": stops.get(capacity),
             "best": best["algorithm"],
             "padded_batching": {
                 "batch_size": baseline["batch_size"],
@@ -187,7 +199,9 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
         "capacities": by_capacity,
         "what_if": rows,
         "best": {"capacity": best["capacity"], "algorithm": best["algorithm"]},
-        "recommendation": recommendation(best, rows),
+        "recommendation": recommendation(best, rows) + (
+            f"; pass --too-long split (with --too-long error pack stops at {stops[best['capacity']]}, over the "
+            "capacity)" if best["capacity"] in stops else ""),
         "stats_seconds": {"read_lengths": read_seconds, "load_kernels": t1 - t0, "plan": plan_seconds,
                           "metrics": (t3 - t1) - plan_seconds, "total": total},
     }
@@ -204,8 +218,9 @@ def _checked(config: PackConfig) -> PackConfig:
 
 def over_capacity(lengths: np.ndarray, align: int, plan_capacity: int) -> dict[str, Any]:
     """The sequences longer than the capacity, by count and by tokens, and what each --too-long
-    policy does with their tokens: drop loses them all, truncate what is past the capacity, split
-    keeps them all (in pieces of at most the capacity)."""
+    policy does with them: error stops pack at the first; drop loses all their tokens; truncate
+    loses what is past the capacity; split keeps every token, each sequence cut into
+    ceil(length / capacity) pieces (`pieces_added` counts the pieces beyond one per sequence)."""
     over = lengths[round_up(lengths, align) > plan_capacity]
     total = int(lengths.sum())
     tokens = int(over.sum())
@@ -214,6 +229,8 @@ def over_capacity(lengths: np.ndarray, align: int, plan_capacity: int) -> dict[s
         "tokens": tokens,
         "token_share": tokens / total if total else 0.0,
         "tokens_lost": {"error": 0, "drop": tokens, "truncate": int((over - plan_capacity).sum()), "split": 0},
+        "pieces_added": {"error": 0, "drop": 0, "truncate": 0,
+                         "split": int((-(-over // plan_capacity) - 1).sum())},
     }
 
 

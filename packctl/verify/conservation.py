@@ -120,7 +120,7 @@ def match_sources(manifest: dict[str, Any], sources: list[str]) -> list[str]:
     """
     inputs = manifest.get("inputs")
     if not isinstance(inputs, list) or not inputs or not all(isinstance(i, dict) and "path" in i for i in inputs):
-        raise PackctlError("manifest.json lists no inputs, so --source cannot be matched to sample ids")
+        raise PackctlError("the manifest lists no inputs, so --source cannot be matched to sample ids")
     resolved = reader.resolve_inputs(sources)
     by_real = {os.path.realpath(p): p for p in resolved}
     matched: list[str] = []
@@ -134,15 +134,15 @@ def match_sources(manifest: dict[str, Any], sources: list[str]) -> list[str]:
             if len(candidates) != 1:
                 raise PackctlError(
                     f"--source: {'no file' if not candidates else 'several files'} matches the input {want} of "
-                    "this output; pass the INPUT given to packctl pack (manifest.json lists them under 'inputs')")
+                    "this output; pass the INPUT given to packctl pack (the manifest lists them under 'inputs')")
             hit = candidates[0]
         matched.append(hit)
     if len(set(matched)) != len(matched):
-        raise PackctlError("--source: one file matches several inputs of manifest.json; pass the INPUT given to "
+        raise PackctlError("--source: one file matches several inputs of the manifest; pass the INPUT given to "
                            "packctl pack")
     extra = sorted(set(resolved) - set(matched))
     if extra:
-        raise PackctlError(f"--source: {extra[0]} is not an input of this output (manifest.json lists "
+        raise PackctlError(f"--source: {extra[0]} is not an input of this output (the manifest lists "
                            f"{len(inputs)} inputs); pass the INPUT given to packctl pack")
     return matched
 
@@ -150,11 +150,11 @@ def match_sources(manifest: dict[str, Any], sources: list[str]) -> list[str]:
 def _pack_config(manifest: dict[str, Any]) -> PackConfig:
     config = manifest.get("config")
     if not isinstance(config, dict):
-        raise PackctlError("manifest.json has no 'config' object, so the over-long policy is unknown")
+        raise PackctlError("the manifest has no 'config' object, so the over-long policy is unknown")
     try:
         return PackConfig(**{k: v for k, v in config.items() if k in FIELDS})
     except TypeError as exc:
-        raise PackctlError(f"manifest.json config is not a packctl config ({exc})") from None
+        raise PackctlError(f"the manifest's config is not a packctl config ({exc})") from None
 
 
 @dataclass

@@ -85,11 +85,11 @@ class Layout:
     tp_size: int = 1
 
     @classmethod
-    def from_manifest(cls, manifest: dict[str, Any], where: str = "manifest.json") -> "Layout":
+    def from_manifest(cls, manifest: dict[str, Any], where: str = "the manifest") -> "Layout":
         return cls.from_dict(manifest.get("layout"), where)
 
     @classmethod
-    def from_dict(cls, layout: Any, where: str = "manifest.json") -> "Layout":
+    def from_dict(cls, layout: Any, where: str = "the manifest") -> "Layout":
         """From a layout dict: the manifest's, or `packctl.io.manifest.layout_of(config)` in the writer."""
         if not isinstance(layout, dict):
             raise PackctlError(f"{where}: no 'layout' object; the output was not written by packctl pack "
@@ -106,7 +106,7 @@ class Layout:
 
 
 def load_manifest(out: str | Path) -> dict[str, Any]:
-    """OUT/manifest.json, or PackctlError (exit 2) when there is none to read (io/manifest.py)."""
+    """OUT's manifest, or PackctlError (exit 2) when there is none to read (io/manifest.py)."""
     return read_manifest(out)[1]
 
 
@@ -380,11 +380,13 @@ def _schema_violations(schema: pa.Schema, shard: str) -> list[Violation]:
     return found
 
 
-def _trl_lengths_violations(table: pa.Table, rows: PackRows, shard: str) -> list[Violation]:
-    """`seq_lengths` (TRL's name for the lengths that tile input_ids), when the shard has it, must
-    equal `seq_lens_padded` row by row: TRL rebuilds position_ids and sequence boundaries from it."""
+def _trl_lengths_violations(table: pa.Table, rows: PackRows, shard: str, *, required: bool) -> list[Violation]:
+    """`seq_lengths` (TRL's name for the lengths that tile input_ids) must equal `seq_lens_padded`
+    row by row: TRL rebuilds position_ids and sequence boundaries from it. Format version 2 requires
+    it; version 1 outputs written before it was added lack it."""
     if TRL_LENGTHS_COLUMN not in table.column_names:
-        return []
+        return [Violation("structure", "schema", f"column {TRL_LENGTHS_COLUMN} is missing (format version 2 "
+                          "requires it)", shard=shard)] if required else []
     if not table.schema.field(TRL_LENGTHS_COLUMN).type.equals(TRL_LENGTHS_FIELD.type):
         return [Violation("structure", "schema", f"column {TRL_LENGTHS_COLUMN} is "
                           f"{table.schema.field(TRL_LENGTHS_COLUMN).type}, the contract says {TRL_LENGTHS_FIELD.type}",
@@ -417,10 +419,11 @@ def _metadata_violations(schema: pa.Schema, manifest: dict[str, Any], shard: str
     except ValueError:
         return [Violation("structure", "metadata", "the 'packctl' Parquet metadata is not JSON", shard=shard)]
     found = []
-    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+    expected = manifest.get("format_version", FORMAT_VERSION)
+    if not isinstance(meta, dict) or meta.get("format_version") != expected:
         found.append(Violation("structure", "metadata", f"the 'packctl' metadata says format_version "
                                f"{meta.get('format_version') if isinstance(meta, dict) else meta!r}, "
-                               f"the manifest {FORMAT_VERSION}", shard=shard))
+                               f"the manifest {expected}", shard=shard))
     elif meta.get("layout") != manifest.get("layout"):
         found.append(Violation("structure", "metadata", "the layout in the 'packctl' metadata differs from the "
                                "manifest's: the shard comes from another packing", shard=shard))
@@ -436,7 +439,7 @@ def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layo
     name = entry["path"]
     path = out / name
     if not path.is_file():
-        return None, [Violation("structure", "shard-missing", "listed in manifest.json but missing", shard=name)]
+        return None, [Violation("structure", "shard-missing", "listed in the manifest but missing", shard=name)]
     found: list[Violation] = []
     if "sha256" not in entry:
         found.append(Violation("structure", "checksum", "the manifest lists no sha256 for this shard", shard=name))
@@ -460,7 +463,7 @@ def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layo
     found += problems
     if rows is None:
         return None, found
-    found += _trl_lengths_violations(table, rows, name)
+    found += _trl_lengths_violations(table, rows, name, required=manifest.get("format_version", 1) >= 2)
     tokens = int(np.asarray(rows.num_tokens, dtype=np.int64).sum())
     if "tokens" in entry and tokens != entry["tokens"]:
         found.append(Violation("structure", "manifest-shard", f"{tokens} tokens (sum of num_tokens), the manifest "
@@ -497,7 +500,7 @@ def tiled_starts(rows: PackRows) -> np.ndarray | None:
 def unlisted_shards(out: Path, manifest: dict[str, Any]) -> list[Violation]:
     """Parquet files in OUT that the manifest does not list (readers of the directory would take them)."""
     listed = {Path(s["path"]).as_posix() for s in manifest["shards"]}
-    return [Violation("structure", "shard-unlisted", "a Parquet file in OUT that manifest.json does not list",
+    return [Violation("structure", "shard-unlisted", "a Parquet file in OUT that the manifest does not list",
                       shard=p.relative_to(out).as_posix())
             for p in sorted(out.rglob("*.parquet")) if p.relative_to(out).as_posix() not in listed]
 
@@ -526,7 +529,7 @@ def check_counts(manifest: dict[str, Any], totals: Totals, *, complete: bool) ->
     counts = manifest.get("counts")
     if not isinstance(counts, dict) or any(k not in counts for k in COUNT_KEYS):
         missing = [k for k in COUNT_KEYS if not isinstance(counts, dict) or k not in counts]
-        return [Violation("structure", "manifest-counts", f"manifest.json counts lack {', '.join(missing)}")]
+        return [Violation("structure", "manifest-counts", f"the manifest's counts lack {', '.join(missing)}")]
     c = {k: int(counts[k]) for k in COUNT_KEYS + OPTIONAL_COUNT_KEYS if k in counts}
     found: list[Violation] = []
 
