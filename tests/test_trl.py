@@ -9,7 +9,6 @@ column TRL treats each pack as one document and the equality breaks.
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -20,12 +19,11 @@ pytest.importorskip("transformers")
 pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
-from conftest import pack_to  # noqa: E402
+from conftest import pack_to, run_docs_block  # noqa: E402
 from packctl.torch import PackedDataset  # noqa: E402
 from torch_proof import max_differences, packed_run, seq_starts_of, source_pieces, tiny_llama, unpacked_run  # noqa: E402
 
 TOLERANCE = 1e-5
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "training.md"
 LAYOUTS = {
     # tail padding to the capacity, held by each pack's last sequence
     "cp1-capacity": dict(capacity=1024, too_long="split"),
@@ -108,14 +106,6 @@ def test_without_seq_lengths_trl_attends_across_sequences(out, model, tokenizer,
     assert diff["per_token"] > 1e-2 and diff["loss"] > 1e-4, diff
 
 
-def _docs_block(marker: str) -> str:
-    """The python block that follows `<!-- marker -->` in docs/training.md."""
-    text = DOCS.read_text()
-    found = re.search(rf"<!-- {re.escape(marker)} -->\s*```python\n(.*?)```", text, re.S)
-    assert found, f"docs/training.md has no python block after <!-- {marker} -->"
-    return found.group(1)
-
-
 def test_docs_trl_recipe_trains(out, tokenizer, tmp_path, monkeypatch):
     """The SFTTrainer block of docs/training.md, run as written on an output named `packed` (the
     config only gains the CPU settings and a few steps); it trains with finite losses."""
@@ -126,9 +116,7 @@ def test_docs_trl_recipe_trains(out, tokenizer, tmp_path, monkeypatch):
     real_config = trl.SFTConfig
     monkeypatch.setattr(trl, "SFTConfig", lambda **kw: real_config(**kw, bf16=False, use_cpu=True, report_to="none",
                                                                     logging_steps=1, max_steps=3, save_strategy="no"))
-    namespace = {"model": tiny_llama(seed=1), "tokenizer": tokenizer}
-    exec(compile(_docs_block("test: tests/test_trl.py"), str(DOCS), "exec"), namespace)
-    trainer = namespace["trainer"]
+    trainer = run_docs_block("trl", {"model": tiny_llama(seed=1), "tokenizer": tokenizer})["trainer"]
     assert trainer.state.global_step == 3
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(losses) == 3 and all(math.isfinite(x) and x > 0 for x in losses)
