@@ -70,7 +70,7 @@ def _cpu_config(output_dir, **overrides):
 def _first_batch(out: Path, model, tokenizer, tmp_path, *, drop: tuple[str, ...] = ()):
     from trl import SFTTrainer
 
-    dataset = datasets.load_dataset("parquet", data_files=str(out / "*.parquet"), split="train")
+    dataset = datasets.load_dataset("parquet", data_dir=str(out), split="train")
     if drop:
         dataset = dataset.remove_columns(list(drop))
     args = _cpu_config(tmp_path / "run", padding_free=True, max_length=None, per_device_train_batch_size=2,
