@@ -153,5 +153,5 @@ def test_manifest_counts_and_metrics(tmp_path, sample_data, algorithm):
     assert metrics["tokens"] == sum(_read(out, "num_tokens"))
     assert metrics["packs"] <= 1.01 * metrics["lower_bound_packs"]
     meta = json.loads(pq.read_schema(out / manifest["shards"][0]["path"]).metadata[b"packctl"])
-    assert meta["format_version"] == 1 and meta["config"]["algorithm"] == algorithm
+    assert meta["format_version"] == 2 and meta["config"]["algorithm"] == algorithm
     assert set(manifest["timings"]) >= {"scan", "order", "plan", "materialize", "report", "total"}
