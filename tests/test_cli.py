@@ -110,8 +110,9 @@ def test_shell_completion_offers_the_choices():
 
 
 def test_cli_choice_lists_match_the_implementations():
-    from packctl.cli import SAMPLE_DISTRIBUTIONS, VERIFY_BACKENDS
+    from packctl.cli import EXPORT_FORMATS, SAMPLE_DISTRIBUTIONS, VERIFY_BACKENDS
+    from packctl.export import FORMATS
     from packctl.sample import DISTRIBUTIONS
     from packctl.verify.backends import BACKENDS
 
-    assert SAMPLE_DISTRIBUTIONS == DISTRIBUTIONS and VERIFY_BACKENDS == BACKENDS
+    assert SAMPLE_DISTRIBUTIONS == DISTRIBUTIONS and VERIFY_BACKENDS == BACKENDS and EXPORT_FORMATS == FORMATS

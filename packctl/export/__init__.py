@@ -1,0 +1,103 @@
+"""`packctl export OUT -o DIR --format F`: a packed output rewritten in the packed format another
+trainer reads itself, pack for pack, in output order (docs/training.md "Exports").
+
+    nemo       NeMo / Megatron-Bridge packed SFT: DIR/train-00000.idx.parquet ... (input_ids,
+               seq_start_id, loss_mask) and DIR/packing_metadata.json
+    nemo-npy   the same rows as NeMo's legacy DIR/train.npy (an array of dicts)
+    olmo       OLMo-core numpy token files: DIR/part-00000.npy ... (flat tokens), label masks and
+               document boundaries
+
+Every format is read back by an independent reader in tests/test_export.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packctl.errors import PackctlError
+from packctl.io.manifest import read_manifest
+
+FORMATS = ("nemo", "nemo-npy", "olmo")
+
+
+@dataclass
+class ShardPacks:
+    """The columns of one shard an export needs, as flat numpy arrays (CSR offsets per pack)."""
+
+    name: str
+    token_offsets: np.ndarray  # int64, packs + 1: pack r is input_ids[token_offsets[r]:token_offsets[r+1]]
+    input_ids: np.ndarray  # int32
+    labels: np.ndarray  # int32, unshifted, -100 where no loss
+    seq_offsets: np.ndarray  # int64, packs + 1: the sequences of pack r
+    seq_lens: np.ndarray  # int64, true lengths
+    seq_starts: np.ndarray  # int64, each sequence's offset inside its pack (cu_seqlens_padded[:-1])
+
+    @property
+    def num_packs(self) -> int:
+        return len(self.token_offsets) - 1
+
+    def flat_starts(self) -> np.ndarray:
+        """Each sequence's offset in `input_ids`."""
+        pack_of = np.repeat(np.arange(self.num_packs), np.diff(self.seq_offsets))
+        return self.token_offsets[pack_of] + self.seq_starts
+
+
+def _list(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    array = table.column(name).combine_chunks()
+    offsets = np.asarray(array.offsets, dtype=np.int64)
+    return offsets - offsets[0], array.values.to_numpy()[offsets[0]:offsets[-1]]
+
+
+def read_packs(out: Path, manifest: dict) -> Iterator[ShardPacks]:
+    """The shards of a packed output, in manifest order."""
+    for entry in manifest["shards"]:
+        path = out / entry["path"]
+        try:
+            table = pq.read_table(path, columns=["input_ids", "labels", "seq_lens", "cu_seqlens_padded"])
+        except (pa.ArrowException, OSError) as exc:
+            raise PackctlError(f"{path}: not readable as packctl shard ({exc}); run packctl verify on the output")
+        token_offsets, input_ids = _list(table, "input_ids")
+        _, labels = _list(table, "labels")
+        seq_offsets, seq_lens = _list(table, "seq_lens")
+        cu_offsets, cu = _list(table, "cu_seqlens_padded")
+        # cu_seqlens_padded has one more entry per pack than seq_lens: drop each pack's last
+        keep = np.ones(len(cu), dtype=bool)
+        keep[cu_offsets[1:] - 1] = False
+        yield ShardPacks(entry["path"], token_offsets, input_ids, labels, seq_offsets,
+                         seq_lens.astype(np.int64), cu[keep].astype(np.int64))
+
+
+def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = False,
+           eos_token_id: int | None = None) -> dict:
+    """Write the packed output `out` to `target` in format `fmt`; returns what was written."""
+    from packctl.export import nemo, olmo
+
+    if fmt not in FORMATS:
+        raise PackctlError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    out, manifest = read_manifest(out)
+    target = Path(target)
+    if target.exists():
+        if not overwrite:
+            raise PackctlError(f"{target}: exists; choose another -o or pass --overwrite")
+        if not target.is_dir():
+            raise PackctlError(f"{target}: exists and is not a directory")
+        for child in target.iterdir():
+            if child.is_dir():
+                raise PackctlError(f"{target}: holds the directory {child.name}; export writes files only, "
+                                   "choose an empty or new -o")
+            child.unlink()
+    if target.resolve() == out.resolve() or out.resolve() in target.resolve().parents:
+        raise PackctlError(f"{target}: inside the packed output {out}; choose a -o outside it")
+    target.mkdir(parents=True, exist_ok=True)
+    layout = manifest["layout"]
+    if layout.get("pad_to") == "batch":
+        raise PackctlError(f"{out}: a batch-mode output (padded micro-batches); exports take packs: pack "
+                           "without --mode batch")
+    if fmt in ("nemo", "nemo-npy"):
+        return nemo.write(out, manifest, target, npy=fmt == "nemo-npy", eos_token_id=eos_token_id)
+    return olmo.write(out, manifest, target, eos_token_id=eos_token_id)
