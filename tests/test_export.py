@@ -154,6 +154,9 @@ def test_export_cli(packed, tmp_path):
     assert again.returncode == 2 and "exists; choose another -o or pass --overwrite" in " ".join(again.stderr.split())
     bad = run_cli("export", str(out), "-o", str(tmp_path / "f"), "--format", "megatron")
     assert bad.returncode == 2 and "--format 'megatron': choose one of" in bad.stderr
+    inside = run_cli("export", str(out), "-o", str(out), "--format", "nemo", "--overwrite")
+    assert inside.returncode == 2 and "inside the packed output" in inside.stderr
+    assert (out / "_manifest.json").exists()  # nothing of the output was touched
 
 
 # --- OLMo-core ----------------------------------------------------------------------------------

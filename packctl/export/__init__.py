@@ -81,6 +81,8 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
         raise PackctlError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     out, manifest = read_manifest(out)
     target = Path(target)
+    if target.resolve() == out.resolve() or out.resolve() in target.resolve().parents:
+        raise PackctlError(f"{target}: inside the packed output {out}; choose a -o outside it")
     if target.exists():
         if not overwrite:
             raise PackctlError(f"{target}: exists; choose another -o or pass --overwrite")
@@ -91,8 +93,6 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
                 raise PackctlError(f"{target}: holds the directory {child.name}; export writes files only, "
                                    "choose an empty or new -o")
             child.unlink()
-    if target.resolve() == out.resolve() or out.resolve() in target.resolve().parents:
-        raise PackctlError(f"{target}: inside the packed output {out}; choose a -o outside it")
     target.mkdir(parents=True, exist_ok=True)
     layout = manifest["layout"]
     if layout.get("pad_to") == "batch":

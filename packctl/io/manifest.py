@@ -51,8 +51,7 @@ def manifest_path(out: Path) -> Path | None:
 
 def metrics_path(out: Path) -> Path:
     """OUT's packing report (`_metrics.json`, or `metrics.json` in a version-1 output)."""
-    return out / LEGACY_METRICS if (out / LEGACY_MANIFEST).is_file() and not (out / MANIFEST).is_file() \
-        else out / METRICS
+    return next((out / name for name in (METRICS, LEGACY_METRICS) if (out / name).is_file()), out / METRICS)
 
 # Options that say where and how a run executes, never what it writes: kept out of the shards'
 # metadata so the same packing has the same bytes wherever it is written.

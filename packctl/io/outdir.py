@@ -26,7 +26,7 @@ import shutil
 import signal
 import threading
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from packctl.errors import PackctlError
 from packctl.io.journal import (JOURNAL, RUN_FILE, ShardInfo, fsync_dir, journal_line, partial_dir, read_journal,
@@ -105,9 +105,9 @@ class OutputDir:
     def _keep_only_done(self) -> None:
         """Reuse the partial directory: keep run.json and the verified shards, compact the journal."""
         keep = {RUN_FILE, *self.done}
+        keep |= {parent.as_posix() for name in keep for parent in PurePosixPath(name).parents}  # their folders
         for entry in sorted(self.tmp.rglob("*"), reverse=True):  # children before their folder
-            name = entry.relative_to(self.tmp).as_posix()
-            if name in keep or any(k.startswith(f"{name}/") for k in keep):
+            if entry.relative_to(self.tmp).as_posix() in keep:
                 continue
             shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         (self.tmp / DATA_DIR).mkdir(exist_ok=True)
