@@ -19,6 +19,15 @@ from packctl.version import __version__  # noqa: E402
 
 from packctl.config import PackConfig, load_config  # noqa: E402
 from packctl.errors import PackctlError  # noqa: E402
-from packctl.pipeline import PackResult, pack  # noqa: E402
 
 __all__ = ["PackConfig", "PackResult", "PackctlError", "load_config", "pack", "__version__"]
+
+
+def __getattr__(name: str):
+    # `pack` pulls in the whole pipeline (numba kernels, pyarrow): loaded on first use, so that
+    # `packctl --help` and the options need not pay for it.
+    if name in ("pack", "PackResult"):
+        from packctl import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'packctl' has no attribute {name!r}")

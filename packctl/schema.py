@@ -16,7 +16,6 @@ padding-free collator reads (it rebuilds position_ids from it, so TRL needs no o
 """
 from __future__ import annotations
 
-import pyarrow as pa
 
 FORMAT_VERSION = 2  # 2: OUT is a Parquet dataset (data/, _manifest.json); the columns are version 1's
 METADATA_KEY = b"packctl"
@@ -27,16 +26,27 @@ LIST_INT32_COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "seq_le
                       "cu_seqlens", "cu_seqlens_padded")
 # The lengths that tile input_ids again, named as TRL reads them (DataCollatorForLanguageModeling
 # rebuilds position_ids from `seq_lengths`; SFTTrainer keeps input_ids, labels and seq_lengths).
-# Written in every shard; readers and checks do not require it (shards written before it lack it).
+# Written in every shard; format version 2 requires it (version-1 outputs may lack it).
 TRL_LENGTHS_COLUMN = "seq_lengths"
 BALANCE_COLUMNS = ("step", "dp_rank", "micro_batch")
 # Every column packctl itself may write (kept input columns must not reuse these names).
-RESERVED_COLUMNS = (*LIST_INT32_COLUMNS, "sample_ids", "num_tokens", TRL_LENGTHS_COLUMN, *BALANCE_COLUMNS, "lr_scale", "padded_len",
-                    "batch_size")
+RESERVED_COLUMNS = (*LIST_INT32_COLUMNS, "sample_ids", "num_tokens", TRL_LENGTHS_COLUMN, *BALANCE_COLUMNS,
+                    "lr_scale", "padded_len", "batch_size")
 
-PACK_SCHEMA = pa.schema(
-    [pa.field(name, pa.list_(pa.int32()), nullable=False) for name in LIST_INT32_COLUMNS]
-    + [pa.field("sample_ids", pa.list_(pa.int64()), nullable=False),
-       pa.field("num_tokens", pa.int32(), nullable=False)]
-)
-TRL_LENGTHS_FIELD = pa.field(TRL_LENGTHS_COLUMN, pa.list_(pa.int32()), nullable=False)
+
+
+def __getattr__(name: str):
+    # The Arrow types load pyarrow (0.2 s): built on first use, so the options and `--help` need
+    # not import it.
+    if name in ("PACK_SCHEMA", "TRL_LENGTHS_FIELD"):
+        import pyarrow as pa
+
+        schema = pa.schema(
+            [pa.field(c, pa.list_(pa.int32()), nullable=False) for c in LIST_INT32_COLUMNS]
+            + [pa.field("sample_ids", pa.list_(pa.int64()), nullable=False),
+               pa.field("num_tokens", pa.int32(), nullable=False)]
+        )
+        globals().update(PACK_SCHEMA=schema,
+                         TRL_LENGTHS_FIELD=pa.field(TRL_LENGTHS_COLUMN, pa.list_(pa.int32()), nullable=False))
+        return globals()[name]
+    raise AttributeError(f"module 'packctl.schema' has no attribute {name!r}")
