@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from rich.console import Console
 from rich.progress import (BarColumn, Progress as RichProgressBar, ProgressColumn, TextColumn,
@@ -13,8 +13,10 @@ from rich.progress import (BarColumn, Progress as RichProgressBar, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
-from packctl.pipeline import PackResult
 from packctl.runtime import Progress
+
+if TYPE_CHECKING:  # the stats and verify reports need none of the packing pipeline
+    from packctl.pipeline import PackResult
 
 
 # What each stage counts.

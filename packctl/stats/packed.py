@@ -80,7 +80,7 @@ def read_packed(out: Path, manifest: dict[str, Any]) -> PackedArrays:
             names = scan.collect_schema().names()
         except pl.exceptions.PolarsError as exc:
             raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)}); pack again") from None
-        missing = [c for c in (*READ_COLUMNS, "input_ids") if c not in names]
+        missing = [c for c in (*READ_COLUMNS, "cu_seqlens_padded") if c not in names]
         if missing:
             raise PackctlError(f"{path}: no column {', '.join(repr(c) for c in missing)}; not a packed "
                                "shard of format version 1 (docs/format.md)")
@@ -91,8 +91,10 @@ def read_packed(out: Path, manifest: dict[str, Any]) -> PackedArrays:
             raise PackctlError(f"{path}: balancing columns {list(present)} differ from the first shard's "
                                f"{list(balance_columns)}; pack again")
         try:
-            frame = collect_streaming(scan.select(*READ_COLUMNS, pl.col("input_ids").list.len().alias("pack_len"),
-                                                  *present))
+            # a pack's length is the last entry of cu_seqlens_padded (len(input_ids) by the contract):
+            # the token columns, most of a shard's bytes, are never decoded
+            frame = collect_streaming(scan.select(*READ_COLUMNS,
+                                                  pl.col("cu_seqlens_padded").list.last().alias("pack_len"), *present))
         except pl.exceptions.PolarsError as exc:
             raise PackctlError(f"{path}: cannot read the packs ({_short(exc)}); the file may be truncated or "
                                "corrupt: pack again") from None
