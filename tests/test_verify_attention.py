@@ -159,7 +159,12 @@ def test_bench_reports_both_timings(packs, sdpa):
     result = bench_attention(packs[:2], sdpa, "fp32", EMBEDDING, repeats=1)
     assert result.packed_ms > 0 and result.padded_ms > 0 and result.speedup > 0
     assert result.tokens_real == sum(int(p.seq_lens.sum()) for p in packs[:2])
-    assert result.tokens_padded == sum(len(p.seq_lens) * int(p.seq_lens.max()) for p in packs[:2])
+    # padded baseline: the same sequences in sample-id order, batches of the mean sequences per pack
+    order = np.argsort(np.concatenate([p.sample_ids for p in packs[:2]]), kind="stable")
+    lengths = np.concatenate([p.seq_lens for p in packs[:2]])[order]
+    batch = round(len(lengths) / 2)
+    assert result.padded_batch == batch
+    assert result.tokens_padded == sum(len(g) * int(g.max()) for g in np.split(lengths, range(batch, len(lengths), batch)))
 
 
 def test_verify_end_to_end_with_attention_cp_and_bench(small_output, sample_data):

@@ -315,6 +315,7 @@ class BenchResult:
     tokens_padded: int
     tokens_real: int
     repeats: int
+    padded_batch: int
 
     @property
     def speedup(self) -> float:
@@ -324,33 +325,40 @@ class BenchResult:
         return {"backend": self.backend, "dtype": self.dtype, "device": self.device, "packs": self.packs,
                 "packed_ms": self.packed_ms, "padded_ms": self.padded_ms, "speedup": self.speedup,
                 "tokens_packed": self.tokens_packed, "tokens_padded": self.tokens_padded,
-                "tokens_real": self.tokens_real, "repeats": self.repeats}
+                "tokens_real": self.tokens_real, "repeats": self.repeats,
+                "padded_batch": self.padded_batch}
 
 
 def bench_attention(packs: list[Pack], backend: Backend, dtype: str, embedding: ProbeEmbedding, *,
                     repeats: int = 3) -> BenchResult:
-    """Time packed varlen attention against padded-batch attention over the same sequences.
+    """Time packed varlen attention against padded batching of the same sequences.
 
-    Padded batch: the sequences of each pack padded to the longest of them and batched, causal
-    SDPA (what a trainer without packing computes). Both run once untimed, then `repeats` times;
-    the median of the total over the packs is reported.
+    Packed: one varlen call per pack (a micro-batch of one pack). Padded: what a trainer without
+    packing computes, the same sequences in input (sample id) order, in batches of as many
+    sequences as a pack holds on average, each batch padded to its longest, causal SDPA. Both run
+    once untimed, then `repeats` times; the median of the total is reported.
     """
     torch = backend.torch
     dt = torch_dtype(torch, dtype)
-    packed_inputs, padded_inputs = [], []
-    tokens_padded = tokens_real = 0
+    packed_inputs, alone = [], []
     for pack in packs:
         inputs = PackInputs.build(torch, pack, embedding, backend.device)
         q, k, v = inputs.packed.to(dt)
         packed_inputs.append((q, k, v, inputs.cu_seqlens_padded, inputs.max_seqlen))
-        longest = int(pack.seq_lens.max())
-        batch = torch.zeros(3, len(pack.seq_lens), embedding.heads, longest, embedding.head_dim, dtype=dt,
-                            device=backend.device)
         for i, (lo, hi) in enumerate(zip(inputs.alone_offsets[:-1], inputs.alone_offsets[1:])):
-            batch[:, i, :, :hi - lo] = inputs.alone[:, lo:hi].to(dt).transpose(1, 2)
-        padded_inputs.append(batch)
-        tokens_padded += len(pack.seq_lens) * longest
-        tokens_real += int(pack.seq_lens.sum())
+            alone.append((int(pack.sample_ids[i]), len(alone), inputs.alone[:, lo:hi].to(dt)))
+    sequences = [x for _, _, x in sorted(alone, key=lambda item: item[:2])]  # input order; pieces in order
+    batch = max(1, round(len(sequences) / len(packs)))
+    padded_inputs, tokens_padded = [], 0
+    for b0 in range(0, len(sequences), batch):
+        group = sequences[b0:b0 + batch]
+        longest = max(x.shape[1] for x in group)
+        padded = torch.zeros(3, len(group), embedding.heads, longest, embedding.head_dim, dtype=dt,
+                             device=backend.device)
+        for i, x in enumerate(group):
+            padded[:, i, :, :x.shape[1]] = x.transpose(1, 2)
+        padded_inputs.append(padded)
+        tokens_padded += len(group) * longest
 
     def sync() -> None:
         if backend.device == "cuda":
@@ -379,7 +387,8 @@ def bench_attention(packs: list[Pack], backend: Backend, dtype: str, embedding: 
     return BenchResult(backend=backend.name, dtype=dtype, device=backend.device, packs=len(packs),
                        packed_ms=timed(run_packed_all), padded_ms=timed(run_padded_all),
                        tokens_packed=sum(len(p.input_ids) for p in packs), tokens_padded=tokens_padded,
-                       tokens_real=tokens_real, repeats=repeats)
+                       tokens_real=sum(int(p.seq_lens.sum()) for p in packs), repeats=repeats,
+                       padded_batch=batch)
 
 
 @dataclass

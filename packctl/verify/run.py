@@ -252,7 +252,7 @@ def _attention_checks(checks: dict[str, CheckResult], violations: list[Violation
                                       {"reason": "no --bench"})
     else:
         lines = [f"{b['backend']} {b['dtype']} ({b['device']}): packed {b['packed_ms']:.1f} ms vs padded batch "
-                 f"{b['padded_ms']:.1f} ms over {b['packs']} packs: {b['speedup']:.2f}x "
+                 f"{b['padded_ms']:.1f} ms (batches of {b['padded_batch']}) over {b['packs']} packs: {b['speedup']:.2f}x "
                  f"({b['tokens_packed']:,} packed vs {b['tokens_padded']:,} padded tokens)" for b in run.bench]
         checks["bench"] = CheckResult("ok" if run.bench else "skipped", lines or ["nothing to time"],
                                       {"results": run.bench})
