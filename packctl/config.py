@@ -91,8 +91,12 @@ class PackConfig:
     window: int = option(100_000, help="Sequences per planning window (global positions; each window is packed "
                                        "on its own).")
     cp_size: int = option(1, help="Context-parallel size; with cp > 1 each sequence is padded to a multiple of "
-                                  "2*cp*tp.")
-    tp_size: int = option(1, help="Tensor-parallel size (sequence parallelism pads to a multiple of tp).")
+                                  "2*cp (Transformer Engine's THD split into 2*cp chunks).")
+    tp_size: int = option(1, help="Tensor-parallel size; with --sequence-parallel each sequence is padded to a "
+                                  "multiple of cp*tp.")
+    sequence_parallel: bool = option(True, switch=True, help="Megatron sequence parallelism is on (with --tp-size "
+                                                             "> 1): each CP rank's share of a sequence splits "
+                                                             "evenly over the tp ranks.")
     seq_multiple: int = option(1, help="Extra per-sequence length multiple (e.g. 8 or 64 for kernels that like "
                                        "aligned lengths).")
     pad_to: str = option("capacity", choices=("capacity", "multiple"),
@@ -162,10 +166,20 @@ class PackConfig:
 
     @property
     def align(self) -> int:
-        """Per-sequence padding multiple: lcm(seq_multiple, 2*cp*tp if cp > 1 else tp), and
-        seq_round in batch mode."""
-        parallel = 2 * self.cp_size * self.tp_size if self.cp_size > 1 else self.tp_size
-        align = math.lcm(self.seq_multiple, parallel)
+        """Per-sequence padding multiple: what the kernels need and no more, Megatron-Bridge's rule.
+
+            align = lcm(seq_multiple, 2*cp if cp > 1, cp*tp if sequence parallel and tp > 1)
+
+        Transformer Engine's THD context parallelism cuts every sequence into 2*cp equal chunks;
+        sequence parallelism then splits each CP rank's share (length / cp) over the tp ranks.
+        Tensor parallelism alone splits heads, not tokens, and needs nothing. seq_round joins in
+        batch mode. cp 2, tp 4: 8 (SP) or 4 (no SP), where 2*cp*tp would be 16.
+        """
+        align = self.seq_multiple
+        if self.cp_size > 1:
+            align = math.lcm(align, 2 * self.cp_size)
+        if self.sequence_parallel and self.tp_size > 1:
+            align = math.lcm(align, self.cp_size * self.tp_size)
         return math.lcm(align, self.seq_round) if self.mode == "batch" else align
 
     @property
@@ -327,7 +341,8 @@ def _positive(name: str, value: int) -> None:
 FIELDS = {f.name: f for f in dataclasses.fields(PackConfig)}
 
 # The options that change what `pack` plans: the what-if of `packctl stats` takes and reports them.
-PLANNING_OPTIONS = ("order", "curriculum_order", "seed", "window", "cp_size", "tp_size", "seq_multiple",
+PLANNING_OPTIONS = ("order", "curriculum_order", "seed", "window", "cp_size", "tp_size", "sequence_parallel",
+                    "seq_multiple",
                     "pad_to", "pack_multiple", "max_seqs_per_bin", "too_long", "pool_size", "pool_strategy")
 
 

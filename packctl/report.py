@@ -415,7 +415,8 @@ def input_renderables(r: dict[str, Any]) -> list:
                 line += f"; rows with --too-long {cap['too_long']}"
         head.add_row(f"over --capacity {cap['capacity']:,}", line)
     head.add_row("settings", f"order {s['order']}, window {s['window']:,}, align {s['align']} (cp {s['cp_size']}, "
-                             f"tp {s['tp_size']}, seq-multiple {s['seq_multiple']}), pad to {s['pad_to']}, "
+                             f"tp {s['tp_size']}{'' if s.get('sequence_parallel', True) else ' no SP'}, "
+                             f"seq-multiple {s['seq_multiple']}), pad to {s['pad_to']}, "
                              f"max seqs per pack {s['max_seqs_per_bin'] or 'no limit'}")
     t = r["stats_seconds"]
     head.add_row("time", f"read lengths {t['read_lengths']:.2f}s, plan {t['plan']:.2f}s, "

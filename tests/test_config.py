@@ -6,11 +6,20 @@ from packctl import PackConfig, PackctlError, load_config
 from packctl.config import build_config, parse_bytes
 
 
-@pytest.mark.parametrize("cp, tp, seq_multiple, align", [
-    (1, 1, 1, 1), (2, 1, 1, 4), (2, 2, 1, 8), (1, 4, 1, 4), (1, 1, 64, 64), (4, 2, 24, 48), (1, 2, 3, 6),
+@pytest.mark.parametrize("cp, tp, sp, seq_multiple, align", [
+    (1, 1, True, 1, 1), (2, 1, True, 1, 4), (2, 2, True, 1, 4), (1, 4, True, 1, 4), (1, 1, True, 64, 64),
+    (4, 2, True, 24, 24), (1, 2, True, 3, 6), (2, 4, True, 1, 8), (2, 4, False, 1, 4), (1, 4, False, 1, 1),
+    (4, 3, True, 1, 24), (4, 3, False, 1, 8), (3, 2, True, 1, 6), (8, 8, True, 1, 64),
 ])
-def test_alignment(cp, tp, seq_multiple, align):
-    assert PackConfig(cp_size=cp, tp_size=tp, seq_multiple=seq_multiple).align == align
+def test_alignment(cp, tp, sp, seq_multiple, align):
+    """lcm(seq_multiple, 2*cp if cp > 1, cp*tp if sequence parallel and tp > 1)."""
+    cfg = PackConfig(cp_size=cp, tp_size=tp, sequence_parallel=sp, seq_multiple=seq_multiple)
+    assert cfg.align == align
+    assert align % cfg.seq_multiple == 0
+    if cp > 1:  # Transformer Engine's THD split: 2*cp equal chunks of every sequence
+        assert align % (2 * cp) == 0
+    if sp and tp > 1:  # each CP rank's share of a sequence splits over the tp ranks
+        assert (align // cp) % tp == 0
 
 
 def test_plan_capacity_for_pad_to_multiple():

@@ -28,7 +28,8 @@ def test_every_combination_passes_the_contract(tmp_path, sample_data, contract, 
         errors = check_contract(contract, out, [sample_data])
         assert errors == [], (algorithm, order, too_long, cp, tp, pad_to, errors)
         manifest = json.loads((out / "_manifest.json").read_text())
-        assert manifest["layout"]["align"] == (2 * cp * tp if cp > 1 else tp)
+        # lcm(2*cp if cp > 1, cp*tp with sequence parallelism (the default) and tp > 1)
+        assert manifest["layout"]["align"] == {(1, 1): 1, (1, 2): 2, (2, 1): 4, (2, 2): 4}[cp, tp]
         counts = result.counts
         assert counts["sequences_in"] == 2000
         over = 7  # sample_data has 7 sequences longer than 4096 (sample_data/README.md)

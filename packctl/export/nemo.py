@@ -18,7 +18,7 @@ packed datasets' collate_fn, packed_sequence.tokenize_dataset):
 A packctl pack holds each sequence's n true tokens (labels unshifted, -100 on the first token and
 where the source masks it) plus its alignment padding; the export writes the n tokens, pads to the
 NeMo length with the EOS id, and sets loss_mask[j] = (labels[j + 1] != -100). m is the output's
-alignment (2*cp*tp, or --seq-multiple); capacity budgets are unchanged (ceil((n-1)/m)*m <= the
+alignment (layout.align: 2*cp, cp*tp with sequence parallelism, --seq-multiple); capacity budgets are unchanged (ceil((n-1)/m)*m <= the
 padded length packctl planned with).
 """
 from __future__ import annotations

@@ -73,6 +73,7 @@ def layout_of(config: PackConfig) -> dict[str, Any]:
             "ignore_index": IGNORE_INDEX,
             "cp_size": config.cp_size,
             "tp_size": config.tp_size,
+            "sequence_parallel": config.sequence_parallel,
         }
     return {
         "capacity": config.capacity,
@@ -83,6 +84,7 @@ def layout_of(config: PackConfig) -> dict[str, Any]:
         "ignore_index": IGNORE_INDEX,
         "cp_size": config.cp_size,
         "tp_size": config.tp_size,
+        "sequence_parallel": config.sequence_parallel,
     }
 
 

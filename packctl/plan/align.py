@@ -1,6 +1,6 @@
 """Alignment: every sequence is padded to a multiple of `align` before packing.
 
-    align = lcm(seq_multiple, 2*cp*tp if cp > 1 else tp)
+    align = lcm(seq_multiple, 2*cp if cp > 1, cp*tp if sequence parallel and tp > 1)
     lengths [5, 8, 3], align 4  ->  padded [8, 8, 4]
 """
 from __future__ import annotations
