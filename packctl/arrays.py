@@ -1,8 +1,9 @@
 """Small vectorized helpers over CSR-style segments (numpy only)."""
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from packctl.jit import njit
 
 
 def ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
@@ -27,7 +28,7 @@ def offsets_of(lens: np.ndarray) -> np.ndarray:
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _copy_segments(src, src_starts, dst, dst_starts, lens):
     for i in range(len(lens)):
         s, d, n = src_starts[i], dst_starts[i], lens[i]
@@ -45,7 +46,7 @@ def copy_segments(src: np.ndarray, src_starts: np.ndarray, dst: np.ndarray, dst_
                    np.asarray(lens, np.int64))
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _segment_positions(lens, out):
     k = 0
     for i in range(len(lens)):

@@ -67,6 +67,12 @@ class RichProgress(Progress):
         self._bar.stop()
 
 
+def compile_seconds() -> float:
+    """Seconds spent compiling kernels so far (0 while none is loaded: packctl.jit counts them)."""
+    jit = sys.modules.get("packctl.jit")
+    return jit.compile_seconds() if jit is not None else 0.0
+
+
 class LogProgress(Progress):
     """Progress as log lines, for runs without a terminal (Slurm logs, CI): a line when a stage
     starts and ends, and one every `interval` seconds in between with done/total, rate and ETA.
@@ -77,17 +83,21 @@ class LogProgress(Progress):
     def __init__(self, stream: TextIO | None = None, interval: float = 10.0, clock: Callable[[], float] = time.monotonic):
         self._stream, self._interval, self._clock = stream or sys.stderr, interval, clock
         self._lock = threading.Lock()
-        self._stage: list | None = None  # [name, total, done, started, last line]
+        self._stage: list | None = None  # [name, total, done, started, last line, compile seconds at start]
 
     def _line(self, text: str) -> None:
         print(f"packctl: {text}", file=self._stream, flush=True)
 
     def _finish(self) -> None:
         if self._stage is not None:
-            name, _, done, started, _ = self._stage
+            name, _, done, started, _, compiled = self._stage
             seconds = self._clock() - started
+            compiling = min(compile_seconds() - compiled, seconds)
             unit = STAGE_UNITS.get(name, "")
-            rate = f", {done / seconds:,.0f} {unit}/s" if seconds > 0 and unit else ""
+            working = seconds - compiling
+            rate = f", {done / working:,.0f} {unit}/s" if working > 0 and unit else ""
+            if compiling >= 0.05:
+                rate += f" (after {compiling:.1f}s compiling kernels, once per install)"
             self._line(f"{name} done: {done:,} {unit} in {seconds:.1f}s{rate}".replace("  ", " "))
             self._stage = None
 
@@ -95,7 +105,7 @@ class LogProgress(Progress):
         with self._lock:
             self._finish()
             now = self._clock()
-            self._stage = [name, total, 0, now, now]
+            self._stage = [name, total, 0, now, now, compile_seconds()]
             unit = STAGE_UNITS.get(name, "")
             self._line(f"{name}: {total:,} {unit}".rstrip() if total is not None else f"{name}")
         return self._advance
@@ -105,7 +115,7 @@ class LogProgress(Progress):
             if self._stage is None:
                 return
             self._stage[2] += n
-            name, total, done, started, last = self._stage
+            name, total, done, started, last, _ = self._stage
             now = self._clock()
             if now - last < self._interval:
                 return
@@ -152,9 +162,10 @@ def summary_table(result: PackResult) -> Table:
         ("sequences per pack", f"{spp['min']} / {spp['mean']:.2f} / {spp['max']} (min/mean/max)"),
         ("vs padded batching", f"{m['padded_batching']['estimated_gain']:.2f}x fewer tokens"),
         ("shards", f"{len(result.shards)}"),
-        ("time", "  ".join(f"{k} {v:.2f}s" for k, v in result.timings.items())),
+        ("time", "  ".join(f"{k} {v:.2f}s" for k, v in result.timings.items() if k != "compile" or v >= 0.01)),
         ("throughput", f"{m['throughput']['sequences_per_s']:,.0f} seq/s, "
-                       f"{m['throughput']['tokens_per_s'] / 1e6:,.1f} M tok/s"),
+                       f"{m['throughput']['tokens_per_s'] / 1e6:,.1f} M tok/s"
+                       + (" (compiling left out)" if result.timings.get("compile", 0) >= 0.01 else "")),
     ]
     b = m.get("balance")
     if b:

@@ -68,6 +68,55 @@ def test_log_progress_prints_stage_lines_with_rate_and_eta():
     ]
 
 
+def test_log_progress_rates_leave_out_compiling(monkeypatch):
+    import io
+
+    import packctl.jit
+    from packctl.report import LogProgress
+
+    now, compiled = [0.0], [0.0]
+    monkeypatch.setattr(packctl.jit, "compile_seconds", lambda: compiled[0])
+    out = io.StringIO()
+    progress = LogProgress(out, interval=100, clock=lambda: now[0])
+    advance = progress.stage("plan", 2000)
+    now[0], compiled[0] = 2.0, 1.5  # 1.5 s of the 2 s compiled kernels
+    advance(2000)
+    progress.close()
+    assert out.getvalue().splitlines()[-1] == (
+        "packctl: plan done: 2,000 sequences in 2.0s, 4,000 sequences/s "
+        "(after 1.5s compiling kernels, once per install)")
+
+
+def test_compile_clock_counts_a_kernel_compiled_on_first_call():
+    import numpy as np
+
+    from packctl.jit import CompileClock, njit
+
+    @njit  # no cache: compiled in this process
+    def total(values):
+        out = 0
+        for v in values:
+            out += v
+        return out
+
+    clock = CompileClock()
+    assert clock.seconds == 0.0
+    assert total(np.arange(5)) == 10
+    first = clock.seconds
+    assert first > 0.0
+    assert total(np.arange(3)) == 3  # compiled already: no more compile time
+    assert clock.seconds == first
+
+
+def test_throughput_leaves_out_compiling():
+    from packctl.run_report import Corpus, throughput
+
+    corpus = Corpus(sequences=1000, tokens=50_000, skipped_empty=0, blocks=1)
+    ranks = [{"peak_rss_bytes": 1, "blocks_read_twice": 0, "spill_files": 0, "spilled_bytes": 0}]
+    speed = throughput(corpus, ranks, {"total": 3.0, "compile": 2.0}, resumed_shards=0)
+    assert speed["sequences_per_s"] == 1000 and speed["tokens_per_s"] == 50_000
+
+
 def test_without_a_terminal_a_run_logs_its_stages_unless_quiet(tmp_path, sample_data):
     args = ["pack", str(sample_data), "-o", str(tmp_path / "out"), "--too-long", "split", "--overwrite"]
     logged = run_cli(*args)

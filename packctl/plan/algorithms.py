@@ -17,9 +17,9 @@ import math
 import operator
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
+from packctl.jit import njit
 from packctl.plan.names import ALGORITHMS
 
 POOL_STRATEGIES: tuple[str, ...] = ("closest", "first")
@@ -216,7 +216,7 @@ def _decreasing_order(lengths: np.ndarray, capacity: int) -> np.ndarray:
     return np.argsort(-lengths, kind="stable").astype(np.int64)
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _counting_sort_descending(lengths, capacity):
     count_of_length = np.zeros(capacity + 1, np.int64)
     for i in range(lengths.size):
@@ -247,7 +247,7 @@ def _first_fit_bin_bound(lengths: np.ndarray, capacity: int, max_seqs_per_bin: i
     return max(1, min(n, bound))
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _group_steps_by_bin(bin_of_step, num_bins):
     """Bin offsets, and the steps reordered bin by bin (stable, so insertion order is kept)."""
     offsets = np.zeros(num_bins + 1, np.int64)
@@ -279,7 +279,7 @@ def _concat(lengths: np.ndarray, capacity: int, max_seqs: int) -> Bins:
     return Bins(offsets, np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64), lengths.copy())
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _concat_kernel(lengths, capacity, max_seqs):
     # Next fit: one open bin; bins are runs of consecutive items, so only their starts are needed.
     n = lengths.size
@@ -334,7 +334,7 @@ def batch_lengths(lengths, max_tokens: int, *, max_seqs_per_bin: int | None = No
     return Bins(offsets, order, np.zeros(n, dtype=np.int64), lengths[order])
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _batch_kernel(shape, max_tokens, max_seqs, one_shape):
     # shape[i]: what item i would pad a micro-batch it opens to; items arrive longest first
     n = shape.size
@@ -376,7 +376,7 @@ def choose_buckets(values, counts, k: int) -> np.ndarray:
     return distinct[chosen]
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _bucket_dp(v, c, k):
     u = v.size
     cw = np.zeros(u + 1)
@@ -411,7 +411,7 @@ def _bucket_dp(v, c, k):
 
 # --- pool ----------------------------------------------------------------------------------------
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _pool_kernel(lengths, capacity, max_seqs, pool_size, closest):
     """Placement log of `pool`: the pool holds item indices in input order (oldest first)."""
     n = lengths.size
@@ -465,7 +465,7 @@ def _pool_kernel(lengths, capacity, max_seqs, pool_size, closest):
 
 # --- first fit (ffd, ffs) -------------------------------------------------------------------------
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _first_fit_kernel(sizes, capacity, max_seqs, max_bins, first_bin):
     """First fit of items with `sizes`, in that order; returns the bin of each step and the number
     of bins.
@@ -513,7 +513,7 @@ def _first_fit_kernel(sizes, capacity, max_seqs, max_bins, first_bin):
 
 # --- best fit (bfd) -------------------------------------------------------------------------------
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _mark_room(present, leaves, room):
     node = leaves + room
     while node >= 1 and present[node] == 0:
@@ -521,7 +521,7 @@ def _mark_room(present, leaves, room):
         node //= 2
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _unmark_room(present, leaves, room):
     node = leaves + room
     present[node] = 0
@@ -533,7 +533,7 @@ def _unmark_room(present, leaves, room):
         node //= 2
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _smallest_room_at_least(present, leaves, length):
     """Smallest marked room >= length, or -1: climb to the first right subtree that has one, then
     descend to its leftmost marked leaf."""
@@ -554,7 +554,7 @@ def _smallest_room_at_least(present, leaves, length):
     return node - leaves
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _best_fit_kernel(sizes, capacity, max_seqs):
     """Best fit of items with `sizes`, in that order; returns the bin of each step and the number
     of bins.
@@ -605,7 +605,7 @@ def _best_fit_kernel(sizes, capacity, max_seqs):
 
 # --- modified first fit decreasing (mffd) ---------------------------------------------------------
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _next_alive(next_alive, position):
     """First position >= `position` not yet packed (union-find with path halving; n if none)."""
     while next_alive[position] != position:
@@ -614,7 +614,7 @@ def _next_alive(next_alive, position):
     return position
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _previous_alive(previous_alive, position):
     """Last position <= `position` not yet packed, or -1. The array is shifted by one so that slot
     0 stands for "none"."""
@@ -625,7 +625,7 @@ def _previous_alive(previous_alive, position):
     return slot - 1
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _first_at_most(sizes_descending, low, high, limit):
     """First position in [low, high) whose size is <= limit (high if none): a binary search."""
     while low < high:
@@ -637,7 +637,7 @@ def _first_at_most(sizes_descending, low, high, limit):
     return low
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _place(position, b, sizes, order, room, count, next_alive, previous_alive, step_item, bin_of_step, steps):
     """Put the item at `position` (of the decreasing order) into bin b: log the step, mark the
     item packed for both neighbour searches. Returns the new step count."""
@@ -650,7 +650,7 @@ def _place(position, b, sizes, order, room, count, next_alive, previous_alive, s
     return steps + 1
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _mffd_kernel(sizes, order, capacity, max_seqs, max_ffd_bins):
     """Johnson & Garey's modified first fit decreasing; returns the placement log (item and bin of
     each step) and the number of bins.
@@ -775,7 +775,7 @@ def _split(lengths: np.ndarray, capacity: int, align: int, max_seqs: int) -> Bin
     return Bins(offsets, members, starts, lens)
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _split_kernel(lengths, capacity, align, max_seqs, members, starts, lens, offsets, write):
     """Concatenate and cut at capacity. Run once to count pieces and bins (write=False), then again
     to fill the arrays sized from those counts."""
