@@ -178,3 +178,21 @@ def test_the_command_line_loads_no_heavy_module_before_it_needs_one():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_packing_never_imports_pandas(tmp_path, sample_data):
+    """pyarrow imports pandas (about 0.25 s) on `pa.array(ndarray)` and `.to_numpy()`; the pack
+    path converts through buffers (packctl.io.arrow) and never pays it. With --dp-size too (its
+    step columns go through the same conversion). Checked by module, not by time."""
+    import subprocess
+    import sys
+
+    for extra in ([], ["--dp-size", "2", "--micro-batches", "2"]):
+        args = ["pack", str(sample_data), "-o", str(tmp_path / "out"), "--too-long", "split", "--overwrite", "-q"]
+        # -X importtime logs every import as it happens (the CLI ends with os._exit: no code runs after)
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "packctl", *args, *extra],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+        assert "pyarrow" in imported and "numba" in imported  # the log is read right
+        assert "pandas" not in imported, extra

@@ -123,7 +123,7 @@ def test_duplicate_input(tmp_path):
 
 def test_capacity_not_multiple_of_alignment(tmp_path):
     f = write_table(tmp_path / "in/a.parquet", GOOD)
-    expect_bad_input(tmp_path, [f, "--capacity", 100, "--cp-size", 2, "--tp-size", 2],
+    expect_bad_input(tmp_path, [f, "--capacity", 100, "--cp-size", 2, "--tp-size", 4],
                      "--capacity 100 is not a multiple of the alignment 8", "use --capacity 96 or 104")
     expect_bad_input(tmp_path, [f, "--capacity", 4, "--cp-size", 4], "smaller than the alignment 8")
 

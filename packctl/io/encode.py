@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from packctl.io.arrow import arrow_array
 from packctl.schema import METADATA_KEY, PACK_SCHEMA, TRL_LENGTHS_FIELD
 from packctl.thd import PackRows
 
@@ -16,7 +17,7 @@ PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, write_statistics
 
 
 def _list(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), pa.array(values, value_type))
+    return pa.ListArray.from_arrays(arrow_array(offsets, pa.int32()), arrow_array(values, value_type))
 
 
 def rows_to_table(rows: PackRows, metadata: bytes, extra: dict[str, np.ndarray] | None = None,
@@ -36,15 +37,16 @@ def rows_to_table(rows: PackRows, metadata: bytes, extra: dict[str, np.ndarray] 
         _list(rows.cu_offsets, rows.cu_seqlens, i32),
         _list(rows.cu_offsets, rows.cu_seqlens_padded, i32),
         _list(rows.seq_offsets, rows.sample_ids, pa.int64()),
-        pa.array(rows.num_tokens, i32),
+        arrow_array(rows.num_tokens, i32),
         padded_lengths,
     ]
     schema = PACK_SCHEMA.append(TRL_LENGTHS_FIELD)
     for name, values in (extra or {}).items():
-        array = pa.array(values)
+        values = np.asarray(values)
+        array = arrow_array(values, pa.from_numpy_dtype(values.dtype))
         columns.append(array)
         schema = schema.append(pa.field(name, array.type, nullable=False))
-    offsets = pa.array(rows.seq_offsets.astype(np.int32), pa.int32())
+    offsets = arrow_array(rows.seq_offsets, pa.int32())
     for name, values in (per_piece or {}).items():
         array = pa.ListArray.from_arrays(offsets, values.combine_chunks() if isinstance(values, pa.ChunkedArray)
                                          else values)

@@ -26,6 +26,7 @@ from packctl.arrays import offsets_of
 from packctl.schema import IGNORE_INDEX, INT32_MAX
 from packctl.errors import PackctlError
 from packctl.io.blocks import DecodedBlock, first_outside_int32
+from packctl.io.arrow import numpy_view
 
 _GLOB_CHARS = set("*?[")
 
@@ -190,7 +191,7 @@ def _flat(where: "_Where", arr: pa.Array, column: str) -> tuple[np.ndarray, pa.A
         row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
         raise PackctlError(f"{where.row(row)} column '{column}': null instead of a list; "
                            "drop or fill null rows before packing")
-    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    offsets = numpy_view(arr.offsets).astype(np.int64)
     values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
     offsets = offsets - offsets[0]
     if values.null_count:
@@ -268,7 +269,7 @@ def _as_int32(where: _Where, values: pa.Array, offsets: np.ndarray, column: str,
               check: bool = True) -> np.ndarray:
     """The values as int32, checked to lie in [0, 2^31) (or be -100 where `allow_ignore`); other
     integer types are always checked, since converting them must be exact."""
-    arr = values.to_numpy(zero_copy_only=False)
+    arr = numpy_view(values)
     if len(arr) == 0:
         return arr.astype(np.int32)
     if check or arr.dtype != np.int32:
