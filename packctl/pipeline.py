@@ -38,6 +38,7 @@ from packctl.io.outdir import Faults, OutputDir
 from packctl.io.paths import check_output_path
 from packctl.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.planning import Planned, check_something_to_pack, check_too_long, order_and_distribute, plan_stage
+from packctl.step_loss import step_loss_columns
 from packctl.run_report import Corpus, RankShare, Transfer, assemble_metrics, plan_metrics, rank_report, throughput
 from packctl.runtime import Progress, RunInterrupted, SignalGuard, after_failure, in_background, timed
 
@@ -112,6 +113,9 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     with timed(timings, "plan"):
         planned = plan_stage(comm, ordered, config, progress=progress.stage("plan", len(ordered.gids)))
         check_something_to_pack(comm, planned.plan, scanned.index, config, corpus.skipped_empty)
+        if planned.balanced is not None:  # every pack of a step gets the step's loss tokens
+            planned.columns.update(step_loss_columns(comm, planned.plan, planned.balanced.result.step,
+                                                     scanned.index, scanned.source, scanned.block_bounds))
     with timed(timings, "assign"):
         job, transfer = _assign(comm, planned, scanned, config)
 
@@ -151,7 +155,8 @@ def _scan(comm: Comm, index: SequenceIndex, config: PackConfig, progress: Progre
     block_bounds = split_blocks(index.blocks, comm.size)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     index, source = scan_blocks(index, lo, hi, config.resolved_memory_budget, progress=progress.stage("scan", hi - lo),
-                                skip_empty=config.skip_empty, pad_token_id=config.pad_token_id)
+                                skip_empty=config.skip_empty, pad_token_id=config.pad_token_id,
+                                count_loss_tokens=config.balanced)
     check_too_long(comm, index, config)
     skipped = comm.allreduce_sum(int(np.count_nonzero(index.lengths == 0))) if config.skip_empty else 0
     corpus = Corpus(sequences=index.num_sequences, tokens=comm.allreduce_sum(int(index.lengths.sum())),

@@ -61,6 +61,9 @@ class SequenceIndex:
     tokens_column: str
     labels_column: str | None
     gid_lo: int = 0
+    # with `scan_blocks(count_loss_tokens=True)`: per gid of this rank, the labels that are not -100
+    # after its first token (the loss tokens of the sequence as a whole piece of a pack)
+    loss_tokens: np.ndarray | None = None
 
     @property
     def num_sequences(self) -> int:
@@ -399,30 +402,34 @@ def split_blocks(blocks: list[Block], parts: int) -> np.ndarray:
 
 
 def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
-                progress=None, *, skip_empty: bool = False,
-                pad_token_id: int | None = None) -> tuple[SequenceIndex, TokenSource]:
+                progress=None, *, skip_empty: bool = False, pad_token_id: int | None = None,
+                count_loss_tokens: bool = False) -> tuple[SequenceIndex, TokenSource]:
     """Decode and validate blocks [block_lo, block_hi): their lengths, and a token source that
     keeps as many of them as the budget allows, in compact form (`DecodedBlock.compact`).
     Decoding runs on a small thread pool (Parquet and the kernels release the GIL), results in
     order. With `skip_empty`, empty rows get length 0 instead of an error; with `pad_token_id`,
     input tokens equal to it are counted in `source.tokens_equal_to_pad_id` (allowed, but worth
-    knowing)."""
+    knowing); with `count_loss_tokens`, `index.loss_tokens` (the step sums of --dp-size need them)."""
     source = TokenSource([f.path for f in index.files], index.tokens_column, index.labels_column, budget,
                          skip_empty=skip_empty)
     gid_lo, gid_hi = int(index.block_offsets[block_lo]), int(index.block_offsets[block_hi])
     lengths = np.zeros(gid_hi - gid_lo, dtype=np.int64)
+    loss_tokens = np.zeros(gid_hi - gid_lo, dtype=np.int64) if count_loss_tokens else None
 
     def decode(block: Block) -> tuple[DecodedBlock, int]:
         return compact_block(block, source.decode(block, check_values=False), source.paths[block.file],
                              index.tokens_column, index.labels_column, pad_token_id)
 
     for b, (decoded, pad_like) in _decode_in_order(decode, index.blocks, block_lo, block_hi):
-        lengths[index.block_offsets[b] - gid_lo:index.block_offsets[b + 1] - gid_lo] = np.diff(decoded.offsets)
+        rows = slice(index.block_offsets[b] - gid_lo, index.block_offsets[b + 1] - gid_lo)
+        lengths[rows] = np.diff(decoded.offsets)
+        if loss_tokens is not None:  # the first token's label is masked in every pack
+            loss_tokens[rows] = decoded.count_targets(decoded.offsets[:-1] + 1, np.maximum(lengths[rows] - 1, 0))
         source.tokens_equal_to_pad_id += pad_like
         source.offer(b, decoded)
         if progress is not None:
             progress(1)
-    return dataclasses.replace(index, lengths=lengths, gid_lo=gid_lo), source
+    return dataclasses.replace(index, lengths=lengths, gid_lo=gid_lo, loss_tokens=loss_tokens), source
 
 
 def _decode_in_order(decode, blocks: list[Block], lo: int, hi: int, workers: int = 2):
