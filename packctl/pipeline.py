@@ -180,7 +180,7 @@ def _shard_format(config: PackConfig, index: SequenceIndex) -> ShardFormat:
     content = dataclasses.replace(config, resume=False)
     return ShardFormat(metadata=shard_metadata(content, index.labels_column, index.files),
                        pad_token_id=config.pad_token_id, budget=config.resolved_memory_budget,
-                       keep_columns=tuple(config.keep_columns))
+                       keep_columns=tuple(config.keep_columns), weight_column=config.weight_column)
 
 
 def _preflight(config: PackConfig, out: Path, lock: OutputLock) -> tuple[SequenceIndex, dict, dict | None]:
@@ -188,7 +188,8 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock) -> tuple[Sequenc
     output lock and checks what an interrupted run left (the shards `--resume` keeps)."""
     config.validate()
     check_output_path(out, overwrite=config.overwrite)
-    index = index_inputs(config.inputs, config.tokens_column, config.labels_column, tuple(config.keep_columns))
+    index = index_inputs(config.inputs, config.tokens_column, config.labels_column, tuple(config.keep_columns),
+                         config.weight_column)
     check_output_path(out, overwrite=config.overwrite, inputs=[f.path for f in index.files],
                       input_dirs=[str(i) for i in config.inputs])
     lock.acquire()

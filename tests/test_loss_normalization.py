@@ -7,7 +7,8 @@ against the same sequences run one by one, read from the source Parquet by sampl
     token mode     reference loss = sum of every token's loss / number of loss tokens
     sequence mode  reference loss = mean over sequences of (the sequence's mean token loss)
 
-for every packing algorithm. The naive loss (each micro-batch's own mean, averaged over
+for every packing algorithm; and with --weight-column, each sequence's term multiplied by its
+weight in the source. The naive loss (each micro-batch's own mean, averaged over
 micro-batches and ranks: Hugging Face's default without num_items_in_batch) gives another
 gradient, so the test can fail.
 """
@@ -41,7 +42,14 @@ def corpus(tmp_path_factory) -> Path:
     labels = [[IGNORE_INDEX] * (int(n) // 3 if i % 2 else 0) + t[int(n) // 3 if i % 2 else 0:]
               for i, (n, t) in enumerate(zip(lengths, tokens))]
     path = tmp_path_factory.mktemp("corpus") / "corpus.parquet"
-    return write_table(path, {"input_ids": tokens, "labels": labels})
+    weights = rng.uniform(0.25, 4.0, size=len(lengths))  # used by the weighted test only
+    return write_table(path, {"input_ids": tokens, "labels": labels, "weight": weights})
+
+
+def _source_weights(corpus: Path) -> np.ndarray:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(corpus, columns=["weight"]).column("weight").to_numpy()
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +80,9 @@ def _packed_step(model, per_rank: dict[int, list[dict]], loss) -> dict[str, torc
     return _grads(model)
 
 
-def _unpacked_step(model, pieces, mode: str) -> dict[str, torch.Tensor]:
-    """Each sequence alone at positions 0..n-1, with the reference loss of `mode`."""
+def _unpacked_step(model, pieces, mode: str, weights: np.ndarray | None = None) -> dict[str, torch.Tensor]:
+    """Each sequence alone at positions 0..n-1, with the reference loss of `mode` (each sequence's
+    term multiplied by `weights[sample id]` when given)."""
     model.zero_grad(set_to_none=True)
     sums, counts = [], []
     for piece in pieces:
@@ -82,6 +91,8 @@ def _unpacked_step(model, pieces, mode: str) -> dict[str, torch.Tensor]:
         sums.append(losses.sum())
         counts.append(int(valid.sum()))
     sums, counts = torch.stack(sums), torch.tensor(counts)
+    if weights is not None:
+        sums = sums * torch.tensor([float(weights[piece.sample_id]) for piece in pieces])
     if mode == "token":
         loss = sums.sum() / counts.sum()
     else:
@@ -122,6 +133,22 @@ def test_step_gradient_equals_the_unpacked_gradient(step, model, mode):
     diff = _max_diff(packed, _unpacked_step(model, pieces, mode))
     MEASURED[f"{name} {mode}"] = diff
     assert diff <= TOLERANCE, (name, mode, diff)
+
+
+@pytest.mark.parametrize("mode", ["token", "sequence"])
+def test_weighted_step_gradient_equals_the_weighted_unpacked_gradient(corpus, tmp_path, model, mode):
+    """--weight-column: each sequence's term multiplied by its source weight, found by sample id."""
+    _, out = pack_to(tmp_path, [corpus], capacity=96, dp_size=DP_SIZE, micro_batches=MICRO_BATCHES,
+                     weight_column="weight")
+    per_rank = _step_zero(out)
+    rows = [p["index"] for packs in per_rank.values() for p in packs]
+    pieces = [piece for per_pack in source_pieces(out, rows) for piece in per_pack]
+    weights = _source_weights(corpus)
+    packed = _packed_step(model, per_rank, lambda logits, batch: loss_fn(logits, batch, mode))
+    diff = _max_diff(packed, _unpacked_step(model, pieces, mode, weights))
+    assert diff <= TOLERANCE, (mode, diff)
+    unweighted = _unpacked_step(model, pieces, mode)
+    assert _max_diff(packed, unweighted) > NAIVE_MARGIN  # the weights did change the gradient
 
 
 def test_the_naive_per_micro_batch_mean_does_not_match(step, model):

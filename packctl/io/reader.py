@@ -61,6 +61,7 @@ class SequenceIndex:
     tokens_column: str
     labels_column: str | None
     gid_lo: int = 0
+    weight_column: str | None = None  # --weight-column: checked in every block scan decodes
     # with `scan_blocks(count_loss_tokens=True)`: per gid of this rank, the labels that are not -100
     # after its first token (the loss tokens of the sequence as a whole piece of a pack)
     loss_tokens: np.ndarray | None = None
@@ -140,6 +141,34 @@ def check_kept_column(path: str, schema: pa.Schema, column: str, seen: dict[str,
     if seen.setdefault(column, typ) != typ:
         raise PackctlError(f"{path}: column '{column}' is {_type_name(typ)} here and {_type_name(seen[column])} in "
                            "the files before; cast it to one type in every input file")
+
+
+def check_weight_column(path: str, schema: pa.Schema, column: str) -> None:
+    """The --weight-column: present, one number per row."""
+    if column not in schema.names:
+        raise PackctlError(f"{path}: no column '{column}' for --weight-column (columns: {', '.join(schema.names)}); "
+                           "add one weight per sequence to every input file, or drop --weight-column")
+    typ = schema.field(column).type
+    if not (pa.types.is_floating(typ) or pa.types.is_integer(typ)):
+        raise PackctlError(f"{path}: column '{column}' is {_type_name(typ)}; --weight-column needs one number "
+                           "(float or integer) per sequence")
+
+
+def check_weights(path: str, row_group: int, first_row: int, column: str) -> None:
+    """Every weight of one row group is a finite number: else 'FILE row R column C: ...'."""
+    try:
+        values = open_parquet(path).read_row_group(row_group, columns=[column]).column(column)
+    except (pa.ArrowException, OSError) as exc:
+        raise PackctlError(f"{path}: cannot read column {column} ({_short(exc)}); the file may be truncated or "
+                           "corrupt") from None
+    weights = values.to_numpy(zero_copy_only=False).astype(np.float64)  # nulls become nan
+    bad = np.flatnonzero(~np.isfinite(weights))
+    if len(bad):
+        row = int(bad[0])
+        value = values[row]
+        what = value.as_py() if value.is_valid else "null"
+        raise PackctlError(f"{path} row {first_row + row} column '{column}': weight {what}; every sequence needs a "
+                           "finite weight (fill or drop the row, or drop --weight-column)")
 
 
 def read_kept_columns(index: "SequenceIndex", gids: np.ndarray, columns: list[str]) -> pa.Table:
@@ -362,7 +391,7 @@ def _blocks_of(path: str, f: int) -> tuple[list[Block], int]:
 
 
 def index_inputs(inputs: list[str], tokens_column: str, labels_column: str | None,
-                 keep_columns: tuple[str, ...] = ()) -> SequenceIndex:
+                 keep_columns: tuple[str, ...] = (), weight_column: str | None = None) -> SequenceIndex:
     """Resolve INPUTs and read their footers and schemas: files, blocks and gids, no lengths yet."""
     paths = resolve_inputs(inputs)
     labels = resolve_labels_column(paths, labels_column)
@@ -375,6 +404,8 @@ def index_inputs(inputs: list[str], tokens_column: str, labels_column: str | Non
         check_list_column(path, schema, tokens_column, "tokens")
         for column in keep_columns:
             check_kept_column(path, schema, column, kept_types)
+        if weight_column is not None:
+            check_weight_column(path, schema, weight_column)
         files.append(InputFile(path=path, rows=rows, bytes=os.path.getsize(path)))
         blocks += file_blocks
     index = SequenceIndex(
@@ -385,6 +416,7 @@ def index_inputs(inputs: list[str], tokens_column: str, labels_column: str | Non
         lengths=np.zeros(0, np.int64),
         tokens_column=tokens_column,
         labels_column=labels,
+        weight_column=weight_column,
     )
     if index.num_sequences == 0:
         raise PackctlError(f"{', '.join(inputs)}: the input holds no rows")
@@ -417,6 +449,8 @@ def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
     loss_tokens = np.zeros(gid_hi - gid_lo, dtype=np.int64) if count_loss_tokens else None
 
     def decode(block: Block) -> tuple[DecodedBlock, int]:
+        if index.weight_column is not None:
+            check_weights(source.paths[block.file], block.row_group, block.first_row, index.weight_column)
         return compact_block(block, source.decode(block, check_values=False), source.paths[block.file],
                              index.tokens_column, index.labels_column, pad_token_id)
 

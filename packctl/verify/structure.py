@@ -33,7 +33,7 @@ from packctl.errors import PackctlError
 from packctl.io.manifest import read_manifest
 from packctl.io.journal import sha256_file
 from packctl.schema import (BALANCE_COLUMNS, FORMAT_VERSION, LOSS_FIELDS, METADATA_KEY, PACK_SCHEMA,
-                            STEP_LOSS_FIELDS, TRL_LENGTHS_COLUMN, TRL_LENGTHS_FIELD)
+                            STEP_LOSS_FIELDS, TRL_LENGTHS_COLUMN, TRL_LENGTHS_FIELD, WEIGHTS_COLUMN)
 from packctl.thd import PackRows, loss_columns
 
 COUNT_KEYS = ("sequences_in", "sequences_packed", "sequences_dropped", "sequences_truncated", "sequences_split",
@@ -447,12 +447,37 @@ def _loss_violations(table: pa.Table, rows: PackRows, shard: str, steps: "StepLo
             found.append(Violation("structure", "loss-tokens", "seq_loss_tokens differs from the labels that are not "
                                    "-100 in each sequence", shard=shard, row=int(np.argmax(bad)),
                                    count=int(bad.sum())))
+    if WEIGHTS_COLUMN in names:
+        found += _weights_violations(table, rows, shard)
     if steps is not None and "step" in names and {c.name for c in STEP_LOSS_FIELDS} <= names:
         row_of_seq = np.repeat(np.arange(len(seq_of_row)), seq_of_row)
         steps.add(shard, table.column("step").to_numpy(), expected.num_loss_tokens,
                   np.bincount(row_of_seq, weights=expected.seq_loss_tokens > 0, minlength=len(seq_of_row)),
                   table.column("step_loss_tokens").to_numpy(), table.column("step_loss_sequences").to_numpy())
     return found
+
+
+def _weights_violations(table: pa.Table, rows: PackRows, shard: str) -> list[Violation]:
+    """Rule `seq-weights`: list<double>, one finite weight per sequence (--weight-column)."""
+    typ = table.schema.field(WEIGHTS_COLUMN).type
+    if not (pa.types.is_list(typ) and typ.value_type == pa.float64()):
+        return [Violation("structure", "schema", f"column {WEIGHTS_COLUMN} is {typ}, the contract says list<double>",
+                          shard=shard)]
+    column = _list_column(table, WEIGHTS_COLUMN)
+    if isinstance(column, str):
+        return [Violation("structure", "seq-weights", column, shard=shard)]
+    offsets, weights = column
+    ragged = np.diff(offsets) != np.diff(np.asarray(rows.seq_offsets, dtype=np.int64))
+    if ragged.any():
+        return [Violation("structure", "seq-weights", f"{WEIGHTS_COLUMN} does not hold one weight per sequence",
+                          shard=shard, row=int(np.argmax(ragged)), count=int(ragged.sum()))]
+    bad = ~np.isfinite(weights)
+    if bad.any():
+        k = int(np.argmax(bad))
+        row = int(np.searchsorted(offsets, k, side="right") - 1)
+        return [Violation("structure", "seq-weights", f"{WEIGHTS_COLUMN} holds {weights[k]}; weights are finite",
+                          shard=shard, row=row, sequence=k - int(offsets[row]), count=int(bad.sum()))]
+    return []
 
 
 @dataclass
