@@ -192,6 +192,6 @@ def loss_columns(rows: PackRows) -> LossColumns:
 
 
 def _row_sums(values: np.ndarray, seq_offsets: np.ndarray) -> np.ndarray:
-    """Sum of each row's values (rows CSR over `values`, none empty or all empty)."""
+    """Sum of each row's values, rows being CSR over `values`: [3, 2, 4] with offsets [0, 2, 3] -> [5, 4]."""
     sums = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
     return sums[seq_offsets[1:]] - sums[seq_offsets[:-1]]
