@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from packctl.arrays import Scratch, copy_segments, offsets_of, row_cumsums, segment_positions
+from packctl.arrays import Scratch, copy_segments, count_not_equal, offsets_of, row_cumsums, segment_positions
 from packctl.schema import IGNORE_INDEX
 
 
@@ -181,9 +181,8 @@ def loss_columns(rows: PackRows) -> LossColumns:
     """The loss-normalization columns of `rows`, counted from the labels as written (the boundary
     mask included). The sequences' padded lengths must tile the packs (`check_pack_rows` rule
     `tiling`), so sequence k owns the labels [offsets[k], offsets[k + 1]) of the flat column."""
-    carries = np.concatenate([[0], np.cumsum(np.asarray(rows.labels) != IGNORE_INDEX, dtype=np.int64)])
-    seq_ends = offsets_of(np.asarray(rows.seq_lens_padded, dtype=np.int64))
-    per_seq = carries[seq_ends[1:]] - carries[seq_ends[:-1]]
+    padded = np.asarray(rows.seq_lens_padded, dtype=np.int64)
+    per_seq = count_not_equal(np.asarray(rows.labels), offsets_of(padded)[:-1], padded, IGNORE_INDEX)
     seq_offsets = np.asarray(rows.seq_offsets, dtype=np.int64)
     seq_lens = np.asarray(rows.seq_lens, dtype=np.int64)
     return LossColumns(num_loss_tokens=_row_sums(per_seq, seq_offsets).astype(np.int32),

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from packctl.arrays import offsets_of
+from packctl.arrays import count_not_equal, offsets_of
 from packctl.schema import IGNORE_INDEX, INT32_MAX
 
 _UINT16_LIMIT = 1 << 16
@@ -84,11 +84,10 @@ class DecodedBlock:
         lens = np.asarray(lens, np.int64)
         if self.labels is None and self.ignore_bits is None:
             return lens.copy()
-        out = np.zeros(len(lens), np.int64)
         if self.labels is not None:
-            _count_kept_labels(self.labels, src_starts, lens, out)
-        else:
-            _count_clear_bits(self.ignore_bits, src_starts, lens, out)
+            return count_not_equal(self.labels, src_starts, lens, IGNORE_INDEX)
+        out = np.zeros(len(lens), np.int64)
+        _count_clear_bits(self.ignore_bits, src_starts, lens, out)
         return out
 
     def gather(self, rows: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -185,16 +184,6 @@ def _gather_labels(tokens, labels, src_starts, lens, tokens_out, labels_out, dst
         s, d, n = src_starts[i], dst_starts[i], lens[i]
         tokens_out[d:d + n] = tokens[s:s + n]
         labels_out[d:d + n] = labels[s:s + n]
-
-
-@numba.njit(cache=True, nogil=True)
-def _count_kept_labels(labels, src_starts, lens, out):
-    for i in range(len(lens)):
-        n = 0
-        for k in range(src_starts[i], src_starts[i] + lens[i]):
-            if labels[k] != IGNORE_INDEX:
-                n += 1
-        out[i] = n
 
 
 @numba.njit(cache=True, nogil=True)
