@@ -433,7 +433,7 @@ def _field_names(cls) -> set[str]:
 
 # ---- loss normalization --------------------------------------------------------------------------
 
-LOSS_FIELDS = ("num_loss_tokens", "seq_loss_tokens", "seq_index", "step", "micro_batch", *STEP_LOSS_COLUMNS,
+BATCH_LOSS_KEYS = ("num_loss_tokens", "seq_loss_tokens", "seq_index", "step", "micro_batch", *STEP_LOSS_COLUMNS,
                WEIGHTS_COLUMN)
 
 
@@ -481,7 +481,7 @@ def split_loss_fields(batch: dict[str, Any]) -> dict[str, Any]:
         logits = model(**batch, use_cache=False).logits
         loss = loss_fn(logits, {**batch, **fields})
     """
-    return {name: batch.pop(name) for name in LOSS_FIELDS if name in batch}
+    return {name: batch.pop(name) for name in BATCH_LOSS_KEYS if name in batch}
 
 
 def loss_fn(logits: torch.Tensor, batch: Mapping[str, Any], mode: str = "token", *,
