@@ -95,3 +95,22 @@ def row_cumsums(values: np.ndarray, seq_offsets: np.ndarray, dtype=np.int64) -> 
     out = np.zeros(len(values) + rows, dtype=dtype)
     out[np.arange(len(values)) + row_of + 1] = inclusive - before_row[row_of]
     return out
+
+
+@njit(cache=True, nogil=True)
+def _count_not_equal(values, starts, lens, ignored, out):
+    for i in range(len(lens)):
+        n = 0
+        for k in range(starts[i], starts[i] + lens[i]):
+            if values[k] != ignored:
+                n += 1
+        out[i] = n
+
+
+def count_not_equal(values: np.ndarray, starts: np.ndarray, lens: np.ndarray, ignored: int) -> np.ndarray:
+    """int64 count of the elements other than `ignored` in each segment [starts[i], +lens[i]) of
+    `values`, without temporaries the size of the data (the loss tokens of sequences are this of
+    their labels, with -100): values 5 -100 7 8, starts [0, 3], lens [3, 1], ignored -100 -> [2, 1]."""
+    out = np.zeros(len(lens), np.int64)
+    _count_not_equal(values, np.asarray(starts, np.int64), np.asarray(lens, np.int64), ignored, out)
+    return out

@@ -114,6 +114,9 @@ class PackConfig:
     keep_columns: list[str] = option(factory=list, shown_default="none",
                                      help="Input columns carried into the packs, one value per sequence, as list "
                                           "columns aligned with sample_ids (repeat the flag for several).")
+    weight_column: str | None = option(None, shown_default="none",
+                                       help="Input column of one float weight per sequence, written per pack as "
+                                            "seq_weights (aligned with sample_ids) for packctl.torch.loss_fn.")
     shard_rows: int = option(1024, help="Packs per output Parquet shard.")
     skip_empty: bool = option(False, switch=True, help="Leave empty sequences out instead of refusing them; they "
                               "are counted in the manifest (sequences_skipped_empty, among sequences_dropped).")
@@ -221,6 +224,10 @@ class PackConfig:
         if clash:
             raise PackctlError(f"--keep-columns {clash[0]}: that name is an input or output column packctl writes "
                                "itself; keep another column, or rename it in the input")
+        if self.weight_column is not None and (not isinstance(self.weight_column, str) or self.weight_column in (
+                self.tokens_column, self.labels_column or "labels")):
+            raise PackctlError(f"--weight-column {self.weight_column!r}: name an input column of one number per "
+                               "sequence (not the tokens or labels)")
         if len(set(self.keep_columns)) != len(self.keep_columns):
             raise PackctlError(f"--keep-columns {', '.join(self.keep_columns)}: a column is named twice")
         for name in ("seed", "pad_token_id"):

@@ -50,6 +50,7 @@ from packctl.io.journal import ShardInfo
 from packctl.io.manifest import shard_name
 from packctl.io.outdir import OutputDir, StagedShard
 from packctl.plan.windows import PackPlan
+from packctl.schema import WEIGHTS_COLUMN
 from packctl.thd import lay_out_packs
 
 @dataclass
@@ -425,12 +426,26 @@ class Scanned:
 @dataclass(frozen=True)
 class ShardFormat:
     """How shards are written: the `packctl` metadata key, the pad id, the memory budget, the input
-    columns carried into the packs (--keep-columns)."""
+    columns carried into the packs (--keep-columns, and --weight-column as `seq_weights`)."""
 
     metadata: bytes
     pad_token_id: int
     budget: int
     keep_columns: tuple[str, ...] = ()
+    weight_column: str | None = None
+
+
+def per_piece_columns(index: SequenceIndex, piece_gid: np.ndarray, fmt: ShardFormat) -> pa.Table | None:
+    """The values carried per piece, in piece order: the --keep-columns as they are, then the
+    --weight-column as float64 `seq_weights` (scan checked them: finite, no null)."""
+    wanted = list(dict.fromkeys([*fmt.keep_columns, *([fmt.weight_column] if fmt.weight_column else [])]))
+    if not wanted:
+        return None
+    table = read_kept_columns(index, piece_gid, wanted)
+    if fmt.weight_column is None:
+        return table
+    weights = table.column(fmt.weight_column).cast(pa.float64())
+    return table.select(list(fmt.keep_columns)).append_column(WEIGHTS_COLUMN, weights)
 
 
 def materialize(comm, job: WriteJob, scanned: Scanned, output: OutputDir, fmt: ShardFormat, *,
@@ -439,7 +454,7 @@ def materialize(comm, job: WriteJob, scanned: Scanned, output: OutputDir, fmt: S
     (`dist.assign.hand_over`). With `read_own`, tokens are read from the input blocks, not exchanged."""
     plan, index, source, block_bounds = job.plan, scanned.index, scanned.source, scanned.block_bounds
     run = write_run(job.assignment, comm.rank)
-    kept = read_kept_columns(index, plan.piece_gid, list(fmt.keep_columns)) if fmt.keep_columns else None
+    kept = per_piece_columns(index, plan.piece_gid, fmt)
     assembler = ShardAssembler(plan, job.pack_lens, run, output=output, metadata=fmt.metadata,
                                pad_token_id=fmt.pad_token_id, budget=fmt.budget,
                                held_elsewhere=lambda: source.held, progress=progress, columns=job.columns,

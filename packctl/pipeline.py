@@ -39,6 +39,7 @@ from packctl.io.outdir import Faults, OutputDir
 from packctl.io.paths import check_output_path
 from packctl.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.planning import Planned, check_something_to_pack, check_too_long, order_and_distribute, plan_stage
+from packctl.step_loss import step_loss_columns
 from packctl.run_report import Corpus, RankShare, Transfer, assemble_metrics, plan_metrics, rank_report, throughput
 from packctl.runtime import Progress, RunInterrupted, SignalGuard, after_failure, in_background, timed
 
@@ -113,6 +114,9 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     with timed(timings, "plan"):
         planned = plan_stage(comm, ordered, config, progress=progress.stage("plan", len(ordered.gids)))
         check_something_to_pack(comm, planned.plan, scanned.index, config, corpus.skipped_empty)
+        if planned.balanced is not None:  # every pack of a step gets the step's loss tokens
+            planned.columns.update(step_loss_columns(comm, planned.plan, planned.balanced.result.step,
+                                                     scanned.index, scanned.source, scanned.block_bounds))
     with timed(timings, "assign"):
         job, transfer = _assign(comm, planned, scanned, config)
 
@@ -153,7 +157,8 @@ def _scan(comm: Comm, index: SequenceIndex, config: PackConfig, progress: Progre
     block_bounds = split_blocks(index.blocks, comm.size)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     index, source = scan_blocks(index, lo, hi, config.resolved_memory_budget, progress=progress.stage("scan", hi - lo),
-                                skip_empty=config.skip_empty, pad_token_id=config.pad_token_id)
+                                skip_empty=config.skip_empty, pad_token_id=config.pad_token_id,
+                                count_loss_tokens=config.balanced)
     check_too_long(comm, index, config)
     skipped = comm.allreduce_sum(int(np.count_nonzero(index.lengths == 0))) if config.skip_empty else 0
     corpus = Corpus(sequences=index.num_sequences, tokens=comm.allreduce_sum(int(index.lengths.sum())),
@@ -177,7 +182,7 @@ def _shard_format(config: PackConfig, index: SequenceIndex) -> ShardFormat:
     content = dataclasses.replace(config, resume=False)
     return ShardFormat(metadata=shard_metadata(content, index.labels_column, index.files),
                        pad_token_id=config.pad_token_id, budget=config.resolved_memory_budget,
-                       keep_columns=tuple(config.keep_columns))
+                       keep_columns=tuple(config.keep_columns), weight_column=config.weight_column)
 
 
 def _preflight(config: PackConfig, out: Path, lock: OutputLock) -> tuple[SequenceIndex, dict, dict | None]:
@@ -185,7 +190,8 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock) -> tuple[Sequenc
     output lock and checks what an interrupted run left (the shards `--resume` keeps)."""
     config.validate()
     check_output_path(out, overwrite=config.overwrite)
-    index = index_inputs(config.inputs, config.tokens_column, config.labels_column, tuple(config.keep_columns))
+    index = index_inputs(config.inputs, config.tokens_column, config.labels_column, tuple(config.keep_columns),
+                         config.weight_column)
     check_output_path(out, overwrite=config.overwrite, inputs=[f.path for f in index.files],
                       input_dirs=[str(i) for i in config.inputs])
     lock.acquire()

@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from packctl.arrays import Scratch, copy_segments, offsets_of, row_cumsums, segment_positions
+from packctl.arrays import Scratch, copy_segments, count_not_equal, offsets_of, row_cumsums, segment_positions
 from packctl.schema import IGNORE_INDEX
 
 
@@ -158,3 +158,39 @@ def cp_partition_indices(cu_seqlens_padded: np.ndarray, cp_size: int, cp_rank: i
     starts = (cu[:-1, None] + kept[None, :] * chunk[:, None]).ravel()  # early then late chunk of each sequence
     sizes = np.repeat(chunk, 2)
     return np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
+
+
+@dataclass
+class LossColumns:
+    """What a pack holds for loss normalization, one value per pack or per sequence.
+
+    num_loss_tokens  per pack: labels that are not -100 (the targets that carry loss)
+    seq_loss_tokens  per sequence (CSR over `PackRows.seq_offsets`): the same, sequence by sequence
+    sum_sq_seqlen    per pack: sum of seq_lens**2, the causal-attention cost of the pack
+
+    The pack drawn in `packctl.schema` (5 and 6 tokens, each first label -100, nothing else
+    masked): seq_loss_tokens [4, 5], num_loss_tokens 9, sum_sq_seqlen 25 + 36 = 61.
+    """
+
+    num_loss_tokens: np.ndarray  # int32 per pack
+    seq_loss_tokens: np.ndarray  # int32 per sequence
+    sum_sq_seqlen: np.ndarray  # int64 per pack
+
+
+def loss_columns(rows: PackRows) -> LossColumns:
+    """The loss-normalization columns of `rows`, counted from the labels as written (the boundary
+    mask included). The sequences' padded lengths must tile the packs (`check_pack_rows` rule
+    `tiling`), so sequence k owns the labels [offsets[k], offsets[k + 1]) of the flat column."""
+    padded = np.asarray(rows.seq_lens_padded, dtype=np.int64)
+    per_seq = count_not_equal(np.asarray(rows.labels), offsets_of(padded)[:-1], padded, IGNORE_INDEX)
+    seq_offsets = np.asarray(rows.seq_offsets, dtype=np.int64)
+    seq_lens = np.asarray(rows.seq_lens, dtype=np.int64)
+    return LossColumns(num_loss_tokens=_row_sums(per_seq, seq_offsets).astype(np.int32),
+                       seq_loss_tokens=per_seq.astype(np.int32),
+                       sum_sq_seqlen=_row_sums(seq_lens * seq_lens, seq_offsets))
+
+
+def _row_sums(values: np.ndarray, seq_offsets: np.ndarray) -> np.ndarray:
+    """Sum of each row's values, rows being CSR over `values`: [3, 2, 4] with offsets [0, 2, 3] -> [5, 4]."""
+    sums = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
+    return sums[seq_offsets[1:]] - sums[seq_offsets[:-1]]

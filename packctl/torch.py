@@ -38,7 +38,8 @@ import pyarrow.parquet as pq
 
 from packctl.errors import PackctlError, require
 from packctl.io.manifest import manifest_path, read_manifest
-from packctl.schema import BALANCE_COLUMNS, IGNORE_INDEX, LIST_INT32_COLUMNS
+from packctl.schema import (BALANCE_COLUMNS, IGNORE_INDEX, LIST_INT32_COLUMNS, STEP_LOSS_COLUMNS,
+                            WEIGHTS_COLUMN)
 from packctl.thd import cp_partition_indices
 
 torch = require("torch", "torch", "packctl.torch")
@@ -47,8 +48,13 @@ LR_SCALE_COLUMN = "lr_scale"
 
 __all__ = [
     "PackedDataset", "collate_flash_attn", "collate_hf", "collate_thd", "cp_slice", "packed_seq_params",
-    "block_causal_mask", "varlen_attention", "read_lr_scales", "apply_lr_scale",
+    "block_causal_mask", "varlen_attention", "read_lr_scales", "apply_lr_scale", "loss_fn", "split_loss_fields",
 ]
+
+# Per-pack columns an item carries when the output has them (docs/format.md): scalars, and lists
+# aligned with the pack's sequences.
+LOSS_SCALARS = ("num_loss_tokens", "sum_sq_seqlen", *STEP_LOSS_COLUMNS)
+LOSS_LISTS = ("seq_loss_tokens", WEIGHTS_COLUMN)
 
 
 class PackedDataset(torch.utils.data.Dataset):
@@ -77,8 +83,10 @@ class PackedDataset(torch.utils.data.Dataset):
 
     An item is a dict of numpy arrays, the pack's columns (docs/format.md): `input_ids`, `labels`,
     `position_ids`, `seq_lens`, `seq_lens_padded`, `cu_seqlens`, `cu_seqlens_padded`,
-    `sample_ids`, the int `num_tokens` and `index` (the pack's row in output order), plus `step`,
-    `dp_rank`, `micro_batch` and `lr_scale` when the output has them. The arrays are read-only views
+    `sample_ids`, the int `num_tokens` and `index` (the pack's row in output order), plus, when the
+    output has them, `step`, `dp_rank`, `micro_batch`, `lr_scale`, the loss counts
+    (`num_loss_tokens`, `sum_sq_seqlen`, `step_loss_tokens`, `step_loss_sequences`: ints;
+    `seq_loss_tokens`: an array) and `seq_weights` (float64 array). The arrays are read-only views
     of the decoded shard; the collate functions copy them.
 
     Args:
@@ -104,7 +112,8 @@ class PackedDataset(torch.utils.data.Dataset):
 
         schema = pq.read_schema(self.shard_paths[0], memory_map=True) if self.shard_paths else pa.schema([])
         self.balanced = all(name in schema.names for name in BALANCE_COLUMNS)
-        self._extra_scalars = [c for c in (*BALANCE_COLUMNS, LR_SCALE_COLUMN) if c in schema.names]
+        self._extra_scalars = [c for c in (*BALANCE_COLUMNS, LR_SCALE_COLUMN, *LOSS_SCALARS) if c in schema.names]
+        self._lists = [*LIST_INT32_COLUMNS, "sample_ids", *(c for c in LOSS_LISTS if c in schema.names)]
         if self.balanced:
             self.order = self._balanced_order(dp_rank, dp_size)
         else:
@@ -122,7 +131,7 @@ class PackedDataset(torch.utils.data.Dataset):
         local = row - int(self._shard_offsets[shard])
         columns = self._shard(shard)
         item: dict[str, Any] = {}
-        for name in (*LIST_INT32_COLUMNS, "sample_ids"):
+        for name in self._lists:
             offsets, values = columns[name]
             item[name] = values[offsets[local]:offsets[local + 1]]
         item["num_tokens"] = int(columns["num_tokens"][local])
@@ -147,7 +156,7 @@ class PackedDataset(torch.utils.data.Dataset):
             return self._cache[shard]
         table = pq.read_table(self.shard_paths[shard], memory_map=True)
         columns: dict[str, Any] = {}
-        for name in (*LIST_INT32_COLUMNS, "sample_ids"):
+        for name in self._lists:
             array = table.column(name).combine_chunks()
             columns[name] = (array.offsets.to_numpy(), array.values.to_numpy())
         for name in ("num_tokens", *self._extra_scalars):
@@ -259,6 +268,10 @@ def collate_flash_attn(packs: Sequence[Mapping[str, Any]], *, split_tail: bool =
     with q, k, v of shape [T, heads, head_dim] (`varlen_attention` does it, with an SDPA fallback).
     `labels` are not shifted: logits[i] predicts labels[i + 1] (see the module docstring).
 
+    With an output that has the loss columns, the batch also carries what `loss_fn` needs
+    (`_loss_fields`): `num_loss_tokens`, `seq_loss_tokens`, `seq_index`, and `step`,
+    `step_loss_tokens`, `step_loss_sequences`, `seq_weights` when the output has them.
+
     The last segment of a pack holds the pack's tail padding (with `--pad-to capacity`, up to the
     capacity), so `max_seqlen` can be far above the longest sequence (1,334 where
     `DataCollatorWithFlattening` says 22 on short chat turns). `split_tail=True` cuts the padding
@@ -267,6 +280,7 @@ def collate_flash_attn(packs: Sequence[Mapping[str, Any]], *, split_tail: bool =
     `max_seqlen` is the longest sequence. Not for CP (`cp_slice` needs the aligned boundaries).
     """
     cu = _padded_offsets(packs)  # checks every pack spans its tokens
+    loss_fields = _loss_fields(packs, cu)
     if split_tail:
         cu = _tail_split_offsets(packs)
     return {
@@ -275,10 +289,12 @@ def collate_flash_attn(packs: Sequence[Mapping[str, Any]], *, split_tail: bool =
         "position_ids": _row(_flat(packs, "position_ids")),
         "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
         "max_seqlen": int(np.diff(cu).max()),
+        **loss_fields,
     }
 
 
-def collate_hf(packs: Sequence[Mapping[str, Any]], *, split_tail: bool = False) -> dict[str, Any]:
+def collate_hf(packs: Sequence[Mapping[str, Any]], *, split_tail: bool = False,
+               loss_counts: bool = False) -> dict[str, Any]:
     """Packs -> the batch `transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`
     makes: `input_ids`, `labels`, `position_ids` (int64, [1, T]), `cu_seq_lens_q` and
     `cu_seq_lens_k` (the same int32 tensor, [S+1]) and `max_length_q`, `max_length_k` (Python ints).
@@ -293,11 +309,17 @@ def collate_hf(packs: Sequence[Mapping[str, Any]], *, split_tail: bool = False) 
     The differences from that collator: each segment carries its alignment padding (the
     boundaries are `cu_seqlens_padded`), and the first label of each sequence is already -100 in
     the pack (the collator's `separator_id`). `split_tail=True`: see `collate_flash_attn`.
+
+    `loss_counts=True` adds what `loss_fn` needs (see `collate_flash_attn`); take those keys out
+    before `model(**batch)` (`split_loss_fields`). By default the batch holds the collator's keys only.
     """
     out = collate_flash_attn(packs, split_tail=split_tail)
+    loss_fields = split_loss_fields(out)
     cu = out.pop("cu_seqlens")
     max_len = out.pop("max_seqlen")
     out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_len, max_length_k=max_len)
+    if loss_counts:
+        out.update(loss_fields)
     return out
 
 
@@ -319,13 +341,15 @@ def collate_thd(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     The shift happens here, before any context-parallel split (`cp_slice`), because after the
     split a rank no longer holds the next token of its last position in a chunk.
-    `packed_seq_params(batch)` turns the batch into Megatron's `PackedSeqParams`.
+    `packed_seq_params(batch)` turns the batch into Megatron's `PackedSeqParams`. The loss fields
+    of `collate_flash_attn` come along (`seq_index` [1, T] is cut by `cp_slice` with the tokens).
     """
     cu_padded = _padded_offsets(packs)
     labels = _flat(packs, "labels")
     shifted = np.full_like(labels, IGNORE_INDEX)
     shifted[:-1] = labels[1:]
-    return {
+    # position i's target is the next token, of the same sequence (a sequence's first label is -100)
+    return {**_loss_fields(packs, cu_padded),
         "tokens": _row(_flat(packs, "input_ids")),
         "labels": _row(shifted),
         "loss_mask": torch.from_numpy((shifted != IGNORE_INDEX).astype(np.float32)).unsqueeze(0),
@@ -405,6 +429,118 @@ def _field_names(cls) -> set[str]:
     if dataclasses.is_dataclass(cls):
         return {f.name for f in dataclasses.fields(cls)}
     return set(inspect.signature(cls).parameters)
+
+
+# ---- loss normalization --------------------------------------------------------------------------
+
+BATCH_LOSS_KEYS = ("num_loss_tokens", "seq_loss_tokens", "seq_index", "step", "micro_batch", *STEP_LOSS_COLUMNS,
+               WEIGHTS_COLUMN)
+
+
+def _loss_fields(packs: Sequence[Mapping[str, Any]], seq_offsets: np.ndarray) -> dict[str, Any]:
+    """What `loss_fn` needs of a batch, from the packs' loss columns (none for outputs written
+    before them). `seq_offsets`: the sequences' offsets in the row (packs' cu_seqlens_padded laid
+    end to end).
+
+        seq_loss_tokens  int64 [S]     loss tokens of each sequence of the batch
+        seq_index        int64 [1, T]  the sequence each token belongs to (padding: the one it follows)
+        num_loss_tokens  int           sum(seq_loss_tokens)
+        step, step_loss_tokens, step_loss_sequences   int, the packs' step and its counts (--dp-size)
+        micro_batch      int           the last micro-batch of the packs (--dp-size)
+        seq_weights      float64 [S]   --weight-column
+    """
+    if not all("seq_loss_tokens" in p for p in packs):
+        return {}
+    counts = _flat(packs, "seq_loss_tokens")
+    out: dict[str, Any] = {
+        "num_loss_tokens": int(counts.sum()),
+        "seq_loss_tokens": torch.from_numpy(counts),
+        "seq_index": _row(np.repeat(np.arange(len(counts)), np.diff(seq_offsets))),
+    }
+    for name in ("step", *STEP_LOSS_COLUMNS):
+        if all(name in p for p in packs):
+            values = sorted({int(p[name]) for p in packs})
+            if len(values) > 1 and name == "step":
+                raise ValueError(f"one batch holds packs of steps {values}: no single step count normalizes its "
+                                 "loss; use a batch size that divides the packs a rank gets per step "
+                                 "(--micro-batches), e.g. batch_size=1")
+            out[name] = values[0]
+    if all("micro_batch" in p for p in packs):  # the batch's last: a step ends after micro-batch M - 1
+        out["micro_batch"] = max(int(p["micro_batch"]) for p in packs)
+    if all(WEIGHTS_COLUMN in p for p in packs):
+        out[WEIGHTS_COLUMN] = torch.from_numpy(
+            np.concatenate([np.asarray(p[WEIGHTS_COLUMN], dtype=np.float64) for p in packs]))
+    return out
+
+
+def split_loss_fields(batch: dict[str, Any]) -> dict[str, Any]:
+    """Remove the loss fields from `batch` (in place) and return them: the batch can then go whole
+    into a model's forward, the fields into `loss_fn`.
+
+        fields = split_loss_fields(batch)
+        logits = model(**batch, use_cache=False).logits
+        loss = loss_fn(logits, {**batch, **fields})
+    """
+    return {name: batch.pop(name) for name in BATCH_LOSS_KEYS if name in batch}
+
+
+def loss_fn(logits: torch.Tensor, batch: Mapping[str, Any], mode: str = "token", *,
+            denominator: float | None = None, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """The causal-LM loss of one micro-batch, normalized so that summing it over the micro-batches
+    and data-parallel ranks of an optimizer step gives the loss of the whole step, however the
+    sequences were packed (docs/training.md, "Loss normalization").
+
+    mode "token": every loss token weighs the same (pre-training, SFT):
+        sum of the per-token cross-entropy / the loss tokens of the step
+    mode "sequence": every sequence weighs the same (per-sample averaging of some SFT and RL losses):
+        sum over sequences of (their mean token loss) / the sequences of the step
+
+    The step's count is the batch's `step_loss_tokens` / `step_loss_sequences` (outputs packed with
+    `--dp-size`), else `denominator` (e.g. Hugging Face's `num_items_in_batch`, the loss tokens of the
+    step summed over ranks, in token mode; the number of sequences with a loss token, in sequence
+    mode), else the batch's own count (one micro-batch, one rank: a plain mean). `denominator`, when
+    given, wins. With `seq_weights` (--weight-column), each sequence's term is multiplied by its
+    weight, in both modes (the count stays unweighted, so weights of 1 change nothing). A
+    sequence without a loss token adds nothing.
+
+        two sequences, losses a: [1, 3] and b: [2], step of this batch alone
+        token:    (1 + 3 + 2) / 3 = 2.0        sequence: ((1 + 3) / 2 + 2 / 1) / 2 = 2.0
+
+    Args:
+        logits: [1, T, V] or [T, V], the model's output over the batch's row.
+        batch: from `collate_flash_attn`, `collate_hf(loss_counts=True)` or `collate_thd` (whose
+            labels are already shifted: it has a `loss_mask`), or its `cp_slice`.
+        mode: "token" or "sequence".
+        denominator: the step's loss tokens (token mode) or sequences (sequence mode), overriding
+            the batch's.
+
+    The result is a scalar tensor in float32 (the logits are upcast). Backward through it on every
+    micro-batch and sum the gradients over ranks; with DDP or FSDP, which average gradients over
+    ranks, multiply it by the data-parallel size.
+    """
+    if mode not in ("token", "sequence"):
+        raise ValueError(f"mode {mode!r}: use 'token' or 'sequence'")
+    if "seq_loss_tokens" not in batch:
+        raise PackctlError("the batch has no loss counts: the output predates the loss columns (repack it), or "
+                           "it comes from collate_hf without loss_counts=True")
+    logits = logits.reshape(-1, logits.shape[-1])
+    labels = batch["labels"].reshape(-1).to(logits.device)
+    seq_index = batch["seq_index"].reshape(-1).to(logits.device)
+    if "loss_mask" not in batch:  # not shifted: logits[i] predicts labels[i + 1]
+        logits, labels, seq_index = logits[:-1], labels[1:], seq_index[1:]
+    target = labels != ignore_index
+    losses = torch.nn.functional.cross_entropy(logits[target].float(), labels[target], reduction="none")
+    seq_of = seq_index[target]
+    seq_counts = batch["seq_loss_tokens"].to(logits.device)
+    if WEIGHTS_COLUMN in batch:
+        losses = losses * batch[WEIGHTS_COLUMN].to(logits.device, torch.float32)[seq_of]
+    if mode == "token":
+        count = denominator if denominator is not None else batch.get("step_loss_tokens", batch["num_loss_tokens"])
+        return losses.sum() / max(count, 1)  # a step without loss tokens: 0, not nan
+    per_token = losses / seq_counts.clamp(min=1).to(torch.float32)[seq_of]  # each sequence's mean, spread
+    count = denominator if denominator is not None else batch.get(
+        "step_loss_sequences", int((seq_counts > 0).sum()))
+    return per_token.sum() / max(count, 1)
 
 
 # ---- attention -----------------------------------------------------------------------------------

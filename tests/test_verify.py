@@ -22,7 +22,8 @@ from packctl.schema import IGNORE_INDEX
 from packctl.io.manifest import layout_of
 from packctl.io.journal import sha256_file
 from packctl.verify import VerifyOptions, check_pack_rows, verify
-from packctl.verify.structure import Layout, rows_from_table
+from packctl.thd import loss_columns
+from packctl.verify.structure import Layout, rows_from_table, tiled_starts
 
 NO_ATTENTION = dict(attention=False)
 
@@ -62,14 +63,17 @@ def _manifest(out: Path) -> dict:
     return json.loads((out / "_manifest.json").read_text())
 
 
-def _rewrite(out: Path, edit, *, shard: int = 0, consistent: bool = True) -> None:
+def _rewrite(out: Path, edit, *, shard: int = 0, consistent: bool = True, recount_loss: bool = True) -> None:
     """Apply `edit(table) -> table` to a shard; with `consistent`, also update the manifest the way a
     buggy packer would have written it (checksum, rows, tokens and counts), so only the corruption
-    itself is left to find."""
+    itself is left to find. With `recount_loss`, the per-pack loss columns are counted again from
+    the edited labels, as that packer would have counted them."""
     manifest = _manifest(out)
     entry = manifest["shards"][shard]
     path = out / entry["path"]
     table = edit(pq.read_table(path))
+    if recount_loss and "num_loss_tokens" in table.column_names:
+        table = _recount_loss(table)
     pq.write_table(table, path)
     if consistent:
         rows_before, tokens_before = entry["rows"], entry["tokens"]
@@ -84,6 +88,22 @@ def _rewrite(out: Path, edit, *, shard: int = 0, consistent: bool = True) -> Non
         counts["tokens_packed"] += tokens - tokens_before
         counts["pieces"] += pieces - pieces_before
         (out / "_manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def _recount_loss(table: pa.Table) -> pa.Table:
+    rows, _ = rows_from_table(table)
+    if rows is None or tiled_starts(rows) is None:
+        return table
+    counted = loss_columns(rows)
+    for name, values in (("num_loss_tokens", counted.num_loss_tokens), ("sum_sq_seqlen", counted.sum_sq_seqlen)):
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, table.schema.field(i), pa.array(values, table.schema.field(i).type))
+
+    def per_sequence(values, offsets):
+        if len(values) == len(counted.seq_loss_tokens):
+            values[:] = counted.seq_loss_tokens
+
+    return _edit_list(table, "seq_loss_tokens", per_sequence)
 
 
 def _edit_list(table: pa.Table, column: str, change) -> pa.Table:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packctl.arrays import offsets_of
+from packctl.arrays import count_not_equal, offsets_of
 from packctl.jit import njit
 from packctl.schema import IGNORE_INDEX, INT32_MAX
 
@@ -75,6 +75,20 @@ class DecodedBlock:
             _gather_masked(self.tokens, self.ignore_bits, src_starts, lens, tokens_out, labels_out, dst_starts)
         else:
             _gather_same(self.tokens, src_starts, lens, tokens_out, labels_out, dst_starts)
+
+    def count_targets(self, src_starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        """int64 number of labels that are not -100 in each segment [src_starts[i], +lens[i]) of
+        the flat block, whichever form the block holds. Labels 5 -100 7 | 8, segments (0, 3)
+        and (3, 1) -> [2, 1]."""
+        src_starts = np.asarray(src_starts, np.int64)
+        lens = np.asarray(lens, np.int64)
+        if self.labels is None and self.ignore_bits is None:
+            return lens.copy()
+        if self.labels is not None:
+            return count_not_equal(self.labels, src_starts, lens, IGNORE_INDEX)
+        out = np.zeros(len(lens), np.int64)
+        _count_clear_bits(self.ignore_bits, src_starts, lens, out)
+        return out
 
     def gather(self, rows: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Tokens and labels (int32) of pieces (row, start, len) of this block, concatenated in order.
@@ -170,3 +184,13 @@ def _gather_labels(tokens, labels, src_starts, lens, tokens_out, labels_out, dst
         s, d, n = src_starts[i], dst_starts[i], lens[i]
         tokens_out[d:d + n] = tokens[s:s + n]
         labels_out[d:d + n] = labels[s:s + n]
+
+
+@njit(cache=True, nogil=True)
+def _count_clear_bits(bits, src_starts, lens, out):
+    for i in range(len(lens)):
+        n = 0
+        for k in range(src_starts[i], src_starts[i] + lens[i]):
+            if not (bits[k >> 3] >> (k & 7)) & 1:
+                n += 1
+        out[i] = n

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.io.arrow import arrow_array
-from packctl.schema import METADATA_KEY, PACK_SCHEMA, TRL_LENGTHS_FIELD
-from packctl.thd import PackRows
+from packctl.schema import LOSS_FIELDS, METADATA_KEY, PACK_SCHEMA, TRL_LENGTHS_FIELD
+from packctl.thd import PackRows, loss_columns
 
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, write_statistics=False)
 
@@ -22,8 +22,10 @@ def _list(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> p
 
 def rows_to_table(rows: PackRows, metadata: bytes, extra: dict[str, np.ndarray] | None = None,
                   per_piece: dict[str, pa.ChunkedArray] | None = None) -> pa.Table:
-    """PackRows -> an Arrow table with the contract's schema and the `packctl` metadata key, plus
-    `extra` per-row columns (step, dp_rank, micro_batch as int32, lr_scale as float32) and
+    """PackRows -> an Arrow table with the contract's schema and the `packctl` metadata key, the
+    loss-normalization columns counted from its labels (`packctl.thd.loss_columns`), plus
+    `extra` per-row columns (step, dp_rank, micro_batch as int32, lr_scale as float32,
+    step_loss_tokens and step_loss_sequences as int64) and
     `per_piece` values (--keep-columns: one per piece, in row order), written as list columns
     aligned with `sample_ids`."""
     i32 = pa.int32()
@@ -40,7 +42,10 @@ def rows_to_table(rows: PackRows, metadata: bytes, extra: dict[str, np.ndarray] 
         arrow_array(rows.num_tokens, i32),
         padded_lengths,
     ]
-    schema = PACK_SCHEMA.append(TRL_LENGTHS_FIELD)
+    loss = loss_columns(rows)
+    columns += [arrow_array(loss.num_loss_tokens, i32), _list(rows.seq_offsets, loss.seq_loss_tokens, i32),
+                arrow_array(loss.sum_sq_seqlen, pa.int64())]
+    schema = pa.schema([*PACK_SCHEMA, TRL_LENGTHS_FIELD, *LOSS_FIELDS])
     for name, values in (extra or {}).items():
         values = np.asarray(values)
         array = arrow_array(values, pa.from_numpy_dtype(values.dtype))

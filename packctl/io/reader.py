@@ -62,6 +62,10 @@ class SequenceIndex:
     tokens_column: str
     labels_column: str | None
     gid_lo: int = 0
+    weight_column: str | None = None  # --weight-column: checked in every block scan decodes
+    # with `scan_blocks(count_loss_tokens=True)`: per gid of this rank, the labels that are not -100
+    # after its first token (the loss tokens of the sequence as a whole piece of a pack)
+    loss_tokens: np.ndarray | None = None
 
     @property
     def num_sequences(self) -> int:
@@ -138,6 +142,34 @@ def check_kept_column(path: str, schema: pa.Schema, column: str, seen: dict[str,
     if seen.setdefault(column, typ) != typ:
         raise PackctlError(f"{path}: column '{column}' is {_type_name(typ)} here and {_type_name(seen[column])} in "
                            "the files before; cast it to one type in every input file")
+
+
+def check_weight_column(path: str, schema: pa.Schema, column: str) -> None:
+    """The --weight-column: present, one number per row."""
+    if column not in schema.names:
+        raise PackctlError(f"{path}: no column '{column}' for --weight-column (columns: {', '.join(schema.names)}); "
+                           "add one weight per sequence to every input file, or drop --weight-column")
+    typ = schema.field(column).type
+    if not (pa.types.is_floating(typ) or pa.types.is_integer(typ)):
+        raise PackctlError(f"{path}: column '{column}' is {_type_name(typ)}; --weight-column needs one number "
+                           "(float or integer) per sequence")
+
+
+def check_weights(path: str, row_group: int, first_row: int, column: str) -> None:
+    """Every weight of one row group is a finite number: else 'FILE row R column C: ...'."""
+    try:
+        values = open_parquet(path).read_row_group(row_group, columns=[column]).column(column)
+    except (pa.ArrowException, OSError) as exc:
+        raise PackctlError(f"{path}: cannot read column {column} ({_short(exc)}); the file may be truncated or "
+                           "corrupt") from None
+    weights = values.to_numpy(zero_copy_only=False).astype(np.float64)  # nulls become nan
+    bad = np.flatnonzero(~np.isfinite(weights))
+    if len(bad):
+        row = int(bad[0])
+        value = values[row]
+        what = value.as_py() if value.is_valid else "null"
+        raise PackctlError(f"{path} row {first_row + row} column '{column}': weight {what}; every sequence needs a "
+                           "finite weight (fill or drop the row, or drop --weight-column)")
 
 
 def read_kept_columns(index: "SequenceIndex", gids: np.ndarray, columns: list[str]) -> pa.Table:
@@ -360,7 +392,7 @@ def _blocks_of(path: str, f: int) -> tuple[list[Block], int]:
 
 
 def index_inputs(inputs: list[str], tokens_column: str, labels_column: str | None,
-                 keep_columns: tuple[str, ...] = ()) -> SequenceIndex:
+                 keep_columns: tuple[str, ...] = (), weight_column: str | None = None) -> SequenceIndex:
     """Resolve INPUTs and read their footers and schemas: files, blocks and gids, no lengths yet."""
     paths = resolve_inputs(inputs)
     labels = resolve_labels_column(paths, labels_column)
@@ -373,6 +405,8 @@ def index_inputs(inputs: list[str], tokens_column: str, labels_column: str | Non
         check_list_column(path, schema, tokens_column, "tokens")
         for column in keep_columns:
             check_kept_column(path, schema, column, kept_types)
+        if weight_column is not None:
+            check_weight_column(path, schema, weight_column)
         files.append(InputFile(path=path, rows=rows, bytes=os.path.getsize(path)))
         blocks += file_blocks
     index = SequenceIndex(
@@ -383,6 +417,7 @@ def index_inputs(inputs: list[str], tokens_column: str, labels_column: str | Non
         lengths=np.zeros(0, np.int64),
         tokens_column=tokens_column,
         labels_column=labels,
+        weight_column=weight_column,
     )
     if index.num_sequences == 0:
         raise PackctlError(f"{', '.join(inputs)}: the input holds no rows")
@@ -400,30 +435,36 @@ def split_blocks(blocks: list[Block], parts: int) -> np.ndarray:
 
 
 def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
-                progress=None, *, skip_empty: bool = False,
-                pad_token_id: int | None = None) -> tuple[SequenceIndex, TokenSource]:
+                progress=None, *, skip_empty: bool = False, pad_token_id: int | None = None,
+                count_loss_tokens: bool = False) -> tuple[SequenceIndex, TokenSource]:
     """Decode and validate blocks [block_lo, block_hi): their lengths, and a token source that
     keeps as many of them as the budget allows, in compact form (`DecodedBlock.compact`).
     Decoding runs on a small thread pool (Parquet and the kernels release the GIL), results in
     order. With `skip_empty`, empty rows get length 0 instead of an error; with `pad_token_id`,
     input tokens equal to it are counted in `source.tokens_equal_to_pad_id` (allowed, but worth
-    knowing)."""
+    knowing); with `count_loss_tokens`, `index.loss_tokens` (the step sums of --dp-size need them)."""
     source = TokenSource([f.path for f in index.files], index.tokens_column, index.labels_column, budget,
                          skip_empty=skip_empty)
     gid_lo, gid_hi = int(index.block_offsets[block_lo]), int(index.block_offsets[block_hi])
     lengths = np.zeros(gid_hi - gid_lo, dtype=np.int64)
+    loss_tokens = np.zeros(gid_hi - gid_lo, dtype=np.int64) if count_loss_tokens else None
 
     def decode(block: Block) -> tuple[DecodedBlock, int]:
+        if index.weight_column is not None:
+            check_weights(source.paths[block.file], block.row_group, block.first_row, index.weight_column)
         return compact_block(block, source.decode(block, check_values=False), source.paths[block.file],
                              index.tokens_column, index.labels_column, pad_token_id)
 
     for b, (decoded, pad_like) in _decode_in_order(decode, index.blocks, block_lo, block_hi):
-        lengths[index.block_offsets[b] - gid_lo:index.block_offsets[b + 1] - gid_lo] = np.diff(decoded.offsets)
+        rows = slice(index.block_offsets[b] - gid_lo, index.block_offsets[b + 1] - gid_lo)
+        lengths[rows] = np.diff(decoded.offsets)
+        if loss_tokens is not None:  # the first token's label is masked in every pack
+            loss_tokens[rows] = decoded.count_targets(decoded.offsets[:-1] + 1, np.maximum(lengths[rows] - 1, 0))
         source.tokens_equal_to_pad_id += pad_like
         source.offer(b, decoded)
         if progress is not None:
             progress(1)
-    return dataclasses.replace(index, lengths=lengths, gid_lo=gid_lo), source
+    return dataclasses.replace(index, lengths=lengths, gid_lo=gid_lo, loss_tokens=loss_tokens), source
 
 
 def _decode_in_order(decode, blocks: list[Block], lo: int, hi: int, workers: int = 2):

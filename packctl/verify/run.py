@@ -27,6 +27,7 @@ from packctl.verify.cp import CpWork, check_cp
 from packctl.verify.report import CheckResult, VerifyReport
 from packctl.verify.structure import (
     Layout,
+    StepLoss,
     Totals,
     Violation,
     check_counts,
@@ -153,11 +154,12 @@ def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyRepor
     cp_found: list[Violation] = []
     cp_work = CpWork(cp_size) if cp_size > 1 else None
     totals = Totals()
+    steps = StepLoss()
     packs: list[Pack] = []
     complete = True
     for i, entry in enumerate(manifest["shards"]):
         name = entry["path"]
-        rows, found = check_shard(out, entry, manifest, layout, sequences_in=sequences_in)
+        rows, found = check_shard(out, entry, manifest, layout, sequences_in=sequences_in, steps=steps)
         structure += found
         if pieces is not None:
             pieces.add(name, rows)
@@ -169,6 +171,8 @@ def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyRepor
             cp_found += check_cp(rows, cp_size, cp_work, shard=name)
         packs += [Pack.from_rows(rows, r, name) for r in picks.get(i, []) if r < rows.num_rows]
     structure += check_counts(manifest, totals, complete=complete)
+    if complete:
+        structure += steps.check()
 
     checks: dict[str, CheckResult] = {}
     violations: list[Violation] = list(structure)

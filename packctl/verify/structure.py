@@ -19,7 +19,7 @@ reported once, at its first offending shard / row / sequence, with the number of
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,9 @@ from packctl.schema import IGNORE_INDEX
 from packctl.errors import PackctlError
 from packctl.io.manifest import read_manifest
 from packctl.io.journal import sha256_file
-from packctl.schema import (BALANCE_COLUMNS, FORMAT_VERSION, METADATA_KEY, PACK_SCHEMA, TRL_LENGTHS_COLUMN,
-                            TRL_LENGTHS_FIELD)
-from packctl.thd import PackRows
+from packctl.schema import (BALANCE_COLUMNS, FORMAT_VERSION, LOSS_FIELDS, METADATA_KEY, PACK_SCHEMA,
+                            STEP_LOSS_FIELDS, TRL_LENGTHS_COLUMN, TRL_LENGTHS_FIELD, WEIGHTS_COLUMN)
+from packctl.thd import PackRows, loss_columns
 
 COUNT_KEYS = ("sequences_in", "sequences_packed", "sequences_dropped", "sequences_truncated", "sequences_split",
               "tokens_in", "tokens_packed", "tokens_dropped", "tokens_truncated")  # DESIGN.md's list
@@ -410,6 +410,109 @@ def _trl_lengths_violations(table: pa.Table, rows: PackRows, shard: str, *, requ
                       count=int(np.count_nonzero(bad_rows)))]
 
 
+def _loss_violations(table: pa.Table, rows: PackRows, shard: str, steps: "StepLoss | None") -> list[Violation]:
+    """The loss-normalization columns (docs/format.md), each recounted from `labels` and the
+    sequence lengths: rules `loss-tokens` (num_loss_tokens, seq_loss_tokens) and `attn-cost`
+    (sum_sq_seqlen). Version-2 outputs written before they existed lack them: checked when present.
+    With `steps`, the packs' steps and recounted loss tokens are kept for `StepLoss.check`."""
+    names = set(table.column_names)
+    found = [Violation("structure", "schema", f"column {f.name} is {table.schema.field(f.name).type}, the contract "
+                       f"says {f.type}", shard=shard)
+             for f in (*LOSS_FIELDS, *STEP_LOSS_FIELDS)
+             if f.name in names and not table.schema.field(f.name).type.equals(f.type)]
+    if found or tiled_starts(rows) is None:
+        return found  # the tiling rule already reports packs whose sequences cannot be told apart
+    expected = loss_columns(rows)
+    seq_of_row = np.diff(np.asarray(rows.seq_offsets, dtype=np.int64))
+    rules = (("num_loss_tokens", "loss-tokens", expected.num_loss_tokens, "labels that are not -100 in the pack"),
+             ("sum_sq_seqlen", "attn-cost", expected.sum_sq_seqlen, "sum of seq_lens squared"))
+    for name, rule, want, what in rules:
+        if name not in names:
+            continue
+        got = table.column(name).to_numpy()
+        bad = got != want
+        if bad.any():
+            r = int(np.argmax(bad))
+            found.append(Violation("structure", rule, f"{name} is {got[r]}, the {what} is {want[r]}", shard=shard,
+                                   row=r, count=int(bad.sum())))
+    if "seq_loss_tokens" in names:
+        column = _list_column(table, "seq_loss_tokens")
+        if isinstance(column, str):
+            found.append(Violation("structure", "schema", column, shard=shard))
+        elif not (np.array_equal(column[0], rows.seq_offsets) and np.array_equal(column[1], expected.seq_loss_tokens)):
+            per_seq = np.diff(column[0]) == seq_of_row
+            bad = ~per_seq if not per_seq.all() else np.bincount(
+                np.repeat(np.arange(len(seq_of_row)), seq_of_row),
+                weights=column[1] != expected.seq_loss_tokens, minlength=len(seq_of_row)) > 0
+            found.append(Violation("structure", "loss-tokens", "seq_loss_tokens differs from the labels that are not "
+                                   "-100 in each sequence", shard=shard, row=int(np.argmax(bad)),
+                                   count=int(bad.sum())))
+    if WEIGHTS_COLUMN in names:
+        found += _weights_violations(table, rows, shard)
+    if steps is not None and "step" in names and {c.name for c in STEP_LOSS_FIELDS} <= names:
+        row_of_seq = np.repeat(np.arange(len(seq_of_row)), seq_of_row)
+        steps.add(shard, table.column("step").to_numpy(), expected.num_loss_tokens,
+                  np.bincount(row_of_seq, weights=expected.seq_loss_tokens > 0, minlength=len(seq_of_row)),
+                  table.column("step_loss_tokens").to_numpy(), table.column("step_loss_sequences").to_numpy())
+    return found
+
+
+def _weights_violations(table: pa.Table, rows: PackRows, shard: str) -> list[Violation]:
+    """Rule `seq-weights`: list<double>, one finite weight per sequence (--weight-column)."""
+    typ = table.schema.field(WEIGHTS_COLUMN).type
+    if not (pa.types.is_list(typ) and typ.value_type == pa.float64()):
+        return [Violation("structure", "schema", f"column {WEIGHTS_COLUMN} is {typ}, the contract says list<double>",
+                          shard=shard)]
+    column = _list_column(table, WEIGHTS_COLUMN)
+    if isinstance(column, str):
+        return [Violation("structure", "seq-weights", column, shard=shard)]
+    offsets, weights = column
+    ragged = np.diff(offsets) != np.diff(np.asarray(rows.seq_offsets, dtype=np.int64))
+    if ragged.any():
+        return [Violation("structure", "seq-weights", f"{WEIGHTS_COLUMN} does not hold one weight per sequence",
+                          shard=shard, row=int(np.argmax(ragged)), count=int(ragged.sum()))]
+    bad = ~np.isfinite(weights)
+    if bad.any():
+        k = int(np.argmax(bad))
+        row = int(np.searchsorted(offsets, k, side="right") - 1)
+        return [Violation("structure", "seq-weights", f"{WEIGHTS_COLUMN} holds {weights[k]}; weights are finite",
+                          shard=shard, row=row, sequence=k - int(offsets[row]), count=int(bad.sum()))]
+    return []
+
+
+@dataclass
+class StepLoss:
+    """Per pack of every shard: step, recounted loss tokens and sequences with loss tokens, and the
+    step_loss_tokens / step_loss_sequences it says; `check` sums them over each step (a step's
+    packs may sit in several shards)."""
+
+    parts: list = field(default_factory=list)
+
+    def add(self, shard: str, step, loss_tokens, loss_sequences, step_tokens, step_sequences) -> None:
+        self.parts.append((shard, np.arange(len(step)), *(np.asarray(a, np.int64) for a in (
+            step, loss_tokens, loss_sequences, step_tokens, step_sequences))))
+
+    def check(self) -> list[Violation]:
+        """Rule `step-loss`: every pack's step_loss_tokens (step_loss_sequences) is the sum of the
+        loss tokens (the sequences holding at least one) over all the packs of its step."""
+        if not self.parts:
+            return []
+        shard = np.concatenate([np.full(len(p[1]), i) for i, p in enumerate(self.parts)])
+        row, step, tokens, sequences, said_tokens, said_sequences = (
+            np.concatenate([p[k] for p in self.parts]) for k in range(1, 7))
+        found = []
+        for name, per_pack, said in (("step_loss_tokens", tokens, said_tokens),
+                                     ("step_loss_sequences", sequences, said_sequences)):
+            sums = np.bincount(step, weights=per_pack, minlength=int(step.max()) + 1).astype(np.int64)[step]
+            bad = said != sums
+            if bad.any():
+                k = int(np.argmax(bad))
+                found.append(Violation("structure", "step-loss", f"{name} is {said[k]}, but the packs of step "
+                                       f"{step[k]} hold {sums[k]}", shard=self.parts[shard[k]][0], row=int(row[k]),
+                                       count=int(bad.sum())))
+        return found
+
+
 def _metadata_violations(schema: pa.Schema, manifest: dict[str, Any], shard: str) -> list[Violation]:
     raw = (schema.metadata or {}).get(METADATA_KEY)
     if raw is None:
@@ -431,8 +534,9 @@ def _metadata_violations(schema: pa.Schema, manifest: dict[str, Any], shard: str
 
 
 def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layout: Layout, *,
-                sequences_in: int | None) -> tuple[PackRows | None, list[Violation]]:
-    """Checksum, schema, metadata, counts and every pack rule of one shard listed in the manifest.
+                sequences_in: int | None, steps: StepLoss | None = None) -> tuple[PackRows | None, list[Violation]]:
+    """Checksum, schema, metadata, counts and every pack rule of one shard listed in the manifest;
+    with `steps`, what the step rule (`StepLoss.check`, after the last shard) needs.
 
     Returns the shard's rows (None when it cannot be read as packs) and the broken rules.
     """
@@ -464,6 +568,7 @@ def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layo
     if rows is None:
         return None, found
     found += _trl_lengths_violations(table, rows, name, required=manifest.get("format_version", 1) >= 2)
+    found += _loss_violations(table, rows, name, steps)
     tokens = int(np.asarray(rows.num_tokens, dtype=np.int64).sum())
     if "tokens" in entry and tokens != entry["tokens"]:
         found.append(Violation("structure", "manifest-shard", f"{tokens} tokens (sum of num_tokens), the manifest "
