@@ -8,7 +8,8 @@ synthetic corpus of benchmarks/corpus.py):
 - time: the whole `packctl pack` process against a plain copy, a separate Python process that
   reads each input file with pyarrow and writes it again with zstd (benchmarks/copy_parquet.py),
   into a fresh directory. The two run in turn, pack then copy, --repeat times after one warm-up
-  of each; medians, and the median of the ratios pair by pair. Beside them, the same plain copy of
+  of each; medians, and the median of the ratios pair by pair, of wall time and of CPU time
+  (user + system, which moves less when other work shares the machine). Beside them, the same plain copy of
   packctl's own output (its shards hold more columns than the input: labels, position ids,
   cu_seqlens ...), which tells what writing those columns costs by itself.
 - packs: packctl at its default --window, packctl with one window over the whole corpus, TRL's
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import shutil
 import statistics
 import subprocess
@@ -96,20 +98,27 @@ def trl_packs(directory: Path, capacity: int, too_long: str) -> tuple[int, float
     return len(packed), time.perf_counter() - t0
 
 
-def run_pack(directory: Path, out: Path, args: list[str]) -> tuple[float, dict]:
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_pack(directory: Path, out: Path, args: list[str]) -> tuple[float, float, dict]:
+    """(wall s, CPU s user + system, packctl's --json) of one whole `packctl pack` process."""
     cmd = [sys.executable, "-m", "packctl", "pack", str(directory), "-o", str(out), "--overwrite", "--json", *args]
-    t0 = time.perf_counter()
+    cpu, t0 = children_cpu(), time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     elapsed = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{proc.stderr}")
-    return elapsed, json.loads(proc.stdout)
+    return elapsed, children_cpu() - cpu, json.loads(proc.stdout)
 
 
-def run_copy(directory: Path, out: Path) -> float:
-    t0 = time.perf_counter()
+def run_copy(directory: Path, out: Path) -> tuple[float, float]:
+    """(wall s, CPU s) of one plain copy process."""
+    cpu, t0 = children_cpu(), time.perf_counter()
     subprocess.run([sys.executable, str(HERE / "copy_parquet.py"), str(directory), str(out)], check=True)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, children_cpu() - cpu
 
 
 def main() -> None:
@@ -136,12 +145,16 @@ def main() -> None:
         run_pack(directory, out_pack, pack_args)  # warm-up (numba cache, page cache)
         run_copy(directory, out_copy)
         packs_s, copies_s, out_copies_s, stages, result = [], [], [], [], None
+        packs_cpu, copies_cpu = [], []
         for _ in range(args.repeat):
-            t, result = run_pack(directory, out_pack, pack_args)
+            t, cpu, result = run_pack(directory, out_pack, pack_args)
             packs_s.append(t)
+            packs_cpu.append(cpu)
             stages.append(result["metrics"]["timings"])
-            copies_s.append(run_copy(directory, out_copy))
-            out_copies_s.append(run_copy(out_pack / "data", root / f"out-copy-packed-{name}"))
+            t, cpu = run_copy(directory, out_copy)
+            copies_s.append(t)
+            copies_cpu.append(cpu)
+            out_copies_s.append(run_copy(out_pack / "data", root / f"out-copy-packed-{name}")[0])
         shutil.rmtree(root / f"out-copy-packed-{name}", ignore_errors=True)
         ratios = [p / c for p, c in zip(packs_s, copies_s)]
         out_bytes = sum(p.stat().st_size for p in out_pack.rglob("*.parquet"))
@@ -151,15 +164,18 @@ def main() -> None:
         print(f"  copy  s: median {med(copies_s):.2f} (min {min(copies_s):.2f}, max {max(copies_s):.2f}); "
               f"{copy_bytes / 2**20:,.0f} MiB written")
         print(f"  ratio pack/copy: median {med(ratios):.2f}; each pair: {' '.join(f'{r:.2f}' for r in ratios)}")
+        cpu_ratios = [p / c for p, c in zip(packs_cpu, copies_cpu)]
+        print(f"  CPU s (user + system): pack {med(packs_cpu):.2f}, copy {med(copies_cpu):.2f}; ratio median "
+              f"{med(cpu_ratios):.2f}; each pair: {' '.join(f'{r:.2f}' for r in cpu_ratios)}")
         print(f"  copy of packctl's output s: median {med(out_copies_s):.2f} (min {min(out_copies_s):.2f}, "
               f"max {max(out_copies_s):.2f}); pack / that: {med([p / c for p, c in zip(packs_s, out_copies_s)]):.2f}")
         print("  packctl stages (median s): " + "  ".join(f"{k} {med([s[k] for s in stages]):.2f}" for k in stages[0]))
         row = {"corpus": name, "documents": len(lengths), "tokens": int(lengths.sum()), "longest": int(lengths.max()),
-               "pack_s": med(packs_s), "copy_s": med(copies_s), "ratio": med(ratios),
+               "pack_s": med(packs_s), "copy_s": med(copies_s), "ratio": med(ratios), "cpu_ratio": med(cpu_ratios),
                "copy_out_s": med(out_copies_s), "ratio_out": med([p / c for p, c in zip(packs_s, out_copies_s)]),
                "packs_packctl": result["counts"]["packs"]}
         if not args.no_peers:
-            _, whole = run_pack(directory, out_pack, [*pack_args, "--window", str(len(lengths))])
+            _, _, whole = run_pack(directory, out_pack, [*pack_args, "--window", str(len(lengths))])
             items = items_of(lengths, capacity, too_long)
             row["packs_packctl_whole"] = whole["counts"]["packs"]
             row["packs_trl"], trl_s = trl_packs(directory, capacity, too_long)
@@ -173,14 +189,14 @@ def main() -> None:
         shutil.rmtree(out_copy, ignore_errors=True)
         rows.append(row)
     print(f"\nmedians of {args.repeat} runs in one session")
-    print("| corpus | tokens | documents | longest | pack s | copy s | pack/copy | copy of output s | pack/that "
-          "| packs packctl / one window / TRL / BFD whole / ceil |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| corpus | tokens | documents | longest | pack s | copy s | pack/copy | pack/copy CPU | copy of output s "
+          "| pack/that | packs packctl / one window / TRL / BFD whole / ceil |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         peers = (f"{r['packs_packctl']:,} / {r['packs_packctl_whole']:,} / {r['packs_trl']:,} / {r['packs_bfd_whole']:,}"
                  f" / {r['packs_ceil']:,}" if "packs_trl" in r else f"{r['packs_packctl']:,}")
         print(f"| {r['corpus']} | {r['tokens']:,} | {r['documents']:,} | {r['longest']:,} | {r['pack_s']:.2f} | "
-              f"{r['copy_s']:.2f} | {r['ratio']:.2f} | {r['copy_out_s']:.2f} | {r['ratio_out']:.2f} | {peers} |")
+              f"{r['copy_s']:.2f} | {r['ratio']:.2f} | {r['cpu_ratio']:.2f} | {r['copy_out_s']:.2f} | {r['ratio_out']:.2f} | {peers} |")
 
 
 if __name__ == "__main__":
