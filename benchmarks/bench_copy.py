@@ -196,7 +196,8 @@ def main() -> None:
         peers = (f"{r['packs_packctl']:,} / {r['packs_packctl_whole']:,} / {r['packs_trl']:,} / {r['packs_bfd_whole']:,}"
                  f" / {r['packs_ceil']:,}" if "packs_trl" in r else f"{r['packs_packctl']:,}")
         print(f"| {r['corpus']} | {r['tokens']:,} | {r['documents']:,} | {r['longest']:,} | {r['pack_s']:.2f} | "
-              f"{r['copy_s']:.2f} | {r['ratio']:.2f} | {r['cpu_ratio']:.2f} | {r['copy_out_s']:.2f} | {r['ratio_out']:.2f} | {peers} |")
+              f"{r['copy_s']:.2f} | {r['ratio']:.2f} | {r['cpu_ratio']:.2f} | {r['copy_out_s']:.2f} | "
+              f"{r['ratio_out']:.2f} | {peers} |")
 
 
 if __name__ == "__main__":

@@ -204,8 +204,8 @@ def roff_text(source: str) -> str:
 
 
 def man_pages() -> list[Path]:
-    root = Path("/usr/share/man")
-    return files_under([p for p in sorted(root.glob("man[1-8]")) if p.is_dir()], lambda name: True) if root.is_dir() else []
+    sections = [p for p in sorted(Path("/usr/share/man").glob("man[1-8]")) if p.is_dir()]
+    return files_under(sections, lambda name: True)
 
 
 def code_files() -> list[Path]:
@@ -343,8 +343,10 @@ def build(name: str, root: str | Path = "/tmp/packctl-bench", *, text_bytes: int
     marker = directory / "corpus.json"
     stamp = {"corpus": name, "builder": BUILDER_VERSION, "tokenizer": TOKENIZER_FILE, "text_bytes": text_bytes,
              "sources": fingerprint(name)}
-    if not rebuild and marker.exists() and {k: v for k, v in json.loads(marker.read_text()).items() if k in stamp} == stamp:
-        return directory
+    if not rebuild and marker.exists():
+        cached = json.loads(marker.read_text())
+        if {k: cached.get(k) for k in stamp} == stamp:
+            return directory
     t0 = time.perf_counter()
     docs = {"code": code_documents, "prose": prose_documents, "chat": chat_documents}[name](text_bytes)
     gathered = time.perf_counter() - t0
@@ -377,14 +379,17 @@ def describe(directory: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("corpora", nargs="*", default=list(CORPORA), choices=CORPORA)
+    ap.add_argument("corpora", nargs="*", metavar="CORPUS", help=f"any of {', '.join(CORPORA)} (default: all)")
     ap.add_argument("--dir", default="/tmp/packctl-bench")
     ap.add_argument("--rebuild", action="store_true")
     args = ap.parse_args()
-    for name in args.corpora:
+    unknown = set(args.corpora) - set(CORPORA)
+    if unknown:
+        ap.error(f"unknown corpus {', '.join(sorted(unknown))}: choose from {', '.join(CORPORA)}")
+    for name in args.corpora or CORPORA:
         stamp = describe(build(name, args.dir, rebuild=args.rebuild))
-        print(f"{name}: {stamp['documents']:,} documents, {stamp['tokens']:,} tokens, longest {stamp['longest_tokens']:,} "
-              f"({stamp['longest_document']}), median {stamp['median_tokens']:,.0f}, p99 {stamp['p99_tokens']:,.0f}; "
+        print(f"{name}: {stamp['documents']:,} documents, {stamp['tokens']:,} tokens, "
+              f"longest {stamp['longest_tokens']:,} ({stamp['longest_document']}), median {stamp['median_tokens']:,.0f}, p99 {stamp['p99_tokens']:,.0f}; "
               f"built in {stamp['seconds']}")
 
 
