@@ -156,3 +156,17 @@ def test_manifest_counts_and_metrics(tmp_path, sample_data, algorithm):
     meta = json.loads(pq.read_schema(out / manifest["shards"][0]["path"]).metadata[b"packctl"])
     assert meta["format_version"] == 2 and meta["config"]["algorithm"] == algorithm
     assert set(manifest["timings"]) >= {"scan", "order", "plan", "materialize", "report", "total"}
+
+
+def test_shards_are_zstd_without_dictionaries(tmp_path, sample_data):
+    """The storage settings of docs/performance.md: zstd, no dictionary pages, row groups of 128 packs."""
+    _, out = pack_to(tmp_path, [sample_data], capacity=4096, too_long="split")
+    for shard in sorted((out / "data").glob("*.parquet")):
+        meta = pq.ParquetFile(shard).metadata
+        assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)][:-1] == [128] * (meta.num_row_groups - 1)
+        for g in range(meta.num_row_groups):
+            for c in range(meta.num_columns):
+                column = meta.row_group(g).column(c)
+                assert column.compression == "ZSTD", column.path_in_schema
+                assert not column.has_dictionary_page, column.path_in_schema
+                assert not any("DICTIONARY" in e for e in column.encodings), (column.path_in_schema, column.encodings)

@@ -13,7 +13,7 @@ from packctl.io.arrow import arrow_array
 from packctl.schema import LOSS_FIELDS, METADATA_KEY, PACK_SCHEMA, TRL_LENGTHS_FIELD
 from packctl.thd import PackRows, loss_columns
 
-PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, write_statistics=False)
+PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, use_dictionary=False, write_statistics=False)
 
 
 def _list(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
