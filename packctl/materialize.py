@@ -225,7 +225,9 @@ class ShardAssembler:
 
     def _add_by_unit(self, pieces: np.ndarray, part: Callable[[np.ndarray, np.ndarray], tuple]) -> None:
         # Each unit's part gets arrays of its own (`part` gathers them), so spilling or writing it
-        # frees memory even while other units still wait for their part of this batch.
+        # frees memory even while other units still wait for their part of this batch; the budget
+        # is kept after each unit, not after the batch: with --epochs K a block's pieces are K
+        # copies of its tokens, more than the budget holds.
         if len(pieces) == 0:
             return
         unit = self.piece_unit[pieces]
@@ -242,7 +244,7 @@ class ShardAssembler:
                 done = self.buckets.pop(u)
                 self.buffered -= done.nbytes
                 self._writers.submit(lambda u=u, done=done: self._build(u, done))
-        self._keep_within_budget()
+            self._keep_within_budget()
 
     def write_from_blocks(self, index: SequenceIndex, source: TokenSource) -> None:
         """Every unit gathered straight from the decoded blocks `source` holds (all of them):
