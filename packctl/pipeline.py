@@ -12,6 +12,11 @@ materialize.
              materialize its packs' row groups   materialize.py
     rank 0:  _metrics.json, _manifest.json (last)  run_report.py, io/manifest.py -> OUT
 
+With --epochs K, order and plan run once per epoch (each rank's windows of every epoch are one run
+of the global order: planning.py), and the joined plan is assigned and materialized as one, so
+every block is decoded as often as for one epoch and its sequences are written K times; each epoch
+is reported as an output of its own (OUT/epoch-0000e), and OUT/_epochs.json comes last.
+
 Shards are fixed runs of packs in global order (dist/assign.py), never cut by rank, so the output
 bytes do not depend on the number of ranks.
 """

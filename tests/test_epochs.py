@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -179,3 +183,20 @@ def test_the_documented_epoch_loop(tmp_path, sample_data, monkeypatch):
     seen = []
     run_docs_block("epochs", {"train_step": lambda batch: seen.append(batch["input_ids"].numel())})
     assert sum(seen) == result.counts["packs"] * 4096  # every pack of every epoch
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_mpiexec_writes_the_single_process_bytes(tmp_path, sample_data, ranks):
+    mpiexec = shutil.which("mpiexec", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                            os.environ.get("PATH", "")]))
+    if mpiexec is None:
+        pytest.skip("no mpiexec on PATH (pip install 'packctl[mpi]')")
+    options = ["--order", "shuffle", "--algorithm", "ffs", "--too-long", "split", "--window", "300",
+               "--shard-rows", "40", "--epochs", "3", "--dp-size", "2", "--micro-batches", "2", "--overwrite", "-q"]
+    one, many = tmp_path / "one", tmp_path / "many"
+    assert run_cli("pack", str(sample_data), "-o", str(one), *options).returncode == 0
+    proc = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, "-m", "packctl", "pack", str(sample_data),
+                           "-o", str(many), *options], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert _digest(many) == _digest(one)
+    assert len(json.loads((many / "_metrics.json").read_text())["ranks"]) == ranks

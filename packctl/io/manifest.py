@@ -8,6 +8,9 @@ names Parquet dataset readers skip (leading underscore), so pyarrow, polars and 
     OUT/_metrics.json              the packing report
     OUT/data/train-00000.parquet   the packs, shards numbered in window order
 
+`pack --epochs K` writes one such output per epoch, `OUT/epoch-00000/` ..., and `OUT/_epochs.json`
+last (`epoch_outputs`, `epoch_output`).
+
 Version 1 (manifest.json, metrics.json, part-00000.parquet at OUT's root) is still read.
 """
 from __future__ import annotations
