@@ -295,19 +295,26 @@ def verify_command(
     bench: bool = typer.Option(False, "--bench", help="Time packed varlen vs padded-batch attention."),
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
+    from packctl.io.manifest import epoch_outputs
     from packctl.verify import VerifyOptions, summary_table, verify
 
     try:
-        report = verify(output, VerifyOptions(source=source or [], attention=attention, sample=sample, seed=seed,
-                                              backend=backend, device=device, dtype=dtype, heads=heads,
-                                              head_dim=head_dim, cp_size=cp_size, bench=bench))
+        options = VerifyOptions(source=source or [], attention=attention, sample=sample, seed=seed, backend=backend,
+                                device=device, dtype=dtype, heads=heads, head_dim=head_dim, cp_size=cp_size,
+                                bench=bench)
+        outputs = epoch_outputs(output)  # the OUT of pack --epochs: every epoch's output is checked
+        reports = [verify(o, options) for o in outputs or [output]]
     except PackctlError as exc:
         _fail(exc)
+    exit_code = max(r.exit_code for r in reports)
     if json_output:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(json.dumps(reports[0].to_dict() if outputs is None else
+                         {"output": output, "ok": exit_code == 0, "exit_code": exit_code,
+                          "epochs": [r.to_dict() for r in reports]}, indent=2))
     else:
-        Console(soft_wrap=True).print(summary_table(report))
-    raise typer.Exit(report.exit_code)
+        for report in reports:
+            Console(soft_wrap=True).print(summary_table(report))
+    raise typer.Exit(exit_code)
 
 
 _EXPORT_EXAMPLE = """Rewrite a packed output in the packed format another trainer reads itself.

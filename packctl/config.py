@@ -88,6 +88,8 @@ class PackConfig:
                         help="Sequence order: as read, seeded shuffle, or by padded length (ties by global id).")
     curriculum_order: str = option("asc", choices=("asc", "desc"), help="Direction of --order curriculum.")
     seed: int = option(0, help="Seed of --order shuffle, of --algorithm ffs and of step grouping.")
+    epochs: int = option(1, help="Epochs to write, each a full pass in its own shuffled order and packing, one "
+                                 "output each (OUT/epoch-00000, ...; docs/training.md); needs --order shuffle.")
     window: int = option(100_000, help="Sequences per planning window (global positions; each window is packed "
                                        "on its own).")
     cp_size: int = option(1, help="Context-parallel size; with cp > 1 each sequence is padded to a multiple of "
@@ -249,6 +251,11 @@ class PackConfig:
         for name in ("skip_empty", "overwrite", "resume"):
             if not isinstance(getattr(self, name), bool):
                 raise PackctlError(f"{name.replace('_', '-')} = {getattr(self, name)!r}: must be true or false")
+        _positive("epochs", self.epochs)
+        if self.epochs > 1 and self.order != "shuffle":
+            raise PackctlError(f"--epochs {self.epochs} with --order {self.order}: every epoch would hold the same "
+                               "packs in the same order; pass --order shuffle, or pack one epoch and iterate it "
+                               f"{self.epochs} times")
         if not 0 <= self.seed < 2**63:
             raise PackctlError(f"--seed {self.seed}: must be in [0, 2^63)")
         if not 0 <= self.pad_token_id <= INT32_MAX:
@@ -332,6 +339,8 @@ class PackConfig:
         out = dataclasses.asdict(self)
         out["pack_multiple"] = self.resolved_pack_multiple
         out["memory_budget"] = self.resolved_memory_budget
+        if self.epochs == 1:  # one epoch is the output packctl wrote before --epochs: the same bytes
+            del out["epochs"]
         return out
 
 

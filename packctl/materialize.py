@@ -47,7 +47,6 @@ from packctl.io.reader import SequenceIndex, TokenSource, read_kept_columns
 from packctl.io.stitch import stitch, stitch_chunks
 from packctl.io.encode import encode_table, rows_to_table
 from packctl.io.journal import ShardInfo
-from packctl.io.manifest import shard_name
 from packctl.io.outdir import OutputDir, StagedShard
 from packctl.plan.windows import PackPlan
 from packctl.schema import WEIGHTS_COLUMN
@@ -152,10 +151,10 @@ class _Writers:
         self._committer.shutdown(wait=True)
 
 
-def run_part_name(shard: int, first_part: int) -> str:
+def run_part_name(shard_path: str, first_part: int) -> str:
     """The file one writer leaves for a shard it shares: its run of row groups from `first_part`
     (`data/.train-00003.parquet.from-00128`, hidden beside the shard)."""
-    folder, _, file = shard_name(shard).rpartition("/")
+    folder, _, file = shard_path.rpartition("/")
     return f"{folder}/.{file}.from-{first_part:05d}"
 
 
@@ -197,14 +196,14 @@ class ShardAssembler:
         self._writers = _Writers(workers, max_pending=2 * workers, commit=output.commit_shard)
         self._scratch = threading.local()  # each writer thread builds its units in the same buffers
         # Shards an interrupted run already finished (--resume): their pieces are neither fetched nor written.
-        self.unit_done = np.array([shard_name(int(s)) in output.done for s in run.unit_shard], dtype=bool)
+        self.unit_done = np.array([run.shard_path(int(s)) in output.done for s in run.unit_shard], dtype=bool)
         self.piece_wanted = ~self.unit_done[self.piece_unit]
         for u in np.flatnonzero(self.unit_done).tolist():
             self.remaining[u] = 0
             self.progress(int(self.bounds[u + 1] - self.bounds[u]))
         for s in set(run.unit_shard[self.unit_done].tolist()):
             if run.whole_here(s) or run.finishes(s):
-                self._writers.results[s] = output.done[shard_name(s)]
+                self._writers.results[s] = output.done[run.shard_path(s)]
 
     def add(self, pieces: np.ndarray, tokens: np.ndarray, labels: np.ndarray) -> None:
         """Pieces with their tokens and labels concatenated in the same order."""
@@ -226,7 +225,9 @@ class ShardAssembler:
 
     def _add_by_unit(self, pieces: np.ndarray, part: Callable[[np.ndarray, np.ndarray], tuple]) -> None:
         # Each unit's part gets arrays of its own (`part` gathers them), so spilling or writing it
-        # frees memory even while other units still wait for their part of this batch.
+        # frees memory even while other units still wait for their part of this batch; the budget
+        # is kept after each unit, not after the batch: with --epochs K a block's pieces are K
+        # copies of its tokens, more than the budget holds.
         if len(pieces) == 0:
             return
         unit = self.piece_unit[pieces]
@@ -243,7 +244,7 @@ class ShardAssembler:
                 done = self.buckets.pop(u)
                 self.buffered -= done.nbytes
                 self._writers.submit(lambda u=u, done=done: self._build(u, done))
-        self._keep_within_budget()
+            self._keep_within_budget()
 
     def write_from_blocks(self, index: SequenceIndex, source: TokenSource) -> None:
         """Every unit gathered straight from the decoded blocks `source` holds (all of them):
@@ -328,9 +329,9 @@ class ShardAssembler:
         ordered = [parts[k] for k in sorted(parts)]
         joined = stitch_chunks([p[0] for p in ordered])
         if not self.run.whole_here(shard):  # shared with another writer: leave this run for the join
-            self.output.stage_run_part(run_part_name(shard, min(parts)), joined)
+            self.output.stage_run_part(run_part_name(self.run.shard_path(shard), min(parts)), joined)
             return None
-        staged = self.output.stage_bytes(shard_name(shard), joined, rows=sum(p[1] for p in ordered),
+        staged = self.output.stage_bytes(self.run.shard_path(shard), joined, rows=sum(p[1] for p in ordered),
                                          tokens=sum(p[2] for p in ordered))
         return shard, staged
 
@@ -351,13 +352,13 @@ def join_shared_shards(run: WriteRun, output: OutputDir) -> dict[int, ShardInfo]
     by every writer, joined in order (no value decoded again), then committed."""
     results = {}
     for shard, runs in sorted(run.shard_runs.items()):
-        if not run.finishes(shard) or shard_name(shard) in output.done:
+        if not run.finishes(shard) or run.shard_path(shard) in output.done:
             continue
-        paths = [output.tmp / run_part_name(shard, first) for first in runs]
+        paths = [output.tmp / run_part_name(run.shard_path(shard), first) for first in runs]
         joined = stitch([p.read_bytes() for p in paths])
         meta = pq.ParquetFile(pa.BufferReader(joined)).metadata
         tokens = int(pq.read_table(pa.BufferReader(joined), columns=["num_tokens"]).column(0).to_numpy().sum())
-        staged = output.stage_bytes(shard_name(shard), joined, rows=meta.num_rows, tokens=tokens)
+        staged = output.stage_bytes(run.shard_path(shard), joined, rows=meta.num_rows, tokens=tokens)
         results[shard] = output.commit_shard(staged)
         for path in paths:
             path.unlink()

@@ -12,6 +12,11 @@ materialize.
              materialize its packs' row groups   materialize.py
     rank 0:  _metrics.json, _manifest.json (last)  run_report.py, io/manifest.py -> OUT
 
+With --epochs K, order and plan run once per epoch (each rank's windows of every epoch are one run
+of the global order: planning.py), and the joined plan is assigned and materialized as one, so
+every block is decoded as often as for one epoch and its sequences are written K times; each epoch
+is reported as an output of its own (OUT/epoch-0000e), and OUT/_epochs.json comes last.
+
 Shards are fixed runs of packs in global order (dist/assign.py), never cut by rank, so the output
 bytes do not depend on the number of ranks.
 """
@@ -30,7 +35,7 @@ import numpy as np
 from packctl.config import PackConfig
 from packctl.dist.assign import WriteJob, assign, hand_over, units_of
 from packctl.dist.comm import Comm, broadcast_outcome, get_comm
-from packctl.io.manifest import MANIFEST, METRICS, build_manifest, shard_metadata
+from packctl.io.manifest import EPOCHS, MANIFEST, METRICS, build_manifest, epoch_dir, shard_metadata
 from packctl.jit import CompileClock
 from packctl.io.reader import SequenceIndex, index_inputs, scan_blocks, split_blocks
 from packctl.io.journal import ShardInfo, inspect_partial
@@ -38,9 +43,12 @@ from packctl.io.lock import OutputLock
 from packctl.io.outdir import Faults, OutputDir
 from packctl.io.paths import check_output_path
 from packctl.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
-from packctl.planning import Planned, check_something_to_pack, check_too_long, order_and_distribute, plan_stage
+from packctl.plan.order import epoch_seed
+from packctl.planning import (Planned, check_something_to_pack, check_too_long, config_of_epoch, join_epochs,
+                              order_and_distribute, plan_stage)
 from packctl.step_loss import step_loss_columns
-from packctl.run_report import Corpus, RankShare, Transfer, assemble_metrics, plan_metrics, rank_report, throughput
+from packctl.run_report import (Corpus, RankShare, Transfer, assemble_metrics, epochs_index, epochs_metrics,
+                                plan_metrics, rank_report, throughput)
 from packctl.runtime import Progress, RunInterrupted, SignalGuard, after_failure, in_background, timed
 
 __all__ = ["PackResult", "Progress", "RunInterrupted", "pack", "run_fingerprint"]
@@ -109,27 +117,26 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
 
     with timed(timings, "scan"):
         scanned, corpus = _scan(comm, index, config, progress)
-    with timed(timings, "order"):
-        ordered = order_and_distribute(comm, scanned.index, config)
-    with timed(timings, "plan"):
-        planned = plan_stage(comm, ordered, config, progress=progress.stage("plan", len(ordered.gids)))
-        check_something_to_pack(comm, planned.plan, scanned.index, config, corpus.skipped_empty)
-        if planned.balanced is not None:  # every pack of a step gets the step's loss tokens
-            planned.columns.update(step_loss_columns(comm, planned.plan, planned.balanced.result.step,
-                                                     scanned.index, scanned.source, scanned.block_bounds))
+    epochs = [_plan_epoch(comm, scanned, corpus, config, epoch, timings, progress) for epoch in range(config.epochs)]
+    planned = join_epochs(epochs)
     with timed(timings, "assign"):
-        job, transfer = _assign(comm, planned, scanned, config)
+        job, transfer = _assign(comm, planned, scanned, config, [e.plan.num_bins for e in epochs])
 
     output = run.output = _open_output(comm, out, config.overwrite, fingerprint, done, faults)
     # In one process the plan is the whole plan: its metrics are computed beside materialize.
     early_metrics = in_background(plan_metrics, planned.plan, planned.pack_lens, config, corpus.sequences,
-                                  corpus.tokens, skipped_empty=corpus.skipped_empty) if comm.size == 1 else None
+                                  corpus.tokens, skipped_empty=corpus.skipped_empty) if (
+        comm.size == 1 and config.epochs == 1) else None
     with timed(timings, "materialize"):
         written = materialize(comm, job, scanned, output, _shard_format(config, scanned.index),
                               read_own=transfer.read_own, progress=progress.stage("materialize", job.plan.num_bins))
     with timed(timings, "report"):
         corpus.tokens_equal_to_pad_id = comm.allreduce_sum(scanned.source.tokens_equal_to_pad_id)
-        shares = comm.gather(RankShare.of(planned, written.shards))  # rank 0 only: the plans are large
+        shard_epoch = job.assignment.shard_epoch
+        # rank 0 only: the plans are large
+        shares = comm.gather([RankShare.of(p, {n: i for n, i in written.shards.items()
+                                               if shard_epoch is None or shard_epoch[n] == e})
+                              for e, p in enumerate(epochs)])
     timings["total"] = time.perf_counter() - started
     timings["compile"] = jit.seconds  # inside the stages above; throughputs leave it out
     ranks = comm.allgather(rank_report(comm, scanned.index, job.plan, written, timings, transfer))
@@ -137,19 +144,67 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
         comm.barrier()
         return PackResult(output=out, counts={}, metrics={"ranks": ranks}, timings=timings)
 
-    metrics, _ = assemble_metrics(config, shares, ranks, corpus,
-                                  plan_figures=early_metrics.result() if early_metrics is not None else None)
-    metrics["throughput"] = throughput(corpus, ranks, timings, resumed_shards=len(done or {}))
-    metrics["timings"] = timings
-    shards = [info for _, info in sorted((n, i) for s in shares for n, i in s.shards.items())]
-    output.write_json(METRICS, metrics)
+    whole_run = throughput(corpus, ranks, timings, resumed_shards=len(done or {}))
+    if config.epochs == 1:
+        metrics, shards, manifest = _report(config, index, [s[0] for s in shares], ranks, corpus, whole_run, timings,
+                                            early_metrics.result() if early_metrics is not None else None)
+        reports = [("", metrics, manifest)]
+    else:  # each epoch is an output of its own; OUT/_metrics.json is of them all, _epochs.json lists them
+        reports, shards = [], []
+        for e in range(config.epochs):
+            epoch_metrics, epoch_shards, manifest = _report(config, index, [s[e] for s in shares], [], corpus,
+                                                            whole_run, timings, None, epoch=e)
+            reports.append((f"{epoch_dir(e)}/", epoch_metrics, manifest))
+            shards += epoch_shards
+        metrics = epochs_metrics(config, [s[e] for e in range(config.epochs) for s in shares], ranks, corpus,
+                                 [r[1] for r in reports])
+        metrics["throughput"], metrics["timings"] = whole_run, timings
+        output.write_json(METRICS, metrics)
+    for folder, epoch_metrics, _ in reports:
+        output.write_json(folder + METRICS, epoch_metrics)
     with guard.deferred():  # a signal now waits: the output is moments from complete
         output.drop_journal()
-        output.write_json(MANIFEST, build_manifest(config, index.labels_column, index.files, shards,
-                                                           metrics["counts"], timings))
+        for folder, _, manifest in reports:
+            output.write_json(folder + MANIFEST, manifest)
+        if config.epochs > 1:  # written last: its presence means every epoch is complete
+            output.drop_data_dir()
+            output.write_json(EPOCHS, epochs_index(config, metrics, timings))
         output.commit()
     comm.barrier()
     return PackResult(output=out, counts=metrics["counts"], metrics=metrics, timings=timings, shards=shards)
+
+
+def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, config: PackConfig, epoch: int,
+                timings: dict[str, float], progress: Progress) -> Planned:
+    """Order and plan one epoch (this rank's windows of it), with the epoch's seed."""
+    config = config_of_epoch(config, epoch)
+    with timed(timings, "order"):
+        ordered = order_and_distribute(comm, scanned.index, config, epoch)
+    with timed(timings, "plan"):
+        planned = plan_stage(comm, ordered, config, progress=progress.stage("plan", len(ordered.gids)))
+        if epoch == 0:  # every epoch packs the same sequences
+            check_something_to_pack(comm, planned.plan, scanned.index, config, corpus.skipped_empty)
+        if planned.balanced is not None:  # every pack of a step gets the step's loss tokens
+            planned.columns.update(step_loss_columns(comm, planned.plan, planned.balanced.result.step,
+                                                     scanned.index, scanned.source, scanned.block_bounds))
+    return planned
+
+
+def _report(config: PackConfig, index: SequenceIndex, shares: list[RankShare], ranks: list[dict], corpus: Corpus,
+            whole_run: dict, timings: dict[str, float], plan_figures: dict | None,
+            epoch: int | None = None) -> tuple[dict, list[ShardInfo], dict]:
+    """Rank 0: the metrics, shards and manifest of one output: all of OUT, or the folder of one
+    epoch (its manifest lists the shards relative to the folder, its `epoch` says which)."""
+    metrics, _ = assemble_metrics(config, shares, ranks, corpus, plan_figures=plan_figures)
+    metrics["throughput"] = whole_run
+    metrics["timings"] = timings
+    shards = [info for _, info in sorted((n, i) for s in shares for n, i in s.shards.items())]
+    listed = shards if epoch is None else [dataclasses.replace(i, path=i.path.split("/", 1)[1]) for i in shards]
+    manifest = build_manifest(config, index.labels_column, index.files, listed, metrics["counts"], timings)
+    if epoch is not None:
+        manifest["epoch"] = metrics["epoch"] = {"index": epoch, "of": config.epochs,
+                                                "seed": epoch_seed(config.seed, epoch)}
+    return metrics, shards, manifest
 
 
 def _scan(comm: Comm, index: SequenceIndex, config: PackConfig, progress: Progress) -> tuple[Scanned, Corpus]:
@@ -166,11 +221,13 @@ def _scan(comm: Comm, index: SequenceIndex, config: PackConfig, progress: Progre
     return Scanned(index, source, block_bounds), corpus
 
 
-def _assign(comm: Comm, planned: Planned, scanned: Scanned, config: PackConfig) -> tuple[WriteJob, Transfer]:
+def _assign(comm: Comm, planned: Planned, scanned: Scanned, config: PackConfig,
+            epoch_packs: list[int]) -> tuple[WriteJob, Transfer]:
     """Deal the writing out by tokens (dist/assign.py), move the plan to its writers, and choose
-    how tokens reach them (--token-transfer)."""
-    assignment = assign(comm.allgather(units_of(planned.plan.window_bins, planned.pack_lens, config.shard_rows)),
-                        comm.size)
+    how tokens reach them (--token-transfer). `epoch_packs`: this rank's packs of each epoch."""
+    pack_epoch = np.repeat(np.arange(config.epochs), epoch_packs) if config.epochs > 1 else None
+    assignment = assign(comm.allgather(units_of(planned.plan.window_bins, planned.pack_lens, config.shard_rows,
+                                                pack_epoch=pack_epoch)), comm.size)
     job = hand_over(comm, planned.plan, planned.pack_lens, planned.columns, assignment)
     amplification = read_amplification(comm, job.plan, scanned.index) if comm.size > 1 else 1.0
     return job, Transfer(read_own=choose_read_own(config.token_transfer, amplification, config.order, comm.size),

@@ -10,6 +10,7 @@ same functions, so the what-if shows exactly the packs `pack` writes:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,10 +23,10 @@ from packctl.errors import PackctlError
 from packctl.io.reader import SequenceIndex
 from packctl.plan.align import pack_lengths_padded, round_up
 from packctl.plan.balance import BalancedPlan, BalanceSpec, balance_plan, lr_scales
-from packctl.plan.order import order_keys, order_sequences
+from packctl.plan.order import epoch_seed, order_keys, order_sequences
 from packctl.plan.shapes import (batch_shapes, buckets_from_histogram, length_histogram, planned_item_lengths,
                                  with_row_length)
-from packctl.plan.windows import PackPlan, SequenceTooLong, WindowOptions, plan_windows
+from packctl.plan.windows import PackPlan, SequenceTooLong, WindowOptions, merge_plans, plan_windows
 
 
 def too_long_message(where: str, length: int, padded: int, capacity: int) -> str:
@@ -55,16 +56,18 @@ class Ordered:
 
     gids: np.ndarray
     lengths: np.ndarray  # true lengths
-    first_window: int  # global index of its first window
+    first_window: int  # index of its first window in the global order (of its epoch, with --epochs)
 
 
-def order_and_distribute(comm: Comm, index: SequenceIndex, config: PackConfig) -> Ordered:
-    """This rank's whole windows of the global order.
+def order_and_distribute(comm: Comm, index: SequenceIndex, config: PackConfig, epoch: int = 0) -> Ordered:
+    """This rank's whole windows of the global order (of epoch `epoch`, ordered with `config.seed`).
 
     The order is a sample sort of (key, gid) over all ranks (input order needs none: blocks are
     already split in gid order); windows are then moved so each lives whole on one rank, rank r
     holding windows [ceil(r*W/size), ceil((r+1)*W/size)) (planning is cheap: writing is dealt out
-    later by tokens, dist/assign.py).
+    later by tokens, dist/assign.py). With `config.epochs` E the W windows of every epoch count as
+    windows e*W ... (e+1)*W - 1 of E*W, so each rank's windows of all epochs are one run of the
+    global order (epoch 0's packs, then epoch 1's, ...); `first_window` counts within the epoch.
     """
     n_local = len(index.lengths)
     gids = index.gid_lo + np.arange(n_local, dtype=np.int64)
@@ -79,12 +82,14 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, config: PackConfig) -
                           curriculum_order=config.curriculum_order)
         _, gids, lengths = sample_sort(comm, keys, gids, payload=lengths)
     num_windows = -(-total // config.window)
+    before, all_windows = epoch * num_windows, config.epochs * num_windows  # windows of earlier epochs, of all
     if comm.size > 1:
         def owner(positions: np.ndarray) -> np.ndarray:
-            return (positions // config.window) * comm.size // num_windows
+            return (before + positions // config.window) * comm.size // all_windows
 
         gids, lengths = redistribute(comm, [gids, lengths], comm.exscan(len(gids)), owner)
-    return Ordered(gids=gids, lengths=lengths, first_window=-(-comm.rank * num_windows // comm.size))
+    first = -(-comm.rank * all_windows // comm.size) - before
+    return Ordered(gids=gids, lengths=lengths, first_window=min(max(first, 0), num_windows))
 
 
 def order_corpus(index, config: PackConfig) -> np.ndarray:
@@ -111,6 +116,23 @@ class Planned:
     columns: dict[str, np.ndarray] = field(default_factory=dict)
     balanced: Balanced | None = None
     buckets: np.ndarray | None = None
+
+
+def config_of_epoch(config: PackConfig, epoch: int) -> PackConfig:
+    """The options epoch `epoch` of `--epochs` is ordered and planned with: its own seed
+    (plan/order.py `epoch_seed`), so its shuffle, ffs packing and step grouping are its own."""
+    return dataclasses.replace(config, seed=epoch_seed(config.seed, epoch)) if epoch else config
+
+
+def join_epochs(epochs: list[Planned]) -> Planned:
+    """This rank's plans of every epoch as one (its windows of every epoch are one run of the
+    global order, `order_and_distribute`): what it hands to the writers. Steps, `--shape-buckets`
+    and balance figures stay those of each epoch."""
+    if len(epochs) == 1:
+        return epochs[0]
+    columns = {name: np.concatenate([e.columns[name] for e in epochs]) for name in epochs[0].columns}
+    return Planned(plan=merge_plans([e.plan for e in epochs]), pack_lens=np.concatenate([e.pack_lens for e in epochs]),
+                   columns=columns)
 
 
 def window_options(config: PackConfig, item_buckets: np.ndarray | None = None) -> WindowOptions:

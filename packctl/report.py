@@ -161,6 +161,8 @@ def summary_table(result: PackResult) -> Table:
         ("padding: alignment / tail", f"{pad['alignment_tokens']:,} / {pad['tail_tokens']:,}"),
         ("sequences per pack", f"{spp['min']} / {spp['mean']:.2f} / {spp['max']} (min/mean/max)"),
         ("vs padded batching", f"{m['padded_batching']['estimated_gain']:.2f}x fewer tokens"),
+        *([("epochs", f"{len(m['epochs'])}, one output each: {result.output}/epoch-00000 ... (sequences: of "
+                      "each epoch; tokens, packs: of all)")] if "epochs" in m else []),
         ("shards", f"{len(result.shards)}"),
         ("time", "  ".join(f"{k} {v:.2f}s" for k, v in result.timings.items() if k != "compile" or v >= 0.01)),
         ("throughput", f"{m['throughput']['sequences_per_s']:,.0f} seq/s, "

@@ -12,10 +12,13 @@ import numpy as np
 
 from packctl.config import PackConfig
 from packctl.io.journal import ShardInfo
+from packctl.io.manifest import epoch_dir
 from packctl.metrics import batch_metrics, pack_metrics
 from packctl.plan.balance import imbalance, imbalance_summary
 from packctl.plan.windows import PackPlan, merge_plans
 from packctl.runtime import peak_rss_bytes
+from packctl.schema import FORMAT_VERSION
+from packctl.version import __version__
 
 STAGES = ("scan", "order", "plan", "assign", "materialize", "report")
 
@@ -168,6 +171,37 @@ def assemble_metrics(config: PackConfig, shares: list[RankShare], ranks: list[di
         metrics["scale_out"] = scale_out(ranks)
         metrics["ranks"] = ranks
     return metrics, whole
+
+
+def epochs_metrics(config: PackConfig, shares: list[RankShare], ranks: list[dict[str, Any]], corpus: Corpus,
+                   per_epoch: list[dict[str, Any]]) -> dict[str, Any]:
+    """OUT/_metrics.json of `--epochs`: the pack metrics of every epoch's packs together (`shares`:
+    every rank's share of epoch 0, then of epoch 1, ...), `counts` of one epoch (each packs the
+    same sequences) but for `packs`, `pieces` and `tokens_packed`, which are of all epochs, and
+    `epochs`: the figures of each."""
+    metrics, _ = assemble_metrics(config, shares, ranks, corpus)
+    counts = dict(per_epoch[0]["counts"])
+    for key in ("packs", "pieces", "tokens_packed"):
+        counts[key] = sum(m["counts"][key] for m in per_epoch)
+    counts["epochs"] = config.epochs
+    metrics["counts"] = counts
+    metrics["epochs"] = [{"epoch": m["epoch"]["index"], "seed": m["epoch"]["seed"], "packs": m["packs"],
+                          "utilization": m["utilization"], "tokens_packed": m["counts"]["tokens_packed"]}
+                         for m in per_epoch]
+    return metrics
+
+
+def epochs_index(config: PackConfig, metrics: dict[str, Any], timings: dict[str, float]) -> dict[str, Any]:
+    """OUT/_epochs.json, written last: which output holds which epoch (docs/format.md)."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "packctl_version": __version__,
+        "epochs": config.epochs,
+        "seed": config.seed,
+        "outputs": [{"path": epoch_dir(e["epoch"]), **e} for e in metrics["epochs"]],
+        "counts": metrics["counts"],
+        "timings": timings,
+    }
 
 
 def throughput(corpus: Corpus, ranks: list[dict[str, Any]], timings: dict[str, float], *,

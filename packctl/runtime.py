@@ -132,4 +132,4 @@ def timed(timings: dict[str, float], name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        timings[name] = time.perf_counter() - t0
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0  # a stage run once per epoch adds up

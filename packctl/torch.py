@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.errors import PackctlError, require
-from packctl.io.manifest import manifest_path, read_manifest
+from packctl.io.manifest import epoch_output, manifest_path, read_manifest
 from packctl.schema import (BALANCE_COLUMNS, IGNORE_INDEX, LIST_INT32_COLUMNS, STEP_LOSS_COLUMNS,
                             WEIGHTS_COLUMN)
 from packctl.thd import cp_partition_indices
@@ -91,6 +91,8 @@ class PackedDataset(torch.utils.data.Dataset):
 
     Args:
         path: the output directory OUT (or its `_manifest.json`).
+        epoch: with the OUT of `packctl pack --epochs K`, the epoch to read (0 to K-1: one full
+            pass, in that epoch's order; docs/training.md); None for an output of one epoch.
         dp_rank: this process's data-parallel rank (None: all packs).
         dp_size: the data-parallel world size; needed with `dp_rank` unless the output is balanced.
         drop_last: with strided ranks, leave out the remainder instead of wrapping around.
@@ -98,8 +100,8 @@ class PackedDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, path: str | Path, dp_rank: int | None = None, dp_size: int | None = None, *,
-                 drop_last: bool = False, cache_shards: int = 2):
-        self.root, self.manifest = read_manifest(path)
+                 drop_last: bool = False, cache_shards: int = 2, epoch: int | None = None):
+        self.root, self.manifest = read_manifest(path if epoch is None else epoch_output(path, epoch))
         self.manifest_path = manifest_path(self.root)
         self.layout: dict[str, Any] = self.manifest.get("layout", {})
         self.shard_paths = [self.root / s["path"] for s in self.manifest["shards"]]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packctl.dist.comm import Comm
+from packctl.io.manifest import shard_name
 from packctl.plan.windows import PackPlan
 
 # Packs per Parquet row group, the unit in which writing is dealt out to ranks (a shard of 1,024
@@ -46,12 +47,14 @@ class Units:
     bounds: np.ndarray
     first_of_shard: np.ndarray
     tokens: np.ndarray
+    epoch: np.ndarray | None = None  # epoch of each unit (--epochs > 1)
 
 
 def units_of(window_bins: np.ndarray, pack_lens: np.ndarray, shard_rows: int,
-             row_group_packs: int = ROW_GROUP_PACKS) -> Units:
-    """The units of packs planned in windows `window_bins` (pack lengths `pack_lens`).
-    Shard [0, 300) with 128-pack units -> units [0, 128), [128, 256), [256, 300)."""
+             row_group_packs: int = ROW_GROUP_PACKS, pack_epoch: np.ndarray | None = None) -> Units:
+    """The units of packs planned in windows `window_bins` (pack lengths `pack_lens`; `pack_epoch`
+    the epoch of each, whose windows never share a shard). Shard [0, 300) with 128-pack units ->
+    units [0, 128), [128, 256), [256, 300)."""
     shards = shard_bounds(window_bins, shard_rows)
     starts, first = [], []
     for lo, hi in zip(shards[:-1].tolist(), shards[1:].tolist()):
@@ -61,7 +64,8 @@ def units_of(window_bins: np.ndarray, pack_lens: np.ndarray, shard_rows: int,
     bounds = np.append(np.concatenate(starts) if starts else np.zeros(0, np.int64), shards[-1]).astype(np.int64)
     sums = np.concatenate([[0], np.cumsum(pack_lens, dtype=np.int64)])
     return Units(bounds=bounds, first_of_shard=np.concatenate(first) if first else np.zeros(0, bool),
-                 tokens=sums[bounds[1:]] - sums[bounds[:-1]])
+                 tokens=sums[bounds[1:]] - sums[bounds[:-1]],
+                 epoch=np.asarray(pack_epoch, np.int64)[bounds[:-1]] if pack_epoch is not None else None)
 
 
 def writer_cuts(unit_tokens: np.ndarray, writers: int) -> np.ndarray:
@@ -90,6 +94,7 @@ class Assignment:
     unit_part: np.ndarray  # index of the unit inside its shard
     shard_units: np.ndarray  # units of each shard
     cuts: np.ndarray  # first unit of each writer (+ end)
+    shard_epoch: np.ndarray | None = None  # epoch of each shard (--epochs > 1)
 
     @property
     def pack_cuts(self) -> np.ndarray:
@@ -109,9 +114,21 @@ def assign(per_rank_units: list[Units], writers: int) -> Assignment:
     shard = np.cumsum(first) - 1
     shard_units = np.bincount(shard, minlength=int(shard[-1]) + 1 if len(shard) else 0)
     first_unit = np.concatenate([[0], np.cumsum(shard_units)])[:-1]
+    shard_epoch = None
+    if per_rank_units and per_rank_units[0].epoch is not None:
+        shard_epoch = np.concatenate([u.epoch for u in per_rank_units])[first_unit].astype(np.int64)
     return Assignment(unit_packs=packs.astype(np.int64), unit_tokens=tokens, unit_shard=shard.astype(np.int64),
                       unit_part=np.arange(len(shard)) - first_unit[shard], shard_units=shard_units,
-                      cuts=writer_cuts(tokens, writers))
+                      cuts=writer_cuts(tokens, writers), shard_epoch=shard_epoch)
+
+
+def shard_path(shard: int, shard_epoch: np.ndarray | None) -> str:
+    """The path of global shard `shard` in OUT: `data/train-00007.parquet`, or with epochs the
+    shard's number within its epoch under the epoch's folder: `epoch-00001/data/train-00002.parquet`."""
+    if shard_epoch is None:
+        return shard_name(shard)
+    epoch = int(shard_epoch[shard])
+    return shard_name(shard - int(np.searchsorted(shard_epoch, epoch)), epoch)
 
 
 def _send_slices(comm: Comm, arrays: list[np.ndarray], offsets: np.ndarray) -> list[np.ndarray]:
@@ -163,6 +180,10 @@ class WriteRun:
     unit_part: np.ndarray  # index of each unit inside its shard
     shard_units: np.ndarray  # units of every shard (global table)
     shard_runs: dict[int, list[int]]  # shard cut by writer boundaries -> first part of each writer's run
+    shard_epoch: np.ndarray | None = None  # epoch of every shard (global table; --epochs > 1)
+
+    def shard_path(self, shard: int) -> str:
+        return shard_path(shard, self.shard_epoch)
 
     @property
     def num_units(self) -> int:
@@ -190,4 +211,5 @@ def write_run(assignment: Assignment, rank: int) -> WriteRun:
     touched = set(assignment.unit_shard[lo:hi].tolist())
     return WriteRun(unit_bounds=unit_bounds, unit_shard=assignment.unit_shard[lo:hi],
                     unit_part=assignment.unit_part[lo:hi], shard_units=assignment.shard_units,
-                    shard_runs={s: r for s, r in shard_runs.items() if s in touched})
+                    shard_runs={s: r for s, r in shard_runs.items() if s in touched},
+                    shard_epoch=assignment.shard_epoch)

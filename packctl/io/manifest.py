@@ -8,6 +8,9 @@ names Parquet dataset readers skip (leading underscore), so pyarrow, polars and 
     OUT/_metrics.json              the packing report
     OUT/data/train-00000.parquet   the packs, shards numbered in window order
 
+`pack --epochs K` writes one such output per epoch, `OUT/epoch-00000/` ..., and `OUT/_epochs.json`
+last (`epoch_outputs`, `epoch_output`).
+
 Version 1 (manifest.json, metrics.json, part-00000.parquet at OUT's root) is still read.
 """
 from __future__ import annotations
@@ -27,6 +30,7 @@ if TYPE_CHECKING:  # readers of a manifest (packctl.torch) need none of the pack
     from packctl.io.journal import ShardInfo
 
 MANIFEST = "_manifest.json"
+EPOCHS = "_epochs.json"  # the OUT of --epochs > 1: one output per epoch, in epoch-00000/ ... (docs/format.md)
 METRICS = "_metrics.json"
 DATA_DIR = "data"
 LEGACY_MANIFEST = "manifest.json"  # format version 1
@@ -34,11 +38,17 @@ LEGACY_METRICS = "metrics.json"
 READABLE_VERSIONS = (1, FORMAT_VERSION)
 
 
-def shard_name(shard: int) -> str:
+def shard_name(shard: int, epoch: int | None = None) -> str:
     """The path of shard k inside OUT: `data/train-00000.parquet` (the file name Hugging Face
     `datasets` maps to the train split, so `load_dataset("parquet", data_dir=OUT)` takes only the
-    shards)."""
-    return f"{DATA_DIR}/train-{shard:05d}.parquet"
+    shards); shard k of epoch e of `--epochs`: `epoch-0000e/data/train-0000k.parquet`."""
+    name = f"{DATA_DIR}/train-{shard:05d}.parquet"
+    return name if epoch is None else f"{epoch_dir(epoch)}/{name}"
+
+
+def epoch_dir(epoch: int) -> str:
+    """The folder of epoch e's output inside the OUT of `--epochs`: `epoch-00001`."""
+    return f"epoch-{epoch:05d}"
 
 
 def manifest_path(out: Path) -> Path | None:
@@ -131,6 +141,9 @@ def read_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
     if not out.is_dir():
         raise PackctlError(f"{out}: no such output directory; pass the -o OUT of a packctl pack run")
     found = manifest_path(out)
+    if found is None and (out / EPOCHS).is_file():
+        raise PackctlError(f"{out}: the output of packctl pack --epochs holds one output per epoch: pass "
+                           f"{out / epoch_dir(0)} (or epoch=0 to packctl.torch.PackedDataset)")
     if found is None:
         raise PackctlError(f"{out}: no {MANIFEST}, so the output is incomplete or not a packctl output "
                            f"(packctl pack writes {MANIFEST} last): run packctl pack again")
@@ -151,3 +164,28 @@ def read_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
         if not isinstance(shard, dict) or not isinstance(shard.get("path"), str):
             raise PackctlError(f"{found}: shards[{i}] has no 'path'")
     return out, manifest
+
+
+def epoch_outputs(out: str | Path) -> list[Path] | None:
+    """The output of every epoch of an OUT written by `packctl pack --epochs K` (K > 1), in epoch
+    order: [OUT/epoch-00000, ...]; None for any other path (one output, or none)."""
+    out = Path(out)
+    if not (out / EPOCHS).is_file():
+        return None
+    try:
+        epochs = json.loads((out / EPOCHS).read_text())["epochs"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PackctlError(f"{out / EPOCHS}: not readable ({exc}); run packctl pack again") from None
+    return [out / epoch_dir(e) for e in range(int(epochs))]
+
+
+def epoch_output(out: str | Path, epoch: int) -> Path:
+    """The output of epoch `epoch` of `packctl pack --epochs K`: OUT/epoch-0000e (a complete
+    output of its own)."""
+    outputs = epoch_outputs(out)
+    if outputs is None:
+        raise PackctlError(f"{out}: no {EPOCHS}, so not the complete output of packctl pack --epochs K; "
+                           "leave epoch unset for an output of one epoch")
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < len(outputs):
+        raise PackctlError(f"epoch={epoch!r}: {out} holds epochs 0 to {len(outputs) - 1}")
+    return outputs[epoch]

@@ -132,6 +132,7 @@ class OutputDir:
                 fail_after = self.faults.fail_write_after_shards
                 if fail_after is not None and self._started > fail_after:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            part.parent.mkdir(parents=True, exist_ok=True)  # data/ of an epoch's folder (--epochs)
             with open(part, "wb") as fh:
                 fh.writelines(data if isinstance(data, list) else [data])
         except OSError as exc:
@@ -196,6 +197,10 @@ class OutputDir:
         except OSError as exc:
             raise PackctlError(f"{self.out / name}: write failed ({exc.strerror or exc}); free space or choose "
                                "another -o") from None
+
+    def drop_data_dir(self) -> None:
+        """Remove OUT/data/ left empty: with --epochs every shard lives in its epoch's folder."""
+        (self.tmp / DATA_DIR).rmdir()
 
     def drop_journal(self) -> None:
         """Before the manifest: the run files have no place in OUT."""

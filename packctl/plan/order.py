@@ -5,6 +5,7 @@
     curriculum asc     -> [1, 3, 0, 4, 2]   (by padded length, ties by gid)
     curriculum desc    -> [2, 4, 0, 1, 3]
     shuffle seed s     -> gids sorted by splitmix64(gid, s): a fixed pseudo-random permutation
+    epoch e of --epochs -> the same with seed epoch_seed(s, e): s for epoch 0, a fresh seed after
 """
 from __future__ import annotations
 
@@ -55,3 +56,12 @@ def order_sequences(padded_lengths: np.ndarray, order: str, *, seed: int = 0,
 def window_seed(seed: int, window: int) -> int:
     """Seed of one window's randomized algorithm: depends on (seed, window index) only."""
     return int(splitmix64(np.asarray([window], dtype=np.int64), seed)[0] >> np.uint64(1))
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """Seed of epoch `epoch` of `--epochs` (its shuffle, ffs and step grouping): `seed` itself for
+    epoch 0, so epoch 0 is the output of one epoch; after that splitmix64(epoch, seed) >> 1, so
+    epoch e is packed exactly as a one-epoch run with `--seed epoch_seed(seed, e)`."""
+    if epoch == 0:
+        return seed
+    return int(splitmix64(np.asarray([epoch], dtype=np.int64), seed)[0] >> np.uint64(1))

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from packctl.errors import PackctlError
 from packctl.metrics import (attention_cost, batch_metrics, dp_balance, fill_histogram, length_summary, pack_loads,
                              pack_metrics)
-from packctl.io.manifest import LEGACY_MANIFEST, MANIFEST, manifest_path, metrics_path, read_manifest
+from packctl.io.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST, manifest_path, metrics_path, read_manifest
 from packctl.schema import BALANCE_COLUMNS, METADATA_KEY
 from packctl.stats.lazy import collect_streaming
 READ_COLUMNS = ("seq_lens", "sample_ids", "num_tokens")
@@ -45,9 +45,9 @@ class PackedArrays:
 
 def is_packed_output(path: str | Path) -> bool:
     """A directory holding a manifest (_manifest.json, or a version-1 manifest.json), or the
-    manifest file itself."""
+    manifest file itself; or the OUT of `pack --epochs` (reading it names its epochs' outputs)."""
     path = Path(path)
-    return (path.is_dir() and manifest_path(path) is not None) or \
+    return (path.is_dir() and (manifest_path(path) is not None or (path / EPOCHS).is_file())) or \
         (path.is_file() and path.name in (MANIFEST, LEGACY_MANIFEST))
 
 
