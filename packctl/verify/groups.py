@@ -9,7 +9,8 @@ A group is a run of consecutive gids, packed whole: two packs of an output that 
 Rules (over every shard at once, since a group could be cut across shards):
     group-ids       one int64 per sequence, each <= its sample id and below the next group's id
                     (groups are runs of gids: gid 5 in group 2 would overlap group 5)
-    group-whole     all members of a group in one pack
+    group-whole     all members of a group in one pack (only a group of one may be split, under
+                    --too-long split: its pieces are one sample id)
     group-adjacent  members next to each other, in input order (increasing sample_ids)
 """
 from __future__ import annotations
@@ -67,14 +68,15 @@ class GroupRule:
                                        row=int(row[k]), sequence=int(position[k]), count=int(bad.sum())))
 
         same = group[1:] == group[:-1]
+        members = same & (sample[1:] != sample[:-1])  # pieces of a split sequence (a group of one) may part
         next_group = np.append(group[1:], np.iinfo(np.int64).max)
         next_group = np.minimum.accumulate(np.where(np.append(~same, True), next_group, np.iinfo(np.int64).max)[::-1])[::-1]
         report("group-ids", (group > sample) | (sample >= next_group),
                lambda k: f"sample {sample[k]} has group id {group[k]}, but a group is a run of sample ids starting at "
                          "its id and ending before the next group's")
-        report("group-whole", np.append(same & (pack[1:] != pack[:-1]), False),
+        report("group-whole", np.append(members & (pack[1:] != pack[:-1]), False),
                lambda k: f"group {group[k]} is cut across packs (sample {sample[k]} and {sample[k + 1]})")
-        report("group-adjacent", np.append(same & (pack[1:] == pack[:-1]) & (position[1:] != position[:-1] + 1),
+        report("group-adjacent", np.append(members & (pack[1:] == pack[:-1]) & (position[1:] != position[:-1] + 1),
                                            False),
                lambda k: f"members of group {group[k]} are not next to each other in input order (sample "
                          f"{sample[k]}, then {sample[k + 1]})")
