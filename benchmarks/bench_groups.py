@@ -1,8 +1,8 @@
 """Packs with --group-column against the same sequences packed one by one, and the lower bound.
 
-    python benchmarks/bench_groups.py [--sequences 50000] [--capacity 8192] [--algorithm bfd]
+    python benchmarks/bench_groups.py [--sequences 100000] [--capacity 8192] [--algorithm bfd]
 
-For a preference corpus (pairs) and rollout corpora (4 and 16 responses per prompt), from
+For a preference corpus (pairs) and rollout corpora (4 or 8 responses per prompt), from
 `packctl sample --groups`: packs of `plan_windows` with and without groups, the lower bound
 ceil(sum of padded lengths / capacity) (the same for both: groups add no tokens), and the planning
 time (median of 5, after one warm-up run that compiles the kernels). The table is docs/algorithms.md's
@@ -20,9 +20,11 @@ from packctl.plan.align import round_up
 from packctl.plan.windows import WindowOptions, plan_windows
 from packctl.sample import SampleSpec, generate
 
-CORPORA = (("preference, lognormal", dict(groups="preference", distribution="lognormal")),
-           ("rollout x4, rl-longtail", dict(groups="rollout", group_size=4, distribution="rl-longtail")),
-           ("rollout x16, lognormal", dict(groups="rollout", group_size=16, distribution="lognormal")))
+# (name, sample options, group size): sequences are capped at capacity / group size, so every group fits
+CORPORA = (("preference, lognormal", dict(groups="preference", distribution="lognormal"), 2),
+           ("rollout x4, lognormal", dict(groups="rollout", group_size=4, distribution="lognormal"), 4),
+           ("rollout x4, rl-longtail", dict(groups="rollout", group_size=4, distribution="rl-longtail"), 4),
+           ("rollout x8, lognormal", dict(groups="rollout", group_size=8, distribution="lognormal"), 8))
 
 
 def _timed(fn, repeats: int = 5):
@@ -37,7 +39,7 @@ def _timed(fn, repeats: int = 5):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sequences", type=int, default=50_000)
+    parser.add_argument("--sequences", type=int, default=100_000)
     parser.add_argument("--capacity", type=int, default=8192)
     parser.add_argument("--algorithm", default="bfd")
     args = parser.parse_args()
@@ -46,8 +48,8 @@ def main() -> None:
     print("| corpus | sequences | groups | mean group tokens | lower bound | packs, groups | packs, no groups "
           "| plan s, groups | plan s, no groups |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for name, kind in CORPORA:
-        spec = SampleSpec(sequences=args.sequences, shards=1, max_length=args.capacity // 4, **kind)
+    for name, kind, size in CORPORA:
+        spec = SampleSpec(sequences=args.sequences, shards=1, max_length=args.capacity // size, **kind)
         table = generate(spec)[0]
         lengths = np.diff(table.column("input_ids").combine_chunks().offsets.to_numpy()).astype(np.int64)
         group = table.column("group_id").to_numpy()
