@@ -137,7 +137,8 @@ def check_groups_fit_everywhere(comm: Comm, ordered: Ordered, index: SequenceInd
     found = [f for f in comm.allgather(mine) if f is not None]
     if found:
         gid, members, padded = min(found)
-        where = describe_gid([f.path for f in index.files], index.file_offsets, gid, config.group_column)
+        first_row = int(group_ids(np.array([gid]), index.group_starts)[0])  # --skip-empty may have left it out
+        where = describe_gid([f.path for f in index.files], index.file_offsets, first_row, config.group_column)
         exc = PackctlError(group_too_long_message(where, members, padded, config.plan_capacity))
         exc.everywhere = True
         raise exc

@@ -66,6 +66,8 @@ def test_every_group_lies_whole_in_one_pack_adjacent_in_input_order(sizes, data,
     # every sequence exactly once (pieces of a split group of one follow each other)
     kept = np.setdiff1d(gids, plan.dropped)
     assert np.array_equal(np.unique(plan.piece_gid), np.sort(kept))
+    if too_long != "split":
+        assert len(plan.piece_gid) == len(kept)
     window_of_pack = np.repeat(np.arange(plan.num_windows), np.diff(plan.window_bins))
     for group_first, members in _groups_of(new_group, gids).items():
         members = [g for g in members if g in set(kept.tolist())]
