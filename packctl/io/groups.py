@@ -68,7 +68,8 @@ def read_group_starts(index: SequenceIndex, column: str) -> np.ndarray:
         later = starts[order[again + 1]]
         k = int(np.argmin(later))
         gid, first = int(later[k]), int(starts[order[again[k]]])
-        raise PackctlError(f"{where(gid)}: group value {run_values[int(order[again[k] + 1])].as_py()!r} appears "
-                           f"again after other values (its group began at {describe_gid(paths, index.file_offsets, first)}); "
-                           "rows of one group must be adjacent: sort the input by the group column")
+        value = run_values[int(order[again[k] + 1])].as_py()
+        began = describe_gid(paths, index.file_offsets, first)
+        raise PackctlError(f"{where(gid)}: group value {value!r} appears again after other values (its group began "
+                           f"at {began}); rows of one group must be adjacent: sort the input by the group column")
     return np.concatenate([starts, [n]]).astype(np.int64)

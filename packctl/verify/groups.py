@@ -69,8 +69,10 @@ class GroupRule:
 
         same = group[1:] == group[:-1]
         members = same & (sample[1:] != sample[:-1])  # pieces of a split sequence (a group of one) may part
-        next_group = np.append(group[1:], np.iinfo(np.int64).max)
-        next_group = np.minimum.accumulate(np.where(np.append(~same, True), next_group, np.iinfo(np.int64).max)[::-1])[::-1]
+        # the id of the next group in id order, for each sequence: the group that follows its own
+        unset = np.iinfo(np.int64).max
+        at_group_end = np.where(np.append(~same, True), np.append(group[1:], unset), unset)
+        next_group = np.minimum.accumulate(at_group_end[::-1])[::-1]
         report("group-ids", (group > sample) | (sample >= next_group),
                lambda k: f"sample {sample[k]} has group id {group[k]}, but a group is a run of sample ids starting at "
                          "its id and ending before the next group's")
