@@ -44,6 +44,7 @@ def choice(values) -> dict:
 # The names of packctl.sample.DISTRIBUTIONS and packctl.verify.backends.BACKENDS, spelled here so
 # that --help and completion import neither numpy nor torch (tests/test_cli.py checks they agree).
 SAMPLE_DISTRIBUTIONS = ("zipf", "lognormal", "rl-longtail")
+SAMPLE_GROUPS = ("none", "preference", "rollout")  # packctl.sample.GROUP_KINDS, without importing pyarrow
 VERIFY_BACKENDS = ("flash-attn", "torch-varlen", "flex", "sdpa")
 
 
@@ -177,6 +178,11 @@ def sample_command(
     vocab_size: int = typer.Option(32000, help="Token ids are drawn from [1, vocab-size)."),
     max_length: int = typer.Option(32768, help="Longest sequence."),
     prompt_fraction: float = typer.Option(0.5, help="Share of rows with a masked prompt (zipf, lognormal)."),
+    groups: str = typer.Option("none", **choice(SAMPLE_GROUPS),
+                               help="Grouped rows sharing a masked prompt, numbered in a group_id column: "
+                                    "preference pairs (chosen, rejected) or rollouts (--group-size responses); "
+                                    "pack them with --group-column group_id."),
+    group_size: int = typer.Option(4, help="Responses per prompt of --groups rollout."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing directory."),
     json_output: bool = typer.Option(False, "--json", help="Print what was written as JSON on stdout."),
 ) -> None:
@@ -185,13 +191,16 @@ def sample_command(
     Example:
 
         packctl sample -o corpus --sequences 100000 --distribution rl-longtail
+
+        packctl sample -o pairs --sequences 50000 --groups preference
     """
     from packctl.sample import SampleSpec, write_sample
 
     try:
         paths = write_sample(output, SampleSpec(sequences=sequences, distribution=distribution, shards=shards,
                                                 seed=seed, vocab_size=vocab_size, max_length=max_length,
-                                                prompt_fraction=prompt_fraction), overwrite=overwrite)
+                                                prompt_fraction=prompt_fraction, groups=groups,
+                                                group_size=group_size), overwrite=overwrite)
     except PackctlError as exc:
         _fail(exc)
     if json_output:

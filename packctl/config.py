@@ -119,6 +119,10 @@ class PackConfig:
     weight_column: str | None = option(None, shown_default="none",
                                        help="Input column of one float weight per sequence, written per pack as "
                                             "seq_weights (aligned with sample_ids) for packctl.torch.loss_fn.")
+    group_column: str | None = option(None, shown_default="none",
+                                      help="Input column naming each row's group (preference pairs, rollouts of one "
+                                           "prompt): a run of consecutive rows with one value is packed whole into "
+                                           "one pack, in input order (docs/algorithms.md#groups).")
     shard_rows: int = option(1024, help="Packs per output Parquet shard.")
     skip_empty: bool = option(False, switch=True, help="Leave empty sequences out instead of refusing them; they "
                               "are counted in the manifest (sequences_skipped_empty, among sequences_dropped).")
@@ -230,6 +234,7 @@ class PackConfig:
                 self.tokens_column, self.labels_column or "labels")):
             raise PackctlError(f"--weight-column {self.weight_column!r}: name an input column of one number per "
                                "sequence (not the tokens or labels)")
+        self._validate_groups()
         if len(set(self.keep_columns)) != len(self.keep_columns):
             raise PackctlError(f"--keep-columns {', '.join(self.keep_columns)}: a column is named twice")
         for name in ("seed", "pad_token_id"):
@@ -283,6 +288,22 @@ class PackConfig:
         self._validate_mode()
         self._validate_balance()
         return self
+
+    def _validate_groups(self) -> None:
+        """--group-column: a plain input column, and the options that would cut or count a group's
+        members one by one refused."""
+        if self.group_column is None:
+            return
+        if not isinstance(self.group_column, str) or self.group_column in (
+                self.tokens_column, self.labels_column or "labels", *RESERVED_COLUMNS):
+            raise PackctlError(f"--group-column {self.group_column!r}: name an input column of one group value per "
+                               "row (not the tokens, labels or a column packctl writes)")
+        refused = [("--algorithm split", self.algorithm == "split", "it cuts sequences across packs"),
+                   ("--mode batch", self.mode == "batch", "micro-batches are formed by sequence length"),
+                   ("--max-seqs-per-bin", self.max_seqs_per_bin is not None, "the planner places whole groups")]
+        for flag, given, why in refused:
+            if given:
+                raise PackctlError(f"{flag} cannot be combined with --group-column ({why}); drop one of them")
 
     def _validate_mode(self) -> None:
         _positive("seq_round", self.seq_round)

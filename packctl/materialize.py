@@ -49,7 +49,8 @@ from packctl.io.encode import encode_table, rows_to_table
 from packctl.io.journal import ShardInfo
 from packctl.io.outdir import OutputDir, StagedShard
 from packctl.plan.windows import PackPlan
-from packctl.schema import WEIGHTS_COLUMN
+from packctl.plan.groups import group_ids
+from packctl.schema import GROUP_IDS_COLUMN, WEIGHTS_COLUMN
 from packctl.thd import lay_out_packs
 
 @dataclass
@@ -437,16 +438,19 @@ class ShardFormat:
 
 
 def per_piece_columns(index: SequenceIndex, piece_gid: np.ndarray, fmt: ShardFormat) -> pa.Table | None:
-    """The values carried per piece, in piece order: the --keep-columns as they are, then the
-    --weight-column as float64 `seq_weights` (scan checked them: finite, no null)."""
+    """The values carried per piece, in piece order: the --keep-columns as they are, the
+    --weight-column as float64 `seq_weights` (scan checked them: finite, no null), and with
+    --group-column each piece's int64 `group_ids` (the gid of its group's first row)."""
     wanted = list(dict.fromkeys([*fmt.keep_columns, *([fmt.weight_column] if fmt.weight_column else [])]))
-    if not wanted:
-        return None
-    table = read_kept_columns(index, piece_gid, wanted)
-    if fmt.weight_column is None:
-        return table
-    weights = table.column(fmt.weight_column).cast(pa.float64())
-    return table.select(list(fmt.keep_columns)).append_column(WEIGHTS_COLUMN, weights)
+    table = read_kept_columns(index, piece_gid, wanted) if wanted else None
+    if table is not None and fmt.weight_column is not None:
+        weights = table.column(fmt.weight_column).cast(pa.float64())
+        table = table.select(list(fmt.keep_columns)).append_column(WEIGHTS_COLUMN, weights)
+    if index.group_starts is not None:
+        groups = pa.array(group_ids(piece_gid, index.group_starts), pa.int64())
+        table = pa.table({GROUP_IDS_COLUMN: groups}) if table is None else table.append_column(GROUP_IDS_COLUMN,
+                                                                                                 groups)
+    return table
 
 
 def materialize(comm, job: WriteJob, scanned: Scanned, output: OutputDir, fmt: ShardFormat, *,

@@ -38,6 +38,7 @@ from packctl.dist.comm import Comm, broadcast_outcome, get_comm
 from packctl.io.manifest import EPOCHS, MANIFEST, METRICS, build_manifest, epoch_dir, shard_metadata
 from packctl.jit import CompileClock
 from packctl.io.reader import SequenceIndex, index_inputs, scan_blocks, split_blocks
+from packctl.io.groups import read_group_starts
 from packctl.io.journal import ShardInfo, inspect_partial
 from packctl.io.lock import OutputLock
 from packctl.io.outdir import Faults, OutputDir
@@ -249,6 +250,8 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock) -> tuple[Sequenc
     check_output_path(out, overwrite=config.overwrite)
     index = index_inputs(config.inputs, config.tokens_column, config.labels_column, tuple(config.keep_columns),
                          config.weight_column)
+    if config.group_column is not None:
+        index.group_starts = read_group_starts(index, config.group_column)
     check_output_path(out, overwrite=config.overwrite, inputs=[f.path for f in index.files],
                       input_dirs=[str(i) for i in config.inputs])
     lock.acquire()

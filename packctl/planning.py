@@ -20,8 +20,9 @@ from packctl.config import PackConfig
 from packctl.dist.comm import Comm, SingleComm
 from packctl.dist.samplesort import redistribute, sample_sort
 from packctl.errors import PackctlError
-from packctl.io.reader import SequenceIndex
+from packctl.io.reader import SequenceIndex, describe_gid
 from packctl.plan.align import pack_lengths_padded, round_up
+from packctl.plan.groups import GroupTooLong, check_groups_fit, group_ids, group_sizes, run_starts, run_totals
 from packctl.plan.balance import BalancedPlan, BalanceSpec, balance_plan, lr_scales
 from packctl.plan.order import epoch_seed, order_keys, order_sequences
 from packctl.plan.shapes import (batch_shapes, buckets_from_histogram, length_histogram, planned_item_lengths,
@@ -39,7 +40,10 @@ def check_too_long(comm: Comm, index: SequenceIndex, config: PackConfig) -> None
     """With --too-long error, name the over-long sequence with the smallest gid, on every rank."""
     if config.too_long != "error":
         return
-    over = np.flatnonzero(round_up(index.lengths, config.align) > config.plan_capacity)
+    over = round_up(index.lengths, config.align) > config.plan_capacity
+    if index.group_starts is not None:  # a member of a larger group gets the group's error
+        over &= group_sizes(index.gid_lo + np.arange(len(over)), index.group_starts) == 1
+    over = np.flatnonzero(over)
     mine = (int(index.gid_lo + over[0]), int(index.lengths[over[0]])) if len(over) else None
     found = [f for f in comm.allgather(mine) if f is not None]
     if found:
@@ -57,6 +61,9 @@ class Ordered:
     gids: np.ndarray
     lengths: np.ndarray  # true lengths
     first_window: int  # index of its first window in the global order (of its epoch, with --epochs)
+    # --group-column: True on the first member of each group, and SequenceIndex.group_starts
+    new_group: np.ndarray | None = None
+    group_starts: np.ndarray | None = None
 
 
 def order_and_distribute(comm: Comm, index: SequenceIndex, config: PackConfig, epoch: int = 0) -> Ordered:
@@ -68,6 +75,10 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, config: PackConfig, e
     later by tokens, dist/assign.py). With `config.epochs` E the W windows of every epoch count as
     windows e*W ... (e+1)*W - 1 of E*W, so each rank's windows of all epochs are one run of the
     global order (epoch 0's packs, then epoch 1's, ...); `first_window` counts within the epoch.
+
+    With --group-column every member of a group gets the group's key (hash of its id, or its
+    summed padded length), so ties broken by gid keep each group a run of the order, and windows
+    count groups: a group never straddles a window, nor a rank.
     """
     n_local = len(index.lengths)
     gids = index.gid_lo + np.arange(n_local, dtype=np.int64)
@@ -77,19 +88,82 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, config: PackConfig, e
         kept = lengths > 0
         gids, lengths = gids[kept], lengths[kept]
         total = comm.allreduce_sum(len(gids))
+    groups = index.group_starts
     if config.order != "input":
-        keys = order_keys(gids, round_up(lengths, config.align), config.order, seed=config.seed,
-                          curriculum_order=config.curriculum_order)
+        padded = round_up(lengths, config.align)
+        if groups is not None:
+            ids = group_ids(gids, groups)
+            keys = order_keys(ids, group_totals(comm, ids, padded), config.order, seed=config.seed,
+                              curriculum_order=config.curriculum_order)
+        else:
+            keys = order_keys(gids, padded, config.order, seed=config.seed, curriculum_order=config.curriculum_order)
         _, gids, lengths = sample_sort(comm, keys, gids, payload=lengths)
+    starts = None
+    if groups is not None:
+        ids = group_ids(gids, groups)
+        last = comm.allgather(int(ids[-1]) if len(ids) else None)
+        starts = run_starts(ids, next((x for x in reversed(last[:comm.rank]) if x is not None), None))
+        total = comm.allreduce_sum(int(starts.sum()))
     num_windows = -(-total // config.window)
     before, all_windows = epoch * num_windows, config.epochs * num_windows  # windows of earlier epochs, of all
     if comm.size > 1:
-        def owner(positions: np.ndarray) -> np.ndarray:
-            return (before + positions // config.window) * comm.size // all_windows
-
-        gids, lengths = redistribute(comm, [gids, lengths], comm.exscan(len(gids)), owner)
+        # the window of each sequence: by its position, or with groups by its group's
+        counted = np.ones(len(gids), dtype=bool) if starts is None else starts
+        unit = comm.exscan(int(counted.sum())) + np.cumsum(counted) - 1
+        owners = (before + unit // config.window) * comm.size // all_windows
+        columns = [gids, lengths] + ([starts.astype(np.int64)] if starts is not None else [])
+        moved = redistribute(comm, columns, 0, lambda positions: owners[positions])
+        gids, lengths = moved[0], moved[1]
+        starts = moved[2].astype(bool) if starts is not None else None
     first = -(-comm.rank * all_windows // comm.size) - before
-    return Ordered(gids=gids, lengths=lengths, first_window=min(max(first, 0), num_windows))
+    ordered = Ordered(gids=gids, lengths=lengths, first_window=min(max(first, 0), num_windows),
+                      new_group=starts, group_starts=groups)
+    if groups is not None:
+        check_groups_fit_everywhere(comm, ordered, index, config)
+    return ordered
+
+
+def group_too_long_message(where: str, members: int, padded: int, capacity: int) -> str:
+    """The one error for a group over the capacity, whatever --too-long says."""
+    return (f"{where}: the group starting here holds {members} sequences of {padded} tokens (padded), more than "
+            f"the capacity {capacity}; a group is packed whole into one pack: raise --capacity "
+            "(--too-long applies to single sequences only)")
+
+
+def check_groups_fit_everywhere(comm: Comm, ordered: Ordered, index: SequenceIndex, config: PackConfig) -> None:
+    """Name the over-capacity group with the smallest first gid, on every rank (groups are whole
+    on one rank once ordered)."""
+    try:
+        check_groups_fit(ordered.gids, round_up(ordered.lengths, config.align), ordered.new_group,
+                         config.plan_capacity)
+        mine = None
+    except GroupTooLong as exc:
+        mine = (exc.gid, exc.members, exc.padded)
+    found = [f for f in comm.allgather(mine) if f is not None]
+    if found:
+        gid, members, padded = min(found)
+        first_row = int(group_ids(np.array([gid]), index.group_starts)[0])  # --skip-empty may have left it out
+        where = describe_gid([f.path for f in index.files], index.file_offsets, first_row, config.group_column)
+        exc = PackctlError(group_too_long_message(where, members, padded, config.plan_capacity))
+        exc.everywhere = True
+        raise exc
+
+
+def group_totals(comm: Comm, ids: np.ndarray, padded: np.ndarray) -> np.ndarray:
+    """Each sequence's group padded length, summed over every rank (`ids` in gid order, as scan
+    leaves them: only this rank's first and last group can have members elsewhere)."""
+    totals = run_totals(padded, run_starts(ids))
+    if comm.size > 1:
+        edges = {int(ids[0]): int(totals[0]), int(ids[-1]): int(totals[-1])} if len(ids) else {}
+        elsewhere: dict[int, int] = {}
+        for r, found in enumerate(comm.allgather(edges)):
+            for g, t in found.items():
+                if r != comm.rank:
+                    elsewhere[g] = elsewhere.get(g, 0) + t
+        for g in edges:
+            if g in elsewhere:
+                totals[ids == g] += elsewhere[g]
+    return totals
 
 
 def order_corpus(index, config: PackConfig) -> np.ndarray:
@@ -151,10 +225,11 @@ def plan_stage(comm: Comm, ordered: Ordered, config: PackConfig,
     batch = config.mode == "batch"
     item_buckets = batch_buckets(comm, ordered.lengths, config) if batch and config.shape_buckets else None
     plan = plan_windows(ordered.gids, ordered.lengths, window_options(config, item_buckets),
-                        first_window=ordered.first_window, progress=progress)
+                        first_window=ordered.first_window, progress=progress, new_group=ordered.new_group)
     if batch:
         plan = with_row_length(plan, batch_shapes(plan, config.resolved_max_tokens, item_buckets)[0])
-    balanced = balance(comm, plan, config, ordered.first_window, item_buckets) if config.balanced else None
+    balanced = (balance(comm, plan, config, ordered.first_window, item_buckets, ordered.group_starts)
+                if config.balanced else None)
     if balanced is not None:
         plan = balanced.result.plan
     pack_lens, columns, buckets = final_pack_lengths(comm, plan, config, item_buckets)
@@ -236,9 +311,10 @@ def balance_spec(config: PackConfig) -> BalanceSpec:
 
 
 def balance(comm: Comm, plan: PackPlan, config: PackConfig, first_window: int = 0,
-            item_buckets: np.ndarray | None = None) -> Balanced:
+            item_buckets: np.ndarray | None = None, group_starts: np.ndarray | None = None) -> Balanced:
     """Balance this rank's windows (plan/balance.py); steps are numbered after the ranks before,
-    and `lr_scale` needs the mean batch size of all ranks when no reference is given."""
+    and `lr_scale` needs the mean batch size of all ranks when no reference is given. Members of
+    a group (`group_starts`, --group-column) stay in their pack."""
     shape = None
     if config.warmup_shapes:
         # a pack's shape: its padded length in batch mode (every piece already holds it), else the
@@ -247,8 +323,9 @@ def balance(comm: Comm, plan: PackPlan, config: PackConfig, first_window: int = 
             shape = plan.piece_padded[plan.bin_offsets[:-1]]
         else:
             shape = final_pack_lengths(comm, plan, config, item_buckets)[0]
+    pinned = group_sizes(plan.piece_gid, group_starts) > 1 if group_starts is not None else None
     result = balance_plan(plan, balance_spec(config), first_window=first_window,
-                          pack_shape=shape if plan.num_bins else None)
+                          pack_shape=shape if plan.num_bins else None, pinned=pinned)
     first_step = comm.exscan(result.num_steps)
     sizes = result.step_sequences if config.batch_unit == "sequences" else result.step_tokens
     ref = config.ref_batch_size

@@ -10,6 +10,13 @@ Lengths follow one of three shapes seen in practice:
 
 Token ids are Zipf-distributed over the vocabulary (like text). Labels equal the tokens except on
 a share of the rows (all of them for `rl-longtail`), where a prompt prefix is masked with -100.
+
+Grouped corpora (`groups`, for `packctl pack --group-column group_id`): every group shares one
+prompt (lognormal, median ~245 tokens, masked in the labels) followed by a response of its own,
+whose length follows the distribution; an int64 `group_id` column numbers the groups 0, 1, ...
+
+    preference            rows 2g, 2g+1: prompt g + chosen, prompt g + rejected (DPO/KTO pairs)
+    rollout, group_size N rows Ng..Ng+N-1: prompt g + each of N sampled responses (GRPO)
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ from packctl.schema import IGNORE_INDEX
 from packctl.errors import PackctlError
 
 DISTRIBUTIONS = ("zipf", "lognormal", "rl-longtail")
+GROUP_KINDS = ("none", "preference", "rollout")
 RL_GENERATION_LIMIT = 16384
 
 
@@ -38,6 +46,8 @@ class SampleSpec:
     vocab_size: int = 32000
     max_length: int = 32768
     prompt_fraction: float = 0.5  # share of rows whose labels mask a prompt prefix
+    groups: str = "none"  # GROUP_KINDS
+    group_size: int = 4  # responses per prompt of `rollout` (`preference`: 2)
 
 
 def sample_lengths(rng: np.random.Generator, n: int, distribution: str, max_length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -60,20 +70,19 @@ def sample_lengths(rng: np.random.Generator, n: int, distribution: str, max_leng
 
 
 def generate(spec: SampleSpec) -> list[pa.Table]:
-    """The corpus as one Arrow table per shard (columns `input_ids`, `labels`: list<int32>)."""
+    """The corpus as one Arrow table per shard (columns `input_ids`, `labels`: list<int32>, and
+    with `groups` an int64 `group_id`)."""
     if spec.sequences < 1 or spec.shards < 1 or spec.vocab_size < 2 or spec.max_length < 2:
         raise PackctlError("--sequences, --shards must be >= 1 and --vocab-size, --max-length >= 2")
+    if spec.groups not in GROUP_KINDS:
+        raise PackctlError(f"--groups {spec.groups!r}: choose one of {', '.join(GROUP_KINDS)}")
+    if spec.group_size < 1:
+        raise PackctlError(f"--group-size {spec.group_size}: must be >= 1")
     rng = np.random.default_rng(spec.seed)
-    lengths, prompts = sample_lengths(rng, spec.sequences, spec.distribution, spec.max_length)
-    if spec.distribution != "rl-longtail":
-        # SFT-style rows: a prompt of 10-50% of the sequence is masked on `prompt_fraction` rows.
-        masked = rng.random(spec.sequences) < spec.prompt_fraction
-        share = rng.uniform(0.1, 0.5, spec.sequences)
-        prompts = np.where(masked, np.maximum(1, (lengths * share).astype(np.int64)), 0)
-        prompts = np.minimum(prompts, lengths - 1)
-    total = int(lengths.sum())
-    # Zipf-distributed ids in [1, vocab): frequent ids small, as with BPE vocabularies; 0 stays free for padding.
-    tokens = (1 + (rng.zipf(1.2, total) - 1) % (spec.vocab_size - 1)).astype(np.int32)
+    if spec.groups != "none":
+        lengths, prompts, tokens, group = _grouped(rng, spec)
+    else:
+        lengths, prompts, tokens, group = (*_ungrouped(rng, spec), None)
     labels = tokens.copy()
     labels[positions_in_segments(lengths) < np.repeat(prompts, lengths)] = IGNORE_INDEX
     offsets = offsets_of(lengths)
@@ -82,11 +91,51 @@ def generate(spec: SampleSpec) -> list[pa.Table]:
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         rel = (offsets[lo:hi + 1] - offsets[lo]).astype(np.int32)
         span = slice(int(offsets[lo]), int(offsets[hi]))
-        tables.append(pa.table({
+        columns = {
             "input_ids": pa.ListArray.from_arrays(pa.array(rel), pa.array(tokens[span])),
             "labels": pa.ListArray.from_arrays(pa.array(rel), pa.array(labels[span])),
-        }))
+        }
+        if group is not None:
+            columns["group_id"] = pa.array(group[lo:hi], pa.int64())
+        tables.append(pa.table(columns))
     return tables
+
+
+def _token_ids(rng: np.random.Generator, n: int, vocab_size: int) -> np.ndarray:
+    # Zipf-distributed ids in [1, vocab): frequent ids small, as with BPE vocabularies; 0 stays free for padding.
+    return (1 + (rng.zipf(1.2, n) - 1) % (vocab_size - 1)).astype(np.int32)
+
+
+def _ungrouped(rng: np.random.Generator, spec: SampleSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lengths, masked prompt lengths, tokens) of independent rows."""
+    lengths, prompts = sample_lengths(rng, spec.sequences, spec.distribution, spec.max_length)
+    if spec.distribution != "rl-longtail":
+        # SFT-style rows: a prompt of 10-50% of the sequence is masked on `prompt_fraction` rows.
+        masked = rng.random(spec.sequences) < spec.prompt_fraction
+        share = rng.uniform(0.1, 0.5, spec.sequences)
+        prompts = np.where(masked, np.maximum(1, (lengths * share).astype(np.int64)), 0)
+        prompts = np.minimum(prompts, lengths - 1)
+    return lengths, prompts, _token_ids(rng, int(lengths.sum()), spec.vocab_size)
+
+
+def _grouped(rng: np.random.Generator, spec: SampleSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(lengths, masked prompt lengths, tokens, group of each row): the rows of a group repeat its
+    prompt's tokens, then each has a response of its own."""
+    size = 2 if spec.groups == "preference" else spec.group_size
+    group = np.arange(spec.sequences, dtype=np.int64) // size
+    num_groups = int(group[-1]) + 1
+    group_prompts = np.clip(np.ceil(rng.lognormal(5.5, 0.6, num_groups)), 1, spec.max_length - 1).astype(np.int64)
+    responses, _ = sample_lengths(rng, spec.sequences, spec.distribution, spec.max_length)
+    prompts = group_prompts[group]
+    lengths = np.minimum(prompts + responses, spec.max_length)
+    prompt_tokens = _token_ids(rng, int(group_prompts.sum()), spec.vocab_size)
+    row = np.repeat(np.arange(spec.sequences), lengths)
+    position = positions_in_segments(lengths)
+    in_prompt = position < prompts[row]
+    tokens = np.empty(int(lengths.sum()), dtype=np.int32)
+    tokens[in_prompt] = prompt_tokens[(offsets_of(group_prompts)[group[row]] + position)[in_prompt]]
+    tokens[~in_prompt] = _token_ids(rng, int((~in_prompt).sum()), spec.vocab_size)
+    return lengths, prompts, tokens, group
 
 
 def write_sample(out: str | Path, spec: SampleSpec, *, overwrite: bool = False) -> list[Path]:

@@ -38,9 +38,13 @@ LOSS_COLUMNS = ("num_loss_tokens", "seq_loss_tokens", "sum_sq_seqlen")
 # optimizer step over every rank and micro-batch; the same value on every pack of a step.
 STEP_LOSS_COLUMNS = ("step_loss_tokens", "step_loss_sequences")
 WEIGHTS_COLUMN = "seq_weights"  # --weight-column: one float64 per sequence, aligned with sample_ids
+# --group-column: one int64 per sequence, aligned with sample_ids: the global sample id of the first
+# input row of the sequence's group (members of a group share it; written only with --group-column)
+GROUP_IDS_COLUMN = "group_ids"
 # Every column packctl itself may write (kept input columns must not reuse these names).
 RESERVED_COLUMNS = (*LIST_INT32_COLUMNS, "sample_ids", "num_tokens", TRL_LENGTHS_COLUMN, *BALANCE_COLUMNS,
-                    "lr_scale", "padded_len", "batch_size", *LOSS_COLUMNS, *STEP_LOSS_COLUMNS, WEIGHTS_COLUMN)
+                    "lr_scale", "padded_len", "batch_size", *LOSS_COLUMNS, *STEP_LOSS_COLUMNS, WEIGHTS_COLUMN,
+                    GROUP_IDS_COLUMN)
 
 
 

@@ -38,8 +38,8 @@ import pyarrow.parquet as pq
 
 from packctl.errors import PackctlError, require
 from packctl.io.manifest import epoch_output, manifest_path, read_manifest
-from packctl.schema import (BALANCE_COLUMNS, IGNORE_INDEX, LIST_INT32_COLUMNS, STEP_LOSS_COLUMNS,
-                            WEIGHTS_COLUMN)
+from packctl.schema import (BALANCE_COLUMNS, GROUP_IDS_COLUMN, IGNORE_INDEX, LIST_INT32_COLUMNS,
+                            STEP_LOSS_COLUMNS, WEIGHTS_COLUMN)
 from packctl.thd import cp_partition_indices
 
 torch = require("torch", "torch", "packctl.torch")
@@ -54,7 +54,7 @@ __all__ = [
 # Per-pack columns an item carries when the output has them (docs/format.md): scalars, and lists
 # aligned with the pack's sequences.
 LOSS_SCALARS = ("num_loss_tokens", "sum_sq_seqlen", *STEP_LOSS_COLUMNS)
-LOSS_LISTS = ("seq_loss_tokens", WEIGHTS_COLUMN)
+LOSS_LISTS = ("seq_loss_tokens", WEIGHTS_COLUMN, GROUP_IDS_COLUMN)
 
 
 class PackedDataset(torch.utils.data.Dataset):
@@ -86,7 +86,8 @@ class PackedDataset(torch.utils.data.Dataset):
     `sample_ids`, the int `num_tokens` and `index` (the pack's row in output order), plus, when the
     output has them, `step`, `dp_rank`, `micro_batch`, `lr_scale`, the loss counts
     (`num_loss_tokens`, `sum_sq_seqlen`, `step_loss_tokens`, `step_loss_sequences`: ints;
-    `seq_loss_tokens`: an array) and `seq_weights` (float64 array). The arrays are read-only views
+    `seq_loss_tokens`: an array), `seq_weights` (float64 array) and `group_ids` (int64 array,
+    --group-column). The arrays are read-only views
     of the decoded shard; the collate functions copy them.
 
     Args:
@@ -436,7 +437,7 @@ def _field_names(cls) -> set[str]:
 # ---- loss normalization --------------------------------------------------------------------------
 
 BATCH_LOSS_KEYS = ("num_loss_tokens", "seq_loss_tokens", "seq_index", "step", "micro_batch", *STEP_LOSS_COLUMNS,
-               WEIGHTS_COLUMN)
+                   WEIGHTS_COLUMN, GROUP_IDS_COLUMN)
 
 
 def _loss_fields(packs: Sequence[Mapping[str, Any]], seq_offsets: np.ndarray) -> dict[str, Any]:
@@ -450,6 +451,8 @@ def _loss_fields(packs: Sequence[Mapping[str, Any]], seq_offsets: np.ndarray) ->
         step, step_loss_tokens, step_loss_sequences   int, the packs' step and its counts (--dp-size)
         micro_batch      int           the last micro-batch of the packs (--dp-size)
         seq_weights      float64 [S]   --weight-column
+        group_ids        int64 [S]     --group-column: sequences sharing an id form one group (a
+                                       DPO pair, a prompt's rollouts), adjacent, in input order
     """
     if not all("seq_loss_tokens" in p for p in packs):
         return {}
@@ -469,9 +472,9 @@ def _loss_fields(packs: Sequence[Mapping[str, Any]], seq_offsets: np.ndarray) ->
             out[name] = values[0]
     if all("micro_batch" in p for p in packs):  # the batch's last: a step ends after micro-batch M - 1
         out["micro_batch"] = max(int(p["micro_batch"]) for p in packs)
-    if all(WEIGHTS_COLUMN in p for p in packs):
-        out[WEIGHTS_COLUMN] = torch.from_numpy(
-            np.concatenate([np.asarray(p[WEIGHTS_COLUMN], dtype=np.float64) for p in packs]))
+    for name, dtype in ((WEIGHTS_COLUMN, np.float64), (GROUP_IDS_COLUMN, np.int64)):
+        if all(name in p for p in packs):
+            out[name] = torch.from_numpy(np.concatenate([np.asarray(p[name], dtype=dtype) for p in packs]))
     return out
 
 

@@ -159,12 +159,13 @@ def test_shell_completion_offers_the_choices():
 
 
 def test_cli_choice_lists_match_the_implementations():
-    from packctl.cli import EXPORT_FORMATS, SAMPLE_DISTRIBUTIONS, VERIFY_BACKENDS
+    from packctl.cli import EXPORT_FORMATS, SAMPLE_DISTRIBUTIONS, SAMPLE_GROUPS, VERIFY_BACKENDS
     from packctl.export import FORMATS
-    from packctl.sample import DISTRIBUTIONS
+    from packctl.sample import DISTRIBUTIONS, GROUP_KINDS
     from packctl.verify.backends import BACKENDS
 
     assert SAMPLE_DISTRIBUTIONS == DISTRIBUTIONS and VERIFY_BACKENDS == BACKENDS and EXPORT_FORMATS == FORMATS
+    assert SAMPLE_GROUPS == GROUP_KINDS
 
 
 def test_the_command_line_loads_no_heavy_module_before_it_needs_one():

@@ -66,6 +66,8 @@ class SequenceIndex:
     # with `scan_blocks(count_loss_tokens=True)`: per gid of this rank, the labels that are not -100
     # after its first token (the loss tokens of the sequence as a whole piece of a pack)
     loss_tokens: np.ndarray | None = None
+    # --group-column: the gid where each group starts, then num_sequences (all ranks; io/groups.py)
+    group_starts: np.ndarray | None = None
 
     @property
     def num_sequences(self) -> int:

@@ -364,7 +364,7 @@ class BalancedPlan:
 
 
 def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
-                 pack_shape: np.ndarray | None = None) -> BalancedPlan:
+                 pack_shape: np.ndarray | None = None, pinned: np.ndarray | None = None) -> BalancedPlan:
     """Cut each window's packs into steps and balance each step (`balance_step`).
 
     grouping "cost": a window's packs are sorted by cost (ties: output order) and cut into steps
@@ -383,7 +383,8 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
     true = (plan.piece_padded if spec.padded_cost else plan.piece_len).astype(np.float64)
     costs = piece_costs(true, spec.cost, spec.attn_coeff)
     attention = piece_costs(true, "attention", spec.attn_coeff)
-    movable = ~np.isin(plan.piece_gid, plan.split_gids())
+    split = np.isin(plan.piece_gid, plan.split_gids())
+    movable = ~split if pinned is None else ~split & ~pinned
     pack_of_piece = np.repeat(np.arange(plan.num_bins), np.diff(plan.bin_offsets))
     pack_cost = np.bincount(pack_of_piece, weights=costs, minlength=plan.num_bins)
     pack_tokens = plan.loads(padded=True)
@@ -421,7 +422,7 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
         if warm_steps:
             priority = priority.copy()
             priority[:warm_steps] = np.arange(warm_steps) - warm_steps - num  # before every other step
-        run = _steps_in_split_order(priority, step_of_pack, plan, lo, hi, ~movable) if num > 1 else np.arange(num)
+        run = _steps_in_split_order(priority, step_of_pack, plan, lo, hi, split) if num > 1 else np.arange(num)
         window_offsets, window_pieces, window_rank, window_micro, window_step = [np.zeros(1, np.int64)], [], [], [], []
         base = 0
         for k, s in enumerate(run.tolist()):
@@ -440,7 +441,7 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
             unequal += not result.equal
         w_offsets = np.concatenate(window_offsets)
         w_pieces = np.concatenate(window_pieces) if window_pieces else np.zeros(0, np.int64)
-        w_pieces, w_offsets = _keep_split_order(w_pieces, w_offsets, plan.piece_gid, ~movable)
+        w_pieces, w_offsets = _keep_split_order(w_pieces, w_offsets, plan.piece_gid, split)
         offsets.append(w_offsets[1:] + piece_base)
         piece_base += len(w_pieces)
         pieces.append(w_pieces)

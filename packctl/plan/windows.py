@@ -22,6 +22,7 @@ import numpy as np
 from packctl.arrays import ranges
 from packctl.plan.algorithms import batch_lengths, pack_lengths
 from packctl.plan.align import round_up
+from packctl.plan.groups import check_groups_fit, expand_items
 from packctl.plan.order import window_seed
 
 
@@ -111,17 +112,26 @@ class WindowOptions:
 
 
 def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, *, first_window: int = 0,
-                 progress=None) -> PackPlan:
+                 progress=None, new_group: np.ndarray | None = None) -> PackPlan:
     """Pack sequences given in order (`gids[i]` has true length `lengths[i]`), window by window.
 
     The items are whole windows, the first being window `first_window` of the global order (its
     index seeds `ffs`), so any run of whole windows plans the same wherever it is computed.
     Raises SequenceTooLong for the over-long sequence with the smallest gid when `too_long == "error"`.
+
+    `new_group` (bool, True on the first member of each group; members follow each other):
+    each group is packed whole as one item, and a window is `window` groups. A group of two or
+    more over the capacity raises GroupTooLong; --too-long applies to groups of one.
     """
     o = options
     capacity, align, too_long, window = o.capacity, o.align, o.too_long, o.window
     gids = np.asarray(gids, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
+    if new_group is not None:
+        check_groups_fit(gids, round_up(lengths, align), new_group, capacity)
+        cuts = np.flatnonzero(new_group)[::window]
+    else:
+        cuts = np.arange(0, len(gids), window)
     over = round_up(lengths, align) > capacity
     if too_long == "error" and over.any():
         i = int(np.flatnonzero(over)[np.argmin(gids[over])])
@@ -131,15 +141,16 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
 
     parts: list[tuple[np.ndarray, ...]] = []
     window_bins = [0]
-    for w, lo in enumerate(range(0, len(gids), window)):
-        result = _plan_one_window(gids[lo:lo + window], lengths[lo:lo + window], capacity=capacity, align=align,
+    for w, (lo, hi) in enumerate(zip(cuts.tolist(), [*cuts[1:].tolist(), len(gids)])):
+        result = _plan_one_window(gids[lo:hi], lengths[lo:hi], capacity=capacity, align=align,
                                   algorithm=o.algorithm, too_long=too_long, max_seqs_per_bin=o.max_seqs_per_bin,
                                   seed=window_seed(o.seed, first_window + w), pool_size=o.pool_size,
-                                  pool_strategy=o.pool_strategy, max_tokens=o.max_tokens, buckets=o.buckets)
+                                  pool_strategy=o.pool_strategy, max_tokens=o.max_tokens, buckets=o.buckets,
+                                  new_group=None if new_group is None else new_group[lo:hi])
         parts.append(result)
         window_bins.append(window_bins[-1] + len(result[0]) - 1)
         if progress is not None:
-            progress(min(window, len(gids) - lo))
+            progress(hi - lo)
 
     bin_offsets = [np.zeros(1, np.int64)]
     base = 0
@@ -158,8 +169,9 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
 
 
 def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max_seqs_per_bin, seed, pool_size=128,
-                     pool_strategy="closest", max_tokens=None, buckets=None):
-    """One window -> (bin_offsets, piece gid, start, len, padded)."""
+                     pool_strategy="closest", max_tokens=None, buckets=None, new_group=None):
+    """One window -> (bin_offsets, piece gid, start, len, padded). With `new_group`, the
+    algorithm packs whole groups (only groups of one can be over-long: plan_windows checked)."""
     padded = round_up(lengths, align)
     over = padded > capacity
     start = np.zeros(len(gids), np.int64)
@@ -167,6 +179,7 @@ def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max
     if too_long == "drop":
         keep = ~over
         gids, lengths, start, full_chunks = gids[keep], lengths[keep], start[keep], full_chunks[keep]
+        new_group = None if new_group is None else new_group[keep]
     elif too_long == "truncate":
         lengths = np.where(over, capacity, lengths)
     elif too_long == "split" and algorithm != "split":
@@ -178,6 +191,12 @@ def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max
 
     if algorithm == "batch":
         bins = batch_lengths(item_padded, max_tokens, max_seqs_per_bin=max_seqs_per_bin, buckets=buckets)
+    elif new_group is not None:
+        first = np.flatnonzero(new_group)
+        size = np.diff(np.append(first, len(gids)))
+        group_padded = np.add.reduceat(item_padded, first) if len(first) else item_padded
+        bins = expand_items(pack_lengths(group_padded, capacity, algorithm, seed=seed, pool_size=pool_size,
+                                         pool_strategy=pool_strategy), first, size, item_padded)
     else:
         bins = pack_lengths(item_padded, capacity, algorithm, max_seqs_per_bin=max_seqs_per_bin,
                             seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy)

@@ -24,6 +24,7 @@ from packctl.verify import backends
 from packctl.verify.attention import Pack, ProbeEmbedding, run_attention
 from packctl.verify.conservation import OutputPieces, check_conservation, match_sources
 from packctl.verify.cp import CpWork, check_cp
+from packctl.verify.groups import GroupRule
 from packctl.verify.report import CheckResult, VerifyReport
 from packctl.verify.structure import (
     Layout,
@@ -155,11 +156,13 @@ def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyRepor
     cp_work = CpWork(cp_size) if cp_size > 1 else None
     totals = Totals()
     steps = StepLoss()
+    groups = GroupRule()
     packs: list[Pack] = []
     complete = True
     for i, entry in enumerate(manifest["shards"]):
         name = entry["path"]
-        rows, found = check_shard(out, entry, manifest, layout, sequences_in=sequences_in, steps=steps)
+        rows, found = check_shard(out, entry, manifest, layout, sequences_in=sequences_in, steps=steps,
+                                   groups=groups)
         structure += found
         if pieces is not None:
             pieces.add(name, rows)
@@ -172,7 +175,7 @@ def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyRepor
         packs += [Pack.from_rows(rows, r, name) for r in picks.get(i, []) if r < rows.num_rows]
     structure += check_counts(manifest, totals, complete=complete)
     if complete:
-        structure += steps.check()
+        structure += steps.check() + groups.check()
 
     checks: dict[str, CheckResult] = {}
     violations: list[Violation] = list(structure)

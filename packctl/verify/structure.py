@@ -32,7 +32,7 @@ from packctl.schema import IGNORE_INDEX
 from packctl.errors import PackctlError
 from packctl.io.manifest import read_manifest
 from packctl.io.journal import sha256_file
-from packctl.schema import (BALANCE_COLUMNS, FORMAT_VERSION, LOSS_FIELDS, METADATA_KEY, PACK_SCHEMA,
+from packctl.schema import (BALANCE_COLUMNS, FORMAT_VERSION, GROUP_IDS_COLUMN, LOSS_FIELDS, METADATA_KEY, PACK_SCHEMA,
                             STEP_LOSS_FIELDS, TRL_LENGTHS_COLUMN, TRL_LENGTHS_FIELD, WEIGHTS_COLUMN)
 from packctl.thd import PackRows, loss_columns
 
@@ -534,9 +534,11 @@ def _metadata_violations(schema: pa.Schema, manifest: dict[str, Any], shard: str
 
 
 def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layout: Layout, *,
-                sequences_in: int | None, steps: StepLoss | None = None) -> tuple[PackRows | None, list[Violation]]:
+                sequences_in: int | None, steps: StepLoss | None = None,
+                groups: Any = None) -> tuple[PackRows | None, list[Violation]]:
     """Checksum, schema, metadata, counts and every pack rule of one shard listed in the manifest;
-    with `steps`, what the step rule (`StepLoss.check`, after the last shard) needs.
+    with `steps`, what the step rule (`StepLoss.check`, after the last shard) needs; with `groups`
+    (a `packctl.verify.groups.GroupRule`), the shard's `group_ids` when it has them.
 
     Returns the shard's rows (None when it cannot be read as packs) and the broken rules.
     """
@@ -569,6 +571,8 @@ def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layo
         return None, found
     found += _trl_lengths_violations(table, rows, name, required=manifest.get("format_version", 1) >= 2)
     found += _loss_violations(table, rows, name, steps)
+    if groups is not None and GROUP_IDS_COLUMN in table.column_names:
+        found += groups.add(table, rows, name)
     tokens = int(np.asarray(rows.num_tokens, dtype=np.int64).sum())
     if "tokens" in entry and tokens != entry["tokens"]:
         found.append(Violation("structure", "manifest-shard", f"{tokens} tokens (sum of num_tokens), the manifest "

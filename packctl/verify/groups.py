@@ -1,0 +1,85 @@
+"""The group rules (`--group-column`), checked when the shards have a `group_ids` column.
+
+`group_ids` holds, for each sequence (aligned with `sample_ids`), the gid of its group's first row.
+A group is a run of consecutive gids, packed whole: two packs of an output that keep them
+
+    pack 0  sample_ids [8, 2, 3, 4]   group_ids [8, 2, 2, 2]
+    pack 1  sample_ids [0, 1, 5]      group_ids [0, 0, 5]
+
+Rules (over every shard at once, since a group could be cut across shards):
+    group-ids       one int64 per sequence, each <= its sample id and below the next group's id
+                    (groups are runs of gids: gid 5 in group 2 would overlap group 5)
+    group-whole     all members of a group in one pack (only a group of one may be split, under
+                    --too-long split: its pieces are one sample id)
+    group-adjacent  members next to each other, in input order (increasing sample_ids)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from packctl.schema import GROUP_IDS_COLUMN
+from packctl.thd import PackRows
+from packctl.verify.structure import Violation
+
+
+@dataclass
+class GroupRule:
+    """Collects every shard's group ids; `check` applies the rules after the last shard."""
+
+    parts: list = field(default_factory=list)
+
+    def add(self, table: pa.Table, rows: PackRows, shard: str) -> list[Violation]:
+        """Keep one shard's group ids; returns what is wrong with the column itself."""
+        typ = table.schema.field(GROUP_IDS_COLUMN).type
+        arr = table.column(GROUP_IDS_COLUMN).combine_chunks()
+        if not (pa.types.is_list(typ) and typ.value_type == pa.int64()) or arr.null_count or arr.values.null_count:
+            return [Violation("structure", "schema", f"column {GROUP_IDS_COLUMN} is {typ} with "
+                              f"{arr.null_count} null rows, the contract says list<int64> without nulls", shard=shard)]
+        offsets = np.asarray(arr.offsets, dtype=np.int64)
+        seq_offsets = np.asarray(rows.seq_offsets, dtype=np.int64)
+        ragged = np.diff(offsets) != np.diff(seq_offsets)
+        if ragged.any():
+            return [Violation("structure", "group-ids", f"{GROUP_IDS_COLUMN} does not hold one id per sequence",
+                              shard=shard, row=int(np.argmax(ragged)), count=int(ragged.sum()))]
+        values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_numpy()
+        row = np.repeat(np.arange(rows.num_rows, dtype=np.int64), np.diff(seq_offsets))
+        position = np.arange(len(row), dtype=np.int64) - seq_offsets[row]
+        self.parts.append((shard, row, position, np.asarray(rows.sample_ids, dtype=np.int64), values))
+        return []
+
+    def check(self) -> list[Violation]:
+        if not self.parts:
+            return []
+        shard_of = np.concatenate([np.full(len(p[1]), i) for i, p in enumerate(self.parts)])
+        row, position, sample, group = (np.concatenate([p[k] for p in self.parts]) for k in range(1, 5))
+        pack = shard_of * (int(row.max()) + 1) + row  # one number per pack of the output
+        order = np.lexsort((sample, group))
+        pack, position, sample, group, shard_of, row = (a[order] for a in (pack, position, sample, group, shard_of,
+                                                                             row))
+        found = []
+
+        def report(rule: str, bad: np.ndarray, message) -> None:
+            if bad.any():
+                k = int(np.argmax(bad))
+                found.append(Violation("structure", rule, message(k), shard=self.parts[shard_of[k]][0],
+                                       row=int(row[k]), sequence=int(position[k]), count=int(bad.sum())))
+
+        same = group[1:] == group[:-1]
+        members = same & (sample[1:] != sample[:-1])  # pieces of a split sequence (a group of one) may part
+        # the id of the next group in id order, for each sequence: the group that follows its own
+        unset = np.iinfo(np.int64).max
+        at_group_end = np.where(np.append(~same, True), np.append(group[1:], unset), unset)
+        next_group = np.minimum.accumulate(at_group_end[::-1])[::-1]
+        report("group-ids", (group > sample) | (sample >= next_group),
+               lambda k: f"sample {sample[k]} has group id {group[k]}, but a group is a run of sample ids starting at "
+                         "its id and ending before the next group's")
+        report("group-whole", np.append(members & (pack[1:] != pack[:-1]), False),
+               lambda k: f"group {group[k]} is cut across packs (sample {sample[k]} and {sample[k + 1]})")
+        report("group-adjacent", np.append(members & (pack[1:] == pack[:-1]) & (position[1:] != position[:-1] + 1),
+                                           False),
+               lambda k: f"members of group {group[k]} are not next to each other in input order (sample "
+                         f"{sample[k]}, then {sample[k + 1]})")
+        return found
