@@ -263,3 +263,25 @@ def test_torch_batches_carry_group_ids(tmp_path):
     assert fields["group_ids"].dtype == torch.int64
     assert fields["group_ids"].tolist() == [g for p in packs for g in p["group_ids"].tolist()]
     assert "group_ids" not in batch
+
+
+def test_epochs_keep_groups_whole_in_every_epoch_for_any_rank_count(tmp_path, contract):
+    corpus = tmp_path / "in"
+    write_sample(corpus, SampleSpec(sequences=600, groups="rollout", group_size=4, shards=3, max_length=400))
+    options = dict(inputs=[str(corpus)], capacity=2048, group_column="group_id", order="shuffle", epochs=2,
+                   window=30, shard_rows=20, overwrite=True)
+    pack(PackConfig(output=str(tmp_path / "one"), **options))
+    run_ranks(3, lambda comm: pack(PackConfig(output=str(tmp_path / "many"), **options), comm=comm))
+    orders = []
+    for epoch in ("epoch-00000", "epoch-00001"):
+        digests = [[s["sha256"] for s in json.loads((tmp_path / d / epoch / "_manifest.json").read_text())["shards"]]
+                   for d in ("one", "many")]
+        assert digests[0] == digests[1]
+        assert check_contract(contract, tmp_path / "many" / epoch, [corpus]) == []
+        samples, groups = _packs(tmp_path / "one" / epoch)
+        for pack_samples, pack_groups in zip(samples, groups):  # whole groups of 4, adjacent, in input order
+            assert pack_groups == [g for g in dict.fromkeys(pack_groups) for _ in range(4)]
+            assert pack_samples == [g + k for g in dict.fromkeys(pack_groups) for k in range(4)]
+        orders.append([g for pack_groups in groups for g in pack_groups])
+        assert verify(tmp_path / "many" / epoch, VerifyOptions(attention=False)).ok
+    assert sorted(orders[0]) == sorted(orders[1]) and orders[0] != orders[1]
