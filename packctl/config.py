@@ -121,8 +121,13 @@ class PackConfig:
                                             "seq_weights (aligned with sample_ids) for packctl.torch.loss_fn.")
     group_column: str | None = option(None, shown_default="none",
                                       help="Input column naming each row's group (preference pairs, rollouts of one "
-                                           "prompt): a run of consecutive rows with one value is packed whole into "
-                                           "one pack, in input order (docs/algorithms.md#groups).")
+                                           "prompt): a run of consecutive rows with one value is kept whole in one "
+                                           "pack, in input order, or one step (--group-scope; "
+                                           "docs/algorithms.md#groups).")
+    group_scope: str = option("pack", choices=("pack", "step"),
+                              help="Where a group is kept whole: one pack (members adjacent, in input order), or "
+                                   "one optimizer step (members in any packs of the step: groups larger than a "
+                                   "pack; needs --dp-size).")
     shard_rows: int = option(1024, help="Packs per output Parquet shard.")
     skip_empty: bool = option(False, switch=True, help="Leave empty sequences out instead of refusing them; they "
                               "are counted in the manifest (sequences_skipped_empty, among sequences_dropped).")
@@ -292,6 +297,7 @@ class PackConfig:
     def _validate_groups(self) -> None:
         """--group-column: a plain input column, and the options that would cut or count a group's
         members one by one refused."""
+        self._check_group_scope()
         if self.group_column is None:
             return
         if not isinstance(self.group_column, str) or self.group_column in (
@@ -304,6 +310,23 @@ class PackConfig:
         for flag, given, why in refused:
             if given:
                 raise PackctlError(f"{flag} cannot be combined with --group-column ({why}); drop one of them")
+        if self.group_scope != "step":
+            return
+        if self.dp_size is None:
+            raise PackctlError("--group-scope step needs --dp-size and --micro-batches or --step-tokens: a group is "
+                               "kept within one optimizer step, so the steps are planned")
+        refused = [("--too-long split", self.too_long == "split", "the pieces of a split sequence follow "
+                    "each other over several steps"),
+                   ("--warmup-shapes", self.warmup_shapes, "warm-up steps are formed from packs of "
+                    "every shape, which would part a group's packs")]
+        for flag, given, why in refused:
+            if given:
+                raise PackctlError(f"{flag} cannot be combined with --group-scope step ({why}); drop one of them")
+
+    def _check_group_scope(self) -> None:
+        if self.group_scope != "pack" and self.group_column is None:
+            raise PackctlError(f"--group-scope {self.group_scope} needs --group-column COL (the input column naming "
+                               "each row's group)")
 
     def _validate_mode(self) -> None:
         _positive("seq_round", self.seq_round)
@@ -362,6 +385,8 @@ class PackConfig:
         out["memory_budget"] = self.resolved_memory_budget
         if self.epochs == 1:  # one epoch is the output packctl wrote before --epochs: the same bytes
             del out["epochs"]
+        if self.group_scope == "pack":  # the scope every output had before --group-scope: the same bytes
+            del out["group_scope"]
         return out
 
 

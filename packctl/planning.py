@@ -27,7 +27,8 @@ from packctl.plan.balance import BalancedPlan, BalanceSpec, balance_plan, lr_sca
 from packctl.plan.order import epoch_seed, order_keys, order_sequences
 from packctl.plan.shapes import (batch_shapes, buckets_from_histogram, length_histogram, planned_item_lengths,
                                  with_row_length)
-from packctl.plan.windows import PackPlan, SequenceTooLong, WindowOptions, merge_plans, plan_windows
+from packctl.plan.windows import (GroupTooBigForStep, PackPlan, SequenceTooLong, WindowOptions, check_groups_fit_step,
+                                  merge_plans, plan_windows)
 
 
 def too_long_message(where: str, length: int, padded: int, capacity: int) -> str:
@@ -126,25 +127,47 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, config: PackConfig, e
 def group_too_long_message(where: str, members: int, padded: int, capacity: int) -> str:
     """The one error for a group over the capacity, whatever --too-long says."""
     return (f"{where}: the group starting here holds {members} sequences of {padded} tokens (padded), more than "
-            f"the capacity {capacity}; a group is packed whole into one pack: raise --capacity "
-            "(--too-long applies to single sequences only)")
+            f"the capacity {capacity}; a group is packed whole into one pack (--too-long applies to single sequences "
+            "only): raise --capacity, or keep each group within one optimizer step instead (--group-scope step "
+            "with --dp-size)")
+
+
+def group_too_big_message(where: str, members: int, padded: int, packs: int, config: PackConfig) -> str:
+    """The one error for a group that does not fit one step (--group-scope step)."""
+    return (f"{where}: the group starting here holds {members} sequences of {padded} tokens (padded), which take "
+            f"{packs} packs, more than the {config.dp_size} x {config.micro_batches} of a step; a group is kept "
+            "within one step: raise --micro-batches or --capacity")
 
 
 def check_groups_fit_everywhere(comm: Comm, ordered: Ordered, index: SequenceIndex, config: PackConfig) -> None:
-    """Name the over-capacity group with the smallest first gid, on every rank (groups are whole
-    on one rank once ordered)."""
+    """Name the group that cannot be placed with the smallest first gid, on every rank (groups are
+    whole on one rank once ordered): over the capacity (--group-scope pack), or with a member
+    over the capacity or more packs than a step (--group-scope step)."""
+    padded = round_up(ordered.lengths, config.align)
+    mine = None
     try:
-        check_groups_fit(ordered.gids, round_up(ordered.lengths, config.align), ordered.new_group,
-                         config.plan_capacity)
-        mine = None
+        if config.group_scope == "step":
+            check_groups_fit_step(ordered.gids, ordered.lengths, ordered.new_group, window_options(config))
+        else:
+            check_groups_fit(ordered.gids, padded, ordered.new_group, config.plan_capacity)
     except GroupTooLong as exc:
-        mine = (exc.gid, exc.members, exc.padded)
+        mine = (exc.gid, exc.members, exc.padded, 0)
+    except GroupTooBigForStep as exc:
+        mine = (exc.gid, exc.members, exc.padded, exc.packs)
     found = [f for f in comm.allgather(mine) if f is not None]
     if found:
-        gid, members, padded = min(found)
+        gid, members, total, packs = min(found)
         first_row = int(group_ids(np.array([gid]), index.group_starts)[0])  # --skip-empty may have left it out
         where = describe_gid([f.path for f in index.files], index.file_offsets, first_row, config.group_column)
-        exc = PackctlError(group_too_long_message(where, members, padded, config.plan_capacity))
+        if packs:
+            message = group_too_big_message(where, members, total, packs, config)
+        elif config.group_scope == "step":
+            message = (f"{where}: the group starting here holds a sequence longer than the capacity "
+                       f"{config.plan_capacity} (its {members} sequences hold {total} tokens, padded); a group's "
+                       "members are packed whole: raise --capacity (--too-long applies to single sequences only)")
+        else:
+            message = group_too_long_message(where, members, total, config.plan_capacity)
+        exc = PackctlError(message)
         exc.everywhere = True
         raise exc
 
@@ -216,7 +239,16 @@ def window_options(config: PackConfig, item_buckets: np.ndarray | None = None) -
                          algorithm="batch" if batch else config.algorithm, too_long=config.too_long,
                          window=config.window, max_seqs_per_bin=config.max_seqs_per_bin, seed=config.seed,
                          pool_size=config.pool_size, pool_strategy=config.pool_strategy,
-                         max_tokens=config.resolved_max_tokens if batch else None, buckets=item_buckets)
+                         max_tokens=config.resolved_max_tokens if batch else None, buckets=item_buckets,
+                         **step_scope_options(config))
+
+
+def step_scope_options(config: PackConfig) -> dict[str, int | None]:
+    """--group-scope step: the planner cuts steps itself (`WindowOptions.step_packs/step_tokens`)."""
+    if config.group_scope != "step":
+        return {}
+    packs = config.dp_size * config.micro_batches if config.micro_batches is not None else None
+    return {"step_packs": packs, "step_tokens": config.step_tokens}
 
 
 def plan_stage(comm: Comm, ordered: Ordered, config: PackConfig,
@@ -323,7 +355,9 @@ def balance(comm: Comm, plan: PackPlan, config: PackConfig, first_window: int = 
             shape = plan.piece_padded[plan.bin_offsets[:-1]]
         else:
             shape = final_pack_lengths(comm, plan, config, item_buckets)[0]
-    pinned = group_sizes(plan.piece_gid, group_starts) > 1 if group_starts is not None else None
+    pinned = None  # with --group-scope step a group's members may move between the packs of its step
+    if group_starts is not None and config.group_scope == "pack":
+        pinned = group_sizes(plan.piece_gid, group_starts) > 1
     result = balance_plan(plan, balance_spec(config), first_window=first_window,
                           pack_shape=shape if plan.num_bins else None, pinned=pinned)
     first_step = comm.exscan(result.num_steps)

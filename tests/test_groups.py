@@ -150,7 +150,9 @@ def test_a_group_over_the_capacity_is_named_whatever_too_long_says(tmp_path, too
     padded = 36 if too_long != "error" else 24
     assert str(info.value) == (f"{inputs[0]} row 2 column 'g': the group starting here holds 3 sequences of "
                                f"{padded} tokens (padded), more than the capacity 16; a group is packed whole "
-                               "into one pack: raise --capacity (--too-long applies to single sequences only)")
+                               "into one pack (--too-long applies to single sequences only): raise --capacity, "
+                               "or keep each group within one optimizer step instead (--group-scope step with "
+                               "--dp-size)")
 
 
 def test_too_long_applies_to_groups_of_one(tmp_path):

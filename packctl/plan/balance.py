@@ -149,6 +149,15 @@ def step_bounds(pack_tokens: np.ndarray, window_bins: np.ndarray, spec: BalanceS
     return np.concatenate(bounds).astype(np.int64)
 
 
+def planned_step_bounds(step_bins: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """The steps the planner made inside packs lo..hi (`PackPlan.step_bins`), counted from lo.
+
+        step_bins [0, 3, 5, 9], packs 5..9 -> [0, 4]
+    """
+    inside = step_bins[(step_bins >= lo) & (step_bins <= hi)] - lo
+    return np.unique(np.concatenate([[0, hi - lo], inside])).astype(np.int64)
+
+
 def _token_step_starts(tokens: np.ndarray, step_tokens: int, d: int) -> np.ndarray:
     starts = [0]
     cumulative = np.cumsum(tokens)
@@ -395,12 +404,14 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
     step_base = piece_base = 0
     for w in range(plan.num_windows):
         lo, hi = int(plan.window_bins[w]), int(plan.window_bins[w + 1])
-        if spec.grouping == "cost":
+        if spec.grouping == "cost" and plan.step_bins is None:
             packs = lo + np.argsort(-pack_cost[lo:hi], kind="stable")
         else:
             packs = np.arange(lo, hi)
         warm_steps = 0
-        if pack_shape is not None and first_window + w == 0:
+        if plan.step_bins is not None:  # steps planned with the packs (--group-scope step)
+            bounds = planned_step_bounds(plan.step_bins, lo, hi)
+        elif pack_shape is not None and first_window + w == 0:
             packs, warm = _warmup_first(packs, np.asarray(pack_shape), d)
             per_step = d * spec.micro_batches if spec.micro_batches is not None else d
             warm_steps = -(-warm // per_step) if warm else 0
@@ -466,7 +477,7 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
         return np.bincount(cell, weights=weights, minlength=steps_in * d).reshape(steps_in, d)
 
     # before: the planner's packs in output order, round robin over consecutive steps
-    rr_bounds = step_bounds(pack_tokens, plan.window_bins, spec)
+    rr_bounds = plan.step_bins if plan.step_bins is not None else step_bounds(pack_tokens, plan.window_bins, spec)
     rr_step = np.searchsorted(rr_bounds, pack_of_piece, side="right") - 1
     before_cell = rr_step * d + (pack_of_piece - rr_bounds[rr_step]) % d
     rr_steps = len(rr_bounds) - 1

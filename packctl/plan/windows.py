@@ -22,7 +22,7 @@ import numpy as np
 from packctl.arrays import ranges
 from packctl.plan.algorithms import batch_lengths, pack_lengths
 from packctl.plan.align import round_up
-from packctl.plan.groups import check_groups_fit, expand_items
+from packctl.plan.groups import GroupTooLong, check_groups_fit, expand_items
 from packctl.plan.order import window_seed
 
 
@@ -48,6 +48,9 @@ class PackPlan:
     truncated: np.ndarray  # gids cut to the capacity (policy truncate)
     tokens_dropped: int
     tokens_truncated: int
+    # --group-scope step: the first pack of every step (plus the end), steps inside windows; the
+    # balancer takes these steps as they are instead of cutting its own
+    step_bins: np.ndarray | None = None
 
     @property
     def num_bins(self) -> int:
@@ -76,18 +79,25 @@ def merge_plans(plans: list[PackPlan]) -> PackPlan:
     if len(plans) == 1:
         return plans[0]
     window_bins, bin_offsets = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
+    step_bins = [np.zeros(1, np.int64)]
     bins = pieces = 0
     for p in plans:
         window_bins.append(p.window_bins[1:] + bins)
         bin_offsets.append(p.bin_offsets[1:] + pieces)
+        if p.step_bins is not None:
+            step_bins.append(p.step_bins[1:] + bins)
         bins += p.num_bins
         pieces += len(p.piece_gid)
     cat = (lambda name: np.concatenate([getattr(p, name) for p in plans]))
+    stepped = [p.step_bins is not None for p in plans]
+    if any(stepped) and not all(stepped):
+        raise ValueError("merge_plans: plans with and without planned steps")
     return PackPlan(
         window_bins=np.concatenate(window_bins), bin_offsets=np.concatenate(bin_offsets),
         piece_gid=cat("piece_gid"), piece_start=cat("piece_start"), piece_len=cat("piece_len"),
         piece_padded=cat("piece_padded"), dropped=np.sort(cat("dropped")), truncated=np.sort(cat("truncated")),
         tokens_dropped=sum(p.tokens_dropped for p in plans), tokens_truncated=sum(p.tokens_truncated for p in plans),
+        step_bins=np.concatenate(step_bins) if all(stepped) else None,
     )
 
 
@@ -109,6 +119,23 @@ class WindowOptions:
     pool_strategy: str = "closest"
     max_tokens: int | None = None
     buckets: np.ndarray | None = None
+    # --group-scope step (with `new_group`): steps of at most `step_packs` packs, or closed once they
+    # hold `step_tokens` padded tokens; groups are then kept whole within a step, not a pack
+    step_packs: int | None = None
+    step_tokens: int | None = None
+
+    @property
+    def step_scope(self) -> bool:
+        return self.step_packs is not None or self.step_tokens is not None
+
+
+class GroupTooBigForStep(ValueError):
+    """--group-scope step: a group of two or more sequences takes more packs than a step holds."""
+
+    def __init__(self, gid: int, members: int, padded: int, packs: int, step_packs: int):
+        self.gid, self.members, self.padded, self.packs, self.step_packs = gid, members, padded, packs, step_packs
+        super().__init__(f"group at sequence {gid} of {members} sequences ({padded} tokens padded) takes {packs} "
+                         f"packs, more than the {step_packs} of a step")
 
 
 def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, *, first_window: int = 0,
@@ -128,7 +155,8 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
     gids = np.asarray(gids, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     if new_group is not None:
-        check_groups_fit(gids, round_up(lengths, align), new_group, capacity)
+        if not o.step_scope:
+            check_groups_fit(gids, round_up(lengths, align), new_group, capacity)
         cuts = np.flatnonzero(new_group)[::window]
     else:
         cuts = np.arange(0, len(gids), window)
@@ -141,12 +169,19 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
 
     parts: list[tuple[np.ndarray, ...]] = []
     window_bins = [0]
+    step_bins = [np.zeros(1, np.int64)]
     for w, (lo, hi) in enumerate(zip(cuts.tolist(), [*cuts[1:].tolist(), len(gids)])):
-        result = _plan_one_window(gids[lo:hi], lengths[lo:hi], capacity=capacity, align=align,
-                                  algorithm=o.algorithm, too_long=too_long, max_seqs_per_bin=o.max_seqs_per_bin,
-                                  seed=window_seed(o.seed, first_window + w), pool_size=o.pool_size,
-                                  pool_strategy=o.pool_strategy, max_tokens=o.max_tokens, buckets=o.buckets,
-                                  new_group=None if new_group is None else new_group[lo:hi])
+        kwargs = dict(capacity=capacity, align=align, algorithm=o.algorithm, too_long=too_long,
+                      max_seqs_per_bin=o.max_seqs_per_bin, seed=window_seed(o.seed, first_window + w),
+                      pool_size=o.pool_size, pool_strategy=o.pool_strategy, max_tokens=o.max_tokens,
+                      buckets=o.buckets)
+        if o.step_scope and new_group is not None:
+            result, steps = plan_window_steps(gids[lo:hi], lengths[lo:hi], new_group[lo:hi], o.step_packs,
+                                              o.step_tokens, **kwargs)
+            step_bins.append(steps[1:] + window_bins[-1])
+        else:
+            result = _plan_one_window(gids[lo:hi], lengths[lo:hi],
+                                      new_group=None if new_group is None else new_group[lo:hi], **kwargs)
         parts.append(result)
         window_bins.append(window_bins[-1] + len(result[0]) - 1)
         if progress is not None:
@@ -165,7 +200,147 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
         dropped=dropped, truncated=truncated,
         tokens_dropped=int(lengths[over].sum()) if too_long == "drop" else 0,
         tokens_truncated=int((lengths[over] - capacity).sum()) if too_long == "truncate" else 0,
+        step_bins=np.concatenate(step_bins) if o.step_scope and new_group is not None else None,
     )
+
+
+def check_groups_fit_step(gids: np.ndarray, lengths: np.ndarray, new_group: np.ndarray, options: WindowOptions) -> None:
+    """--group-scope step: raise for the unplaceable group of two or more members with the smallest
+    first gid: GroupTooLong when a member is over the capacity, GroupTooBigForStep when its members,
+    packed alone first-fit-decreasing, take more than `options.step_packs` packs (only a group
+    over half a step can: any-fit packing leaves at most one pack half empty)."""
+    if len(gids) == 0:
+        return
+    padded = round_up(np.asarray(lengths, dtype=np.int64), options.align)
+    first = np.flatnonzero(new_group)
+    sizes = np.diff(np.append(first, len(gids)))
+    totals = np.add.reduceat(padded, first)
+    longest = np.maximum.reduceat(padded, first)
+    found = []
+    over = np.flatnonzero((sizes > 1) & (longest > options.capacity))
+    if len(over):
+        k = over[np.argmin(gids[first[over]])]
+        found.append((int(gids[first[k]]), GroupTooLong(int(gids[first[k]]), int(sizes[k]), int(totals[k]),
+                                                         options.capacity)))
+    if options.step_packs is not None:
+        for k in np.flatnonzero((sizes > 1) & (longest <= options.capacity)
+                                & (2 * totals > options.step_packs * options.capacity)).tolist():
+            lo, hi = int(first[k]), int(first[k] + sizes[k])
+            packs = pack_lengths(padded[lo:hi], options.capacity, "ffd").num_bins
+            if packs > options.step_packs:
+                found.append((int(gids[lo]), GroupTooBigForStep(int(gids[lo]), hi - lo, int(totals[k]), packs,
+                                                                options.step_packs)))
+    if found:
+        raise min(found, key=lambda f: f[0])[1]
+
+
+STEP_LOOKAHEAD = 256  # groups a step may reach ahead of the first one waiting, to fill its room
+STEP_MISSES = 4  # groups tried in vain (they fit the room, not the packs) before a step closes
+
+
+def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tokens: int | None, *, seed: int,
+                      **options) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """One window under --group-scope step: its groups cut into steps, each step's sequences packed
+    on their own by the algorithm (a group's members may share packs with other groups and spread
+    over several packs, never over two steps).
+
+    A step takes, in order, the waiting groups that fit its room (`step_packs` M: M packs of
+    padded tokens; `step_tokens` T: T padded tokens), looking up to STEP_LOOKAHEAD groups past the
+    first one waiting, so a group too big for what is left waits for the next step while smaller
+    ones fill the room. With M, if the algorithm needs more than M packs for them, the step keeps
+    the longest run of the groups it took, from the first, that fits M packs (binary search),
+    then tries the groups still waiting one by one (each kept if the step still fits M packs,
+    until STEP_MISSES do not); a group alone that the algorithm cannot fit is packed
+    first-fit-decreasing, which `check_groups_fit_step` vouched for. Step k of the window packs with seed window_seed(seed, k).
+    Returns `_plan_one_window`'s tuple for the whole window and the first pack of every step
+    (plus the end).
+
+        capacity 8, step_packs 2, groups of padded lengths [5 3] [6] [4 4] [7]
+        step 0: [5 3] [6] (14 of 16), [4 4] would make 22: it waits; [7] would make 21: it waits
+        step 1: [4 4] [7] (15 of 16)
+        -> packs [5 3] [6] | [4 4] [7], step bins [0, 2, 4]
+    """
+    capacity, align, too_long = options["capacity"], options["align"], options["too_long"]
+    padded = round_up(lengths, align)
+    over = padded > capacity
+    size = np.where(over, 0 if too_long == "drop" else capacity, padded)  # room each takes after --too-long
+    first = np.flatnonzero(new_group)
+    ends = np.append(first[1:], len(gids))
+    totals = np.add.reduceat(size, first).tolist() if len(first) else []
+    room = step_packs * capacity if step_packs is not None else step_tokens
+    n = len(first)
+    waiting = np.ones(n, dtype=bool)
+    parts, steps = [], [0]
+    g = k = 0
+
+    def pack_groups(taken: list[int], **extra):
+        take = np.concatenate([np.arange(first[t], ends[t]) for t in taken])
+        return _plan_one_window(gids[take], lengths[take], **{**options, "seed": window_seed(seed, k), **extra})
+
+    def _fill_step(taken: list[int], held: int, result):
+        """Try the groups still waiting that fit the room, one by one, until STEP_MISSES of them did
+        not fit the packs; `taken` grows in place. Returns the step's packing."""
+        misses = 0
+        given_back = set(taken)
+        for j in range(taken[0] + 1, min(n, taken[0] + STEP_LOOKAHEAD)):
+            if misses >= STEP_MISSES or held >= room:
+                break
+            if not waiting[j] or j in given_back or held + totals[j] > room:
+                continue
+            trial = pack_groups([*taken, j])
+            if len(trial[0]) - 1 <= step_packs:
+                taken.append(j)
+                held += totals[j]
+                result = trial
+            else:
+                misses += 1
+        return result
+
+    while g < n:
+        taken, held = [g], totals[g]
+        for j in range(g + 1, min(n, g + STEP_LOOKAHEAD)):
+            if held >= room:
+                break
+            if waiting[j] and held + totals[j] <= room:
+                taken.append(j)
+                held += totals[j]
+        result = pack_groups(taken)
+        if step_packs is not None and len(result[0]) - 1 > step_packs:
+            # the longest run of the groups taken, from the first, that the algorithm packs into M
+            # packs (binary search; one group alone always fits first-fit-decreasing)
+            fits, over = 0, len(taken)
+            while over - fits > 1:
+                mid = (fits + over) // 2
+                trial = pack_groups(taken[:mid])
+                if len(trial[0]) - 1 <= step_packs:
+                    fits, result = mid, trial
+                else:
+                    over = mid
+            if fits == 0:
+                taken = taken[:1]
+                result = pack_groups(taken, algorithm="ffd", seed=0)
+                if len(result[0]) - 1 > step_packs:
+                    raise GroupTooBigForStep(int(gids[first[g]]), int(ends[g] - first[g]), totals[g],
+                                             len(result[0]) - 1, step_packs)
+            else:
+                taken = taken[:fits]
+                result = _fill_step(taken, sum(totals[t] for t in taken), result)
+        waiting[taken] = False
+        if len(result[0]) > 1:
+            parts.append(result)
+            steps.append(steps[-1] + len(result[0]) - 1)
+            k += 1
+        while g < n and not waiting[g]:
+            g += 1
+    if not parts:
+        empty = np.zeros(0, np.int64)
+        return (np.zeros(1, np.int64), empty, empty, empty, empty), np.zeros(1, np.int64)
+    offsets, base = [np.zeros(1, np.int64)], 0
+    for part in parts:
+        offsets.append(part[0][1:] + base)
+        base += int(part[0][-1])
+    joined = (np.concatenate(offsets), *(np.concatenate([p[i] for p in parts]) for i in range(1, 5)))
+    return joined, np.asarray(steps, dtype=np.int64)
 
 
 def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max_seqs_per_bin, seed, pool_size=128,

@@ -12,6 +12,10 @@ Rules (over every shard at once, since a group could be cut across shards):
     group-whole     all members of a group in one pack (only a group of one may be split, under
                     --too-long split: its pieces are one sample id)
     group-adjacent  members next to each other, in input order (increasing sample_ids)
+
+With --group-scope step (the manifest's config says `group_scope: "step"`) a group may spread over
+several packs, and group-whole and group-adjacent give way to
+    group-step      all members of a group in packs of one optimizer step (the `step` column)
 """
 from __future__ import annotations
 
@@ -29,7 +33,14 @@ from packctl.verify.structure import Violation
 class GroupRule:
     """Collects every shard's group ids; `check` applies the rules after the last shard."""
 
+    scope: str = "pack"  # or "step": --group-scope of the run
     parts: list = field(default_factory=list)
+    steps: list = field(default_factory=list)
+
+    @classmethod
+    def from_manifest(cls, manifest: dict) -> "GroupRule":
+        config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+        return cls(scope="step" if config.get("group_scope") == "step" else "pack")
 
     def add(self, table: pa.Table, rows: PackRows, shard: str) -> list[Violation]:
         """Keep one shard's group ids; returns what is wrong with the column itself."""
@@ -48,6 +59,11 @@ class GroupRule:
         row = np.repeat(np.arange(rows.num_rows, dtype=np.int64), np.diff(seq_offsets))
         position = np.arange(len(row), dtype=np.int64) - seq_offsets[row]
         self.parts.append((shard, row, position, np.asarray(rows.sample_ids, dtype=np.int64), values))
+        if self.scope == "step":
+            if "step" not in table.schema.names:
+                return [Violation("structure", "group-step", "the run kept groups within steps (--group-scope step) "
+                                  "but the shard has no step column", shard=shard)]
+            self.steps.append(np.asarray(table.column("step").to_numpy(), dtype=np.int64)[row])
         return []
 
     def check(self) -> list[Violation]:
@@ -56,6 +72,7 @@ class GroupRule:
         shard_of = np.concatenate([np.full(len(p[1]), i) for i, p in enumerate(self.parts)])
         row, position, sample, group = (np.concatenate([p[k] for p in self.parts]) for k in range(1, 5))
         pack = shard_of * (int(row.max()) + 1) + row  # one number per pack of the output
+        step = np.concatenate(self.steps) if self.scope == "step" and len(self.steps) == len(self.parts) else None
         order = np.lexsort((sample, group))
         pack, position, sample, group, shard_of, row = (a[order] for a in (pack, position, sample, group, shard_of,
                                                                              row))
@@ -76,6 +93,13 @@ class GroupRule:
         report("group-ids", (group > sample) | (sample >= next_group),
                lambda k: f"sample {sample[k]} has group id {group[k]}, but a group is a run of sample ids starting at "
                          "its id and ending before the next group's")
+        if self.scope == "step":
+            if step is not None:
+                step = step[order]
+                report("group-step", np.append(same & (step[1:] != step[:-1]), False),
+                       lambda k: f"group {group[k]} is cut across steps (sample {sample[k]} in step {step[k]}, "
+                                 f"sample {sample[k + 1]} in step {step[k + 1]})")
+            return found
         report("group-whole", np.append(members & (pack[1:] != pack[:-1]), False),
                lambda k: f"group {group[k]} is cut across packs (sample {sample[k]} and {sample[k + 1]})")
         report("group-adjacent", np.append(members & (pack[1:] == pack[:-1]) & (position[1:] != position[:-1] + 1),

@@ -156,7 +156,7 @@ def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyRepor
     cp_work = CpWork(cp_size) if cp_size > 1 else None
     totals = Totals()
     steps = StepLoss()
-    groups = GroupRule()
+    groups = GroupRule.from_manifest(manifest)
     packs: list[Pack] = []
     complete = True
     for i, entry in enumerate(manifest["shards"]):
