@@ -25,6 +25,9 @@ How (per step, `balance_step`):
    micro-batches of all ranks have similar costs, which matters when ranks synchronize per
    micro-batch as FSDP does).
 
+With --group-scope step the planner has cut the steps already (`PackPlan.step_bins`: each keeps
+its groups whole); they are taken as they are instead of being cut here.
+
 A step that has fewer packs than D x M (the last one of a window) or, with `step_tokens`, any
 step, gets ceil(P / D) packs per rank: with equal counts, packs holding several sequences are split
 in two until the count is a multiple of D (a few more, less full packs, so that no rank waits with

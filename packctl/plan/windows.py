@@ -251,7 +251,8 @@ def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tok
     the longest run of the groups it took, from the first, that fits M packs (binary search),
     then tries the groups still waiting one by one (each kept if the step still fits M packs,
     until STEP_MISSES do not); a group alone that the algorithm cannot fit is packed
-    first-fit-decreasing, which `check_groups_fit_step` vouched for. Step k of the window packs with seed window_seed(seed, k).
+    first-fit-decreasing, which `check_groups_fit_step` vouched for. Step k of the window packs
+    with seed window_seed(seed, k).
     Returns `_plan_one_window`'s tuple for the whole window and the first pack of every step
     (plus the end).
 
