@@ -234,3 +234,22 @@ def test_a_scope_without_a_group_column_is_refused(tmp_path):
     with pytest.raises(PackctlError, match="needs --group-column"):
         PackConfig(inputs=["x"], output=str(tmp_path / "o"), group_scope="step", dp_size=2,
                    micro_batches=1).validate()
+
+
+def test_epochs_keep_groups_within_steps_for_any_rank_count(tmp_path, contract):
+    corpus = _rollouts(tmp_path / "in", sequences=600, size=6, max_length=700, shards=3)
+    options = dict(inputs=[str(corpus)], capacity=2048, group_column="group_id", group_scope="step", dp_size=2,
+                   micro_batches=2, order="shuffle", epochs=2, window=30, overwrite=True)
+    pack(PackConfig(output=str(tmp_path / "one"), **options))
+    run_ranks(2, lambda comm: pack(PackConfig(output=str(tmp_path / "many"), **options), comm=comm))
+    for epoch in ("epoch-00000", "epoch-00001"):
+        digests = [[s["sha256"] for s in json.loads((tmp_path / d / epoch / "_manifest.json").read_text())["shards"]]
+                   for d in ("one", "many")]
+        assert digests[0] == digests[1]
+        steps, _ = _step_groups(tmp_path / "many" / epoch)
+        assert len(steps) == 100 and all(len(s) == 1 for s in steps.values())
+        assert check_contract(contract, tmp_path / "many" / epoch, [corpus]) == []
+        assert verify(tmp_path / "many" / epoch, VerifyOptions(attention=False)).ok
+    first, second = (_step_groups(tmp_path / "one" / e)[1].column("sample_ids").to_pylist()
+                     for e in ("epoch-00000", "epoch-00001"))
+    assert first != second  # each epoch its own order of groups and steps
