@@ -196,7 +196,8 @@ def _report(config: PackConfig, index: SequenceIndex, shares: list[RankShare], r
             epoch: int | None = None) -> tuple[dict, list[ShardInfo], dict]:
     """Rank 0: the metrics, shards and manifest of one output: all of OUT, or the folder of one
     epoch (its manifest lists the shards relative to the folder, its `epoch` says which)."""
-    metrics, _ = assemble_metrics(config, shares, ranks, corpus, plan_figures=plan_figures)
+    metrics, _ = assemble_metrics(config, shares, ranks, corpus, plan_figures=plan_figures,
+                                  group_starts=index.group_starts)
     metrics["throughput"] = whole_run
     metrics["timings"] = timings
     shards = [info for _, info in sorted((n, i) for s in shares for n, i in s.shards.items())]

@@ -140,6 +140,13 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
 
+def _groups_row(g: dict[str, Any]) -> tuple[str, str]:
+    where = "one pack" if g["scope"] == "pack" else "one step"
+    spread = g["packs_per_group"]
+    return ("groups", f"{g['groups']:,} kept within {where} ({g['groups_of_two_or_more']:,} of 2+ members), "
+                      f"packs per group {spread['mean']:.2f} / {spread['max']} (mean/max)")
+
+
 def summary_table(result: PackResult) -> Table:
     m: dict[str, Any] = result.metrics
     c = result.counts
@@ -161,6 +168,7 @@ def summary_table(result: PackResult) -> Table:
         ("padding: alignment / tail", f"{pad['alignment_tokens']:,} / {pad['tail_tokens']:,}"),
         ("sequences per pack", f"{spp['min']} / {spp['mean']:.2f} / {spp['max']} (min/mean/max)"),
         ("vs padded batching", f"{m['padded_batching']['estimated_gain']:.2f}x fewer tokens"),
+        *([_groups_row(m["groups"])] if "groups" in m else []),
         *([("epochs", f"{len(m['epochs'])}, one output each: {result.output}/epoch-00000 ... (sequences: of "
                       "each epoch; tokens, packs: of all)")] if "epochs" in m else []),
         ("shards", f"{len(result.shards)}"),

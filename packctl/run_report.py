@@ -15,6 +15,7 @@ from packctl.io.journal import ShardInfo
 from packctl.io.manifest import epoch_dir
 from packctl.metrics import batch_metrics, pack_metrics
 from packctl.plan.balance import imbalance, imbalance_summary
+from packctl.plan.groups import group_ids
 from packctl.plan.windows import PackPlan, merge_plans
 from packctl.runtime import peak_rss_bytes
 from packctl.schema import FORMAT_VERSION
@@ -145,9 +146,11 @@ def scale_out(ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def assemble_metrics(config: PackConfig, shares: list[RankShare], ranks: list[dict[str, Any]], corpus: Corpus, *,
-                     plan_figures: dict[str, Any] | None = None) -> tuple[dict[str, Any], PackPlan]:
+                     plan_figures: dict[str, Any] | None = None,
+                     group_starts: np.ndarray | None = None) -> tuple[dict[str, Any], PackPlan]:
     """metrics.json from every rank's share (in rank order), without throughput and timings;
-    `plan_figures` may pass `plan_metrics` computed ahead (one process). Returns the whole plan too."""
+    `plan_figures` may pass `plan_metrics` computed ahead (one process); `group_starts`
+    (--group-column) adds `groups`. Returns the whole plan too."""
     whole = merge_plans([s.plan for s in shares])
     pack_lens = np.concatenate([s.pack_lens for s in shares])
     metrics = plan_figures if plan_figures is not None else plan_metrics(
@@ -164,6 +167,8 @@ def assemble_metrics(config: PackConfig, shares: list[RankShare], ranks: list[di
         metrics["balance"]["shapes"] = shape_coverage(np.concatenate([s.step for s in shares]),
                                                       np.concatenate([s.dp_rank for s in shares]), shapes,
                                                       config.dp_size)
+    if group_starts is not None:
+        metrics["groups"] = group_report(whole, group_starts, config.group_scope)
     if config.shape_buckets:
         buckets = shares[0].buckets
         metrics["shape_buckets"] = [int(b) for b in buckets] if buckets is not None else []
@@ -171,6 +176,32 @@ def assemble_metrics(config: PackConfig, shares: list[RankShare], ranks: list[di
         metrics["scale_out"] = scale_out(ranks)
         metrics["ranks"] = ranks
     return metrics, whole
+
+
+def group_report(plan: PackPlan, group_starts: np.ndarray, scope: str) -> dict[str, Any]:
+    """metrics.json's `groups` (--group-column): how many groups, of how many members, and over
+    how many packs each lies (1 with --group-scope pack but for a group of one split by
+    --too-long split; with step, how far a group spreads over its step).
+
+        groups {0,1} {2}, packs [0 1 2] -> groups 2, of two or more 1, packs per group 1 / 1.0
+    """
+    pack = np.repeat(np.arange(plan.num_bins, dtype=np.int64), np.diff(plan.bin_offsets))
+    ids = group_ids(plan.piece_gid, group_starts)
+    groups, members = np.unique(ids, return_counts=True) if len(ids) else (ids, ids)
+    sequences = np.unique(np.stack([ids, plan.piece_gid]), axis=1)[0] if len(ids) else ids
+    size = np.bincount(np.searchsorted(groups, sequences), minlength=len(groups))
+    spread = np.unique(np.stack([ids, pack]), axis=1)[0] if len(ids) else ids
+    packs = np.bincount(np.searchsorted(groups, spread), minlength=len(groups))
+    big = size > 1
+    return {
+        "scope": scope,
+        "groups": int(len(groups)),
+        "groups_of_two_or_more": int(big.sum()),
+        "members": {"mean": float(size.mean()) if len(size) else 0.0, "max": int(size.max()) if len(size) else 0},
+        "packs_per_group": {"mean": float(packs[big].mean()) if big.any() else 1.0,
+                            "max": int(packs.max()) if len(packs) else 0,
+                            "over_one_pack": int((packs[big] > 1).sum())},
+    }
 
 
 def epochs_metrics(config: PackConfig, shares: list[RankShare], ranks: list[dict[str, Any]], corpus: Corpus,

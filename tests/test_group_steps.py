@@ -139,6 +139,10 @@ def test_groups_larger_than_a_pack_train_within_one_step(tmp_path, contract):
     assert per_step.max() == 8 and np.mean(per_step == 8) > 0.9  # steps of D x M packs, nearly all full
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["config"]["group_scope"] == "step"
+    report = result.metrics["groups"]
+    assert report["scope"] == "step" and report["groups"] == 150 and report["members"] == {"mean": 8.0, "max": 8}
+    assert report["packs_per_group"]["max"] == max(spread) and report["packs_per_group"]["over_one_pack"] == sum(
+        s > 1 for s in spread)
     assert check_contract(contract, out, [corpus]) == []
     assert verify(out, VerifyOptions(attention=False), ).ok
 
@@ -146,8 +150,10 @@ def test_groups_larger_than_a_pack_train_within_one_step(tmp_path, contract):
 def test_pack_scope_writes_the_bytes_it_wrote_before(tmp_path):
     """--group-scope pack is the default: it leaves no trace in the config (same bytes, same resume)."""
     corpus = _rollouts(tmp_path / "in", sequences=200, size=2, max_length=300)
-    _, out = pack_to(tmp_path, [corpus], capacity=2048, group_column="group_id")
+    result, out = pack_to(tmp_path, [corpus], capacity=2048, group_column="group_id")
     assert "group_scope" not in json.loads((out / "_manifest.json").read_text())["config"]
+    report = result.metrics["groups"]
+    assert report["scope"] == "pack" and report["groups"] == 100 and report["packs_per_group"]["over_one_pack"] == 0
 
 
 def test_steps_by_tokens_keep_groups_whole(tmp_path, contract):
