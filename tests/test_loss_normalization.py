@@ -220,3 +220,28 @@ def test_a_batch_across_two_steps_is_refused(step):
     later = dict(per_rank[0][0], step=1)
     with pytest.raises(ValueError, match="steps \\[0, 1\\]"):
         collate_flash_attn([per_rank[0][0], later])
+
+
+@pytest.mark.parametrize("mode", ["token", "sequence"])
+def test_groups_kept_within_a_step_give_the_unpacked_gradient_of_whole_groups(corpus, tmp_path, model, mode):
+    """--group-scope step: groups of 3 sequences (larger than a pack of 96) spread over the packs of
+    one step; step 0 holds whole groups, and its gradient is that of those groups unpacked."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(corpus)
+    grouped = write_table(tmp_path / "grouped.parquet", {"input_ids": table.column("input_ids").to_pylist(),
+                                                         "labels": table.column("labels").to_pylist(),
+                                                         "g": [i // 3 for i in range(table.num_rows)]})
+    _, out = pack_to(tmp_path, [grouped], capacity=96, dp_size=DP_SIZE, micro_batches=MICRO_BATCHES,
+                     group_column="g", group_scope="step")
+    per_rank = _step_zero(out)
+    rows = [p["index"] for packs in per_rank.values() for p in packs]
+    pieces = [piece for per_pack in source_pieces(out, rows) for piece in per_pack]
+    members = sorted(piece.sample_id for piece in pieces)
+    groups = {s // 3 for s in members}
+    assert members == [s for s in range(table.num_rows) if s // 3 in groups]  # whole groups only
+    assert any(len({p["index"] for packs in per_rank.values() for p in packs
+                    if any(int(s) // 3 == g for s in p["sample_ids"])}) > 1 for g in groups)  # spread over packs
+    packed = _packed_step(model, per_rank, lambda logits, batch: loss_fn(logits, batch, mode))
+    diff = _max_diff(packed, _unpacked_step(model, pieces, mode))
+    assert diff <= TOLERANCE, (mode, diff)
