@@ -405,7 +405,8 @@ FIELDS = {f.name: f for f in dataclasses.fields(PackConfig)}
 # The options that change what `pack` plans: the what-if of `packctl stats` takes and reports them.
 PLANNING_OPTIONS = ("order", "curriculum_order", "seed", "window", "cp_size", "tp_size", "sequence_parallel",
                     "seq_multiple",
-                    "pad_to", "pack_multiple", "max_seqs_per_bin", "too_long", "pool_size", "pool_strategy")
+                    "pad_to", "pack_multiple", "max_seqs_per_bin", "too_long", "pool_size", "pool_strategy",
+                    "group_column")
 
 
 def option_help(name: str, *, with_choices: bool = True) -> str:

@@ -24,7 +24,7 @@ from packctl.io.reader import SequenceIndex, describe_gid
 from packctl.plan.align import pack_lengths_padded, round_up
 from packctl.plan.groups import GroupTooLong, check_groups_fit, group_ids, group_sizes, run_starts, run_totals
 from packctl.plan.balance import BalancedPlan, BalanceSpec, balance_plan, lr_scales
-from packctl.plan.order import epoch_seed, order_keys, order_sequences
+from packctl.plan.order import epoch_seed, order_keys
 from packctl.plan.shapes import (batch_shapes, buckets_from_histogram, length_histogram, planned_item_lengths,
                                  with_row_length)
 from packctl.plan.windows import (GroupTooBigForStep, PackPlan, SequenceTooLong, WindowOptions, check_groups_fit_step,
@@ -189,11 +189,18 @@ def group_totals(comm: Comm, ids: np.ndarray, padded: np.ndarray) -> np.ndarray:
     return totals
 
 
-def order_corpus(index, config: PackConfig) -> np.ndarray:
-    """The sequence order of `config` in one process (depends on the order options and the
-    alignment only)."""
-    return order_sequences(round_up(index.lengths, config.align), config.order, seed=config.seed,
-                           curriculum_order=config.curriculum_order)
+def order_corpus(index, config: PackConfig) -> Ordered:
+    """The sequence order of `config` for the whole corpus, in one process: `order_and_distribute`
+    on a single rank, so the what-if orders exactly as `pack` does (with `index.group_starts`,
+    whole groups keyed by their id or summed padded length, `new_group` marking each group's first
+    member, and a group over the capacity refused). The order depends on the order options, the
+    alignment and the groups only, not on the capacity or the algorithm.
+
+    `index` needs what a single rank's SequenceIndex gives it: `lengths` (true length of every
+    gid), `gid_lo` 0, `num_sequences`, `files` and `file_offsets` (where a row comes from) and
+    `group_starts` (None without --group-column).
+    """
+    return order_and_distribute(SingleComm(), index, config)
 
 
 @dataclass
@@ -314,18 +321,22 @@ def check_something_to_pack(comm: Comm, plan: PackPlan, index: SequenceIndex, co
     raise exc
 
 
-def plan_corpus(index, config: PackConfig, permutation: np.ndarray | None = None,
+def plan_corpus(index, config: PackConfig, ordered: Ordered | None = None,
                 progress: Callable[[int], None] | None = None) -> tuple[PackPlan, np.ndarray, np.ndarray | None]:
     """The packs of a whole corpus, their final lengths and the `--shape-buckets` lengths, in one
     process, exactly as `pack(config)` writes them (the what-if of `packctl stats`).
 
-    `index` needs `lengths` (true length by gid) and `describe(gid)` (where a sequence comes
-    from, for the over-long error).
+    `index` as for `order_corpus` (and `describe(gid)`, for the over-long error); `ordered` may
+    pass a precomputed `order_corpus(index, config)` (the same for every capacity and algorithm).
+    With groups, a group over this capacity is the error `pack` gives, whatever --too-long says.
     """
-    if permutation is None:
-        permutation = order_corpus(index, config)
+    if ordered is None:
+        ordered = order_corpus(index, config)
+    if ordered.new_group is not None:  # the order was made at one capacity: check this one
+        check_groups_fit_everywhere(SingleComm(), ordered, index, config)
     try:
-        plan = plan_windows(permutation, index.lengths[permutation], window_options(config), progress=progress)
+        plan = plan_windows(ordered.gids, ordered.lengths, window_options(config), first_window=ordered.first_window,
+                            progress=progress, new_group=ordered.new_group)
     except SequenceTooLong as exc:
         raise PackctlError(too_long_message(index.describe(exc.gid), exc.length, exc.padded, exc.capacity)) from None
     pack_lens, _, buckets = final_pack_lengths(SingleComm(), plan, config)

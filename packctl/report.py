@@ -384,27 +384,35 @@ def compare_renderables(r: dict[str, Any]) -> list:
 def what_if_table(r: dict[str, Any]) -> Table:
     """One row per (capacity, algorithm), then padded batching; the best row bold green with a star.
 
-    `+L2`: packs above the Martello-Toth lower bound; `padding`: alignment + tail tokens."""
+    `+L2`: packs above the Martello-Toth lower bound (over whole groups with --group-column);
+    `no groups`: the packs of the same options without groups; `padding`: alignment + tail tokens."""
     from rich import box
 
     best = r["best"]
-    table = Table(title=f"what if: {r['sequences']:,} sequences, " + ", ".join(
+    grouped = r.get("groups") is not None
+    title = f"what if: {r['sequences']:,} sequences" + (
+        f" in {r['groups']['groups']:,} groups (--group-column {r['groups']['column']})" if grouped else "")
+    table = Table(title=title + ", " + ", ".join(
         f"--capacity {c['capacity']}" for c in r["capacities"]), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
         padding=(0, 1), pad_edge=False)
-    for name in ("C", "algorithm", "packs", "+L2", "util", "effic", "padding", "split", "plan"):
+    names = ("C", "algorithm", "packs", *(("no groups",) if grouped else ()), "+L2", "util", "effic", "padding", "split",
+             "plan")
+    for name in names:
         table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
     for cap in r["capacities"]:
         for k, row in enumerate(w for w in r["what_if"] if w["capacity"] == cap["capacity"]):
             is_best = row["capacity"] == best["capacity"] and row["algorithm"] == best["algorithm"]
+            groups = row.get("groups") if grouped else None
             table.add_row(
                 f"{row['capacity']:,}" if k == 0 else "", row["algorithm"] + (" ★" if is_best else ""), f"{row['packs']:,}",
-                f"+{row['packs'] - row['lower_bound_packs_l2']:,}", _pct(row["utilization"]),
+                *((f"{groups['packs_without_groups']:,}",) if grouped else ()),
+                f"+{row['packs'] - (groups or row)['lower_bound_packs_l2']:,}", _pct(row["utilization"]),
                 _pct(row["packing_efficiency"]),
                 f"{row['padding']['alignment_tokens'] + row['padding']['tail_tokens']:,}",
                 f"{row['counts']['sequences_split']:,}", f"{row['plan_seconds']:.2f}s",
                 style="bold green" if is_best else None)
         pb = cap["padded_batching"]
-        table.add_row("", f"padded b={pb['batch_size']}", f"{pb['batches']:,}", "",
+        table.add_row("", f"padded b={pb['batch_size']}", f"{pb['batches']:,}", *(("",) if grouped else ()), "",
                       _pct(pb["utilization"]), "", f"{pb['padding_tokens']:,}", "", "", style="dim",
                       end_section=True)
     return table
@@ -420,6 +428,11 @@ def input_renderables(r: dict[str, Any]) -> list:
     head.add_column()
     head.add_row("sequences / tokens", f"{r['sequences']:,} / {r['tokens']:,}")
     head.add_row("lengths", _lengths_line(r["lengths"]))
+    g = r.get("groups")
+    if g:
+        head.add_row(f"groups ('{g['column']}')",
+                     f"{g['groups']:,} groups, {g['grouped_sequences']:,} sequences in groups of 2 or more (largest "
+                     f"{g['largest']:,}), packed whole; tokens per group {_lengths_line(g['group_tokens'])}")
     total = r["tokens"] or 1
     for cap in r["capacities"]:
         over = cap["over_capacity"]

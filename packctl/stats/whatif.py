@@ -11,6 +11,11 @@ options, and equals the metrics.json it would write (but for `throughput` and `t
     padded  [10, 10, 8, 16 + 4, 4, 6, 2]       (the 20 becomes a full chunk of 16 and a piece of 4)
     concat  [10] [10] [16] [8 4 4] [6 2]  -> 5 packs, utilization 55/80, efficiency 4/5
     ffd     [16] [10 6] [10 4 2] [8 4]    -> 4 packs, utilization 55/64, efficiency 1.0
+
+With `--group-column` the groups are read as `pack` reads them (packctl.io.groups), ordered and
+planned whole by the same code, and each row also says what keeping them whole costs: the
+Martello-Toth bound over whole groups and the packs of the same options without groups
+(`group_cost`). `split` is left out of the algorithms then, as `pack` refuses it with groups.
 """
 from __future__ import annotations
 
@@ -27,8 +32,11 @@ import polars as pl
 from packctl.config import PLANNING_OPTIONS, PackConfig  # noqa: F401  (PLANNING_OPTIONS re-exported)
 from packctl.errors import PackctlError
 from packctl.io.reader import InputFile, check_list_column, describe_gid, open_parquet, resolve_inputs
-from packctl.metrics import fill_histogram, length_histogram, length_summary
-from packctl.planning import order_corpus, plan_corpus
+from packctl.io.groups import read_group_starts
+from packctl.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
+from packctl.plan.groups import group_ids
+from packctl.plan.windows import PackPlan
+from packctl.planning import Ordered, order_corpus, plan_corpus
 from packctl.run_report import plan_metrics
 from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
@@ -44,6 +52,9 @@ class LengthIndex:
     file_offsets: np.ndarray  # int64, len(files) + 1: gids of file f are file_offsets[f]:file_offsets[f+1]
     lengths: np.ndarray  # int64, one per gid
     tokens_column: str
+    # --group-column: the gid where each group starts, then num_sequences (packctl.io.groups)
+    group_starts: np.ndarray | None = None
+    gid_lo: int = 0  # every gid is here, as on the one rank of `pack`
 
     @property
     def num_sequences(self) -> int:
@@ -54,8 +65,10 @@ class LengthIndex:
         return describe_gid([f.path for f in self.files], self.file_offsets, gid, self.tokens_column)
 
 
-def read_lengths(inputs: list[str], tokens_column: str = "input_ids") -> LengthIndex:
-    """Sequence lengths of raw tokenized shards, in global sample id order.
+def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_column: str | None = None) -> LengthIndex:
+    """Sequence lengths of raw tokenized shards, in global sample id order (and with
+    `group_column`, where each group starts: `packctl.io.groups.read_group_starts`, which refuses
+    a null or a group value found again with the error `pack` gives).
 
     Keeps only the list lengths of `tokens_column` (`pl.col(c).list.len()` over lazy scans of the
     one column, streamed): polars has no lengths-only Parquet read, so it still decompresses and
@@ -69,6 +82,12 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids") -> LengthI
         pf = open_parquet(path)
         check_list_column(path, pf.schema_arrow, tokens_column, "tokens")
         files.append(InputFile(path=path, rows=pf.metadata.num_rows, bytes=os.path.getsize(path)))
+
+    rows = np.array([f.rows for f in files], dtype=np.int64)
+    index = LengthIndex(files=files, file_offsets=np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
+                        lengths=np.zeros(0, np.int64), tokens_column=tokens_column)
+    if group_column is not None and index.num_sequences:  # as pack, before any token is read
+        index.group_starts = read_group_starts(index, group_column)
 
     def scan(path: str) -> pl.LazyFrame:
         return pl.scan_parquet(path, glob=False, hive_partitioning=False).select(
@@ -84,9 +103,6 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids") -> LengthI
                 raise PackctlError(f"{path}: cannot read column '{tokens_column}' ({_short(exc)}); "
                                    "the file may be truncated or corrupt") from None
         raise
-    rows = np.array([f.rows for f in files], dtype=np.int64)
-    index = LengthIndex(files=files, file_offsets=np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
-                        lengths=np.zeros(0, np.int64), tokens_column=tokens_column)
     if len(lengths) != index.num_sequences:
         raise PackctlError(f"{', '.join(inputs)}: read {len(lengths)} rows but the Parquet footers count "
                            f"{index.num_sequences}; a file may be corrupt")
@@ -102,38 +118,102 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids") -> LengthI
     return index
 
 
-def what_if_row(index: LengthIndex, config: PackConfig, permutation: np.ndarray | None = None) -> dict[str, Any]:
+def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None = None,
+                ungrouped: Ordered | None = None) -> dict[str, Any]:
     """One row of the what-if table: `pack`'s metrics for `config`, plus `plan_seconds` and
-    `fill_histogram`. `permutation` may pass a precomputed `order_corpus` result (it depends only
-    on the order options and the alignment, not on capacity or algorithm)."""
+    `fill_histogram`. `ordered` may pass a precomputed `order_corpus` result (it depends only on
+    the order options, the alignment and the groups, not on capacity or algorithm).
+
+    With groups (`index.group_starts`, --group-column) the row is that of `pack --group-column`,
+    and `groups` compares it with packing the same sequences one by one: the Martello-Toth bound
+    over whole groups, and the packs and utilization of the same options without groups
+    (`ungrouped`: a precomputed `order_corpus` of the index without groups)."""
     t0 = time.perf_counter()
-    plan, pack_lens, buckets = plan_corpus(index, config, permutation)
+    plan, pack_lens, buckets = plan_corpus(index, config, ordered)
     plan_seconds = time.perf_counter() - t0
     row = plan_metrics(plan, pack_lens, config, index.num_sequences, int(index.lengths.sum()))
     if config.shape_buckets:
         row["shape_buckets"] = [int(b) for b in buckets]
     row["fill_histogram"] = fill_histogram(plan.loads(padded=False), config.capacity)
     row["plan_seconds"] = plan_seconds
+    if index.group_starts is not None:
+        row["groups"] = group_cost(index, config, plan, ungrouped)
     return row
 
 
+def without_groups(index: LengthIndex, config: PackConfig) -> tuple[LengthIndex, PackConfig]:
+    """The same corpus and options, each sequence packed on its own."""
+    return dataclasses.replace(index, group_starts=None), dataclasses.replace(config, group_column=None)
+
+
+def group_cost(index: LengthIndex, config: PackConfig, plan: PackPlan, ungrouped: Ordered | None = None
+               ) -> dict[str, Any]:
+    """What keeping groups whole costs in a grouped what-if row: the lower bound over whole
+    groups (each group one item of its members' padded lengths: L2 over the items `plan` placed)
+    and the packs and utilization of the plan without groups.
+
+        capacity 10, six sequences of 3 in pairs {0,1} {2,3} {4,5}: items 6, 6, 6, each above
+        half the capacity: L2 3 (while ceil(18/10) = 2), 3 packs; without groups [3 3 3] [3 3 3]: 2 packs
+    """
+    free_index, free_config = without_groups(index, config)
+    t0 = time.perf_counter()
+    free, _, _ = plan_corpus(free_index, free_config, ungrouped)
+    seconds = time.perf_counter() - t0
+    items = whole_group_items(plan, index.group_starts, config.align)
+    tokens = int(free.piece_len.sum())
+    return {
+        "lower_bound_packs_l2": martello_toth_l2(items, config.capacity) if plan.num_bins else 0,
+        "packs_without_groups": free.num_bins,
+        "utilization_without_groups": tokens / (free.num_bins * config.capacity) if free.num_bins else 0.0,
+        "plan_seconds_without_groups": seconds,
+    }
+
+
+def whole_group_items(plan: PackPlan, group_starts: np.ndarray, align: int) -> np.ndarray:
+    """The padded length of each item the grouped planner placed: a group's members (adjacent in
+    one pack), or one piece of a sequence alone in its group (--too-long split cuts those)."""
+    if len(plan.piece_gid) == 0:
+        return np.zeros(0, np.int64)
+    pack_of = np.repeat(np.arange(plan.num_bins), np.diff(plan.bin_offsets))
+    ids = group_ids(plan.piece_gid, group_starts)
+    first = np.ones(len(ids), dtype=bool)
+    first[1:] = (ids[1:] != ids[:-1]) | (pack_of[1:] != pack_of[:-1])
+    return np.add.reduceat(round_up(plan.piece_len, align), np.flatnonzero(first))
+
+
+def group_summary(index: LengthIndex, column: str) -> dict[str, Any]:
+    """The groups of the corpus: how many, how many sequences share a group with others, and the
+    tokens per group (true lengths summed)."""
+    starts = index.group_starts
+    sizes = np.diff(starts)
+    tokens = np.add.reduceat(index.lengths, starts[:-1]) if len(sizes) else np.zeros(0, np.int64)
+    return {"column": column, "groups": int(len(sizes)), "grouped_sequences": int(sizes[sizes > 1].sum()),
+            "largest": int(sizes.max()) if len(sizes) else 0, "group_tokens": length_summary(tokens)}
+
+
 def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig | None = None,
-                algorithms: Iterable[str] = ALGORITHMS) -> dict[str, Any]:
+                algorithms: Iterable[str] | None = None) -> dict[str, Any]:
     """Length distribution and what-if table of raw tokenized shards (keys in docs/stats.md).
 
     `config` carries the planning options (PackConfig fields: order, window, cp_size, too_long,
-    ...); `capacity` and `algorithm` are taken from `capacities` and `algorithms` instead.
+    group_column, ...); `capacity` and `algorithm` are taken from `capacities` and `algorithms`
+    instead (default every algorithm; with `group_column` every one but split, which `pack`
+    refuses with groups).
     """
     started = time.perf_counter()
     config = config or PackConfig()
+    grouped = config.group_column is not None
     capacities = list(dict.fromkeys(int(c) for c in capacities))
     if not capacities:
         raise PackctlError("no --capacity given: pass one or more, e.g. --capacity 4096 --capacity 8192")
-    algorithms = list(algorithms)
+    if grouped:  # the configured algorithm too (pack refuses --algorithm split with groups)
+        _checked(dataclasses.replace(config, capacity=capacities[0]))
+    algorithms = list(algorithms) if algorithms is not None else [a for a in ALGORITHMS
+                                                                  if not (grouped and a == "split")]
     configs = {(c, a): _checked(dataclasses.replace(config, capacity=c, algorithm=a))
                for c in capacities for a in algorithms}
 
-    index = read_lengths(inputs, config.tokens_column)
+    index = read_lengths(inputs, config.tokens_column, config.group_column)
     read_seconds = time.perf_counter() - started
     # With --too-long error, pack would stop at the first over-long sequence: the what-if reports
     # where, and plans that capacity's rows with split (every token kept) instead of stopping.
@@ -150,11 +230,14 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     for algorithm in algorithms:  # load the compiled kernels outside the timed plans
         pack_lengths(np.array([2, 1], np.int64), 2, algorithm)
     t1 = time.perf_counter()
-    permutation = order_corpus(index, configs[capacities[0], algorithms[0]])
+    ordered = order_corpus(index, configs[capacities[0], algorithms[0]])
     t2 = time.perf_counter()
-    rows = [what_if_row(index, configs[key], permutation) for key in configs]
+    ungrouped = order_corpus(*without_groups(index, configs[capacities[0], algorithms[0]])) if grouped else None
+    t2b = time.perf_counter()
+    rows = [what_if_row(index, configs[key], ordered, ungrouped) for key in configs]
     t3 = time.perf_counter()
     plan_seconds = (t2 - t1) + sum(r["plan_seconds"] for r in rows)
+    ungrouped_seconds = (t2b - t2) + sum(r["groups"]["plan_seconds_without_groups"] for r in rows) if grouped else 0.0
 
     by_capacity = []
     for capacity in capacities:
@@ -196,6 +279,7 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
         "length_histogram": length_histogram(index.lengths),
         "settings": {**{k: getattr(aligned, k) for k in PLANNING_OPTIONS},
                      "pack_multiple": aligned.resolved_pack_multiple, "align": aligned.align},
+        "groups": group_summary(index, config.group_column) if grouped else None,
         "capacities": by_capacity,
         "what_if": rows,
         "best": {"capacity": best["capacity"], "algorithm": best["algorithm"]},
@@ -203,7 +287,8 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
             f"; pass --too-long split (with --too-long error pack stops at {stops[best['capacity']]}, over the "
             "capacity)" if best["capacity"] in stops else ""),
         "stats_seconds": {"read_lengths": read_seconds, "load_kernels": t1 - t0, "plan": plan_seconds,
-                          "metrics": (t3 - t1) - plan_seconds, "total": total},
+                          "metrics": (t3 - t1) - plan_seconds - ungrouped_seconds, "total": total,
+                          **({"plan_without_groups": ungrouped_seconds} if grouped else {})},
     }
 
 
@@ -258,11 +343,18 @@ def recommendation(best: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     'bfd at --capacity 4096: 98.61% utilization, 290 packs (1 above the lower bound 289),
     2.03x fewer tokens than padded batching'
     """
-    packs, bound = best["packs"], best["lower_bound_packs_l2"]
+    groups = best.get("groups")
+    packs, bound = best["packs"], (groups or best)["lower_bound_packs_l2"]
     above = f"{packs - bound:,} above" if packs > bound else "at"
     gain = best["padded_batching"]["estimated_gain"]
     text = (f"{best['algorithm']} at --capacity {best['capacity']}: {best['utilization']:.2%} utilization, "
-            f"{packs:,} packs ({above} the lower bound {bound:,}), {gain:.2f}x fewer tokens than padded batching")
+            f"{packs:,} packs ({above} the lower bound {bound:,}{' over whole groups' if groups else ''}), "
+            f"{gain:.2f}x fewer tokens than padded batching")
+    if groups and groups["packs_without_groups"]:
+        alone = groups["packs_without_groups"]
+        extra = packs - alone
+        cost = f"{extra:+,} packs ({extra / alone:+.2%})" if extra else "no extra packs"
+        text += f"; keeping groups whole costs {cost} over packing the sequences one by one ({alone:,} packs)"
     counts = best["counts"]
     for what, key in (("drops", "dropped"), ("truncates", "truncated")):
         if counts[f"sequences_{key}"]:
