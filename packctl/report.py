@@ -402,7 +402,7 @@ def what_if_table(r: dict[str, Any]) -> Table:
     for cap in r["capacities"]:
         for k, row in enumerate(w for w in r["what_if"] if w["capacity"] == cap["capacity"]):
             is_best = row["capacity"] == best["capacity"] and row["algorithm"] == best["algorithm"]
-            groups = row.get("groups") if grouped else None
+            groups = row.get("group_cost") if grouped else None
             table.add_row(
                 f"{row['capacity']:,}" if k == 0 else "", row["algorithm"] + (" ★" if is_best else ""), f"{row['packs']:,}",
                 *((f"{groups['packs_without_groups']:,}",) if grouped else ()),

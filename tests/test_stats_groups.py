@@ -110,10 +110,10 @@ def test_groups_change_the_figures(rollouts, tmp_path):
     alone = input_stats([str(rollouts)], [6144], PackConfig(), algorithms=["bfd"])
     (g,), (a,) = grouped["what_if"], alone["what_if"]
     assert g["packs"] > a["packs"] * 1.5 and g["utilization"] < a["utilization"]
-    assert g["groups"]["packs_without_groups"] == a["packs"]
-    assert g["groups"]["utilization_without_groups"] == a["utilization"]
+    assert g["group_cost"]["packs_without_groups"] == a["packs"]
+    assert g["group_cost"]["utilization_without_groups"] == a["utilization"]
     # the bound over whole groups is above the one over sequences, and no plan beats it
-    assert a["lower_bound_packs_l2"] < g["groups"]["lower_bound_packs_l2"] <= g["packs"]
+    assert a["lower_bound_packs_l2"] < g["group_cost"]["lower_bound_packs_l2"] <= g["packs"]
     _, out = pack_to(tmp_path, [rollouts], capacity=6144, group_column="group_id")
     assert json.loads((out / "_manifest.json").read_text())["counts"]["packs"] == g["packs"] != a["packs"]
     assert grouped["groups"]["groups"] == 201 and grouped["groups"]["grouped_sequences"] == 802
@@ -121,7 +121,8 @@ def test_groups_change_the_figures(rollouts, tmp_path):
     assert grouped["recommendation"].endswith(
         f"keeping groups whole costs +{g['packs'] - a['packs']:,} packs "
         f"(+{(g['packs'] - a['packs']) / a['packs']:.2%}) over packing the sequences one by one ({a['packs']:,} packs)")
-    assert alone["groups"] is None and "groups" not in a
+    assert alone["groups"] is None and "groups" not in a and "group_cost" not in a
+    assert g["groups"]["scope"] == "pack" and g["groups"]["groups"] == 201  # as pack's _metrics.json has it
 
 
 def test_group_cost_by_hand(tmp_path):
@@ -131,9 +132,9 @@ def test_group_cost_by_hand(tmp_path):
     r = input_stats([str(path)], [10], PackConfig(group_column="g"), algorithms=["bfd"])
     (row,) = r["what_if"]
     assert row["packs"] == 3 and row["lower_bound_packs"] == 2 and row["lower_bound_packs_l2"] == 2
-    assert row["groups"]["lower_bound_packs_l2"] == 3  # items 6, 6, 6: each above half the capacity
-    assert row["groups"]["packs_without_groups"] == 2
-    assert row["groups"]["utilization_without_groups"] == pytest.approx(18 / 20)
+    assert row["group_cost"]["lower_bound_packs_l2"] == 3  # items 6, 6, 6: each above half the capacity
+    assert row["group_cost"]["packs_without_groups"] == 2
+    assert row["group_cost"]["utilization_without_groups"] == pytest.approx(18 / 20)
     assert r["groups"] == {"column": "g", "groups": 3, "grouped_sequences": 6, "largest": 2,
                            "group_tokens": r["groups"]["group_tokens"]}
     assert r["groups"]["group_tokens"]["min"] == r["groups"]["group_tokens"]["max"] == 6
@@ -155,8 +156,8 @@ def test_terminal_report_says_groups_are_in_force(rollouts):
     assert "in 201 groups (--group-column group_id)" in text and "no groups" in text
     bfd = next(w for w in r["what_if"] if w["algorithm"] == "bfd")
     line = next(t for t in text.splitlines() if " bfd" in t)
-    assert f"{bfd['packs']:,}" in line and f"{bfd['groups']['packs_without_groups']:,}" in line
-    assert f"+{bfd['packs'] - bfd['groups']['lower_bound_packs_l2']:,}" in line
+    assert f"{bfd['packs']:,}" in line and f"{bfd['group_cost']['packs_without_groups']:,}" in line
+    assert f"+{bfd['packs'] - bfd['group_cost']['lower_bound_packs_l2']:,}" in line
 
 
 def _over_capacity_corpus(tmp_path, too_long):
@@ -175,8 +176,9 @@ def test_a_group_over_the_capacity_is_packs_own_error_whatever_too_long_says(tmp
         pack_to(tmp_path, inputs, capacity=16, group_column="g", too_long=too_long)
     padded = 36 if too_long != "error" else 24
     message = (f"{inputs[0]} row 2 column 'g': the group starting here holds 3 sequences of {padded} tokens (padded), "
-               "more than the capacity 16; a group is packed whole into one pack: raise --capacity (--too-long "
-               "applies to single sequences only)")
+               "more than the capacity 16; a group is packed whole into one pack (--too-long applies to single "
+               "sequences only): raise --capacity, or keep each group within one optimizer step instead "
+               "(--group-scope step with --dp-size)")
     assert str(packed.value) == message
     with pytest.raises(PackctlError) as what_if:
         input_stats([str(p) for p in inputs], [16], PackConfig(group_column="g", too_long=too_long))

@@ -37,7 +37,7 @@ from packctl.metrics import fill_histogram, length_histogram, length_summary, ma
 from packctl.plan.groups import group_ids
 from packctl.plan.windows import PackPlan
 from packctl.planning import Ordered, order_corpus, plan_corpus
-from packctl.run_report import plan_metrics
+from packctl.run_report import group_report, plan_metrics
 from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
 from packctl.stats.lazy import collect_streaming
@@ -125,9 +125,10 @@ def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None 
     the order options, the alignment and the groups, not on capacity or algorithm).
 
     With groups (`index.group_starts`, --group-column) the row is that of `pack --group-column`,
-    and `groups` compares it with packing the same sequences one by one: the Martello-Toth bound
-    over whole groups, and the packs and utilization of the same options without groups
-    (`ungrouped`: a precomputed `order_corpus` of the index without groups)."""
+    `groups` as pack's metrics.json has it (`packctl.run_report.group_report`), and `group_cost`
+    compares it with packing the same sequences one by one: the Martello-Toth bound over whole
+    groups, and the packs and utilization of the same options without groups (`ungrouped`: a
+    precomputed `order_corpus` of the index without groups)."""
     t0 = time.perf_counter()
     plan, pack_lens, buckets = plan_corpus(index, config, ordered)
     plan_seconds = time.perf_counter() - t0
@@ -137,7 +138,8 @@ def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None 
     row["fill_histogram"] = fill_histogram(plan.loads(padded=False), config.capacity)
     row["plan_seconds"] = plan_seconds
     if index.group_starts is not None:
-        row["groups"] = group_cost(index, config, plan, ungrouped)
+        row["groups"] = group_report(plan, index.group_starts, "pack")
+        row["group_cost"] = group_cost(index, config, plan, ungrouped)
     return row
 
 
@@ -237,7 +239,7 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     rows = [what_if_row(index, configs[key], ordered, ungrouped) for key in configs]
     t3 = time.perf_counter()
     plan_seconds = (t2 - t1) + sum(r["plan_seconds"] for r in rows)
-    ungrouped_seconds = (t2b - t2) + sum(r["groups"]["plan_seconds_without_groups"] for r in rows) if grouped else 0.0
+    ungrouped_seconds = (t2b - t2) + sum(r["group_cost"]["plan_seconds_without_groups"] for r in rows) if grouped else 0.0
 
     by_capacity = []
     for capacity in capacities:
@@ -343,7 +345,7 @@ def recommendation(best: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     'bfd at --capacity 4096: 98.61% utilization, 290 packs (1 above the lower bound 289),
     2.03x fewer tokens than padded batching'
     """
-    groups = best.get("groups")
+    groups = best.get("group_cost")
     packs, bound = best["packs"], (groups or best)["lower_bound_packs_l2"]
     above = f"{packs - bound:,} above" if packs > bound else "at"
     gain = best["padded_batching"]["estimated_gain"]
