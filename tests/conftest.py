@@ -57,6 +57,25 @@ def write_table(path: Path, columns: dict) -> Path:
     return path
 
 
+def packed_on_ranks(tmp_path: Path, ranks: int, **options) -> Path:
+    """Pack `options` in one process (tmp_path/one) and on `ranks` in-process ranks (tmp_path/many);
+    assert every manifest's shards (each epoch's too) have the same sha256; return tmp_path/many."""
+    import json
+
+    from threadcomm import run_ranks
+
+    options.setdefault("overwrite", True)
+    pack(PackConfig(output=str(tmp_path / "one"), **options))
+    run_ranks(ranks, lambda comm: pack(PackConfig(output=str(tmp_path / "many"), **options), comm=comm))
+    manifests = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("_manifest.json"))
+    assert manifests
+    for name in manifests:
+        digests = [[s["sha256"] for s in json.loads((tmp_path / d / name).read_text())["shards"]]
+                   for d in ("one", "many")]
+        assert digests[0] == digests[1], name
+    return tmp_path / "many"
+
+
 def pack_to(tmp_path: Path, inputs, **options):
     out = tmp_path / "out"
     options.setdefault("overwrite", True)

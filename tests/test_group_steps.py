@@ -9,15 +9,14 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import check_contract, pack_to, run_cli, write_table
-from packctl import PackConfig, PackctlError, pack
+from conftest import check_contract, pack_to, packed_on_ranks, run_cli, write_table
+from packctl import PackConfig, PackctlError
 from packctl.plan.align import round_up
 from packctl.plan.balance import BalanceSpec, balance_plan
 from packctl.plan.groups import GroupTooLong
 from packctl.plan.windows import GroupTooBigForStep, WindowOptions, check_groups_fit_step, plan_windows
 from packctl.sample import SampleSpec, write_sample
 from packctl.verify import VerifyOptions, verify
-from threadcomm import run_ranks
 
 ALGORITHMS = ("concat", "ffd", "bfd", "mffd", "ffs", "pool")
 
@@ -173,15 +172,10 @@ def test_steps_by_tokens_keep_groups_whole(tmp_path, contract):
 ])
 def test_ranks_write_the_single_process_bytes_with_step_groups(tmp_path, contract, ranks, order, extra):
     corpus = _rollouts(tmp_path / "in", sequences=900, size=6, max_length=700, shards=5)
-    options = dict(inputs=[str(corpus)], capacity=2048, group_column="group_id", group_scope="step", dp_size=2,
-                   order=order, window=40, shard_rows=20, overwrite=True, **extra)
-    pack(PackConfig(output=str(tmp_path / "one"), **options))
-    run_ranks(ranks, lambda comm: pack(PackConfig(output=str(tmp_path / "many"), **options), comm=comm))
-    digests = [[s["sha256"] for s in json.loads((tmp_path / d / "_manifest.json").read_text())["shards"]]
-               for d in ("one", "many")]
-    assert digests[0] == digests[1]
-    assert check_contract(contract, tmp_path / "many", [corpus]) == []
-    assert verify(tmp_path / "many", VerifyOptions(attention=False)).ok
+    many = packed_on_ranks(tmp_path, ranks, inputs=[str(corpus)], capacity=2048, group_column="group_id",
+                           group_scope="step", dp_size=2, order=order, window=40, shard_rows=20, **extra)
+    assert check_contract(contract, many, [corpus]) == []
+    assert verify(many, VerifyOptions(attention=False)).ok
 
 
 def test_verify_finds_a_group_cut_across_steps(tmp_path):
@@ -244,18 +238,13 @@ def test_a_scope_without_a_group_column_is_refused(tmp_path):
 
 def test_epochs_keep_groups_within_steps_for_any_rank_count(tmp_path, contract):
     corpus = _rollouts(tmp_path / "in", sequences=600, size=6, max_length=700, shards=3)
-    options = dict(inputs=[str(corpus)], capacity=2048, group_column="group_id", group_scope="step", dp_size=2,
-                   micro_batches=2, order="shuffle", epochs=2, window=30, overwrite=True)
-    pack(PackConfig(output=str(tmp_path / "one"), **options))
-    run_ranks(2, lambda comm: pack(PackConfig(output=str(tmp_path / "many"), **options), comm=comm))
+    many = packed_on_ranks(tmp_path, 2, inputs=[str(corpus)], capacity=2048, group_column="group_id",
+                           group_scope="step", dp_size=2, micro_batches=2, order="shuffle", epochs=2, window=30)
     for epoch in ("epoch-00000", "epoch-00001"):
-        digests = [[s["sha256"] for s in json.loads((tmp_path / d / epoch / "_manifest.json").read_text())["shards"]]
-                   for d in ("one", "many")]
-        assert digests[0] == digests[1]
-        steps, _ = _step_groups(tmp_path / "many" / epoch)
+        steps, _ = _step_groups(many / epoch)
         assert len(steps) == 100 and all(len(s) == 1 for s in steps.values())
-        assert check_contract(contract, tmp_path / "many" / epoch, [corpus]) == []
-        assert verify(tmp_path / "many" / epoch, VerifyOptions(attention=False)).ok
+        assert check_contract(contract, many / epoch, [corpus]) == []
+        assert verify(many / epoch, VerifyOptions(attention=False)).ok
     first, second = (_step_groups(tmp_path / "one" / e)[1].column("sample_ids").to_pylist()
                      for e in ("epoch-00000", "epoch-00001"))
     assert first != second  # each epoch its own order of groups and steps

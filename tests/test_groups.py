@@ -3,7 +3,6 @@ one pack, members adjacent and in input order; `group_ids` in the output, the ve
 sample corpora, MPI byte-identity and the torch batches."""
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,15 +11,14 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import check_contract, pack_to, run_cli, write_table
-from packctl import PackConfig, PackctlError, pack
+from conftest import check_contract, pack_to, packed_on_ranks, run_cli, write_table
+from packctl import PackctlError
 from packctl.plan.align import round_up
 from packctl.plan.groups import GroupTooLong
 from packctl.plan.windows import WindowOptions, plan_windows
 from packctl.sample import SampleSpec, generate, write_sample
 from packctl.verify import VerifyOptions, verify
 from packctl.verify.groups import GroupRule
-from threadcomm import run_ranks
 
 ALGORITHMS = ("concat", "ffd", "bfd", "mffd", "ffs", "pool")
 
@@ -217,15 +215,10 @@ def test_verify_finds_a_tampered_output(tmp_path):
 def test_ranks_write_the_single_process_bytes_with_groups(tmp_path, contract, ranks, order, extra):
     corpus = tmp_path / "in"
     write_sample(corpus, SampleSpec(sequences=900, groups="rollout", group_size=5, shards=5, max_length=400))
-    options = dict(inputs=[str(corpus)], capacity=2048, group_column="group_id", order=order, window=40,
-                   shard_rows=20, overwrite=True, **extra)
-    pack(PackConfig(output=str(tmp_path / "one"), **options))
-    run_ranks(ranks, lambda comm: pack(PackConfig(output=str(tmp_path / "many"), **options), comm=comm))
-    digests = [[s["sha256"] for s in json.loads((tmp_path / d / "_manifest.json").read_text())["shards"]]
-               for d in ("one", "many")]
-    assert digests[0] == digests[1]
-    assert check_contract(contract, tmp_path / "many", [corpus]) == []
-    assert verify(tmp_path / "many", VerifyOptions(attention=False)).ok
+    many = packed_on_ranks(tmp_path, ranks, inputs=[str(corpus)], capacity=2048, group_column="group_id",
+                           order=order, window=40, shard_rows=20, **extra)
+    assert check_contract(contract, many, [corpus]) == []
+    assert verify(many, VerifyOptions(attention=False)).ok
 
 
 def test_balanced_steps_keep_groups_whole(tmp_path):
@@ -270,20 +263,15 @@ def test_torch_batches_carry_group_ids(tmp_path):
 def test_epochs_keep_groups_whole_in_every_epoch_for_any_rank_count(tmp_path, contract):
     corpus = tmp_path / "in"
     write_sample(corpus, SampleSpec(sequences=600, groups="rollout", group_size=4, shards=3, max_length=400))
-    options = dict(inputs=[str(corpus)], capacity=2048, group_column="group_id", order="shuffle", epochs=2,
-                   window=30, shard_rows=20, overwrite=True)
-    pack(PackConfig(output=str(tmp_path / "one"), **options))
-    run_ranks(3, lambda comm: pack(PackConfig(output=str(tmp_path / "many"), **options), comm=comm))
+    many = packed_on_ranks(tmp_path, 3, inputs=[str(corpus)], capacity=2048, group_column="group_id",
+                           order="shuffle", epochs=2, window=30, shard_rows=20)
     orders = []
     for epoch in ("epoch-00000", "epoch-00001"):
-        digests = [[s["sha256"] for s in json.loads((tmp_path / d / epoch / "_manifest.json").read_text())["shards"]]
-                   for d in ("one", "many")]
-        assert digests[0] == digests[1]
-        assert check_contract(contract, tmp_path / "many" / epoch, [corpus]) == []
+        assert check_contract(contract, many / epoch, [corpus]) == []
         samples, groups = _packs(tmp_path / "one" / epoch)
         for pack_samples, pack_groups in zip(samples, groups):  # whole groups of 4, adjacent, in input order
             assert pack_groups == [g for g in dict.fromkeys(pack_groups) for _ in range(4)]
             assert pack_samples == [g + k for g in dict.fromkeys(pack_groups) for k in range(4)]
         orders.append([g for pack_groups in groups for g in pack_groups])
-        assert verify(tmp_path / "many" / epoch, VerifyOptions(attention=False)).ok
+        assert verify(many / epoch, VerifyOptions(attention=False)).ok
     assert sorted(orders[0]) == sorted(orders[1]) and orders[0] != orders[1]
