@@ -148,7 +148,9 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
 
     `new_group` (bool, True on the first member of each group; members follow each other):
     each group is packed whole as one item, and a window is `window` groups. A group of two or
-    more over the capacity raises GroupTooLong; --too-long applies to groups of one.
+    more over the capacity raises GroupTooLong; --too-long applies to groups of one. With
+    `options.step_packs` or `step_tokens` (--group-scope step) each window is cut into steps
+    that keep their groups whole instead (`plan_window_steps`), recorded in `step_bins`.
     """
     o = options
     capacity, align, too_long, window = o.capacity, o.align, o.too_long, o.window
