@@ -272,9 +272,10 @@ def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tok
     totals = np.add.reduceat(size, first).tolist() if len(first) else []
     room = step_packs * capacity if step_packs is not None else step_tokens
     n = len(first)
-    waiting = np.ones(n, dtype=bool)
+    waiting = np.asarray(totals, dtype=np.int64) > 0  # a group dropped whole (--too-long drop) takes no room
     parts, steps = [], [0]
-    g = k = 0
+    g = int(np.argmax(waiting)) if waiting.any() else n
+    k = 0
 
     def pack_groups(taken: list[int], **extra):
         take = np.concatenate([np.arange(first[t], ends[t]) for t in taken])
