@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import corpus_tokens, make_corpus  # noqa: E402
 
-from packctl.io.encode import PARQUET_OPTIONS  # noqa: E402
+from packctl.output.encode import PARQUET_OPTIONS  # noqa: E402
 
 
 def read_floor(inputs: list[Path]) -> float:

@@ -16,7 +16,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from packctl.metrics import martello_toth_l2  # noqa: E402
+from packctl.plan.metrics import martello_toth_l2  # noqa: E402
 from packctl.plan import ALGORITHMS, pack_lengths  # noqa: E402
 from packctl.sample import sample_lengths  # noqa: E402
 

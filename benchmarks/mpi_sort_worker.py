@@ -5,8 +5,8 @@ import time
 
 import numpy as np
 
-from packctl.dist.comm import get_comm
-from packctl.dist.samplesort import sample_sort
+from packctl.mpi.comm import get_comm
+from packctl.mpi.samplesort import sample_sort
 
 comm = get_comm()
 total = int(sys.argv[1])

@@ -22,7 +22,7 @@ from typing import Any
 
 from packctl.errors import PackctlError
 from packctl.plan.names import ALGORITHMS
-from packctl.schema import INT32_MAX, RESERVED_COLUMNS
+from packctl.contract.schema import INT32_MAX, RESERVED_COLUMNS
 
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,

@@ -11,9 +11,18 @@ class PackctlError(Exception):
 
     The message is one line that says what is wrong, where (file, row, column when there is one)
     and what to change. The CLI prints it without a traceback and exits with `exit_code`.
+
+    `everywhere`: under MPI, every rank raised this same error (a bad option, an input problem found
+    from the footers, or one rank's finding shared with all): rank 0 prints it once and every rank
+    exits with its code. Otherwise it is this rank's own (its blocks, its writes): printed with
+    the rank, and all ranks are aborted.
     """
 
     exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, message: str = "", *, everywhere: bool = False):
+        super().__init__(message)
+        self.everywhere = everywhere
 
 
 class MissingExtraError(PackctlError):

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of, positions_in_segments
-from packctl.schema import IGNORE_INDEX
+from packctl.contract.schema import IGNORE_INDEX
 from packctl.errors import PackctlError
 
 DISTRIBUTIONS = ("zipf", "lognormal", "rl-longtail")

@@ -37,10 +37,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.errors import PackctlError, require
-from packctl.io.manifest import epoch_output, manifest_path, read_manifest
-from packctl.schema import (BALANCE_COLUMNS, GROUP_IDS_COLUMN, IGNORE_INDEX, LIST_INT32_COLUMNS,
+from packctl.contract.manifest import epoch_output, manifest_path, read_manifest
+from packctl.contract.schema import (BALANCE_COLUMNS, GROUP_IDS_COLUMN, IGNORE_INDEX, LIST_INT32_COLUMNS,
                             STEP_LOSS_COLUMNS, WEIGHTS_COLUMN)
-from packctl.thd import cp_partition_indices
+from packctl.contract.thd import cp_partition_indices
 
 torch = require("torch", "torch", "packctl.torch")
 
@@ -367,7 +367,7 @@ def collate_thd(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def cp_slice(batch: Mapping[str, Any], cp_size: int, cp_rank: int) -> dict[str, Any]:
     """Context-parallel rank `cp_rank`'s share of a `collate_thd` batch.
 
-    Every tensor of shape [1, T, ...] keeps the tokens `packctl.thd.cp_partition_indices` gives the
+    Every tensor of shape [1, T, ...] keeps the tokens `packctl.contract.thd.cp_partition_indices` gives the
     rank (chunks r and 2*cp_size-1-r of each padded sequence, Transformer Engine's split) and
     becomes [1, T / cp_size, ...]; `cu_seqlens`, `cu_seqlens_padded` and `max_seqlen` stay global,
     as Transformer Engine's context-parallel attention expects them. Needs an output packed with

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.errors import PackctlError
-from packctl.io.manifest import read_manifest
+from packctl.contract.manifest import read_manifest
 
 FORMATS = ("nemo", "nemo-npy", "olmo")
 

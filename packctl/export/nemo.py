@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from packctl.arrays import copy_segments, offsets_of, ranges
 from packctl.errors import PackctlError
-from packctl.schema import IGNORE_INDEX
+from packctl.contract.schema import IGNORE_INDEX
 
 METADATA_FILE = "packing_metadata.json"
 

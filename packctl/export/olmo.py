@@ -32,7 +32,7 @@ import numpy as np
 
 from packctl.arrays import ranges
 from packctl.errors import PackctlError
-from packctl.schema import IGNORE_INDEX
+from packctl.contract.schema import IGNORE_INDEX
 
 
 def _check(shard, eos: int) -> np.ndarray:

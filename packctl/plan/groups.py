@@ -1,6 +1,6 @@
 """Groups of sequences packed whole (`--group-column`): arrays only, no I/O.
 
-A group is a run of consecutive gids (`group_starts`, read by packctl.io.groups); its id is the gid
+A group is a run of consecutive gids (`group_starts`, read by packctl.source.groups); its id is the gid
 of its first row. In any order packctl makes, a group's members follow each other in gid order,
 so a group is a run of the ordered sequences, marked by `starts` (True on each group's first member):
 

@@ -103,7 +103,7 @@ def merge_plans(plans: list[PackPlan]) -> PackPlan:
 
 @dataclass(frozen=True)
 class WindowOptions:
-    """How a run plans its windows (packctl.planning.window_options makes them from a PackConfig).
+    """How a run plans its windows (packctl.pipeline.plan.window_options makes them from a PackConfig).
 
     `capacity` must be a multiple of `align`; algorithm "batch" (`--mode batch`) makes padded
     micro-batches of at most `max_tokens` (`batch_lengths`, with optional `buckets`)."""

@@ -5,8 +5,8 @@
     packctl stats INPUT --capacity 4096    raw tokenized shards: lengths and a what-if table of every
                                            algorithm (repeat --capacity to compare capacities)
 
-Every report is a dict with stable keys (docs/stats.md); `packctl.report` draws it in the
-terminal and `packctl.stats.plot` draws it as a PNG. The metric formulas live in `packctl.metrics`.
+Every report is a dict with stable keys (docs/stats.md); `packctl.cli.render` draws it in the
+terminal and `packctl.stats.plot` draws it as a PNG. The metric formulas live in `packctl.plan.metrics`.
 
     >>> report = stats(["sample_data"], capacities=[4096], too_long="split")   # doctest: +SKIP
     >>> report["best"], report["recommendation"]                              # doctest: +SKIP

@@ -2,7 +2,7 @@
 
 Only the small columns are read: `seq_lens`, `sample_ids`, `num_tokens`, the list lengths of
 `input_ids` (the pack lengths) and, when balancing was asked for, `step`, `dp_rank` and
-`micro_batch`. The metrics come from `packctl.metrics.pack_metrics`, the function `pack` writes
+`micro_batch`. The metrics come from `packctl.plan.metrics.pack_metrics`, the function `pack` writes
 metrics.json with, so the two agree on any output `pack` wrote, and the report works on any
 contract-conforming output whatever wrote it.
 
@@ -23,10 +23,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.errors import PackctlError
-from packctl.metrics import (attention_cost, batch_metrics, dp_balance, fill_histogram, length_summary, pack_loads,
+from packctl.plan.metrics import (attention_cost, batch_metrics, dp_balance, fill_histogram, length_summary, pack_loads,
                              pack_metrics)
-from packctl.io.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST, manifest_path, metrics_path, read_manifest
-from packctl.schema import BALANCE_COLUMNS, METADATA_KEY
+from packctl.contract.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST, manifest_path, metrics_path, read_manifest
+from packctl.contract.schema import BALANCE_COLUMNS, METADATA_KEY
 from packctl.stats.lazy import collect_streaming
 READ_COLUMNS = ("seq_lens", "sample_ids", "num_tokens")
 

@@ -2,8 +2,8 @@
 
 Only the list lengths of the tokens column are kept (polars, lazy streamed scan of that one
 column; labels are never read). Each (capacity, algorithm) is planned with the code `pack` runs
-(`packctl.planning.plan_corpus`: order, windows, the over-long policy, pack lengths) and measured
-with `packctl.run_report.plan_metrics`, so a what-if row predicts exactly the packs `pack` would
+(`packctl.pipeline.plan.plan_corpus`: order, windows, the over-long policy, pack lengths) and measured
+with `packctl.pipeline.report.plan_metrics`, so a what-if row predicts exactly the packs `pack` would
 write with the same
 options, and equals the metrics.json it would write (but for `throughput` and `timings`).
 
@@ -12,7 +12,7 @@ options, and equals the metrics.json it would write (but for `throughput` and `t
     concat  [10] [10] [16] [8 4 4] [6 2]  -> 5 packs, utilization 55/80, efficiency 4/5
     ffd     [16] [10 6] [10 4 2] [8 4]    -> 4 packs, utilization 55/64, efficiency 1.0
 
-With `--group-column` the groups are read as `pack` reads them (packctl.io.groups), ordered and
+With `--group-column` the groups are read as `pack` reads them (packctl.source.groups), ordered and
 planned whole by the same code, and each row also says what keeping them whole costs: the
 Martello-Toth bound over whole groups and the packs of the same options without groups
 (`group_cost`). `split` is left out of the algorithms then, as `pack` refuses it with groups.
@@ -31,13 +31,13 @@ import polars as pl
 
 from packctl.config import PLANNING_OPTIONS, PackConfig  # noqa: F401  (PLANNING_OPTIONS re-exported)
 from packctl.errors import PackctlError
-from packctl.io.reader import InputFile, check_list_column, describe_gid, open_parquet, resolve_inputs
-from packctl.io.groups import read_group_starts
-from packctl.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
+from packctl.source.parquet import InputFile, check_list_column, describe_gid, open_parquet, resolve_inputs
+from packctl.source.groups import read_group_starts
+from packctl.plan.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
 from packctl.plan.groups import group_ids
 from packctl.plan.windows import PackPlan
-from packctl.planning import Ordered, order_corpus, plan_corpus
-from packctl.run_report import group_report, plan_metrics
+from packctl.pipeline.plan import Ordered, order_corpus, plan_corpus
+from packctl.pipeline.report import group_report, plan_metrics
 from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
 from packctl.stats.lazy import collect_streaming
@@ -52,7 +52,7 @@ class LengthIndex:
     file_offsets: np.ndarray  # int64, len(files) + 1: gids of file f are file_offsets[f]:file_offsets[f+1]
     lengths: np.ndarray  # int64, one per gid
     tokens_column: str
-    # --group-column: the gid where each group starts, then num_sequences (packctl.io.groups)
+    # --group-column: the gid where each group starts, then num_sequences (packctl.source.groups)
     group_starts: np.ndarray | None = None
     gid_lo: int = 0  # every gid is here, as on the one rank of `pack`
 
@@ -67,7 +67,7 @@ class LengthIndex:
 
 def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_column: str | None = None) -> LengthIndex:
     """Sequence lengths of raw tokenized shards, in global sample id order (and with
-    `group_column`, where each group starts: `packctl.io.groups.read_group_starts`, which refuses
+    `group_column`, where each group starts: `packctl.source.groups.read_group_starts`, which refuses
     a null or a group value found again with the error `pack` gives).
 
     Keeps only the list lengths of `tokens_column` (`pl.col(c).list.len()` over lazy scans of the
@@ -125,7 +125,7 @@ def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None 
     the order options, the alignment and the groups, not on capacity or algorithm).
 
     With groups (`index.group_starts`, --group-column) the row is that of `pack --group-column`,
-    `groups` as pack's metrics.json has it (`packctl.run_report.group_report`), and `group_cost`
+    `groups` as pack's metrics.json has it (`packctl.pipeline.report.group_report`), and `group_cost`
     compares it with packing the same sequences one by one: the Martello-Toth bound over whole
     groups, and the packs and utilization of the same options without groups (`ungrouped`: a
     precomputed `order_corpus` of the index without groups)."""

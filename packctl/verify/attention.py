@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from packctl.arrays import offsets_of, positions_in_segments, ranges
-from packctl.thd import PackRows
+from packctl.contract.thd import PackRows
 from packctl.verify.backends import Backend, as_tensor, torch_dtype
 from packctl.verify.conservation import splitmix64
 from packctl.verify.structure import Violation

@@ -27,11 +27,11 @@ import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of, positions_in_segments, ranges
 from packctl.config import FIELDS, PackConfig
-from packctl.schema import IGNORE_INDEX
+from packctl.contract.schema import IGNORE_INDEX
 from packctl.errors import PackctlError
-from packctl.io import reader
-from packctl.io.reader import describe_gid
-from packctl.thd import PackRows
+from packctl.source import parquet as reader
+from packctl.source.parquet import describe_gid
+from packctl.contract.thd import PackRows
 from packctl.verify.structure import Violation, tiled_starts
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -2,7 +2,7 @@
 ranks share the causal attention work.
 
 With cp ranks, Transformer Engine cuts every padded sequence into 2*cp chunks and gives rank r
-chunks r and 2cp-1-r (`packctl.thd.cp_partition_indices`). For cp = 2 and one sequence of 8:
+chunks r and 2cp-1-r (`packctl.contract.thd.cp_partition_indices`). For cp = 2 and one sequence of 8:
 
     tokens   0 1 | 2 3 | 4 5 | 6 7         rank 0: chunks 0 and 3   rank 1: chunks 1 and 2
     chunk    0   | 1   | 2   | 3
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packctl.arrays import positions_in_segments
-from packctl.thd import PackRows, cp_partition_indices
+from packctl.contract.thd import PackRows, cp_partition_indices
 from packctl.verify.structure import Violation, tiled_starts
 
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from packctl.schema import GROUP_IDS_COLUMN
-from packctl.thd import PackRows
+from packctl.contract.schema import GROUP_IDS_COLUMN
+from packctl.contract.thd import PackRows
 from packctl.verify.structure import Violation
 
 

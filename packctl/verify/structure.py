@@ -1,6 +1,6 @@
 """Structure: every rule of the output contract (docs/format.md), over whole shards with numpy.
 
-`check_pack_rows` takes the columns of a run of packs as `packctl.thd.PackRows` (what the writer
+`check_pack_rows` takes the columns of a run of packs as `packctl.contract.thd.PackRows` (what the writer
 builds before it writes a shard) and returns the rules they break; it does no I/O, so the writer
 can run it as its own assert. `check_shard` reads one shard of an output directory (checksum,
 schema, metadata, row and token counts) and runs `check_pack_rows` on it; `check_counts` holds the
@@ -28,13 +28,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of, positions_in_segments, row_cumsums
-from packctl.schema import IGNORE_INDEX
+from packctl.contract.schema import IGNORE_INDEX
 from packctl.errors import PackctlError
-from packctl.io.manifest import read_manifest
-from packctl.io.journal import sha256_file
-from packctl.schema import (BALANCE_COLUMNS, FORMAT_VERSION, GROUP_IDS_COLUMN, LOSS_FIELDS, METADATA_KEY, PACK_SCHEMA,
+from packctl.contract.manifest import read_manifest
+from packctl.contract.manifest import sha256_file
+from packctl.contract.schema import (BALANCE_COLUMNS, FORMAT_VERSION, GROUP_IDS_COLUMN, LOSS_FIELDS, METADATA_KEY, PACK_SCHEMA,
                             STEP_LOSS_FIELDS, TRL_LENGTHS_COLUMN, TRL_LENGTHS_FIELD, WEIGHTS_COLUMN)
-from packctl.thd import PackRows, loss_columns
+from packctl.contract.thd import PackRows, loss_columns
 
 COUNT_KEYS = ("sequences_in", "sequences_packed", "sequences_dropped", "sequences_truncated", "sequences_split",
               "tokens_in", "tokens_packed", "tokens_dropped", "tokens_truncated")  # DESIGN.md's list
@@ -90,7 +90,7 @@ class Layout:
 
     @classmethod
     def from_dict(cls, layout: Any, where: str = "the manifest") -> "Layout":
-        """From a layout dict: the manifest's, or `packctl.io.manifest.layout_of(config)` in the writer."""
+        """From a layout dict: the manifest's, or `packctl.pipeline.manifest.layout_of(config)` in the writer."""
         if not isinstance(layout, dict):
             raise PackctlError(f"{where}: no 'layout' object; the output was not written by packctl pack "
                                "(or by a version that predates format version 1)")
@@ -106,7 +106,7 @@ class Layout:
 
 
 def load_manifest(out: str | Path) -> dict[str, Any]:
-    """OUT's manifest, or PackctlError (exit 2) when there is none to read (io/manifest.py)."""
+    """OUT's manifest, or PackctlError (exit 2) when there is none to read (contract/manifest.py)."""
     return read_manifest(out)[1]
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from packctl.arrays import count_not_equal, offsets_of
 from packctl.jit import njit
-from packctl.schema import IGNORE_INDEX, INT32_MAX
+from packctl.contract.schema import IGNORE_INDEX, INT32_MAX
 
 _UINT16_LIMIT = 1 << 16
 

@@ -10,33 +10,16 @@ name, so after a crash every journaled shard whose sha256 still matches can be k
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
+from packctl.contract.manifest import ShardEntry, sha256_file
 from packctl.errors import PackctlError
 
 PARTIAL_SUFFIX = ".packctl-partial"
 RUN_FILE = "run.json"
 JOURNAL = "journal.jsonl"
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    path: str  # relative to OUT
-    rows: int
-    tokens: int  # true tokens (sum of num_tokens)
-    sha256: str
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def partial_dir(out: Path) -> Path:
@@ -58,18 +41,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def journal_line(info: ShardInfo) -> str:
+def journal_line(info: ShardEntry) -> str:
     return json.dumps({"shard": info.path, "rows": info.rows, "tokens": info.tokens, "sha256": info.sha256}) + "\n"
 
 
-def read_journal(tmp: Path) -> list[ShardInfo]:
+def read_journal(tmp: Path) -> list[ShardEntry]:
     """Every shard the journals of `tmp` record (a torn last line, from a crash, is ignored)."""
-    shards: dict[str, ShardInfo] = {}
+    shards: dict[str, ShardEntry] = {}
     for path in sorted(tmp.glob("journal*.jsonl")):
         for line in path.read_text().splitlines():
             try:
                 entry = json.loads(line)
-                info = ShardInfo(path=str(entry["shard"]), rows=int(entry["rows"]), tokens=int(entry["tokens"]),
+                info = ShardEntry(path=str(entry["shard"]), rows=int(entry["rows"]), tokens=int(entry["tokens"]),
                                  sha256=str(entry["sha256"]))
             except (ValueError, KeyError, TypeError):
                 continue
@@ -77,10 +60,10 @@ def read_journal(tmp: Path) -> list[ShardInfo]:
     return [shards[name] for name in sorted(shards)]
 
 
-def inspect_partial(out: Path, fingerprint: dict, *, resume: bool) -> dict[str, ShardInfo] | None:
+def inspect_partial(out: Path, fingerprint: dict, *, resume: bool) -> dict[str, ShardEntry] | None:
     """What an earlier, interrupted run left beside OUT, checked against this run.
 
-    Returns the shards to keep (name -> ShardInfo: journaled, and the file still has its sha256),
+    Returns the shards to keep (name -> ShardEntry: journaled, and the file still has its sha256),
     or None when there is nothing to resume (no partial directory, or one without finished shards).
     Raises when finished shards exist but `resume` is off, or the fingerprint differs.
     """

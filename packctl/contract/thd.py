@@ -1,7 +1,7 @@
 """Build THD pack rows (flat tokens + cumulative sequence lengths) from planned pieces.
 
 Everything is vectorized over a whole shard: no per-pack or per-token Python loop.
-See `packctl.schema` for a drawn pack.
+See `packctl.contract.schema` for a drawn pack.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from packctl.arrays import Scratch, copy_segments, count_not_equal, offsets_of, row_cumsums, segment_positions
-from packctl.schema import IGNORE_INDEX
+from packctl.contract.schema import IGNORE_INDEX
 
 
 @dataclass
@@ -168,7 +168,7 @@ class LossColumns:
     seq_loss_tokens  per sequence (CSR over `PackRows.seq_offsets`): the same, sequence by sequence
     sum_sq_seqlen    per pack: sum of seq_lens**2, the causal-attention cost of the pack
 
-    The pack drawn in `packctl.schema` (5 and 6 tokens, each first label -100, nothing else
+    The pack drawn in `packctl.contract.schema` (5 and 6 tokens, each first label -100, nothing else
     masked): seq_loss_tokens [4, 5], num_loss_tokens 9, sum_sq_seqlen 25 + 36 = 61.
     """
 

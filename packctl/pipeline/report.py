@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 
 from packctl.config import PackConfig
-from packctl.io.journal import ShardInfo
-from packctl.io.manifest import epoch_dir
-from packctl.metrics import batch_metrics, pack_metrics
+from packctl.contract.manifest import ShardEntry
+from packctl.contract.manifest import epoch_dir
+from packctl.plan.metrics import batch_metrics, pack_metrics
 from packctl.plan.balance import imbalance, imbalance_summary
 from packctl.plan.groups import group_ids
 from packctl.plan.windows import PackPlan, merge_plans
-from packctl.runtime import peak_rss_bytes
-from packctl.schema import FORMAT_VERSION
+from packctl.pipeline.runtime import peak_rss_bytes
+from packctl.contract.schema import FORMAT_VERSION
 from packctl.version import __version__
 
 STAGES = ("scan", "order", "plan", "assign", "materialize", "report")
@@ -50,7 +50,7 @@ class RankShare:
 
     plan: PackPlan
     pack_lens: np.ndarray
-    shards: dict[int, ShardInfo]
+    shards: dict[int, ShardEntry]
     balance_figures: dict[str, Any] | None
     batch_size: np.ndarray | None
     buckets: np.ndarray | None
@@ -58,7 +58,7 @@ class RankShare:
     dp_rank: np.ndarray | None
 
     @classmethod
-    def of(cls, planned, shards: dict[int, ShardInfo]) -> "RankShare":
+    def of(cls, planned, shards: dict[int, ShardEntry]) -> "RankShare":
         """This rank's share from its planning result (planning.Planned) and the shards it committed."""
         columns = planned.columns
         return cls(plan=planned.plan, pack_lens=planned.pack_lens, shards=shards,

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from packctl.errors import PackctlError
-from packctl.io.journal import (JOURNAL, RUN_FILE, ShardInfo, fsync_dir, journal_line, partial_dir, read_journal,
-                                sha256_file)
-from packctl.io.manifest import DATA_DIR
-from packctl.io.paths import check_output_path
+from packctl.contract.manifest import ShardEntry, sha256_file
+from packctl.output.journal import JOURNAL, RUN_FILE, fsync_dir, journal_line, partial_dir, read_journal
+from packctl.contract.manifest import DATA_DIR
+from packctl.output.paths import check_output_path
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class OutputDir:
     reused, everything else in it removed, and those shards are not written again.
     """
 
-    def __init__(self, out: str | Path, tmp: Path, *, rank: int = 0, done: dict[str, ShardInfo] | None = None,
+    def __init__(self, out: str | Path, tmp: Path, *, rank: int = 0, done: dict[str, ShardEntry] | None = None,
                  faults: Faults | None = None):
         """The partial directory `tmp` of OUT, already there: `create` makes it (rank 0); other
         ranks open the one rank 0 made and write their shards into it."""
@@ -78,7 +78,7 @@ class OutputDir:
 
     @classmethod
     def create(cls, out: str | Path, *, overwrite: bool, fingerprint: dict | None = None,
-               done: dict[str, ShardInfo] | None = None, faults: Faults | None = None) -> "OutputDir":
+               done: dict[str, ShardEntry] | None = None, faults: Faults | None = None) -> "OutputDir":
         """Make (or, resuming with `done`, clean) the partial directory of OUT."""
         out = Path(out)
         check_output_path(out, overwrite=overwrite)
@@ -153,7 +153,7 @@ class OutputDir:
             path.unlink(missing_ok=True)
             raise self._write_failed(name, exc) from None
 
-    def commit_shard(self, staged: StagedShard) -> ShardInfo:
+    def commit_shard(self, staged: StagedShard) -> ShardEntry:
         """Second half of `write_shard`: fsync `name.tmp`, rename it to `name`, journal it."""
         path, part = self.tmp / staged.name, self.tmp / f"{staged.name}.tmp"
         try:
@@ -164,7 +164,7 @@ class OutputDir:
         except OSError as exc:
             part.unlink(missing_ok=True)
             raise self._write_failed(staged.name, exc) from None
-        info = ShardInfo(path=staged.name, rows=staged.rows, tokens=staged.tokens, sha256=sha256_file(path))
+        info = ShardEntry(path=staged.name, rows=staged.rows, tokens=staged.tokens, sha256=sha256_file(path))
         self._journal(info)
         return info
 
@@ -172,7 +172,7 @@ class OutputDir:
         return PackctlError(f"{self.out / name}: write failed ({exc.strerror or exc}); free space or choose "
                             "another -o")
 
-    def _journal(self, info: ShardInfo) -> None:
+    def _journal(self, info: ShardEntry) -> None:
         line = journal_line(info)
         with self._journal_lock:
             try:

@@ -1,23 +1,23 @@
 """`packctl.pack(config)`: scan -> order -> plan -> assign -> materialize -> report, on one rank or many.
 
-Every stage receives the communicator (`packctl.dist.comm`); a run without MPI is the same code
+Every stage receives the communicator (`packctl.mpi.comm`); a run without MPI is the same code
 with one rank. Only lengths travel through scan, order, plan and assign; tokens are read in
 materialize.
 
-    rank r:  scan its blocks (by bytes)          io/reader.py
+    rank r:  scan its blocks (by bytes)          source/parquet.py
              order: sample-sort, whole windows   planning.py
              plan its windows                    planning.py (plan/)
-             assign: its run of packs to write,  dist/assign.py
+             assign: its run of packs to write,  mpi/assign.py
                      equal tokens on every rank
              materialize its packs' row groups   materialize.py
-    rank 0:  _metrics.json, _manifest.json (last)  run_report.py, io/manifest.py -> OUT
+    rank 0:  _metrics.json, _manifest.json (last)  run_report.py, contract/manifest.py -> OUT
 
 With --epochs K, order and plan run once per epoch (each rank's windows of every epoch are one run
 of the global order: planning.py), and the joined plan is assigned and materialized as one, so
 every block is decoded as often as for one epoch and its sequences are written K times; each epoch
 is reported as an output of its own (OUT/epoch-0000e), and OUT/_epochs.json comes last.
 
-Shards are fixed runs of packs in global order (dist/assign.py), never cut by rank, so the output
+Shards are fixed runs of packs in global order (mpi/assign.py), never cut by rank, so the output
 bytes do not depend on the number of ranks.
 """
 from __future__ import annotations
@@ -33,24 +33,26 @@ from typing import Any
 import numpy as np
 
 from packctl.config import PackConfig
-from packctl.dist.assign import WriteJob, assign, hand_over, units_of
-from packctl.dist.comm import Comm, broadcast_outcome, get_comm
-from packctl.io.manifest import EPOCHS, MANIFEST, METRICS, build_manifest, epoch_dir, shard_metadata
+from packctl.mpi.assign import WriteJob, assign, hand_over, units_of
+from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
+from packctl.contract.manifest import EPOCHS, MANIFEST, METRICS, epoch_dir
+from packctl.pipeline.manifest import build_manifest, shard_metadata
 from packctl.jit import CompileClock
-from packctl.io.reader import SequenceIndex, index_inputs, scan_blocks, split_blocks
-from packctl.io.groups import read_group_starts
-from packctl.io.journal import ShardInfo, inspect_partial
-from packctl.io.lock import OutputLock
-from packctl.io.outdir import Faults, OutputDir
-from packctl.io.paths import check_output_path
-from packctl.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
+from packctl.source.parquet import SequenceIndex, index_inputs, scan_blocks, split_blocks
+from packctl.source.groups import read_group_starts
+from packctl.contract.manifest import ShardEntry
+from packctl.output.journal import inspect_partial
+from packctl.output.lock import OutputLock
+from packctl.output.outdir import Faults, OutputDir
+from packctl.output.paths import check_output_path
+from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.plan.order import epoch_seed
-from packctl.planning import (Planned, check_something_to_pack, check_too_long, config_of_epoch, join_epochs,
+from packctl.pipeline.plan import (Planned, check_something_to_pack, check_too_long, config_of_epoch, join_epochs,
                               order_and_distribute, plan_stage)
-from packctl.step_loss import step_loss_columns
-from packctl.run_report import (Corpus, RankShare, Transfer, assemble_metrics, epochs_index, epochs_metrics,
+from packctl.pipeline.step_loss import step_loss_columns
+from packctl.pipeline.report import (Corpus, RankShare, Transfer, assemble_metrics, epochs_index, epochs_metrics,
                                 plan_metrics, rank_report, throughput)
-from packctl.runtime import Progress, RunInterrupted, SignalGuard, after_failure, in_background, timed
+from packctl.pipeline.runtime import Progress, RunInterrupted, SignalGuard, after_failure, in_background, timed
 
 __all__ = ["PackResult", "Progress", "RunInterrupted", "pack", "run_fingerprint"]
 
@@ -64,7 +66,7 @@ class PackResult:
     counts: dict[str, int]
     metrics: dict[str, Any]
     timings: dict[str, float]
-    shards: list[ShardInfo] = field(default_factory=list)
+    shards: list[ShardEntry] = field(default_factory=list)
 
 
 def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | None = None,
@@ -83,7 +85,7 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
 
     Shards are journaled as they are finished in `.OUT.packctl-partial`; a run that fails or is
     interrupted (SIGINT, SIGTERM: `RunInterrupted`, exit 130 / 143) after finishing some keeps
-    them there, and `config.resume` continues it (io/journal.py). `faults` simulates a crash or a
+    them there, and `config.resume` continues it (output/journal.py). `faults` simulates a crash or a
     full disk at a chosen point (tests).
     """
     comm = comm or get_comm()
@@ -193,7 +195,7 @@ def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, config: PackConfig
 
 def _report(config: PackConfig, index: SequenceIndex, shares: list[RankShare], ranks: list[dict], corpus: Corpus,
             whole_run: dict, timings: dict[str, float], plan_figures: dict | None,
-            epoch: int | None = None) -> tuple[dict, list[ShardInfo], dict]:
+            epoch: int | None = None) -> tuple[dict, list[ShardEntry], dict]:
     """Rank 0: the metrics, shards and manifest of one output: all of OUT, or the folder of one
     epoch (its manifest lists the shards relative to the folder, its `epoch` says which)."""
     metrics, _ = assemble_metrics(config, shares, ranks, corpus, plan_figures=plan_figures,
@@ -225,7 +227,7 @@ def _scan(comm: Comm, index: SequenceIndex, config: PackConfig, progress: Progre
 
 def _assign(comm: Comm, planned: Planned, scanned: Scanned, config: PackConfig,
             epoch_packs: list[int]) -> tuple[WriteJob, Transfer]:
-    """Deal the writing out by tokens (dist/assign.py), move the plan to its writers, and choose
+    """Deal the writing out by tokens (mpi/assign.py), move the plan to its writers, and choose
     how tokens reach them (--token-transfer). `epoch_packs`: this rank's packs of each epoch."""
     pack_epoch = np.repeat(np.arange(config.epochs), epoch_packs) if config.epochs > 1 else None
     assignment = assign(comm.allgather(units_of(planned.plan.window_bins, planned.pack_lens, config.shard_rows,

@@ -67,4 +67,4 @@ def __getattr__(name: str):
                          TRL_LENGTHS_FIELD=pa.field(TRL_LENGTHS_COLUMN, pa.list_(pa.int32()), nullable=False),
                          LOSS_FIELDS=pa.schema(loss), STEP_LOSS_FIELDS=pa.schema(step_loss))
         return globals()[name]
-    raise AttributeError(f"module 'packctl.schema' has no attribute {name!r}")
+    raise AttributeError(f"module 'packctl.contract.schema' has no attribute {name!r}")

@@ -13,7 +13,7 @@ from rich.progress import (BarColumn, Progress as RichProgressBar, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
-from packctl.runtime import Progress
+from packctl.pipeline.runtime import Progress
 
 if TYPE_CHECKING:  # the stats and verify reports need none of the packing pipeline
     from packctl.pipeline import PackResult

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from packctl.dist.comm import Comm
-from packctl.io.reader import SequenceIndex, TokenSource
+from packctl.mpi.comm import Comm
+from packctl.source.parquet import SequenceIndex, TokenSource
 from packctl.plan.windows import PackPlan
 
 

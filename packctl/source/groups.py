@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packctl.errors import PackctlError
-from packctl.io.reader import SequenceIndex, _type_name, describe_gid, open_parquet
+from packctl.source.parquet import SequenceIndex, _type_name, describe_gid, open_parquet
 
 
 def _check_type(path: str, schema: pa.Schema, column: str, seen: list[pa.DataType]) -> None:

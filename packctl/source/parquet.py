@@ -23,10 +23,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of
-from packctl.schema import IGNORE_INDEX, INT32_MAX
+from packctl.contract.schema import IGNORE_INDEX, INT32_MAX
 from packctl.errors import PackctlError
-from packctl.io.blocks import DecodedBlock, first_outside_int32
-from packctl.io.arrow import numpy_view
+from packctl.source.blocks import DecodedBlock, first_outside_int32
+from packctl.contract.arrow import numpy_view
 
 _GLOB_CHARS = set("*?[")
 
@@ -66,7 +66,7 @@ class SequenceIndex:
     # with `scan_blocks(count_loss_tokens=True)`: per gid of this rank, the labels that are not -100
     # after its first token (the loss tokens of the sequence as a whole piece of a pack)
     loss_tokens: np.ndarray | None = None
-    # --group-column: the gid where each group starts, then num_sequences (all ranks; io/groups.py)
+    # --group-column: the gid where each group starts, then num_sequences (all ranks; source/groups.py)
     group_starts: np.ndarray | None = None
 
     @property

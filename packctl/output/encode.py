@@ -1,7 +1,7 @@
 """Parquet encoding of packs: the contract's table (schema.py) and its bytes.
 
-A shard is written row group by row group (dist/assign.py): each row group is encoded on its own
-as a small Parquet file (`encode_table`), and a shard's row groups are joined (io/stitch.py).
+A shard is written row group by row group (mpi/assign.py): each row group is encoded on its own
+as a small Parquet file (`encode_table`), and a shard's row groups are joined (output/stitch.py).
 """
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packctl.io.arrow import arrow_array
-from packctl.schema import LOSS_FIELDS, METADATA_KEY, PACK_SCHEMA, TRL_LENGTHS_FIELD
-from packctl.thd import PackRows, loss_columns
+from packctl.contract.arrow import arrow_array
+from packctl.contract.schema import LOSS_FIELDS, METADATA_KEY, PACK_SCHEMA, TRL_LENGTHS_FIELD
+from packctl.contract.thd import PackRows, loss_columns
 
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, use_dictionary=False, write_statistics=False)
 
@@ -23,7 +23,7 @@ def _list(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> p
 def rows_to_table(rows: PackRows, metadata: bytes, extra: dict[str, np.ndarray] | None = None,
                   per_piece: dict[str, pa.ChunkedArray] | None = None) -> pa.Table:
     """PackRows -> an Arrow table with the contract's schema and the `packctl` metadata key, the
-    loss-normalization columns counted from its labels (`packctl.thd.loss_columns`), plus
+    loss-normalization columns counted from its labels (`packctl.contract.thd.loss_columns`), plus
     `extra` per-row columns (step, dp_rank, micro_batch as int32, lr_scale as float32,
     step_loss_tokens and step_loss_sequences as int64) and
     `per_piece` values (--keep-columns: one per piece, in row order), written as list columns

@@ -17,10 +17,10 @@ from typing import Any, Callable
 import numpy as np
 
 from packctl.config import PackConfig
-from packctl.dist.comm import Comm, SingleComm
-from packctl.dist.samplesort import redistribute, sample_sort
+from packctl.mpi.comm import Comm, SingleComm
+from packctl.mpi.samplesort import redistribute, sample_sort
 from packctl.errors import PackctlError
-from packctl.io.reader import SequenceIndex, describe_gid
+from packctl.source.parquet import SequenceIndex, describe_gid
 from packctl.plan.align import pack_lengths_padded, round_up
 from packctl.plan.groups import GroupTooLong, check_groups_fit, group_ids, group_sizes, run_starts, run_totals
 from packctl.plan.balance import BalancedPlan, BalanceSpec, balance_plan, lr_scales
@@ -49,10 +49,8 @@ def check_too_long(comm: Comm, index: SequenceIndex, config: PackConfig) -> None
     found = [f for f in comm.allgather(mine) if f is not None]
     if found:
         gid, length = min(found)
-        exc = PackctlError(too_long_message(index.describe(gid), length, int(round_up(length, config.align)),
-                                            config.plan_capacity))
-        exc.everywhere = True
-        raise exc
+        raise PackctlError(too_long_message(index.describe(gid), length, int(round_up(length, config.align)),
+                                            config.plan_capacity), everywhere=True)
 
 
 @dataclass
@@ -73,7 +71,7 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, config: PackConfig, e
     The order is a sample sort of (key, gid) over all ranks (input order needs none: blocks are
     already split in gid order); windows are then moved so each lives whole on one rank, rank r
     holding windows [ceil(r*W/size), ceil((r+1)*W/size)) (planning is cheap: writing is dealt out
-    later by tokens, dist/assign.py). With `config.epochs` E the W windows of every epoch count as
+    later by tokens, mpi/assign.py). With `config.epochs` E the W windows of every epoch count as
     windows e*W ... (e+1)*W - 1 of E*W, so each rank's windows of all epochs are one run of the
     global order (epoch 0's packs, then epoch 1's, ...); `first_window` counts within the epoch.
 
@@ -167,9 +165,7 @@ def check_groups_fit_everywhere(comm: Comm, ordered: Ordered, index: SequenceInd
                        "members are packed whole: raise --capacity (--too-long applies to single sequences only)")
         else:
             message = group_too_long_message(where, members, total, config.plan_capacity)
-        exc = PackctlError(message)
-        exc.everywhere = True
-        raise exc
+        raise PackctlError(message, everywhere=True)
 
 
 def group_totals(comm: Comm, ids: np.ndarray, padded: np.ndarray) -> np.ndarray:
@@ -313,12 +309,11 @@ def check_something_to_pack(comm: Comm, plan: PackPlan, index: SequenceIndex, co
     if comm.allreduce_sum(plan.num_bins) > 0:
         return
     dropped = comm.allreduce_sum(len(plan.dropped))
-    exc = PackctlError(
+    raise PackctlError(
         f"{', '.join(str(i) for i in config.inputs)}: nothing to pack: of {index.num_sequences} sequences, "
         f"{dropped} are longer than the capacity {config.plan_capacity} (--too-long {config.too_long}) and "
-        f"{skipped_empty} are empty (--skip-empty); raise --capacity or pass --too-long truncate|split")
-    exc.everywhere = True
-    raise exc
+        f"{skipped_empty} are empty (--skip-empty); raise --capacity or pass --too-long truncate|split",
+        everywhere=True)
 
 
 def plan_corpus(index, config: PackConfig, ordered: Ordered | None = None,

@@ -13,7 +13,7 @@ Parquet encoding) is most of a run, so it is dealt out on its own, by tokens:
 
 Shards and units depend on the plan only, never on the rank count, so the output bytes are the
 same for any N. A shard cut by a writer boundary is written as two runs of row groups and joined
-(io/stitch.py) by the rank that wrote its first unit.
+(output/stitch.py) by the rank that wrote its first unit.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packctl.dist.comm import Comm
-from packctl.io.manifest import shard_name
+from packctl.mpi.comm import Comm
+from packctl.contract.manifest import shard_name
 from packctl.plan.windows import PackPlan
 
 # Packs per Parquet row group, the unit in which writing is dealt out to ranks (a shard of 1,024

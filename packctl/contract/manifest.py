@@ -16,18 +16,14 @@ Version 1 (manifest.json, metrics.json, part-00000.parquet at OUT's root) is sti
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+import hashlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from packctl.errors import PackctlError
-from packctl.schema import FORMAT_VERSION, IGNORE_INDEX
-from packctl.version import __version__
+from packctl.contract.schema import FORMAT_VERSION
 
-if TYPE_CHECKING:  # readers of a manifest (packctl.torch) need none of the packing side
-    from packctl.config import PackConfig
-    from packctl.io.reader import InputFile
-    from packctl.io.journal import ShardInfo
 
 MANIFEST = "_manifest.json"
 EPOCHS = "_epochs.json"  # the OUT of --epochs > 1: one output per epoch, in epoch-00000/ ... (docs/format.md)
@@ -36,6 +32,26 @@ DATA_DIR = "data"
 LEGACY_MANIFEST = "manifest.json"  # format version 1
 LEGACY_METRICS = "metrics.json"
 READABLE_VERSIONS = (1, FORMAT_VERSION)
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One entry of the manifest's `shards`: a shard's path relative to OUT, its packs (rows), its
+    true tokens (the sum of `num_tokens`) and the sha256 of its bytes."""
+
+    path: str
+    rows: int
+    tokens: int
+    sha256: str
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def shard_name(shard: int, epoch: int | None = None) -> str:
@@ -62,75 +78,6 @@ def manifest_path(out: Path) -> Path | None:
 def metrics_path(out: Path) -> Path:
     """OUT's packing report (`_metrics.json`, or `metrics.json` in a version-1 output)."""
     return next((out / name for name in (METRICS, LEGACY_METRICS) if (out / name).is_file()), out / METRICS)
-
-# Options that say where and how a run executes, never what it writes: kept out of the shards'
-# metadata so the same packing has the same bytes wherever it is written.
-EXECUTION_ONLY = ("output", "overwrite", "memory_budget", "token_transfer")
-
-
-def layout_of(config: PackConfig) -> dict[str, Any]:
-    """The manifest's `layout`. Batch mode (`pad_to` "batch"): `capacity` is the micro-batch
-    budget max_tokens, `max_seq_len` the longest row (docs/format.md)."""
-    if config.mode == "batch":
-        return {
-            "mode": "batch",
-            "capacity": config.resolved_max_tokens,
-            "max_seq_len": config.capacity,
-            "align": config.align,
-            "pad_to": "batch",
-            "pack_multiple": config.align,
-            "pad_token_id": config.pad_token_id,
-            "ignore_index": IGNORE_INDEX,
-            "cp_size": config.cp_size,
-            "tp_size": config.tp_size,
-            "sequence_parallel": config.sequence_parallel,
-        }
-    return {
-        "capacity": config.capacity,
-        "align": config.align,
-        "pad_to": config.pad_to,
-        "pack_multiple": config.resolved_pack_multiple,
-        "pad_token_id": config.pad_token_id,
-        "ignore_index": IGNORE_INDEX,
-        "cp_size": config.cp_size,
-        "tp_size": config.tp_size,
-        "sequence_parallel": config.sequence_parallel,
-    }
-
-
-def resolved_config(config: PackConfig, labels_column: str | None) -> dict[str, Any]:
-    out = config.to_dict()
-    out["labels_column"] = labels_column
-    return out
-
-
-def shard_metadata(config: PackConfig, labels_column: str | None, inputs: list[InputFile]) -> bytes:
-    """JSON for every shard's `packctl` key: what produced it, without execution-only options."""
-    cfg = resolved_config(config, labels_column)
-    for key in EXECUTION_ONLY:
-        cfg.pop(key)
-    return json.dumps({
-        "format_version": FORMAT_VERSION,
-        "packctl_version": __version__,
-        "config": cfg,
-        "layout": layout_of(config),
-        "inputs": [asdict(f) for f in inputs],
-    }, sort_keys=True).encode()
-
-
-def build_manifest(config: PackConfig, labels_column: str | None, inputs: list[InputFile],
-                   shards: list[ShardInfo], counts: dict[str, int], timings: dict[str, float]) -> dict[str, Any]:
-    return {
-        "format_version": FORMAT_VERSION,
-        "packctl_version": __version__,
-        "config": resolved_config(config, labels_column),
-        "layout": layout_of(config),
-        "inputs": [asdict(f) for f in inputs],
-        "shards": [asdict(s) for s in shards],
-        "counts": counts,
-        "timings": timings,
-    }
-
 
 def read_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
     """(OUT, its manifest) of a packed output given as OUT or its manifest file: the one reader of

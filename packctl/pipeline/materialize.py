@@ -1,6 +1,6 @@
 """Materialize: move every piece's tokens from its input block to its output shard, in bounded memory.
 
-Each rank writes its run of units (row groups; dist/assign.py deals them out by tokens) and gets
+Each rank writes its run of units (row groups; mpi/assign.py deals them out by tokens) and gets
 the tokens of its pieces in one of two ways (`--token-transfer`):
 
   exchange  each rank reads its own input blocks once, in order, and sends every piece to the
@@ -15,7 +15,7 @@ the tokens of its pieces in one of two ways (`--token-transfer`):
 
     3. write  a unit whose last piece has arrived is built and encoded at once (a Parquet row
               group), on a writer thread; a shard whose units are all encoded is joined
-              (io/stitch.py) and made durable on a commit thread (fsync, rename, sha256, journal).
+              (output/stitch.py) and made durable on a commit thread (fsync, rename, sha256, journal).
               A shard shared by two writers is joined, after both, by the one holding its start.
 
     blocks (input order)      units -> shards (output order)
@@ -42,16 +42,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.arrays import Scratch, copy_segments, offsets_of
-from packctl.dist.assign import WriteJob, WriteRun, write_run
-from packctl.io.reader import SequenceIndex, TokenSource, read_kept_columns
-from packctl.io.stitch import stitch, stitch_chunks
-from packctl.io.encode import encode_table, rows_to_table
-from packctl.io.journal import ShardInfo
-from packctl.io.outdir import OutputDir, StagedShard
+from packctl.mpi.assign import WriteJob, WriteRun, write_run
+from packctl.source.parquet import SequenceIndex, TokenSource, read_kept_columns
+from packctl.output.stitch import stitch, stitch_chunks
+from packctl.output.encode import encode_table, rows_to_table
+from packctl.contract.manifest import ShardEntry
+from packctl.output.outdir import OutputDir, StagedShard
 from packctl.plan.windows import PackPlan
 from packctl.plan.groups import group_ids
-from packctl.schema import GROUP_IDS_COLUMN, WEIGHTS_COLUMN
-from packctl.thd import lay_out_packs
+from packctl.contract.schema import GROUP_IDS_COLUMN, WEIGHTS_COLUMN
+from packctl.contract.thd import lay_out_packs
 
 @dataclass
 class _Bucket:
@@ -104,14 +104,14 @@ class _Writers:
         commit                   fsync s0 | fsync s1 ...
     """
 
-    def __init__(self, workers: int, max_pending: int, commit: Callable[[StagedShard], ShardInfo]):
+    def __init__(self, workers: int, max_pending: int, commit: Callable[[StagedShard], ShardEntry]):
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="packctl-writer")
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packctl-commit")
         self._commit = commit
         self._pending: deque[Future] = deque()
         self._commits: list[Future] = []
         self._max_pending = max_pending
-        self.results: dict[int, ShardInfo] = {}
+        self.results: dict[int, ShardEntry] = {}
         self._failure: BaseException | None = None  # of a commit: raised at the next submit
         self._lock = threading.Lock()
 
@@ -336,7 +336,7 @@ class ShardAssembler:
                                          tokens=sum(p[2] for p in ordered))
         return shard, staged
 
-    def finish(self) -> dict[int, ShardInfo]:
+    def finish(self) -> dict[int, ShardEntry]:
         if self.buckets or self.remaining.any():
             raise AssertionError(f"materialize left {int(self.remaining.sum())} pieces without tokens")
         self._writers.finish()
@@ -348,7 +348,7 @@ class ShardAssembler:
         self._writers.cancel()
 
 
-def join_shared_shards(run: WriteRun, output: OutputDir) -> dict[int, ShardInfo]:
+def join_shared_shards(run: WriteRun, output: OutputDir) -> dict[int, ShardEntry]:
     """The shards this writer finishes that other writers helped write: their runs, left as files
     by every writer, joined in order (no value decoded again), then committed."""
     results = {}
@@ -368,7 +368,7 @@ def join_shared_shards(run: WriteRun, output: OutputDir) -> dict[int, ShardInfo]
 
 @dataclass
 class MaterializeResult:
-    shards: dict[int, ShardInfo]  # the shards this rank committed, by number
+    shards: dict[int, ShardEntry]  # the shards this rank committed, by number
     spill_files: int  # bucket spills written (and read back)
     spilled_bytes: int
     blocks_reread: int  # input blocks decoded a second time (they did not fit the budget during scan)

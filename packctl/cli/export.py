@@ -1,0 +1,46 @@
+"""`packctl export`: a packed output in the packed format another trainer reads itself."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from packctl.cli.app import app, fail
+from packctl.cli.options import EXPORT_FORMATS, choice
+from packctl.errors import PackctlError
+
+_EXPORT_EXAMPLE = """Rewrite a packed output in the packed format another trainer reads itself.
+
+Formats: nemo (NeMo / Megatron-Bridge packed SFT, *.idx.parquet and packing_metadata.json),
+nemo-npy (the same as NeMo's legacy .npy), olmo (OLMo-core numpy token and label-mask files).
+
+Example:
+
+\b
+    packctl export packed -o packed-nemo --format nemo --eos-token-id 2
+"""
+
+
+@app.command("export", help=_EXPORT_EXAMPLE)
+def export_command(
+    output: str = typer.Argument(..., metavar="OUT", help="Output directory of packctl pack."),
+    target: str = typer.Option(..., "--output", "-o", help="Directory to write the export into."),
+    fmt: str = typer.Option(..., "--format", **choice(EXPORT_FORMATS), help="Format to write."),
+    eos_token_id: Optional[int] = typer.Option(None, help="The tokenizer's EOS id: NeMo pads sub-sequences with "
+                                                          "it; OLMo-core finds document ends by it."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of an existing export directory."),
+    json_output: bool = typer.Option(False, "--json", help="Print what was written as JSON on stdout."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary."),
+) -> None:
+    from packctl.export import export
+
+    try:
+        result = export(output, target, fmt, overwrite=overwrite, eos_token_id=eos_token_id)
+    except PackctlError as exc:
+        fail(exc)
+    if json_output:
+        print(json.dumps(result, indent=2))
+    elif not quiet:
+        print(f"packctl export -> {result['output']}: {result['packs']:,} packs, {result['sequences']:,} sequences "
+              f"as {result['format']} ({len(result['files'])} file(s))")

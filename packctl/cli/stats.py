@@ -1,0 +1,74 @@
+"""`packctl stats`: the report of a packed output, or a what-if over raw input."""
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from packctl.cli.app import app, fail
+from packctl.cli.options import config_options, with_signature
+from packctl.config import PLANNING_OPTIONS, load_config
+from packctl.errors import PackctlError
+
+_STATS_EXAMPLE = """How good a packing is, or what-if planning before one (docs/stats.md).
+
+PATH: a packed output (a directory holding _manifest.json), several to compare,
+or raw tokenized Parquet (files, directories, globs) for a what-if table.
+Planning options apply to raw input only and mean what they mean for pack.
+
+Examples:
+
+\b
+    packctl stats out
+    packctl stats out_bfd out_concat --plot compare.png
+    packctl stats corpus --capacity 4096 --capacity 8192 --too-long split
+"""
+
+
+_STATS_OWN = [
+    inspect.Parameter("paths", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[List[str]],
+                      default=typer.Argument(None, metavar="PATH...", help="Packed output(s), or raw Parquet files, "
+                                                                           "directories or globs.")),
+    inspect.Parameter("capacity", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[List[int]],
+                      default=typer.Option(None, help="What-if capacity; repeat it to compare capacities "
+                                                      "(--capacity 4096 --capacity 8192).  [default: 4096]")),
+    inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                      default=typer.Option(None, "--config", help="TOML file of pack options for the what-if.")),
+]
+_STATS_REPORT = [
+    inspect.Parameter("attn_coeff", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[float],
+                      default=typer.Option(None, help="a of the attention cost a*L + L^2 in the DP balance of a "
+                                                      "packed output.  [default: the one it was packed with]")),
+    inspect.Parameter("json_output", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                      default=typer.Option(False, "--json", help="Print the report as JSON on stdout.")),
+    inspect.Parameter("plot", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                      default=typer.Option(None, "--plot", help="Also draw the report into this PNG file.")),
+]
+
+
+@app.command("stats", help=_STATS_EXAMPLE)
+@with_signature(_STATS_OWN + config_options([*PLANNING_OPTIONS, "tokens_column"]) + _STATS_REPORT)
+def stats_command(*, paths: Optional[List[str]], capacity: Optional[List[int]], config: Optional[Path],
+                  attn_coeff: Optional[float], json_output: bool, plot: Optional[Path], **planning) -> None:
+    from packctl.cli.render import stats_renderables
+    from packctl.stats import stats
+
+    try:
+        report = stats(paths or [], capacities=capacity or None, attn_coeff=attn_coeff,
+                       file_values=load_config(config) if config is not None else {}, **planning)
+        if plot is not None:
+            from packctl.stats.plot import write_plot
+
+            write_plot(report, plot)
+    except PackctlError as exc:
+        fail(exc)
+    if json_output:
+        print(json.dumps(report, indent=2))
+    else:
+        console = Console()
+        for renderable in stats_renderables(report):
+            console.print(renderable)

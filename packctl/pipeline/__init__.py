@@ -1,0 +1,15 @@
+"""`packctl pack`, stage by stage (run.py calls them in this order):
+
+    preflight   options, inputs resolved, output lock, what an interrupted run left   run.py
+    scan        every block decoded and checked once, lengths indexed                source/parquet.py
+    order       sample sort into windows, whole windows to ranks                     plan.py
+    plan        packs per window, shapes, balance, final pack lengths                plan.py, step_loss.py
+    assign      writing dealt out to ranks by tokens                                 mpi/assign.py
+    materialize tokens moved into packs, shards encoded and journaled                materialize.py
+    report      metrics and manifest, then the commit                                report.py
+"""
+from __future__ import annotations
+
+from packctl.pipeline.run import PackResult, Progress, RunInterrupted, pack, run_fingerprint
+
+__all__ = ["PackResult", "Progress", "RunInterrupted", "pack", "run_fingerprint"]

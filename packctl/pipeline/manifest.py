@@ -1,0 +1,84 @@
+"""The writer's half of the manifest: what `pack` records of a run, in every shard's Parquet
+metadata (`shard_metadata`) and in `_manifest.json` (`build_manifest`); the reader's half, and the
+file names, are in packctl/contract/manifest.py."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from packctl.contract.manifest import ShardEntry
+from packctl.contract.schema import FORMAT_VERSION, IGNORE_INDEX
+from packctl.version import __version__
+
+if TYPE_CHECKING:
+    from packctl.config import PackConfig
+    from packctl.source.parquet import InputFile
+
+# Options that say where and how a run executes, never what it writes: kept out of the shards'
+# metadata so the same packing has the same bytes wherever it is written.
+EXECUTION_ONLY = ("output", "overwrite", "memory_budget", "token_transfer")
+
+
+def layout_of(config: PackConfig) -> dict[str, Any]:
+    """The manifest's `layout`. Batch mode (`pad_to` "batch"): `capacity` is the micro-batch
+    budget max_tokens, `max_seq_len` the longest row (docs/format.md)."""
+    if config.mode == "batch":
+        return {
+            "mode": "batch",
+            "capacity": config.resolved_max_tokens,
+            "max_seq_len": config.capacity,
+            "align": config.align,
+            "pad_to": "batch",
+            "pack_multiple": config.align,
+            "pad_token_id": config.pad_token_id,
+            "ignore_index": IGNORE_INDEX,
+            "cp_size": config.cp_size,
+            "tp_size": config.tp_size,
+            "sequence_parallel": config.sequence_parallel,
+        }
+    return {
+        "capacity": config.capacity,
+        "align": config.align,
+        "pad_to": config.pad_to,
+        "pack_multiple": config.resolved_pack_multiple,
+        "pad_token_id": config.pad_token_id,
+        "ignore_index": IGNORE_INDEX,
+        "cp_size": config.cp_size,
+        "tp_size": config.tp_size,
+        "sequence_parallel": config.sequence_parallel,
+    }
+
+
+def resolved_config(config: PackConfig, labels_column: str | None) -> dict[str, Any]:
+    out = config.to_dict()
+    out["labels_column"] = labels_column
+    return out
+
+
+def shard_metadata(config: PackConfig, labels_column: str | None, inputs: list[InputFile]) -> bytes:
+    """JSON for every shard's `packctl` key: what produced it, without execution-only options."""
+    cfg = resolved_config(config, labels_column)
+    for key in EXECUTION_ONLY:
+        cfg.pop(key)
+    return json.dumps({
+        "format_version": FORMAT_VERSION,
+        "packctl_version": __version__,
+        "config": cfg,
+        "layout": layout_of(config),
+        "inputs": [asdict(f) for f in inputs],
+    }, sort_keys=True).encode()
+
+
+def build_manifest(config: PackConfig, labels_column: str | None, inputs: list[InputFile],
+                   shards: list[ShardEntry], counts: dict[str, int], timings: dict[str, float]) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "packctl_version": __version__,
+        "config": resolved_config(config, labels_column),
+        "layout": layout_of(config),
+        "inputs": [asdict(f) for f in inputs],
+        "shards": [asdict(s) for s in shards],
+        "counts": counts,
+        "timings": timings,
+    }
