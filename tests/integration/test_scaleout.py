@@ -1,0 +1,193 @@
+"""Scale-out: shards and row-group units, the writers' runs, joining shared shards, the sort's merge,
+and multi-rank packs run in-process (tests/threadcomm.py) so the exchange paths run in plain pytest."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from packctl import PackConfig, pack
+from packctl.mpi.assign import ROW_GROUP_PACKS, Units, assign, units_of, write_run, writer_cuts
+from packctl.mpi.samplesort import _lex_order, merge_runs
+from packctl.output.stitch import encode_footer, parse_footer, stitch
+from packctl.output.encode import PARQUET_OPTIONS, encode_table
+
+from support.threadcomm import run_ranks
+
+
+def test_units_are_row_groups_inside_shards():
+    units = units_of(np.array([0, 300, 310]), np.full(310, 10), shard_rows=200, row_group_packs=128)
+    # shards [0, 200) [200, 300) [300, 310): units of at most 128 packs inside each
+    assert units.bounds.tolist() == [0, 128, 200, 300, 310]
+    assert units.first_of_shard.tolist() == [True, False, True, True]
+    assert units.tokens.tolist() == [1280, 720, 1000, 100]
+
+
+def test_writer_cuts_by_hand():
+    assert writer_cuts(np.array([4, 4, 4, 4]), 2).tolist() == [0, 2, 4]
+    assert writer_cuts(np.array([10, 1, 1, 1, 1]), 2).tolist() == [0, 1, 5]  # 7 is nearer to 10 than to 0
+    assert writer_cuts(np.array([5]), 3).tolist() == [0, 0, 1, 1]  # more writers than units: some get none
+    assert writer_cuts(np.zeros(0, np.int64), 2).tolist() == [0, 0, 0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 1000), min_size=0, max_size=60), st.integers(1, 12))
+def test_every_writer_is_within_one_unit_of_an_equal_share(tokens, writers):
+    tokens = np.array(tokens, dtype=np.int64)
+    cuts = writer_cuts(tokens, writers)
+    assert cuts[0] == 0 and cuts[-1] == len(tokens) and (np.diff(cuts) >= 0).all()
+    shares = np.diff(np.concatenate([[0], np.cumsum(tokens)])[cuts]) if len(tokens) else np.zeros(writers)
+    biggest = int(tokens.max()) if len(tokens) else 0
+    assert (shares <= tokens.sum() / writers + biggest).all()
+
+
+def test_assignment_numbers_shards_globally_and_finds_shared_ones():
+    # two planning ranks: rank 0 planned shards of 3 and 1 units, rank 1 one shard of 2 units
+    rank0 = Units(bounds=np.array([0, 2, 4, 6, 7]), first_of_shard=np.array([True, False, False, True]),
+                  tokens=np.array([20, 20, 20, 5]))
+    rank1 = Units(bounds=np.array([0, 2, 4]), first_of_shard=np.array([True, False]), tokens=np.array([10, 10]))
+    a = assign([rank0, rank1], 2)
+    assert a.unit_shard.tolist() == [0, 0, 0, 1, 2, 2]
+    assert a.unit_part.tolist() == [0, 1, 2, 0, 0, 1]
+    assert a.cuts.tolist() == [0, 2, 6]  # 85 tokens: the boundary nearest to 42.5 is 40, inside shard 0
+    first, second = write_run(a, 0), write_run(a, 1)
+    assert first.shard_runs == {0: [0, 2]} and first.finishes(0)
+    assert second.shard_runs == {0: [0, 2]} and not second.finishes(0)
+    assert second.unit_bounds.tolist() == [0, 2, 3, 5, 7]
+    assert a.writer_tokens().tolist() == [40, 45]
+
+
+def _table(rows: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(1, 500, rows)
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    values = rng.integers(0, 32000, int(offsets[-1])).astype(np.int32)
+    return pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)),
+                     "num_tokens": pa.array(lens.astype(np.int32)),
+                     "lr_scale": pa.array(rng.random(rows).astype(np.float32))}
+                    ).replace_schema_metadata({b"packctl": b'{"format_version": 1}'})
+
+
+@pytest.mark.parametrize("rows, group", [(300, 128), (1, 1), (257, 64)])
+def test_joined_parts_are_the_file_pyarrow_writes_with_those_row_groups(rows, group):
+    table = _table(rows, rows)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=group, **PARQUET_OPTIONS)
+    direct = sink.getvalue().to_pybytes()
+    parts = [encode_table(table.slice(lo, group)) for lo in range(0, rows, group)]
+    assert stitch(parts) == direct
+    # joining is associative: runs joined first (one writer's part of a shard), then joined again
+    half = max(1, len(parts) // 2)
+    assert stitch([stitch(parts[:half]), *([stitch(parts[half:])] if parts[half:] else [])]) == direct
+    assert pq.read_table(pa.BufferReader(stitch(parts))).equals(table)
+
+
+def test_footer_round_trip_and_refused_page_index():
+    data = encode_table(_table(50, 1))
+    footer, start = parse_footer(data)
+    assert encode_footer(footer) == data[start:-8]
+    sink = pa.BufferOutputStream()
+    pq.write_table(_table(50, 2), sink, write_page_index=True)
+    with pytest.raises(ValueError, match="page index"):
+        stitch([sink.getvalue().to_pybytes(), sink.getvalue().to_pybytes()])
+    with pytest.raises(ValueError, match="not a Parquet file"):
+        stitch([b"nope", data])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 10**6)), max_size=30), min_size=1, max_size=6),
+       st.booleans())
+def test_merge_of_sorted_runs_is_the_lexicographic_order(runs, gid_ranges_in_order):
+    keys, gids = [], []
+    base = 0
+    for run in runs:
+        k = np.array([r[0] for r in run], dtype=np.int64)
+        g = np.array([r[1] for r in run], dtype=np.int64)
+        if gid_ranges_in_order:  # as scan gives them: every rank's gids below the next rank's
+            g = base + np.arange(len(run), dtype=np.int64)
+            base += len(run)
+        else:
+            g = np.unique(g + 10**7 * len(keys))[:len(run)]
+            k = k[:len(g)]
+        order = np.lexsort((g, k))
+        keys.append(k[order])
+        gids.append(g[order])
+    k, g = np.concatenate(keys), np.concatenate(gids)
+    lengths = np.array([len(x) for x in keys])
+    assert (merge_runs(k, g, lengths) == np.lexsort((g, k))).all()
+    assert (_lex_order(k, g) == np.lexsort((g, k))).all()
+
+
+def _digest(out: Path) -> tuple[str, dict]:
+    h = hashlib.sha256()
+    shards = sorted(out.glob("data/*.parquet"))
+    assert shards
+    for path in shards:
+        h.update(path.name.encode() + path.read_bytes())
+    manifest = json.loads((out / "_manifest.json").read_text())
+    manifest.pop("timings")
+    for how in ("output", "token_transfer", "resume"):  # where and how it ran, not what it wrote
+        manifest["config"].pop(how)
+    return h.hexdigest(), manifest
+
+
+@pytest.mark.parametrize("ranks, order, transfer, extra", [
+    (2, "input", "read", {}),
+    (3, "shuffle", "exchange", {"dp_size": 2, "micro_batches": 2}),
+    (4, "curriculum", "auto", {"shard_rows": 200}),
+])
+def test_ranks_in_one_process_write_the_single_process_bytes(tmp_path, sample_data, contract, ranks, order,
+                                                             transfer, extra):
+    """The exchange (route_tokens), the direct reads and the join of shards shared by writers,
+    run by in-process ranks: the same bytes as one process."""
+    from support.contract import check_contract
+
+    options = dict(inputs=[str(sample_data)], capacity=4096, too_long="split", order=order, window=700,
+                   token_transfer=transfer, overwrite=True, **extra)
+    pack(PackConfig(output=str(tmp_path / "one"), **options))
+    results = run_ranks(ranks, lambda comm: pack(PackConfig(output=str(tmp_path / "many"), **options), comm=comm))
+    assert _digest(tmp_path / "many") == _digest(tmp_path / "one")
+    assert check_contract(contract, tmp_path / "many", [sample_data]) == []
+    per_rank = results[0].metrics["ranks"]
+    assert [r["token_transfer"] for r in per_rank] == [("read" if transfer == "read" else r["token_transfer"])
+                                                       for r in per_rank]
+    assert sum(r["packs_written"] for r in per_rank) == results[0].counts["packs"]
+    scale = results[0].metrics["scale_out"]
+    assert scale["ranks"] == ranks and scale["bytes_exchanged"] == sum(r["bytes_sent"] for r in per_rank)
+    assert set(scale["stage_seconds"]) >= {"scan", "order", "plan", "assign", "materialize"}
+    if transfer == "read":  # only plan arrays travel
+        assert scale["bytes_exchanged"] < 100_000
+    # shards of 1,024 packs hold several row groups, and a shard may be written by two ranks
+    rows = [pq.ParquetFile(p).metadata for p in sorted((tmp_path / "many").glob("data/*.parquet"))]
+    assert rows and all(m.num_row_groups == -(-m.num_rows // ROW_GROUP_PACKS) for m in rows)
+
+
+def test_shared_shards_resume_after_an_interrupted_multi_rank_run(tmp_path, sample_data, monkeypatch):
+    """A shard cut between two writers is joined by the first; a rerun with --resume after the
+    run stopped before the join keeps the finished shards and writes the same bytes."""
+    from packctl.pipeline import materialize
+
+    options = dict(inputs=[str(sample_data)], capacity=2048, too_long="split", overwrite=True)
+    pack(PackConfig(output=str(tmp_path / "one"), **options))
+    reference = _digest(tmp_path / "one")
+
+    class Stop(Exception):
+        pass
+
+    def stop(run, output):
+        raise Stop()
+
+    monkeypatch.setattr(materialize, "join_shared_shards", stop)
+    with pytest.raises(Stop):
+        run_ranks(2, lambda comm: pack(PackConfig(output=str(tmp_path / "many"), **options), comm=comm))
+    monkeypatch.undo()
+    partial = tmp_path / ".many.packctl-partial"
+    assert any(p.name.startswith(".train-") for p in (partial / "data").iterdir())  # runs left for the join
+    run_ranks(2, lambda comm: pack(PackConfig(output=str(tmp_path / "many"), resume=True, **options), comm=comm))
+    assert _digest(tmp_path / "many") == reference

@@ -1,0 +1,337 @@
+"""packctl.torch: PackedDataset (order, ranks, cheap len), the collate functions, the CP slice,
+varlen attention and the learning-rate scale helpers."""
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from typing import Any
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from support.runs import pack_to  # noqa: E402
+from packctl import PackctlError  # noqa: E402
+from packctl.torch import (PackedDataset, apply_lr_scale, block_causal_mask, collate_flash_attn,  # noqa: E402
+                           collate_hf, collate_thd, cp_slice, read_lr_scales, varlen_attention)
+
+IGNORE = -100
+
+
+def _pack(input_ids, labels, seq_lens, seq_lens_padded, sample_ids):
+    """A pack dict as PackedDataset gives it, built by hand (docs/format.md layout)."""
+    cu = np.concatenate([[0], np.cumsum(seq_lens)]).astype(np.int32)
+    cu_padded = np.concatenate([[0], np.cumsum(seq_lens_padded)]).astype(np.int32)
+    positions = np.concatenate([np.arange(n) for n in seq_lens_padded]).astype(np.int32)
+    return {"input_ids": np.array(input_ids, np.int32), "labels": np.array(labels, np.int32),
+            "position_ids": positions, "seq_lens": np.array(seq_lens, np.int32),
+            "seq_lens_padded": np.array(seq_lens_padded, np.int32), "cu_seqlens": cu,
+            "cu_seqlens_padded": cu_padded, "sample_ids": np.array(sample_ids, np.int64),
+            "num_tokens": int(sum(seq_lens))}
+
+
+# The two packs of the packctl.torch docstring: a = 1 2 3, b = 4 5 6 7, c = 11..16, pad 0.
+PACK_0 = _pack([1, 2, 3, 0, 4, 5, 6, 7], [IGNORE, 2, 3, IGNORE, IGNORE, 5, 6, 7], [3, 4], [4, 4], [7, 3])
+PACK_1 = _pack([11, 12, 13, 14, 15, 16, 0, 0], [IGNORE, 12, 13, 14, 15, 16, IGNORE, IGNORE], [6], [8], [9])
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory, sample_data):
+    """sample_data packed small: capacity 512, cp 2 (align 4), shards of 300 packs."""
+    _, out = pack_to(tmp_path_factory.mktemp("loaders"), [sample_data], capacity=512, cp_size=2,
+                     too_long="split", shard_rows=300)
+    return out
+
+
+def test_collate_flash_attn_lays_packs_end_to_end():
+    batch = collate_flash_attn([PACK_0, PACK_1])
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 0, 4, 5, 6, 7, 11, 12, 13, 14, 15, 16, 0, 0]]
+    assert batch["labels"].tolist() == [[IGNORE, 2, 3, IGNORE, IGNORE, 5, 6, 7, IGNORE, 12, 13, 14, 15, 16,
+                                         IGNORE, IGNORE]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7]]
+    assert batch["cu_seqlens"].tolist() == [0, 4, 8, 16] and batch["cu_seqlens"].dtype == torch.int32
+    assert batch["max_seqlen"] == 8 and type(batch["max_seqlen"]) is int
+    for name in ("input_ids", "labels", "position_ids"):
+        assert batch[name].dtype == torch.int64 and batch[name].shape == (1, 16)
+
+
+def test_split_tail_keeps_the_padding_out_of_max_seqlen():
+    # a tail of 20 pad tokens after a 3-token sequence: by default the last segment is 23 long
+    tail = _pack([1, 2, 3, 4, 5, 6, 7] + [0] * 21, [IGNORE, 2, 3, 4, IGNORE, 6, 7] + [IGNORE] * 21,
+                 [4, 3], [4, 24], [0, 1])
+    assert collate_flash_attn([tail, PACK_0])["max_seqlen"] == 24
+    batch = collate_flash_attn([tail, PACK_0], split_tail=True)
+    # segments 4, 3 | pad 21 as 4 4 4 4 4 1 | pack 0: 4 then its last sequence 4 (no padding after it)
+    assert batch["cu_seqlens"].tolist() == [0, 4, 7, 11, 15, 19, 23, 27, 28, 32, 36]
+    assert batch["max_seqlen"] == 4
+    hf = collate_hf([tail], split_tail=True)
+    assert hf["max_length_q"] == hf["max_length_k"] == 4
+    # the true tokens attend exactly as with the pack's own boundaries
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(36, 2, 8) for _ in range(3))
+    plain = collate_flash_attn([tail, PACK_0])
+    full = varlen_attention(q, k, v, plain["cu_seqlens"], plain["max_seqlen"], backend="sdpa")
+    split = varlen_attention(q, k, v, batch["cu_seqlens"], batch["max_seqlen"], backend="sdpa")
+    true_tokens = batch["labels"][0] != IGNORE
+    torch.testing.assert_close(split[true_tokens], full[true_tokens])
+
+
+def test_collate_hf_keys_and_types():
+    batch = collate_hf([PACK_0, PACK_1])
+    assert set(batch) == {"input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k",
+                          "max_length_q", "max_length_k"}
+    assert batch["cu_seq_lens_q"].tolist() == batch["cu_seq_lens_k"].tolist() == [0, 4, 8, 16]
+    assert batch["cu_seq_lens_q"].dtype == torch.int32
+    assert batch["max_length_q"] == batch["max_length_k"] == 8 and type(batch["max_length_k"]) is int
+
+
+def test_collate_thd_shifts_labels_before_any_split():
+    batch = collate_thd([PACK_0, PACK_1])
+    assert batch["tokens"].tolist() == [[1, 2, 3, 0, 4, 5, 6, 7, 11, 12, 13, 14, 15, 16, 0, 0]]
+    assert batch["labels"].tolist() == [[2, 3, IGNORE, IGNORE, 5, 6, 7, IGNORE, 12, 13, 14, 15, 16, IGNORE,
+                                         IGNORE, IGNORE]]
+    assert batch["loss_mask"].tolist() == [[1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0, 0, 0]]
+    assert batch["cu_seqlens"].tolist() == [0, 3, 7, 13]  # true lengths 3, 4, 6
+    assert batch["cu_seqlens_padded"].tolist() == [0, 4, 8, 16]
+    assert batch["max_seqlen"] == 8 and batch["qkv_format"] == "thd"
+    assert batch["cu_seqlens"].dtype == batch["cu_seqlens_padded"].dtype == torch.int32
+
+
+def test_cp_slice_gives_each_rank_its_chunks():
+    batch = collate_thd([PACK_0, PACK_1])  # padded lengths 4, 4, 8: multiples of 2*cp = 4
+    ranks = [cp_slice(batch, 2, r) for r in range(2)]
+    # chunks of 1, 1, 2 tokens: rank 0 keeps chunks 0 and 3, rank 1 chunks 1 and 2 of every sequence
+    assert ranks[0]["tokens"].tolist() == [[1, 0, 4, 7, 11, 12, 0, 0]]
+    assert ranks[1]["tokens"].tolist() == [[2, 3, 5, 6, 13, 14, 15, 16]]
+    for r in ranks:
+        assert r["cu_seqlens_padded"].tolist() == [0, 4, 8, 16] and r["max_seqlen"] == 8
+        for name in ("tokens", "labels", "loss_mask", "position_ids"):
+            assert r[name].shape == (1, 8)
+    kept = sorted(ranks[0]["tokens"][0].tolist() + ranks[1]["tokens"][0].tolist())
+    assert kept == sorted(batch["tokens"][0].tolist())
+    assert float(ranks[0]["loss_mask"].sum() + ranks[1]["loss_mask"].sum()) == float(batch["loss_mask"].sum())
+    with pytest.raises(PackctlError, match="--cp-size 4"):
+        cp_slice(batch, 4, 0)
+
+
+def test_collate_refuses_a_pack_whose_offsets_do_not_span_it():
+    broken = dict(PACK_0, cu_seqlens_padded=np.array([0, 4, 6], np.int32))
+    with pytest.raises(ValueError, match="does not span its 8 tokens"):
+        collate_flash_attn([broken])
+
+
+def test_dataset_reads_the_packs_of_the_manifest(packed):
+    manifest = json.loads((packed / "_manifest.json").read_text())
+    assert len(manifest["shards"]) > 1
+    dataset = PackedDataset(packed)
+    assert len(dataset) == sum(s["rows"] for s in manifest["shards"]) == manifest["counts"]["packs"]
+    assert not dataset._cache  # len() read no data
+    for shard_index, shard in enumerate(manifest["shards"][:2]):
+        table = pq.read_table(packed / shard["path"]).to_pylist()
+        first = sum(s["rows"] for s in manifest["shards"][:shard_index])
+        for local in (0, len(table) - 1):
+            item, row = dataset[first + local], table[local]
+            assert item["index"] == first + local
+            for name, value in row.items():
+                got = item["seq_lens_padded" if name == "seq_lengths" else name]  # the same values
+                assert (got.tolist() if isinstance(got, np.ndarray) else got) == value, name
+    assert PackedDataset(packed / "_manifest.json")[5]["sample_ids"].tolist() == dataset[5]["sample_ids"].tolist()
+    with pytest.raises(IndexError):
+        dataset[len(dataset)]
+
+
+def test_dataset_in_a_dataloader(packed):
+    dataset = PackedDataset(packed)
+    dataset[0]
+    restored = pickle.loads(pickle.dumps(dataset))  # what DataLoader workers receive
+    assert not restored._cache and len(restored) == len(dataset)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=3, collate_fn=collate_flash_attn)
+    batch = next(iter(loader))
+    assert batch["input_ids"].shape == (1, sum(len(dataset[i]["input_ids"]) for i in range(3)))
+
+
+@pytest.mark.parametrize("num_packs, dp_size", [(7, 3), (9, 3), (2, 4), (10, 1)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_stride_like_distributed_sampler(tmp_path, num_packs, dp_size, drop_last):
+    from torch.utils.data.distributed import DistributedSampler
+
+    out = _fake_output(tmp_path, num_packs)
+    for rank in range(dp_size):
+        ours = PackedDataset(out, dp_rank=rank, dp_size=dp_size, drop_last=drop_last)
+        sampler = DistributedSampler(range(num_packs), num_replicas=dp_size, rank=rank, shuffle=False,
+                                     drop_last=drop_last)
+        assert [ours[i]["index"] for i in range(len(ours))] == list(sampler)
+        assert len(ours) == len(sampler)
+
+
+def test_rank_arguments_are_checked(tmp_path):
+    out = _fake_output(tmp_path, 4)
+    with pytest.raises(PackctlError, match="pass both dp_rank and dp_size"):
+        PackedDataset(out, dp_rank=0)
+    with pytest.raises(PackctlError, match=r"dp_rank 3 is not in \[0, dp_size=2\)"):
+        PackedDataset(out, dp_rank=3, dp_size=2)
+    with pytest.raises(PackctlError, match="nowhere: no such output directory"):
+        PackedDataset(tmp_path / "nowhere")
+
+
+def test_balanced_output_is_read_in_step_order(tmp_path):
+    # step, dp_rank, micro_batch of 8 packs written in an order that is not step order
+    balance = {"step": [1, 0, 0, 1, 0, 1, 0, 1], "dp_rank": [0, 1, 0, 1, 0, 0, 1, 1],
+               "micro_batch": [0, 0, 1, 1, 0, 1, 1, 0]}
+    out = _fake_output(tmp_path, 8, extra=balance, shard_rows=3)
+    expected = {0: [4, 2, 0, 5], 1: [1, 6, 7, 3]}  # (step, micro_batch) order of each rank
+    for rank, rows in expected.items():
+        dataset = PackedDataset(out, dp_rank=rank, dp_size=2)
+        assert [dataset[i]["index"] for i in range(len(dataset))] == rows
+        assert [dataset[i]["step"] for i in range(len(dataset))] == [0, 0, 1, 1]
+    everything = PackedDataset(out)
+    assert [everything[i]["index"] for i in range(8)] == [4, 2, 1, 6, 0, 5, 7, 3]
+    with pytest.raises(PackctlError, match="balanced over 2 data-parallel ranks, not dp_size=1"):
+        PackedDataset(out, dp_rank=0, dp_size=1)
+
+
+def test_lr_scale_is_read_when_recorded(tmp_path, packed):
+    assert read_lr_scales(packed) is None
+    out = _fake_output(tmp_path / "column", 4, extra={"step": [0, 0, 1, 1], "dp_rank": [0, 1, 0, 1],
+                                                      "micro_batch": [0, 0, 0, 0],
+                                                      "lr_scale": pa.array([1.0, 1.0, 0.5, 0.5], pa.float32())})
+    assert read_lr_scales(out) == {0: 1.0, 1: 0.5}
+    assert PackedDataset(out, dp_rank=1, dp_size=2)[1]["lr_scale"] == 0.5
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps(dict(manifest, lr_scale=[0.25, 2.0])))
+    assert read_lr_scales(out) == {0: 0.25, 1: 2.0}
+
+    # only param_groups matter (a real torch.optim optimizer's first construction costs seconds of imports)
+    optimizer = SimpleNamespace(param_groups=[{"params": [], "lr": 0.1}, {"params": [], "lr": 0.01}])
+    base = [g["lr"] for g in optimizer.param_groups]
+    apply_lr_scale(optimizer, 0.5, base)
+    assert [g["lr"] for g in optimizer.param_groups] == [0.05, 0.005]
+    apply_lr_scale(optimizer, 1.0, base)
+    assert [g["lr"] for g in optimizer.param_groups] == base
+
+
+def test_block_causal_mask_draws_the_segments():
+    mask = block_causal_mask(torch.tensor([0, 2, 5], dtype=torch.int32))
+    assert mask.int().tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0],
+                                   [0, 0, 1, 1, 1]]
+
+
+def test_varlen_attention_equals_each_sequence_alone():
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 5, 12, 20], dtype=torch.int32)
+    q, k, v = torch.randn(20, 4, 8), torch.randn(20, 2, 8), torch.randn(20, 2, 8)
+    out = varlen_attention(q, k, v, cu, 8, backend="sdpa")
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        alone = torch.nn.functional.scaled_dot_product_attention(
+            q[s:e].transpose(0, 1), k[s:e].transpose(0, 1).repeat_interleave(2, 0),
+            v[s:e].transpose(0, 1).repeat_interleave(2, 0), is_causal=True).transpose(0, 1)
+        torch.testing.assert_close(out[s:e], alone, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_varlen_attention_bidirectional_and_scaled_is_each_sequence_alone(backend):
+    torch.manual_seed(1)
+    cu = torch.tensor([0, 3, 9, 10], dtype=torch.int32)
+    q, k, v = torch.randn(10, 4, 8), torch.randn(10, 1, 8), torch.randn(10, 1, 8)
+    out = varlen_attention(q, k, v, cu, 6, causal=False, softmax_scale=0.3, backend=backend)
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        alone = torch.nn.functional.scaled_dot_product_attention(
+            q[s:e].transpose(0, 1), k[s:e].transpose(0, 1).expand(4, -1, -1), v[s:e].transpose(0, 1).expand(4, -1, -1),
+            scale=0.3).transpose(0, 1)
+        torch.testing.assert_close(out[s:e], alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="flash-attn needs a CUDA GPU")
+def test_flash_attn_varlen_matches_sdpa_on_gpu():
+    pytest.importorskip("flash_attn")
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 64, 200, 256], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(256, 4, 64, device="cuda") for _ in range(3))
+    reference = varlen_attention(q, k, v, cu, 136, backend="sdpa")  # fp32
+    half = [t.bfloat16() for t in (q, k, v)]
+    flash = varlen_attention(*half, cu, 136, backend="flash-attn").float()
+    plain = varlen_attention(*half, cu, 136, backend="sdpa").float()
+    # flash-attn's own rule: no worse than twice a plain bf16 implementation, plus a small atol
+    assert (flash - reference).abs().max() <= 2 * (plain - reference).abs().max() + 1e-5
+
+
+def test_missing_torch_names_the_install_line():
+    code = "import sys; sys.modules['torch'] = None; import packctl.torch"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "packctl.torch needs the 'torch' package, which is not installed: pip install 'packctl[torch]'" \
+        in result.stderr
+
+
+def _fake_output(tmp_path, num_packs: int, extra: dict | None = None, shard_rows: int = 4):
+    """A small output directory by hand: pack i holds one sequence of 4 tokens [i, i, i, i]."""
+    from packctl.contract.schema import PACK_SCHEMA
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for first in range(0, num_packs, shard_rows):
+        rows = range(first, min(first + shard_rows, num_packs))
+        columns = {"input_ids": [[i] * 4 for i in rows], "labels": [[IGNORE, i, i, i] for i in rows],
+                   "position_ids": [[0, 1, 2, 3] for _ in rows], "seq_lens": [[4] for _ in rows],
+                   "seq_lens_padded": [[4] for _ in rows], "cu_seqlens": [[0, 4] for _ in rows],
+                   "cu_seqlens_padded": [[0, 4] for _ in rows], "sample_ids": [[i] for i in rows],
+                   "num_tokens": [4 for _ in rows]}
+        table = pa.table(columns, schema=PACK_SCHEMA)
+        for name, values in (extra or {}).items():
+            chunk = values[first:first + len(rows)]
+            table = table.append_column(name, chunk if isinstance(chunk, pa.Array) else pa.array(chunk, pa.int32()))
+        name = f"part-{len(shards):05d}.parquet"
+        pq.write_table(table, tmp_path / name)
+        shards.append({"path": name, "rows": len(rows), "tokens": 4 * len(rows), "sha256": ""})
+    manifest = {"format_version": 1, "layout": {"capacity": 4}, "shards": shards, "counts": {"packs": num_packs}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))  # a version-1 output
+    return tmp_path
+
+
+def _fake_megatron(monkeypatch):
+    import dataclasses
+    import types
+
+    @dataclasses.dataclass
+    class PackedSeqParams:  # the fields of megatron.core.packed_seq_params.PackedSeqParams
+        qkv_format: str = None
+        cu_seqlens_q: Any = None
+        cu_seqlens_kv: Any = None
+        cu_seqlens_q_padded: Any = None
+        cu_seqlens_kv_padded: Any = None
+        max_seqlen_q: Any = None
+        max_seqlen_kv: Any = None
+        pad_between_seqs: Any = None
+
+    names = ["megatron", "megatron.core", "megatron.core.packed_seq_params"]
+    modules = {name: types.ModuleType(name) for name in names}
+    modules["megatron.core.packed_seq_params"].PackedSeqParams = PackedSeqParams
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_packed_seq_params_tells_transformer_engine_whether_sequences_are_padded(monkeypatch):
+    """TE takes `cu_seqlens_q_padded is cu_seqlens_q` to mean no padding between sequences (and
+    only then keeps FlashAttention): equal boundaries must be the same tensor."""
+    from packctl.torch import packed_seq_params
+
+    _fake_megatron(monkeypatch)
+    unpadded = {"cu_seqlens": torch.tensor([0, 3, 5], dtype=torch.int32),
+                "cu_seqlens_padded": torch.tensor([0, 3, 5], dtype=torch.int32), "max_seqlen": 3}
+    p = packed_seq_params(unpadded)
+    assert p.cu_seqlens_q_padded is p.cu_seqlens_q and p.cu_seqlens_kv_padded is p.cu_seqlens_kv
+    assert p.pad_between_seqs is False
+    padded = {"cu_seqlens": torch.tensor([0, 3, 5], dtype=torch.int32),
+              "cu_seqlens_padded": torch.tensor([0, 4, 8], dtype=torch.int32), "max_seqlen": 3}
+    p = packed_seq_params(padded)
+    assert p.cu_seqlens_q_padded is not p.cu_seqlens_q and p.pad_between_seqs is True
+    assert p.qkv_format == "thd" and p.max_seqlen_q == 3
+    megatron_style = packed_seq_params(padded, padded_boundaries=True)
+    assert megatron_style.cu_seqlens_q.tolist() == [0, 4, 8] and megatron_style.pad_between_seqs is False
+    assert megatron_style.cu_seqlens_q_padded is megatron_style.cu_seqlens_q and megatron_style.max_seqlen_q == 4

@@ -1,0 +1,105 @@
+"""Distributed runs: tests launch `mpiexec` themselves, under a timeout."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support.paths import MPIEXEC, ROOT, SUPPORT
+
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec on PATH (pip install 'packctl[mpi]')")
+
+
+def mpirun(n: int, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([MPIEXEC, "-n", str(n), *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+@pytest.mark.parametrize("n_total, key_range", [(5000, 7), (20000, 10**9), (3, 2)])
+def test_sample_sort_matches_a_single_process_sort(ranks, n_total, key_range):
+    proc = mpirun(ranks, sys.executable, str(SUPPORT / "samplesort_check.py"), str(n_total), str(key_range))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"ok {ranks} ranks" in proc.stdout
+
+
+def _pack_cmd(out: Path, *options: str) -> list[str]:
+    return [sys.executable, "-m", "packctl", "pack", str(ROOT / "sample_data"), "-o", str(out), "--overwrite",
+            "-q", *options]
+
+
+def _fingerprint(out: Path) -> tuple[list[str], dict]:
+    manifest = json.loads((out / "_manifest.json").read_text())
+    manifest.pop("timings")
+    return [s["sha256"] for s in manifest["shards"]], manifest
+
+
+OPTIONS = ["--too-long", "split", "--window", "300", "--shard-rows", "40"]
+
+
+BALANCED = ["--dp-size", "4", "--micro-batches", "2", "--lr-scaling", "sqrt"]
+
+
+@pytest.mark.parametrize("order, algorithm, extra, ranks", [
+    ("input", "concat", [], range(1, 9)),
+    ("shuffle", "ffs", [], range(1, 9)),
+    ("curriculum", "bfd", [], range(1, 9)),
+    ("shuffle", "ffs", BALANCED, (2, 3)),
+    # one shard of several row groups, cut between writers and joined; tokens read, not exchanged
+    ("input", "bfd", ["--shard-rows", "1024", "--token-transfer", "read"], (2, 3)),
+])
+def test_same_bytes_for_any_number_of_ranks(tmp_path, order, algorithm, extra, ranks, contract):
+    from support.contract import check_contract
+
+    out = tmp_path / "out"
+    options = [*OPTIONS, "--order", order, "--algorithm", algorithm, *extra]
+    single = subprocess.run(_pack_cmd(out, *options), capture_output=True, text=True, timeout=120)
+    assert single.returncode == 0, single.stderr
+    reference = _fingerprint(out)
+    assert len(reference[0]) > 4 or "--shard-rows" in extra
+    assert check_contract(contract, out, [ROOT / "sample_data"]) == []
+    for n in ranks:
+        proc = mpirun(n, *_pack_cmd(out, *options))
+        assert proc.returncode == 0, proc.stderr
+        assert _fingerprint(out) == reference, f"{n} ranks"
+        metrics = json.loads((out / "_metrics.json").read_text())
+        if n > 1:
+            assert len(metrics["ranks"]) == n
+            assert sum(r["sequences_scanned"] for r in metrics["ranks"]) == 2000
+            assert sum(r["packs_written"] for r in metrics["ranks"]) == metrics["packs"]
+            assert metrics["scale_out"]["ranks"] == n
+
+
+def test_a_rank_that_fails_stops_all_ranks(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for path in sorted((ROOT / "sample_data").glob("*.parquet")):
+        shutil.copy(path, corpus / path.name)
+    last = corpus / "shard-00003.parquet"  # read by the last rank only
+    table = pq.read_table(last)
+    ids = table.column("input_ids").to_pylist()
+    ids[10][5] = -7
+    pq.write_table(table.set_column(0, "input_ids", pa.array(ids, pa.list_(pa.int32()))), last)
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    proc = mpirun(4, sys.executable, "-m", "packctl", "pack", str(corpus), "-o", str(out), "--too-long", "split",
+                  timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert proc.returncode != 0
+    assert "rank 3: " in proc.stderr and "shard-00003.parquet row 10 column 'input_ids': value -7" in proc.stderr
+    assert proc.stderr.count("value -7") == 1
+    assert not (out / "_manifest.json").exists()
+
+
+def test_errors_found_before_reading_are_printed_once(tmp_path):
+    proc = mpirun(3, sys.executable, "-m", "packctl", "pack", str(ROOT / "sample_data"), "-o", str(tmp_path / "o"))
+    assert proc.returncode != 0
+    assert proc.stderr.count("is longer than the capacity 4096") == 1
+    assert not (tmp_path / "o").exists()

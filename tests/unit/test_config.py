@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import pytest
+
+from packctl import PackConfig, PackctlError, load_config
+from packctl.config import build_config, parse_bytes
+from support.paths import DOCS
+
+
+@pytest.mark.parametrize("cp, tp, sp, seq_multiple, align", [
+    (1, 1, True, 1, 1), (2, 1, True, 1, 4), (2, 2, True, 1, 4), (1, 4, True, 1, 4), (1, 1, True, 64, 64),
+    (4, 2, True, 24, 24), (1, 2, True, 3, 6), (2, 4, True, 1, 8), (2, 4, False, 1, 4), (1, 4, False, 1, 1),
+    (4, 3, True, 1, 24), (4, 3, False, 1, 8), (3, 2, True, 1, 6), (8, 8, True, 1, 64),
+])
+def test_alignment(cp, tp, sp, seq_multiple, align):
+    """lcm(seq_multiple, 2*cp if cp > 1, cp*tp if sequence parallel and tp > 1)."""
+    cfg = PackConfig(cp_size=cp, tp_size=tp, sequence_parallel=sp, seq_multiple=seq_multiple)
+    assert cfg.align == align
+    assert align % cfg.seq_multiple == 0
+    if cp > 1:  # Transformer Engine's THD split: 2*cp equal chunks of every sequence
+        assert align % (2 * cp) == 0
+    if sp and tp > 1:  # each CP rank's share of a sequence splits over the tp ranks
+        assert (align // cp) % tp == 0
+
+
+def test_plan_capacity_for_pad_to_multiple():
+    cfg = PackConfig(capacity=4096, pad_to="multiple", pack_multiple=1000)
+    assert cfg.plan_capacity == 4000
+    assert PackConfig(capacity=4096).plan_capacity == 4096
+
+
+def test_toml_keys_in_either_spelling_and_flags_win(tmp_path):
+    path = tmp_path / "pack.toml"
+    path.write_text('inputs = "data"\noutput = "o"\ncapacity = 2048\ntoo-long = "split"\n[other]\nx = 1\n')
+    with pytest.raises(PackctlError, match="unknown key 'other'"):
+        load_config(path)
+    path.write_text('[pack]\ninputs = ["data"]\ncapacity = 2048\ntoo-long = "split"\ncp_size = 2\n')
+    values = load_config(path)
+    assert values == {"inputs": ["data"], "capacity": 2048, "too_long": "split", "cp_size": 2}
+    cfg = build_config(values, output="o", capacity=None, cp_size=4)
+    assert (cfg.capacity, cfg.too_long, cfg.cp_size, cfg.output) == (2048, "split", 4, "o")
+
+
+def test_wrong_types_in_config_are_reported(tmp_path):
+    with pytest.raises(PackctlError, match="--capacity '4096': must be a whole number"):
+        PackConfig(inputs=["x"], output="o", capacity="4096").validate()
+
+
+def test_parse_bytes():
+    assert parse_bytes("4GiB") == 4 * 2**30
+    assert parse_bytes("512M") == 512 * 2**20
+    assert parse_bytes("1e6") == 1_000_000
+    with pytest.raises(PackctlError, match="--memory-budget 'lots'"):
+        parse_bytes("lots")
+
+
+def test_every_field_is_a_cli_flag():
+    import dataclasses
+
+    from typer.testing import CliRunner
+
+    from packctl.cli import app
+
+    help_text = CliRunner().invoke(app, ["pack", "--help"], env={"COLUMNS": "200"}).output
+    for f in dataclasses.fields(PackConfig):
+        flag = "--output" if f.name == "output" else f"--{f.name.replace('_', '-')}"
+        if f.name != "inputs":
+            assert flag in help_text, flag
+
+
+def test_every_option_is_documented_in_docs_cli_md_with_its_flag():
+    import dataclasses
+
+    table = (DOCS / "cli.md").read_text()
+    for f in dataclasses.fields(PackConfig):
+        if f.name not in ("inputs", "output"):
+            assert f"| `--{f.name.replace('_', '-')}" in table, f.name
+
+
+def test_help_choices_and_defaults_come_from_the_field():
+    from packctl.config import choices_of, option_help
+
+    assert choices_of("too_long") == ("error", "drop", "truncate", "split")
+    assert option_help("too_long").startswith("error|drop|truncate|split: ")
+    assert option_help("window").endswith("[default: 100,000]")
+    assert option_help("equal_counts").endswith("[default: --equal-counts]")
+    assert "[default" not in option_help("overwrite")
+    with pytest.raises(PackctlError, match="--token-transfer 'rsync': choose one of auto, exchange, read"):
+        PackConfig(inputs=["x"], output="o", token_transfer="rsync").validate()
+
+
+def test_toml_config_is_read_where_the_standard_library_has_no_tomllib(tmp_path):
+    """Python 3.10 has no tomllib: packctl imports and reads --config files with tomli."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("tomli")
+    cfg = tmp_path / "pack.toml"
+    cfg.write_text("capacity = 8\ntoo-long = 'split'\n")
+    code = ("import sys; sys.modules['tomllib'] = None\n"
+            "import packctl\nfrom packctl.config import load_config\nprint(load_config(sys.argv[1]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "'capacity': 8" in proc.stdout and "'too_long': 'split'" in proc.stdout
