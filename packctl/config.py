@@ -23,6 +23,10 @@ from typing import Any
 from packctl.errors import PackctlError
 from packctl.plan.names import ALGORITHMS
 from packctl.contract.schema import INT32_MAX, RESERVED_COLUMNS
+from packctl.specs import (BalanceScope, BalanceSpec, BatchUnit, Cost, CurriculumOrder, GroupScope, GroupSpec,
+                           LengthSpec, LrScaling, Mode, Order, OrderSpec, PadTo, PoolStrategy, ReportSpec,
+                           ScanSpec, Specs, StepGrouping, StepSpec, TokenTransfer, TooLong, WindowOptions,
+                           WriteSpec)
 
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
@@ -82,11 +86,11 @@ class PackConfig:
     algorithm: str = option("bfd", choices=ALGORITHMS, help="Packing algorithm (docs/algorithms.md).")
     pool_size: int = option(128, help="Items waiting in the pool of --algorithm pool (at most this many packs of "
                                       "reordering).")
-    pool_strategy: str = option("closest", choices=("closest", "first"),
+    pool_strategy: str = option("closest", choices=PoolStrategy.values(),
                                 help="--algorithm pool places the largest item that fits, or the oldest.")
-    order: str = option("input", choices=("input", "shuffle", "curriculum"),
+    order: str = option("input", choices=Order.values(),
                         help="Sequence order: as read, seeded shuffle, or by padded length (ties by global id).")
-    curriculum_order: str = option("asc", choices=("asc", "desc"), help="Direction of --order curriculum.")
+    curriculum_order: str = option("asc", choices=CurriculumOrder.values(), help="Direction of --order curriculum.")
     seed: int = option(0, help="Seed of --order shuffle, of --algorithm ffs and of step grouping.")
     epochs: int = option(1, help="Epochs to write, each a full pass in its own shuffled order and packing, one "
                                  "output each (OUT/epoch-00000, ...; docs/training.md); needs --order shuffle.")
@@ -101,14 +105,14 @@ class PackConfig:
                                                              "evenly over the tp ranks.")
     seq_multiple: int = option(1, help="Extra per-sequence length multiple (e.g. 8 or 64 for kernels that like "
                                        "aligned lengths).")
-    pad_to: str = option("capacity", choices=("capacity", "multiple"),
+    pad_to: str = option("capacity", choices=PadTo.values(),
                          help="Every pack exactly --capacity tokens, or rounded up to --pack-multiple.")
     pack_multiple: int | None = option(None, shown_default="the alignment",
                                        help="Pack length multiple for --pad-to multiple.")
     pad_token_id: int = option(0, help="Token id written into padding.")
     max_seqs_per_bin: int | None = option(None, help="At most this many sequences in a pack.",
                                           shown_default="no limit")
-    too_long: str = option("error", choices=("error", "drop", "truncate", "split"),
+    too_long: str = option("error", choices=TooLong.values(),
                            help="What to do with a sequence longer than the capacity.")
     tokens_column: str = option("input_ids", help="Input column of token ids.")
     labels_column: str | None = option(None, shown_default="labels if every input file has it, else the tokens",
@@ -124,7 +128,7 @@ class PackConfig:
                                            "prompt): a run of consecutive rows with one value is kept whole in one "
                                            "pack, in input order, or one step (--group-scope; "
                                            "docs/algorithms.md#groups).")
-    group_scope: str = option("pack", choices=("pack", "step"),
+    group_scope: str = option("pack", choices=GroupScope.values(),
                               help="Where a group is kept whole: one pack (members adjacent, in input order), or "
                                    "one optimizer step (members in any packs of the step: groups larger than a "
                                    "pack; needs --dp-size).")
@@ -136,12 +140,12 @@ class PackConfig:
                                              help="Decoded tokens held in memory at once, e.g. 8GiB (per rank).")
     resume: bool = option(False, switch=True, help="Continue an interrupted run of the same command and inputs, "
                           "keeping the shards it finished (docs/errors.md).")
-    token_transfer: str = option("auto", choices=("auto", "exchange", "read"),
+    token_transfer: str = option("auto", choices=TokenTransfer.values(),
                                  help="Under MPI, how a rank gets the tokens of the packs it writes: sent by the rank "
                                       "that scanned their block, or read by itself (a filesystem every rank sees); "
                                       "auto reads when that decodes little more than the input "
                                       "(docs/distributed.md).")
-    mode: str = option("pack", choices=("pack", "batch"),
+    mode: str = option("pack", choices=Mode.values(),
                        help="THD packs, or padded micro-batches (dynamic batching: sequences sorted by length in "
                             "each window, grouped while rows x padded length <= --max-tokens; docs/format.md).")
     max_tokens: int | None = option(None, shown_default="--capacity",
@@ -157,21 +161,21 @@ class PackConfig:
     micro_batches: int | None = option(None, help="Packs per rank per optimizer step.")
     step_tokens: int | None = option(None, help="Instead of --micro-batches: close a step once it holds this many "
                                                 "tokens (steps of varying size).")
-    balance: str = option("attention", choices=("tokens", "attention"),
+    balance: str = option("attention", choices=Cost.values(),
                           help="Cost shared out evenly over ranks (attention: a*L + L^2 per sequence).")
     attn_coeff: float = option(0.0, help="a of the attention cost a*L + L^2 (12 x hidden size weighs per-token "
                                          "and attention FLOPs alike; 0: attention alone).")
-    balance_scope: str = option("sequences", choices=("packs", "sequences"),
+    balance_scope: str = option("sequences", choices=BalanceScope.values(),
                                 help="Share whole packs out, or also move single sequences between a step's packs.")
-    step_grouping: str = option("cost", choices=("cost", "order"),
+    step_grouping: str = option("cost", choices=StepGrouping.values(),
                                 help="Steps of packs of similar cost (in a seeded order), or of consecutive packs.")
     equal_counts: bool = option(True, switch=True, help="Same number of packs for every rank in every step "
                                                         "(packs are split to make up the count).")
-    lr_scaling: str = option("none", choices=("none", "linear", "sqrt"),
+    lr_scaling: str = option("none", choices=LrScaling.values(),
                              help="Record lr_scale = (batch / --ref-batch-size)^p per step.")
     ref_batch_size: float | None = option(None, shown_default="the mean batch",
                                           help="Batch size the learning rate was tuned for, in --batch-unit.")
-    batch_unit: str = option("tokens", choices=("sequences", "tokens"), help="What a batch size counts.")
+    batch_unit: str = option("tokens", choices=BatchUnit.values(), help="What a batch size counts.")
 
     @property
     def balanced(self) -> bool:
@@ -377,6 +381,70 @@ class PackConfig:
                 isinstance(self.ref_batch_size, bool) or not isinstance(self.ref_batch_size, (int, float))
                 or not 0 < self.ref_batch_size < float("inf")):
             raise PackctlError(f"--ref-batch-size {self.ref_batch_size!r}: must be a number > 0")
+
+    def specs(self, labels_column: str | None = None) -> Specs:
+        """The frozen spec of every stage (packctl/specs.py), built once per run from the options,
+        which must be valid (`validate`). `labels_column`: the one scan resolved (the option may be
+        None: labels if every file has them)."""
+        batch = self.mode == Mode.BATCH
+        align, plan_capacity = self.align, self.plan_capacity
+        step_scope = self.group_column is not None and self.group_scope == GroupScope.STEP
+        windows = WindowOptions(
+            capacity=plan_capacity, align=align, algorithm="batch" if batch else self.algorithm,
+            too_long=TooLong(self.too_long), window=self.window, max_seqs_per_bin=self.max_seqs_per_bin,
+            seed=self.seed, pool_size=self.pool_size, pool_strategy=PoolStrategy(self.pool_strategy),
+            max_tokens=self.resolved_max_tokens if batch else None,
+            step_packs=self.dp_size * self.micro_batches if step_scope and self.micro_batches is not None else None,
+            step_tokens=self.step_tokens if step_scope else None)
+        balance = steps = None
+        if self.balanced:
+            balance = BalanceSpec(
+                dp_size=self.dp_size, micro_batches=self.micro_batches, step_tokens=self.step_tokens,
+                cost=Cost(self.balance), attn_coeff=float(self.attn_coeff),
+                # a micro-batch's shape is its own: in batch mode sequences never move between them
+                scope=BalanceScope.PACKS if batch else BalanceScope(self.balance_scope), padded_cost=batch,
+                equal_counts=self.equal_counts, capacity=plan_capacity, max_seqs_per_bin=self.max_seqs_per_bin,
+                grouping=StepGrouping(self.step_grouping), seed=self.seed)
+            steps = StepSpec(lr_scaling=LrScaling(self.lr_scaling), ref_batch_size=self.ref_batch_size,
+                             batch_unit=BatchUnit(self.batch_unit), warmup_shapes=self.warmup_shapes,
+                             pin_groups=self.group_column is not None and self.group_scope == GroupScope.PACK)
+        return Specs(
+            scan=ScanSpec(tokens_column=self.tokens_column, labels_column=labels_column,
+                          keep_columns=tuple(self.keep_columns), weight_column=self.weight_column,
+                          group_column=self.group_column, skip_empty=self.skip_empty,
+                          pad_token_id=self.pad_token_id, memory_budget=self.resolved_memory_budget,
+                          count_loss_tokens=self.balanced),
+            order=OrderSpec(order=Order(self.order), curriculum_order=CurriculumOrder(self.curriculum_order),
+                            seed=self.seed, align=align, window=self.window, epochs=self.epochs,
+                            skip_empty=self.skip_empty),
+            groups=GroupSpec(column=self.group_column, scope=GroupScope(self.group_scope), capacity=plan_capacity,
+                             align=align, dp_size=self.dp_size, micro_batches=self.micro_batches)
+            if self.group_column is not None else None,
+            windows=windows,
+            lengths=LengthSpec(mode=Mode(self.mode), capacity=self.capacity, plan_capacity=plan_capacity,
+                               pad_to=PadTo(self.pad_to), pack_multiple=self.resolved_pack_multiple, align=align,
+                               too_long=TooLong(self.too_long), shape_buckets=self.shape_buckets,
+                               max_tokens=self.resolved_max_tokens if batch else None),
+            balance=balance,
+            steps=steps,
+            write=WriteSpec(shard_rows=self.shard_rows, epochs=self.epochs,
+                            token_transfer=TokenTransfer(self.token_transfer), order=Order(self.order),
+                            pad_token_id=self.pad_token_id, memory_budget=self.resolved_memory_budget,
+                            keep_columns=tuple(self.keep_columns), weight_column=self.weight_column),
+            report=ReportSpec(algorithm=self.algorithm, order=Order(self.order), mode=Mode(self.mode),
+                              capacity=self.resolved_max_tokens if batch else self.capacity, align=align,
+                              epochs=self.epochs, seed=self.seed,
+                              group_scope=GroupScope(self.group_scope) if self.group_column is not None else None,
+                              shape_buckets=self.shape_buckets,
+                              balance=self._balance_options() if self.balanced else None),
+        )
+
+    def _balance_options(self) -> dict[str, Any]:
+        """The --dp-size options as `_metrics.json`'s `balance` records them."""
+        return {"dp_size": self.dp_size, "micro_batches": self.micro_batches, "step_tokens": self.step_tokens,
+                "cost": self.balance, "attn_coeff": float(self.attn_coeff), "scope": self.balance_scope,
+                "step_grouping": self.step_grouping, "equal_counts": self.equal_counts,
+                "lr_scaling": self.lr_scaling, "batch_unit": self.batch_unit}
 
     def to_dict(self) -> dict[str, Any]:
         """Every option, resolved where a default depends on others (for the manifest)."""

@@ -1,8 +1,9 @@
-"""`packctl pack`, stage by stage (run.py calls them in this order):
+"""`packctl pack`, stage by stage (run.py calls them in this order), each taking its spec
+(packctl/specs.py, built once per run by `PackConfig.specs()`):
 
     preflight   options, inputs resolved, output lock, what an interrupted run left   run.py
     scan        every block decoded and checked once, lengths indexed                source/parquet.py
-    order       sample sort into windows, whole windows to ranks                     plan.py
+    order       sample sort into windows, whole windows to ranks                     order.py
     plan        packs per window, shapes, balance, final pack lengths                plan.py, step_loss.py
     assign      writing dealt out to ranks by tokens                                 mpi/assign.py
     materialize tokens moved into packs, shards encoded and journaled                materialize.py

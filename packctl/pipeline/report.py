@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from packctl.config import PackConfig
 from packctl.contract.manifest import ShardEntry
 from packctl.contract.manifest import epoch_dir
 from packctl.plan.metrics import batch_metrics, pack_metrics
@@ -19,6 +18,7 @@ from packctl.plan.groups import group_ids
 from packctl.plan.windows import PackPlan, merge_plans
 from packctl.pipeline.runtime import peak_rss_bytes
 from packctl.contract.schema import FORMAT_VERSION
+from packctl.specs import Mode, ReportSpec
 from packctl.version import __version__
 
 STAGES = ("scan", "order", "plan", "assign", "materialize", "report")
@@ -67,15 +67,14 @@ class RankShare:
                    dp_rank=columns.get("dp_rank"))
 
 
-def plan_metrics(plan: PackPlan, pack_lens: np.ndarray, config: PackConfig, num_sequences: int,
+def plan_metrics(plan: PackPlan, pack_lens: np.ndarray, spec: ReportSpec, num_sequences: int,
                  tokens_in: int, *, skipped_empty: int = 0) -> dict[str, Any]:
     """metrics.json without throughput and timings: what the plan of the whole corpus achieves.
     In batch mode the "capacity" of a row is the micro-batch budget, max_tokens."""
-    capacity = config.resolved_max_tokens if config.mode == "batch" else config.capacity
-    metrics = pack_metrics(plan.piece_len, plan.bin_offsets, pack_lens, capacity=capacity,
-                           align=config.align, input_order=np.argsort(plan.piece_gid, kind="stable"))
-    metrics["algorithm"] = config.algorithm
-    metrics["order"] = config.order
+    metrics = pack_metrics(plan.piece_len, plan.bin_offsets, pack_lens, capacity=spec.capacity,
+                           align=spec.align, input_order=np.argsort(plan.piece_gid, kind="stable"))
+    metrics["algorithm"] = spec.algorithm
+    metrics["order"] = str(spec.order)
     metrics["counts"] = plan_counts(plan, num_sequences, tokens_in, skipped_empty=skipped_empty)
     return metrics
 
@@ -145,7 +144,7 @@ def scale_out(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def assemble_metrics(config: PackConfig, shares: list[RankShare], ranks: list[dict[str, Any]], corpus: Corpus, *,
+def assemble_metrics(spec: ReportSpec, shares: list[RankShare], ranks: list[dict[str, Any]], corpus: Corpus, *,
                      plan_figures: dict[str, Any] | None = None,
                      group_starts: np.ndarray | None = None) -> tuple[dict[str, Any], PackPlan]:
     """metrics.json from every rank's share (in rank order), without throughput and timings;
@@ -154,22 +153,23 @@ def assemble_metrics(config: PackConfig, shares: list[RankShare], ranks: list[di
     whole = merge_plans([s.plan for s in shares])
     pack_lens = np.concatenate([s.pack_lens for s in shares])
     metrics = plan_figures if plan_figures is not None else plan_metrics(
-        whole, pack_lens, config, corpus.sequences, corpus.tokens, skipped_empty=corpus.skipped_empty)
-    batch_sizes = np.concatenate([s.batch_size for s in shares]) if config.mode == "batch" else None
-    if config.balanced:
-        metrics["balance"] = balance_report(config, [s.balance_figures for s in shares])
-    if config.mode == "batch":
+        whole, pack_lens, spec, corpus.sequences, corpus.tokens, skipped_empty=corpus.skipped_empty)
+    batch = spec.mode == Mode.BATCH
+    batch_sizes = np.concatenate([s.batch_size for s in shares]) if batch else None
+    if spec.balance is not None:
+        metrics["balance"] = balance_report(spec.balance, [s.balance_figures for s in shares])
+    if batch:
         metrics["batching"] = batch_metrics(whole.piece_len, whole.bin_offsets, batch_sizes, pack_lens,
-                                            max_tokens=config.resolved_max_tokens,
+                                            max_tokens=spec.capacity,
                                             input_order=np.argsort(whole.piece_gid, kind="stable"))
-    if config.balanced:
-        shapes = pack_lens if config.mode != "batch" else pack_lens // np.maximum(batch_sizes, 1)
+    if spec.balance is not None:
+        shapes = pack_lens if not batch else pack_lens // np.maximum(batch_sizes, 1)
         metrics["balance"]["shapes"] = shape_coverage(np.concatenate([s.step for s in shares]),
                                                       np.concatenate([s.dp_rank for s in shares]), shapes,
-                                                      config.dp_size)
+                                                      spec.balance["dp_size"])
     if group_starts is not None:
-        metrics["groups"] = group_report(whole, group_starts, config.group_scope)
-    if config.shape_buckets:
+        metrics["groups"] = group_report(whole, group_starts, str(spec.group_scope))
+    if spec.shape_buckets:
         buckets = shares[0].buckets
         metrics["shape_buckets"] = [int(b) for b in buckets] if buckets is not None else []
     if len(ranks) > 1:
@@ -204,17 +204,17 @@ def group_report(plan: PackPlan, group_starts: np.ndarray, scope: str) -> dict[s
     }
 
 
-def epochs_metrics(config: PackConfig, shares: list[RankShare], ranks: list[dict[str, Any]], corpus: Corpus,
+def epochs_metrics(spec: ReportSpec, shares: list[RankShare], ranks: list[dict[str, Any]], corpus: Corpus,
                    per_epoch: list[dict[str, Any]]) -> dict[str, Any]:
     """OUT/_metrics.json of `--epochs`: the pack metrics of every epoch's packs together (`shares`:
     every rank's share of epoch 0, then of epoch 1, ...), `counts` of one epoch (each packs the
     same sequences) but for `packs`, `pieces` and `tokens_packed`, which are of all epochs, and
     `epochs`: the figures of each."""
-    metrics, _ = assemble_metrics(config, shares, ranks, corpus)
+    metrics, _ = assemble_metrics(spec, shares, ranks, corpus)
     counts = dict(per_epoch[0]["counts"])
     for key in ("packs", "pieces", "tokens_packed"):
         counts[key] = sum(m["counts"][key] for m in per_epoch)
-    counts["epochs"] = config.epochs
+    counts["epochs"] = spec.epochs
     metrics["counts"] = counts
     metrics["epochs"] = [{"epoch": m["epoch"]["index"], "seed": m["epoch"]["seed"], "packs": m["packs"],
                           "utilization": m["utilization"], "tokens_packed": m["counts"]["tokens_packed"]}
@@ -222,13 +222,13 @@ def epochs_metrics(config: PackConfig, shares: list[RankShare], ranks: list[dict
     return metrics
 
 
-def epochs_index(config: PackConfig, metrics: dict[str, Any], timings: dict[str, float]) -> dict[str, Any]:
+def epochs_index(spec: ReportSpec, metrics: dict[str, Any], timings: dict[str, float]) -> dict[str, Any]:
     """OUT/_epochs.json, written last: which output holds which epoch (docs/format.md)."""
     return {
         "format_version": FORMAT_VERSION,
         "packctl_version": __version__,
-        "epochs": config.epochs,
-        "seed": config.seed,
+        "epochs": spec.epochs,
+        "seed": spec.seed,
         "outputs": [{"path": epoch_dir(e["epoch"]), **e} for e in metrics["epochs"]],
         "counts": metrics["counts"],
         "timings": timings,
@@ -272,23 +272,23 @@ def shape_coverage(step: np.ndarray, dp_rank: np.ndarray, shape: np.ndarray, dp_
             "steps": int(step.max()) + 1 if len(step) else 0}
 
 
-def balance_report(config: PackConfig, figures: list[dict[str, Any]]) -> dict[str, Any]:
-    """metrics.json's `balance`: imbalance (max/mean over ranks, per step) before, i.e. round robin
-    over the planner's packs, and after; batch sizes and lr_scale per step."""
+def balance_report(options: dict[str, Any], figures: list[dict[str, Any]]) -> dict[str, Any]:
+    """metrics.json's `balance`: the --dp-size options (`ReportSpec.balance`), imbalance (max/mean
+    over ranks, per step) before, i.e. round robin over the planner's packs, and after; batch sizes
+    and lr_scale per step."""
     cat = (lambda key: np.concatenate([f[key] for f in figures]))
     before_tokens, before_attention = cat("before_tokens"), cat("before_attention")
     after_tokens, after_attention = cat("after_tokens"), cat("after_attention")
     packs_per_step = cat("packs_per_step")
     return {
-        "dp_size": config.dp_size, "micro_batches": config.micro_batches, "step_tokens": config.step_tokens,
-        "cost": config.balance, "attn_coeff": float(config.attn_coeff), "scope": config.balance_scope,
-        "step_grouping": config.step_grouping, "equal_counts": config.equal_counts,
+        **{key: options[key] for key in ("dp_size", "micro_batches", "step_tokens", "cost", "attn_coeff", "scope",
+                                         "step_grouping", "equal_counts")},
         "steps": int(len(packs_per_step)),
         "unequal_steps": int(sum(f["unequal_steps"] for f in figures)),
         "packs_added": int(sum(f["packs_added"] for f in figures)),
         "before": {"tokens": imbalance_summary(before_tokens), "attention": imbalance_summary(before_attention)},
         "after": {"tokens": imbalance_summary(after_tokens), "attention": imbalance_summary(after_attention)},
-        "lr_scaling": config.lr_scaling, "batch_unit": config.batch_unit,
+        "lr_scaling": options["lr_scaling"], "batch_unit": options["batch_unit"],
         "ref_batch_size": figures[0]["ref_batch_size"],
         "per_step": {
             "packs": packs_per_step.tolist(),

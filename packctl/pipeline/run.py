@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from packctl.config import PackConfig
+from packctl.specs import Specs, WriteSpec
 from packctl.mpi.assign import WriteJob, assign, hand_over, units_of
 from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
 from packctl.contract.manifest import EPOCHS, MANIFEST, METRICS, epoch_dir
@@ -47,8 +48,8 @@ from packctl.output.outdir import Faults, OutputDir
 from packctl.output.paths import check_output_path
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.plan.order import epoch_seed
-from packctl.pipeline.plan import (Planned, check_something_to_pack, check_too_long, config_of_epoch, join_epochs,
-                              order_and_distribute, plan_stage)
+from packctl.pipeline.order import check_too_long, order_and_distribute
+from packctl.pipeline.plan import Planned, check_something_to_pack, join_epochs, plan_stage
 from packctl.pipeline.step_loss import step_loss_columns
 from packctl.pipeline.report import (Corpus, RankShare, Transfer, assemble_metrics, epochs_index, epochs_metrics,
                                 plan_metrics, rank_report, throughput)
@@ -117,21 +118,23 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     timings: dict[str, float] = {}
     started, jit = time.perf_counter(), CompileClock()
     index, fingerprint, done = broadcast_outcome(comm, lambda: _preflight(config, out, lock))
+    specs = config.specs(index.labels_column)
 
     with timed(timings, "scan"):
-        scanned, corpus = _scan(comm, index, config, progress)
-    epochs = [_plan_epoch(comm, scanned, corpus, config, epoch, timings, progress) for epoch in range(config.epochs)]
+        scanned, corpus = _scan(comm, index, specs, progress)
+    epochs = [_plan_epoch(comm, scanned, corpus, specs, epoch, config.inputs, timings, progress)
+              for epoch in range(specs.order.epochs)]
     planned = join_epochs(epochs)
     with timed(timings, "assign"):
-        job, transfer = _assign(comm, planned, scanned, config, [e.plan.num_bins for e in epochs])
+        job, transfer = _assign(comm, planned, scanned, specs.write, [e.plan.num_bins for e in epochs])
 
     output = run.output = _open_output(comm, out, config.overwrite, fingerprint, done, faults)
     # In one process the plan is the whole plan: its metrics are computed beside materialize.
-    early_metrics = in_background(plan_metrics, planned.plan, planned.pack_lens, config, corpus.sequences,
+    early_metrics = in_background(plan_metrics, planned.plan, planned.pack_lens, specs.report, corpus.sequences,
                                   corpus.tokens, skipped_empty=corpus.skipped_empty) if (
-        comm.size == 1 and config.epochs == 1) else None
+        comm.size == 1 and specs.order.epochs == 1) else None
     with timed(timings, "materialize"):
-        written = materialize(comm, job, scanned, output, _shard_format(config, scanned.index),
+        written = materialize(comm, job, scanned, output, _shard_format(config, specs, scanned.index),
                               read_own=transfer.read_own, progress=progress.stage("materialize", job.plan.num_bins))
     with timed(timings, "report"):
         corpus.tokens_equal_to_pad_id = comm.allreduce_sum(scanned.source.tokens_equal_to_pad_id)
@@ -149,17 +152,18 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
 
     whole_run = throughput(corpus, ranks, timings, resumed_shards=len(done or {}))
     if config.epochs == 1:
-        metrics, shards, manifest = _report(config, index, [s[0] for s in shares], ranks, corpus, whole_run, timings,
+        metrics, shards, manifest = _report(config, specs, index, [s[0] for s in shares], ranks, corpus, whole_run,
+                                            timings,
                                             early_metrics.result() if early_metrics is not None else None)
         reports = [("", metrics, manifest)]
     else:  # each epoch is an output of its own; OUT/_metrics.json is of them all, _epochs.json lists them
         reports, shards = [], []
         for e in range(config.epochs):
-            epoch_metrics, epoch_shards, manifest = _report(config, index, [s[e] for s in shares], [], corpus,
+            epoch_metrics, epoch_shards, manifest = _report(config, specs, index, [s[e] for s in shares], [], corpus,
                                                             whole_run, timings, None, epoch=e)
             reports.append((f"{epoch_dir(e)}/", epoch_metrics, manifest))
             shards += epoch_shards
-        metrics = epochs_metrics(config, [s[e] for e in range(config.epochs) for s in shares], ranks, corpus,
+        metrics = epochs_metrics(specs.report, [s[e] for e in range(config.epochs) for s in shares], ranks, corpus,
                                  [r[1] for r in reports])
         metrics["throughput"], metrics["timings"] = whole_run, timings
         output.write_json(METRICS, metrics)
@@ -171,34 +175,36 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
             output.write_json(folder + MANIFEST, manifest)
         if config.epochs > 1:  # written last: its presence means every epoch is complete
             output.drop_data_dir()
-            output.write_json(EPOCHS, epochs_index(config, metrics, timings))
+            output.write_json(EPOCHS, epochs_index(specs.report, metrics, timings))
         output.commit()
     comm.barrier()
     return PackResult(output=out, counts=metrics["counts"], metrics=metrics, timings=timings, shards=shards)
 
 
-def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, config: PackConfig, epoch: int,
+def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, specs: Specs, epoch: int, inputs: list[str],
                 timings: dict[str, float], progress: Progress) -> Planned:
-    """Order and plan one epoch (this rank's windows of it), with the epoch's seed."""
-    config = config_of_epoch(config, epoch)
+    """Order and plan one epoch (this rank's windows of it), with the epoch's own seed (plan/order.py
+    `epoch_seed`), so its shuffle, ffs packing and step grouping are its own."""
+    specs = specs.for_epoch(epoch_seed(specs.order.seed, epoch)) if epoch else specs
     with timed(timings, "order"):
-        ordered = order_and_distribute(comm, scanned.index, config, epoch)
+        ordered = order_and_distribute(comm, scanned.index, specs.order, specs.groups, specs.windows, epoch)
     with timed(timings, "plan"):
-        planned = plan_stage(comm, ordered, config, progress=progress.stage("plan", len(ordered.gids)))
+        planned = plan_stage(comm, ordered, specs, progress=progress.stage("plan", len(ordered.gids)))
         if epoch == 0:  # every epoch packs the same sequences
-            check_something_to_pack(comm, planned.plan, scanned.index, config, corpus.skipped_empty)
+            check_something_to_pack(comm, planned.plan, scanned.index, specs.lengths, inputs, corpus.skipped_empty)
         if planned.balanced is not None:  # every pack of a step gets the step's loss tokens
             planned.columns.update(step_loss_columns(comm, planned.plan, planned.balanced.result.step,
                                                      scanned.index, scanned.source, scanned.block_bounds))
     return planned
 
 
-def _report(config: PackConfig, index: SequenceIndex, shares: list[RankShare], ranks: list[dict], corpus: Corpus,
+def _report(config: PackConfig, specs: Specs, index: SequenceIndex, shares: list[RankShare], ranks: list[dict],
+            corpus: Corpus,
             whole_run: dict, timings: dict[str, float], plan_figures: dict | None,
             epoch: int | None = None) -> tuple[dict, list[ShardEntry], dict]:
     """Rank 0: the metrics, shards and manifest of one output: all of OUT, or the folder of one
     epoch (its manifest lists the shards relative to the folder, its `epoch` says which)."""
-    metrics, _ = assemble_metrics(config, shares, ranks, corpus, plan_figures=plan_figures,
+    metrics, _ = assemble_metrics(specs.report, shares, ranks, corpus, plan_figures=plan_figures,
                                   group_starts=index.group_starts)
     metrics["throughput"] = whole_run
     metrics["timings"] = timings
@@ -206,44 +212,46 @@ def _report(config: PackConfig, index: SequenceIndex, shares: list[RankShare], r
     listed = shards if epoch is None else [dataclasses.replace(i, path=i.path.split("/", 1)[1]) for i in shards]
     manifest = build_manifest(config, index.labels_column, index.files, listed, metrics["counts"], timings)
     if epoch is not None:
-        manifest["epoch"] = metrics["epoch"] = {"index": epoch, "of": config.epochs,
-                                                "seed": epoch_seed(config.seed, epoch)}
+        manifest["epoch"] = metrics["epoch"] = {"index": epoch, "of": specs.order.epochs,
+                                                "seed": epoch_seed(specs.order.seed, epoch)}
     return metrics, shards, manifest
 
 
-def _scan(comm: Comm, index: SequenceIndex, config: PackConfig, progress: Progress) -> tuple[Scanned, Corpus]:
+def _scan(comm: Comm, index: SequenceIndex, specs: Specs, progress: Progress) -> tuple[Scanned, Corpus]:
     """Decode and check this rank's blocks (equal bytes per rank); the corpus counts of all ranks."""
     block_bounds = split_blocks(index.blocks, comm.size)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
-    index, source = scan_blocks(index, lo, hi, config.resolved_memory_budget, progress=progress.stage("scan", hi - lo),
-                                skip_empty=config.skip_empty, pad_token_id=config.pad_token_id,
-                                count_loss_tokens=config.balanced)
-    check_too_long(comm, index, config)
-    skipped = comm.allreduce_sum(int(np.count_nonzero(index.lengths == 0))) if config.skip_empty else 0
+    scan = specs.scan
+    index, source = scan_blocks(index, lo, hi, scan.memory_budget, progress=progress.stage("scan", hi - lo),
+                                skip_empty=scan.skip_empty, pad_token_id=scan.pad_token_id,
+                                count_loss_tokens=scan.count_loss_tokens)
+    check_too_long(comm, index, specs.lengths)
+    skipped = comm.allreduce_sum(int(np.count_nonzero(index.lengths == 0))) if scan.skip_empty else 0
     corpus = Corpus(sequences=index.num_sequences, tokens=comm.allreduce_sum(int(index.lengths.sum())),
                     skipped_empty=skipped, blocks=len(index.blocks))
     return Scanned(index, source, block_bounds), corpus
 
 
-def _assign(comm: Comm, planned: Planned, scanned: Scanned, config: PackConfig,
+def _assign(comm: Comm, planned: Planned, scanned: Scanned, spec: WriteSpec,
             epoch_packs: list[int]) -> tuple[WriteJob, Transfer]:
     """Deal the writing out by tokens (mpi/assign.py), move the plan to its writers, and choose
     how tokens reach them (--token-transfer). `epoch_packs`: this rank's packs of each epoch."""
-    pack_epoch = np.repeat(np.arange(config.epochs), epoch_packs) if config.epochs > 1 else None
-    assignment = assign(comm.allgather(units_of(planned.plan.window_bins, planned.pack_lens, config.shard_rows,
+    pack_epoch = np.repeat(np.arange(spec.epochs), epoch_packs) if spec.epochs > 1 else None
+    assignment = assign(comm.allgather(units_of(planned.plan.window_bins, planned.pack_lens, spec.shard_rows,
                                                 pack_epoch=pack_epoch)), comm.size)
     job = hand_over(comm, planned.plan, planned.pack_lens, planned.columns, assignment)
     amplification = read_amplification(comm, job.plan, scanned.index) if comm.size > 1 else 1.0
-    return job, Transfer(read_own=choose_read_own(config.token_transfer, amplification, config.order, comm.size),
+    return job, Transfer(read_own=choose_read_own(spec.token_transfer, amplification, spec.order, comm.size),
                          amplification=amplification)
 
 
-def _shard_format(config: PackConfig, index: SequenceIndex) -> ShardFormat:
+def _shard_format(config: PackConfig, specs: Specs, index: SequenceIndex) -> ShardFormat:
+    """How shards are written; their `packctl` metadata records the options themselves."""
     # --resume is how a run executes, not what it writes: the shards do not record it.
     content = dataclasses.replace(config, resume=False)
     return ShardFormat(metadata=shard_metadata(content, index.labels_column, index.files),
-                       pad_token_id=config.pad_token_id, budget=config.resolved_memory_budget,
-                       keep_columns=tuple(config.keep_columns), weight_column=config.weight_column)
+                       pad_token_id=specs.write.pad_token_id, budget=specs.write.memory_budget,
+                       keep_columns=specs.write.keep_columns, weight_column=specs.write.weight_column)
 
 
 def _preflight(config: PackConfig, out: Path, lock: OutputLock) -> tuple[SequenceIndex, dict, dict | None]:

@@ -46,26 +46,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from packctl.plan.windows import PackPlan
+from packctl.specs import BalanceSpec
 
-
-
-@dataclass(frozen=True)
-class BalanceSpec:
-    """What to balance and how (the `--dp-size` family of options)."""
-
-    dp_size: int
-    micro_batches: int | None = None  # packs per rank per step; None with step_tokens
-    step_tokens: int | None = None  # close a step once it holds this many tokens
-    cost: str = "attention"
-    attn_coeff: float = 0.0
-    scope: str = "sequences"
-    equal_counts: bool = True
-    capacity: int = 0  # the planner's bin size (a pack's padded load never exceeds it)
-    max_seqs_per_bin: int | None = None
-    max_iterations: int | None = None  # local-search moves per step (None: 16 x dp_size)
-    grouping: str = "cost"  # how a window's packs are cut into steps: "cost" or "order"
-    padded_cost: bool = False  # costs of the aligned lengths (batch mode: every row's padded length)
-    seed: int = 0  # order of the steps inside a window, with grouping "cost"
 
 
 def piece_costs(lengths: np.ndarray, cost: str, attn_coeff: float) -> np.ndarray:

@@ -24,6 +24,7 @@ from packctl.plan.algorithms import batch_lengths, pack_lengths
 from packctl.plan.align import round_up
 from packctl.plan.groups import GroupTooLong, check_groups_fit, expand_items
 from packctl.plan.order import window_seed
+from packctl.specs import WindowOptions
 
 
 class SequenceTooLong(ValueError):
@@ -99,34 +100,6 @@ def merge_plans(plans: list[PackPlan]) -> PackPlan:
         tokens_dropped=sum(p.tokens_dropped for p in plans), tokens_truncated=sum(p.tokens_truncated for p in plans),
         step_bins=np.concatenate(step_bins) if all(stepped) else None,
     )
-
-
-@dataclass(frozen=True)
-class WindowOptions:
-    """How a run plans its windows (packctl.pipeline.plan.window_options makes them from a PackConfig).
-
-    `capacity` must be a multiple of `align`; algorithm "batch" (`--mode batch`) makes padded
-    micro-batches of at most `max_tokens` (`batch_lengths`, with optional `buckets`)."""
-
-    capacity: int
-    align: int
-    algorithm: str
-    too_long: str
-    window: int
-    max_seqs_per_bin: int | None = None
-    seed: int = 0
-    pool_size: int = 128
-    pool_strategy: str = "closest"
-    max_tokens: int | None = None
-    buckets: np.ndarray | None = None
-    # --group-scope step (with `new_group`): steps of at most `step_packs` packs, or closed once they
-    # hold `step_tokens` padded tokens; groups are then kept whole within a step, not a pack
-    step_packs: int | None = None
-    step_tokens: int | None = None
-
-    @property
-    def step_scope(self) -> bool:
-        return self.step_packs is not None or self.step_tokens is not None
 
 
 class GroupTooBigForStep(ValueError):

@@ -36,7 +36,8 @@ from packctl.source.groups import read_group_starts
 from packctl.plan.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
 from packctl.plan.groups import group_ids
 from packctl.plan.windows import PackPlan
-from packctl.pipeline.plan import Ordered, order_corpus, plan_corpus
+from packctl.pipeline.order import Ordered, order_corpus
+from packctl.pipeline.plan import plan_corpus
 from packctl.pipeline.report import group_report, plan_metrics
 from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
@@ -129,10 +130,11 @@ def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None 
     compares it with packing the same sequences one by one: the Martello-Toth bound over whole
     groups, and the packs and utilization of the same options without groups (`ungrouped`: a
     precomputed `order_corpus` of the index without groups)."""
+    specs = config.specs()
     t0 = time.perf_counter()
-    plan, pack_lens, buckets = plan_corpus(index, config, ordered)
+    plan, pack_lens, buckets = plan_corpus(index, specs, ordered)
     plan_seconds = time.perf_counter() - t0
-    row = plan_metrics(plan, pack_lens, config, index.num_sequences, int(index.lengths.sum()))
+    row = plan_metrics(plan, pack_lens, specs.report, index.num_sequences, int(index.lengths.sum()))
     if config.shape_buckets:
         row["shape_buckets"] = [int(b) for b in buckets]
     row["fill_histogram"] = fill_histogram(plan.loads(padded=False), config.capacity)
@@ -141,6 +143,12 @@ def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None 
         row["groups"] = group_report(plan, index.group_starts, "pack")
         row["group_cost"] = group_cost(index, config, plan, ungrouped)
     return row
+
+
+def _order(index: LengthIndex, config: PackConfig) -> Ordered:
+    """The order `pack` gives the corpus with these options (the same for every capacity and algorithm)."""
+    specs = config.specs()
+    return order_corpus(index, specs.order, specs.groups, specs.windows)
 
 
 def without_groups(index: LengthIndex, config: PackConfig) -> tuple[LengthIndex, PackConfig]:
@@ -159,7 +167,7 @@ def group_cost(index: LengthIndex, config: PackConfig, plan: PackPlan, ungrouped
     """
     free_index, free_config = without_groups(index, config)
     t0 = time.perf_counter()
-    free, _, _ = plan_corpus(free_index, free_config, ungrouped)
+    free, _, _ = plan_corpus(free_index, free_config.specs(), ungrouped)
     seconds = time.perf_counter() - t0
     items = whole_group_items(plan, index.group_starts, config.align)
     tokens = int(free.piece_len.sum())
@@ -232,9 +240,9 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     for algorithm in algorithms:  # load the compiled kernels outside the timed plans
         pack_lengths(np.array([2, 1], np.int64), 2, algorithm)
     t1 = time.perf_counter()
-    ordered = order_corpus(index, configs[capacities[0], algorithms[0]])
+    ordered = _order(index, configs[capacities[0], algorithms[0]])
     t2 = time.perf_counter()
-    ungrouped = order_corpus(*without_groups(index, configs[capacities[0], algorithms[0]])) if grouped else None
+    ungrouped = _order(*without_groups(index, configs[capacities[0], algorithms[0]])) if grouped else None
     t2b = time.perf_counter()
     rows = [what_if_row(index, configs[key], ordered, ungrouped) for key in configs]
     t3 = time.perf_counter()

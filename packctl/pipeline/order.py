@@ -1,0 +1,197 @@
+"""The order stage: sequences sorted into the global order of their epoch, cut into windows, and
+whole windows handed to ranks; groups checked where they must fit.
+
+Used by `pack` and by the what-if of `packctl stats` (`order_corpus`), through the same function,
+so the what-if orders exactly as `pack` does:
+
+    order_and_distribute   sample sort of (key, gid) over every rank, then whole windows to ranks
+                           by position: rank r of R holds windows [ceil(r*W/R), ceil((r+1)*W/R))
+    check_too_long         --too-long error: the over-long sequence with the smallest gid, named
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from packctl.errors import PackctlError
+from packctl.mpi.comm import Comm, SingleComm
+from packctl.mpi.samplesort import redistribute, sample_sort
+from packctl.plan.align import round_up
+from packctl.plan.groups import GroupTooLong, check_groups_fit, group_ids, group_sizes, run_starts, run_totals
+from packctl.plan.order import order_keys
+from packctl.plan.windows import GroupTooBigForStep, check_groups_fit_step
+from packctl.source.parquet import SequenceIndex, describe_gid
+from packctl.specs import GroupScope, GroupSpec, LengthSpec, Order, OrderSpec, TooLong, WindowOptions
+
+
+def too_long_message(where: str, length: int, padded: int, capacity: int) -> str:
+    """The one error for a sequence over the capacity under --too-long error."""
+    return (f"{where}: sequence of {length} tokens (padded to {padded}) is longer than the capacity {capacity}; "
+            "pass --too-long drop|truncate|split or raise --capacity")
+
+
+def check_too_long(comm: Comm, index: SequenceIndex, lengths: LengthSpec) -> None:
+    """With --too-long error, name the over-long sequence with the smallest gid, on every rank."""
+    if lengths.too_long != TooLong.ERROR:
+        return
+    over = round_up(index.lengths, lengths.align) > lengths.plan_capacity
+    if index.group_starts is not None:  # a member of a larger group gets the group's error
+        over &= group_sizes(index.gid_lo + np.arange(len(over)), index.group_starts) == 1
+    over = np.flatnonzero(over)
+    mine = (int(index.gid_lo + over[0]), int(index.lengths[over[0]])) if len(over) else None
+    found = [f for f in comm.allgather(mine) if f is not None]
+    if found:
+        gid, length = min(found)
+        raise PackctlError(too_long_message(index.describe(gid), length, int(round_up(length, lengths.align)),
+                                            lengths.plan_capacity), everywhere=True)
+
+
+@dataclass
+class Ordered:
+    """This rank's whole windows of the global order."""
+
+    gids: np.ndarray
+    lengths: np.ndarray  # true lengths
+    first_window: int  # index of its first window in the global order (of its epoch, with --epochs)
+    # --group-column: True on the first member of each group, and SequenceIndex.group_starts
+    new_group: np.ndarray | None = None
+    group_starts: np.ndarray | None = None
+
+
+def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, groups: GroupSpec | None = None,
+                         windows: WindowOptions | None = None, epoch: int = 0) -> Ordered:
+    """This rank's whole windows of the global order (of epoch `epoch`, ordered with `spec.seed`).
+
+    The order is a sample sort of (key, gid) over all ranks (input order needs none: blocks are
+    already split in gid order); windows are then moved so each lives whole on one rank, rank r
+    holding windows [ceil(r*W/size), ceil((r+1)*W/size)) (planning is cheap: writing is dealt out
+    later by tokens, mpi/assign.py). With `spec.epochs` E the W windows of every epoch count as
+    windows e*W ... (e+1)*W - 1 of E*W, so each rank's windows of all epochs are one run of the
+    global order (epoch 0's packs, then epoch 1's, ...); `first_window` counts within the epoch.
+
+    With --group-column every member of a group gets the group's key (hash of its id, or its
+    summed padded length), so ties broken by gid keep each group a run of the order, and windows
+    count groups: a group never straddles a window, nor a rank; then every group is checked to fit
+    where `groups` says it must (`windows` plans the steps of --group-scope step).
+    """
+    n_local = len(index.lengths)
+    gids = index.gid_lo + np.arange(n_local, dtype=np.int64)
+    lengths = index.lengths
+    total = index.num_sequences
+    if spec.skip_empty:  # empty sequences take no place in the order (nor in window positions)
+        kept = lengths > 0
+        gids, lengths = gids[kept], lengths[kept]
+        total = comm.allreduce_sum(len(gids))
+    group_starts = index.group_starts
+    if spec.order != Order.INPUT:
+        padded = round_up(lengths, spec.align)
+        if group_starts is not None:
+            ids = group_ids(gids, group_starts)
+            keys = order_keys(ids, group_totals(comm, ids, padded), spec.order, seed=spec.seed,
+                              curriculum_order=spec.curriculum_order)
+        else:
+            keys = order_keys(gids, padded, spec.order, seed=spec.seed, curriculum_order=spec.curriculum_order)
+        _, gids, lengths = sample_sort(comm, keys, gids, payload=lengths)
+    starts = None
+    if group_starts is not None:
+        ids = group_ids(gids, group_starts)
+        last = comm.allgather(int(ids[-1]) if len(ids) else None)
+        starts = run_starts(ids, next((x for x in reversed(last[:comm.rank]) if x is not None), None))
+        total = comm.allreduce_sum(int(starts.sum()))
+    num_windows = -(-total // spec.window)
+    before, all_windows = epoch * num_windows, spec.epochs * num_windows  # windows of earlier epochs, of all
+    if comm.size > 1:
+        # the window of each sequence: by its position, or with groups by its group's
+        counted = np.ones(len(gids), dtype=bool) if starts is None else starts
+        unit = comm.exscan(int(counted.sum())) + np.cumsum(counted) - 1
+        owners = (before + unit // spec.window) * comm.size // all_windows
+        columns = [gids, lengths] + ([starts.astype(np.int64)] if starts is not None else [])
+        moved = redistribute(comm, columns, 0, lambda positions: owners[positions])
+        gids, lengths = moved[0], moved[1]
+        starts = moved[2].astype(bool) if starts is not None else None
+    first = -(-comm.rank * all_windows // comm.size) - before
+    ordered = Ordered(gids=gids, lengths=lengths, first_window=min(max(first, 0), num_windows),
+                      new_group=starts, group_starts=group_starts)
+    if index.group_starts is not None:
+        check_groups_fit_everywhere(comm, ordered, index, groups, windows)
+    return ordered
+
+
+def group_too_long_message(where: str, members: int, padded: int, capacity: int) -> str:
+    """The one error for a group over the capacity, whatever --too-long says."""
+    return (f"{where}: the group starting here holds {members} sequences of {padded} tokens (padded), more than "
+            f"the capacity {capacity}; a group is packed whole into one pack (--too-long applies to single sequences "
+            "only): raise --capacity, or keep each group within one optimizer step instead (--group-scope step "
+            "with --dp-size)")
+
+
+def group_too_big_message(where: str, members: int, padded: int, packs: int, groups: GroupSpec) -> str:
+    """The one error for a group that does not fit one step (--group-scope step)."""
+    return (f"{where}: the group starting here holds {members} sequences of {padded} tokens (padded), which take "
+            f"{packs} packs, more than the {groups.dp_size} x {groups.micro_batches} of a step; a group is kept "
+            "within one step: raise --micro-batches or --capacity")
+
+
+def check_groups_fit_everywhere(comm: Comm, ordered: Ordered, index: SequenceIndex, groups: GroupSpec,
+                                windows: WindowOptions) -> None:
+    """Name the group that cannot be placed with the smallest first gid, on every rank (groups are
+    whole on one rank once ordered): over the capacity (--group-scope pack), or with a member
+    over the capacity or more packs than a step (--group-scope step)."""
+    padded = round_up(ordered.lengths, groups.align)
+    mine = None
+    try:
+        if groups.scope == GroupScope.STEP:
+            check_groups_fit_step(ordered.gids, ordered.lengths, ordered.new_group, windows)
+        else:
+            check_groups_fit(ordered.gids, padded, ordered.new_group, groups.capacity)
+    except GroupTooLong as exc:
+        mine = (exc.gid, exc.members, exc.padded, 0)
+    except GroupTooBigForStep as exc:
+        mine = (exc.gid, exc.members, exc.padded, exc.packs)
+    found = [f for f in comm.allgather(mine) if f is not None]
+    if found:
+        gid, members, total, packs = min(found)
+        first_row = int(group_ids(np.array([gid]), index.group_starts)[0])  # --skip-empty may have left it out
+        where = describe_gid([f.path for f in index.files], index.file_offsets, first_row, groups.column)
+        if packs:
+            message = group_too_big_message(where, members, total, packs, groups)
+        elif groups.scope == GroupScope.STEP:
+            message = (f"{where}: the group starting here holds a sequence longer than the capacity "
+                       f"{groups.capacity} (its {members} sequences hold {total} tokens, padded); a group's "
+                       "members are packed whole: raise --capacity (--too-long applies to single sequences only)")
+        else:
+            message = group_too_long_message(where, members, total, groups.capacity)
+        raise PackctlError(message, everywhere=True)
+
+
+def group_totals(comm: Comm, ids: np.ndarray, padded: np.ndarray) -> np.ndarray:
+    """Each sequence's group padded length, summed over every rank (`ids` in gid order, as scan
+    leaves them: only this rank's first and last group can have members elsewhere)."""
+    totals = run_totals(padded, run_starts(ids))
+    if comm.size > 1:
+        edges = {int(ids[0]): int(totals[0]), int(ids[-1]): int(totals[-1])} if len(ids) else {}
+        elsewhere: dict[int, int] = {}
+        for r, found in enumerate(comm.allgather(edges)):
+            for g, t in found.items():
+                if r != comm.rank:
+                    elsewhere[g] = elsewhere.get(g, 0) + t
+        for g in edges:
+            if g in elsewhere:
+                totals[ids == g] += elsewhere[g]
+    return totals
+
+
+def order_corpus(index, spec: OrderSpec, groups: GroupSpec | None = None,
+                 windows: WindowOptions | None = None) -> Ordered:
+    """The sequence order of `spec` for the whole corpus, in one process: `order_and_distribute`
+    on a single rank, so the what-if orders exactly as `pack` does (with `index.group_starts`,
+    whole groups keyed by their id or summed padded length, `new_group` marking each group's first
+    member, and a group over the capacity refused). The order depends on the order options, the
+    alignment and the groups only, not on the capacity or the algorithm.
+
+    `index` needs what a single rank's SequenceIndex gives it: `lengths` (true length of every
+    gid), `gid_lo` 0, `num_sequences`, `files` and `file_offsets` (where a row comes from) and
+    `group_starts` (None without --group-column).
+    """
+    return order_and_distribute(SingleComm(), index, spec, groups, windows)

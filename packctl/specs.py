@@ -1,0 +1,284 @@
+"""The choices of `packctl pack` as enums, and the frozen spec of each stage, built once per run from
+the options (`PackConfig.specs()`): a stage receives what it needs, not every option.
+
+    specs = PackConfig(inputs=["sample_data"], output="out", capacity=4096, cp_size=2,
+                       order="shuffle", too_long="split").specs()
+    specs.order      OrderSpec(order=<Order.SHUFFLE>, seed=0, align=4, window=100000, ...)
+    specs.windows    WindowOptions(capacity=4096, align=4, algorithm='bfd', too_long=<TooLong.SPLIT>, ...)
+    specs.lengths    LengthSpec(mode=<Mode.PACK>, capacity=4096, pad_to=<PadTo.CAPACITY>, ...)
+    specs.balance    None (no --dp-size)
+
+The stages, in run order, and the spec each takes (packctl/pipeline/__init__.py draws them):
+
+    scan         ScanSpec       columns, checks, memory budget
+    order        OrderSpec      sort key, seed, windows, groups (GroupSpec: where groups must fit)
+    plan         WindowOptions  algorithm, capacity, over-long policy (packctl/plan/windows.py)
+    balance      BalanceSpec    ranks, micro-batches, cost (packctl/plan/balance.py)
+    lengths      LengthSpec     each pack's written length, shape buckets, batch shapes
+    write        WriteSpec      shard rows, token transfer, what the shards record
+    report       ReportSpec     what the metrics name
+
+Everything here is plain data: no numpy, no pyarrow, so the options and `--help` stay light.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class Choice(str, Enum):
+    """An option with a fixed set of values: a `str` that is also an enum member, so
+    `Order("shuffle") == "shuffle"`, it hashes and prints as its value, and JSON writes its value."""
+
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        """The values, in declaration order: what --help lists and the option accepts."""
+        return tuple(member.value for member in cls)
+
+
+class Order(Choice):
+    INPUT = "input"
+    SHUFFLE = "shuffle"
+    CURRICULUM = "curriculum"
+
+
+class CurriculumOrder(Choice):
+    ASC = "asc"
+    DESC = "desc"
+
+
+class TooLong(Choice):
+    ERROR = "error"
+    DROP = "drop"
+    TRUNCATE = "truncate"
+    SPLIT = "split"
+
+
+class Mode(Choice):
+    PACK = "pack"
+    BATCH = "batch"
+
+
+class PadTo(Choice):
+    CAPACITY = "capacity"
+    MULTIPLE = "multiple"
+
+
+class GroupScope(Choice):
+    PACK = "pack"
+    STEP = "step"
+
+
+class PoolStrategy(Choice):
+    CLOSEST = "closest"
+    FIRST = "first"
+
+
+class TokenTransfer(Choice):
+    AUTO = "auto"
+    EXCHANGE = "exchange"
+    READ = "read"
+
+
+class Cost(Choice):
+    TOKENS = "tokens"
+    ATTENTION = "attention"
+
+
+class BalanceScope(Choice):
+    PACKS = "packs"
+    SEQUENCES = "sequences"
+
+
+class StepGrouping(Choice):
+    COST = "cost"
+    ORDER = "order"
+
+
+class LrScaling(Choice):
+    NONE = "none"
+    LINEAR = "linear"
+    SQRT = "sqrt"
+
+
+class BatchUnit(Choice):
+    SEQUENCES = "sequences"
+    TOKENS = "tokens"
+
+
+@dataclass(frozen=True)
+class ScanSpec:
+    """What scan reads from every input block and checks there."""
+
+    tokens_column: str
+    labels_column: str | None
+    keep_columns: tuple[str, ...]
+    weight_column: str | None
+    group_column: str | None
+    skip_empty: bool
+    pad_token_id: int
+    memory_budget: int  # decoded tokens held at once, per rank
+    count_loss_tokens: bool  # per-sequence loss tokens, for the step sums of --dp-size
+
+
+@dataclass(frozen=True)
+class OrderSpec:
+    """How sequences are ordered and cut into windows (`packctl.pipeline.order`)."""
+
+    order: Order
+    curriculum_order: CurriculumOrder
+    seed: int
+    align: int  # curriculum sorts by the padded length
+    window: int  # sequences (with groups: groups) per planning window
+    epochs: int
+    skip_empty: bool
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Where the groups of --group-column must fit: one pack (`scope` pack: its capacity), or one
+    optimizer step (`scope` step: at most `dp_size` x `micro_batches` packs, as `windows` plans them)."""
+
+    column: str
+    scope: GroupScope
+    capacity: int  # the planner's bin size
+    align: int
+    dp_size: int | None = None
+    micro_batches: int | None = None
+
+
+@dataclass(frozen=True)
+class WindowOptions:
+    """How a run plans its windows (`PackConfig.specs().windows`; plan/windows.py plans them).
+
+    `capacity` must be a multiple of `align`; algorithm "batch" (`--mode batch`) makes padded
+    micro-batches of at most `max_tokens` (`batch_lengths`, with optional `buckets`)."""
+
+    capacity: int
+    align: int
+    algorithm: str
+    too_long: str
+    window: int
+    max_seqs_per_bin: int | None = None
+    seed: int = 0
+    pool_size: int = 128
+    pool_strategy: str = "closest"
+    max_tokens: int | None = None
+    buckets: Any = None  # np.ndarray of batch mode --shape-buckets lengths, or None
+    # --group-scope step (with `new_group`): steps of at most `step_packs` packs, or closed once they
+    # hold `step_tokens` padded tokens; groups are then kept whole within a step, not a pack
+    step_packs: int | None = None
+    step_tokens: int | None = None
+
+    @property
+    def step_scope(self) -> bool:
+        return self.step_packs is not None or self.step_tokens is not None
+
+
+@dataclass(frozen=True)
+class BalanceSpec:
+    """What to balance and how (the `--dp-size` family of options)."""
+
+    dp_size: int
+    micro_batches: int | None = None  # packs per rank per step; None with step_tokens
+    step_tokens: int | None = None  # close a step once it holds this many tokens
+    cost: str = "attention"
+    attn_coeff: float = 0.0
+    scope: str = "sequences"
+    equal_counts: bool = True
+    capacity: int = 0  # the planner's bin size (a pack's padded load never exceeds it)
+    max_seqs_per_bin: int | None = None
+    max_iterations: int | None = None  # local-search moves per step (None: 16 x dp_size)
+    grouping: str = "cost"  # how a window's packs are cut into steps: "cost" or "order"
+    padded_cost: bool = False  # costs of the aligned lengths (batch mode: every row's padded length)
+    seed: int = 0  # order of the steps inside a window, with grouping "cost"
+
+
+@dataclass(frozen=True)
+class LengthSpec:
+    """Each pack's written length and the over-long policy's bounds (`final_pack_lengths`)."""
+
+    mode: Mode
+    capacity: int  # --capacity: the pack length with --pad-to capacity, the longest row in batch mode
+    plan_capacity: int  # the bin size the planner fills (see PackConfig.plan_capacity)
+    pad_to: PadTo
+    pack_multiple: int
+    align: int
+    too_long: TooLong
+    shape_buckets: int | None = None
+    max_tokens: int | None = None  # batch mode: rows x padded length of a micro-batch
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What balancing adds beyond `BalanceSpec` (the kernel's spec): the learning-rate scale of each
+    step, the warm-up steps that show every shape first, and whether group members stay in their pack."""
+
+    lr_scaling: LrScaling
+    ref_batch_size: float | None
+    batch_unit: BatchUnit
+    warmup_shapes: bool
+    pin_groups: bool  # --group-column with --group-scope pack: members never move between packs
+
+
+@dataclass(frozen=True)
+class WriteSpec:
+    """How packs are dealt out to writers and written."""
+
+    shard_rows: int
+    epochs: int
+    token_transfer: TokenTransfer
+    order: Order  # `--token-transfer auto` reads its own blocks only in input order
+    pad_token_id: int
+    memory_budget: int
+    keep_columns: tuple[str, ...]
+    weight_column: str | None
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    """What `_metrics.json` names and how it sums the run (`packctl.pipeline.report`)."""
+
+    algorithm: str
+    order: Order
+    mode: Mode
+    capacity: int  # a pack's capacity, or in batch mode the micro-batch budget max_tokens
+    align: int
+    epochs: int
+    seed: int
+    group_scope: GroupScope | None  # None without --group-column
+    shape_buckets: int | None
+    balance: dict[str, Any] | None  # the --dp-size options as metrics.json's balance records them
+
+
+@dataclass(frozen=True)
+class Specs:
+    """Every stage's spec of one run (`PackConfig.specs()`); `for_epoch(e)` gives epoch e's, whose
+    shuffle, ffs packing and step grouping use the epoch's own seed."""
+
+    scan: ScanSpec
+    order: OrderSpec
+    groups: GroupSpec | None
+    windows: WindowOptions
+    lengths: LengthSpec
+    balance: BalanceSpec | None  # None without --dp-size
+    steps: StepSpec | None
+    write: WriteSpec
+    report: ReportSpec
+
+    def for_epoch(self, seed: int) -> "Specs":
+        """The same specs with `seed` in every stage that draws random numbers."""
+        if seed == self.order.seed:
+            return self
+        replace = dataclasses.replace
+        return replace(self, order=replace(self.order, seed=seed), windows=replace(self.windows, seed=seed),
+                       balance=replace(self.balance, seed=seed) if self.balance is not None else None)
