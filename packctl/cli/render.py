@@ -385,29 +385,34 @@ def what_if_table(r: dict[str, Any]) -> Table:
     """One row per (capacity, algorithm), then padded batching; the best row bold green with a star.
 
     `+L2`: packs above the Martello-Toth lower bound (over whole groups with --group-column);
-    `no groups`: the packs of the same options without groups; `padding`: alignment + tail tokens."""
+    `no groups`: the packs of the same options without groups; `padding`: alignment + tail tokens;
+    `DP imb`: with --dp-size, the slowest rank over the mean rank of the balanced cost, summed over
+    steps (metrics.json `balance.after.<cost>.weighted`)."""
     from rich import box
 
     best = r["best"]
     grouped = r.get("groups") is not None
+    balanced = any("balance" in row for row in r["what_if"])
     title = f"what if: {r['sequences']:,} sequences" + (
         f" in {r['groups']['groups']:,} groups (--group-column {r['groups']['column']})" if grouped else "")
     table = Table(title=title + ", " + ", ".join(
         f"--capacity {c['capacity']}" for c in r["capacities"]), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
         padding=(0, 1), pad_edge=False)
-    names = ("C", "algorithm", "packs", *(("no groups",) if grouped else ()), "+L2", "util", "effic", "padding", "split",
-             "plan")
+    # with --dp-size the balance replaces packing efficiency (close to utilization), to fit 80 columns
+    names = ("C", "algorithm", "packs", *(("no groups",) if grouped else ()), "+L2", "util",
+             "DP imb" if balanced else "effic", "padding", "split", "plan")
     for name in names:
         table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
     for cap in r["capacities"]:
-        for k, row in enumerate(w for w in r["what_if"] if w["capacity"] == cap["capacity"]):
-            is_best = row["capacity"] == best["capacity"] and row["algorithm"] == best["algorithm"]
+        for k, row in enumerate(w for w in r["what_if"] if w["capacity_flag"] == cap["capacity"]):
+            is_best = row["capacity_flag"] == best["capacity"] and row["algorithm"] == best["algorithm"]
             groups = row.get("group_cost") if grouped else None
             table.add_row(
-                f"{row['capacity']:,}" if k == 0 else "", row["algorithm"] + (" ★" if is_best else ""), f"{row['packs']:,}",
+                f"{row['capacity_flag']:,}" if k == 0 else "", row["algorithm"] + (" ★" if is_best else ""), f"{row['packs']:,}",
                 *((f"{groups['packs_without_groups']:,}",) if grouped else ()),
                 f"+{row['packs'] - (groups or row)['lower_bound_packs_l2']:,}", _pct(row["utilization"]),
-                _pct(row["packing_efficiency"]),
+                f"{row['balance']['after'][row['balance']['cost']]['weighted']:.3f}" if balanced
+                else _pct(row["packing_efficiency"]),
                 f"{row['padding']['alignment_tokens'] + row['padding']['tail_tokens']:,}",
                 f"{row['counts']['sequences_split']:,}", f"{row['plan_seconds']:.2f}s",
                 style="bold green" if is_best else None)

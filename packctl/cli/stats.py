@@ -18,7 +18,9 @@ _STATS_EXAMPLE = """How good a packing is, or what-if planning before one (docs/
 
 PATH: a packed output (a directory holding _manifest.json), several to compare,
 or raw tokenized Parquet (files, directories, globs) for a what-if table.
-Planning options apply to raw input only and mean what they mean for pack.
+The options below are every planning option of pack, with the same meaning: the
+what-if plans exactly what pack would (every algorithm unless --algorithm is given).
+They apply to raw input only; --attn-coeff also sets the balance report of an output.
 
 Examples:
 
@@ -40,9 +42,6 @@ _STATS_OWN = [
                       default=typer.Option(None, "--config", help="TOML file of pack options for the what-if.")),
 ]
 _STATS_REPORT = [
-    inspect.Parameter("attn_coeff", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[float],
-                      default=typer.Option(None, help="a of the attention cost a*L + L^2 in the DP balance of a "
-                                                      "packed output.  [default: the one it was packed with]")),
     inspect.Parameter("json_output", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                       default=typer.Option(False, "--json", help="Print the report as JSON on stdout.")),
     inspect.Parameter("plot", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
@@ -51,14 +50,14 @@ _STATS_REPORT = [
 
 
 @app.command("stats", help=_STATS_EXAMPLE)
-@with_signature(_STATS_OWN + config_options([*PLANNING_OPTIONS, "tokens_column"]) + _STATS_REPORT)
+@with_signature(_STATS_OWN + config_options(PLANNING_OPTIONS) + _STATS_REPORT)
 def stats_command(*, paths: Optional[List[str]], capacity: Optional[List[int]], config: Optional[Path],
-                  attn_coeff: Optional[float], json_output: bool, plot: Optional[Path], **planning) -> None:
+                  json_output: bool, plot: Optional[Path], **planning) -> None:
     from packctl.cli.render import stats_renderables
     from packctl.stats import stats
 
     try:
-        report = stats(paths or [], capacities=capacity or None, attn_coeff=attn_coeff,
+        report = stats(paths or [], capacities=capacity or None,
                        file_values=load_config(config) if config is not None else {}, **planning)
         if plot is not None:
             from packctl.stats.plot import write_plot

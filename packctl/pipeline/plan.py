@@ -124,9 +124,10 @@ def check_something_to_pack(comm: Comm, plan: PackPlan, index: SequenceIndex, le
 
 
 def plan_corpus(index, specs: Specs, ordered: Ordered | None = None,
-                progress: Callable[[int], None] | None = None) -> tuple[PackPlan, np.ndarray, np.ndarray | None]:
-    """The packs of a whole corpus, their final lengths and the `--shape-buckets` lengths, in one
-    process, exactly as `pack` writes them with these specs (the what-if of `packctl stats`).
+                progress: Callable[[int], None] | None = None) -> Planned:
+    """The packs of a whole corpus, in one process, exactly as `pack` plans and writes them with
+    these specs (the what-if of `packctl stats`): `plan_stage` on one rank, so batch shapes,
+    balancing over --dp-size ranks and --shape-buckets are those of `pack` too.
 
     `index` as for `order_corpus` (and `describe(gid)`, for the over-long error); `ordered` may
     pass a precomputed `order_corpus(index, specs.order, ...)` (the same for every capacity and
@@ -138,12 +139,9 @@ def plan_corpus(index, specs: Specs, ordered: Ordered | None = None,
     elif ordered.new_group is not None:  # the order was made at one capacity: check this one
         check_groups_fit_everywhere(SingleComm(), ordered, index, specs.groups, specs.windows)
     try:
-        plan = plan_windows(ordered.gids, ordered.lengths, specs.windows, first_window=ordered.first_window,
-                            progress=progress, new_group=ordered.new_group)
+        return plan_stage(SingleComm(), ordered, specs, progress)
     except SequenceTooLong as exc:
         raise PackctlError(too_long_message(index.describe(exc.gid), exc.length, exc.padded, exc.capacity)) from None
-    pack_lens, _, buckets = final_pack_lengths(SingleComm(), plan, specs.lengths)
-    return plan, pack_lens, buckets
 
 
 def balance(comm: Comm, plan: PackPlan, spec: BalanceSpec, steps: StepSpec, lengths: LengthSpec,

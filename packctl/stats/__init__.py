@@ -34,10 +34,12 @@ def stats(paths: list[str], *, capacities: list[int] | None = None, attn_coeff: 
         paths: packed output directories, or raw Parquet files, directories and globs.
         capacities: what-if capacities (raw input only); default the `capacity` of
             `file_values`, else 4096, as `pack`.
-        attn_coeff: `a` of the attention cost a*L + L^2 in the DP balance (packed outputs only).
+        attn_coeff: `a` of the attention cost a*L + L^2: for packed outputs, of the DP balance
+            report (default: the one it was packed with); for raw input, the planning option.
         file_values: values of a `--config` TOML file (PackConfig fields), for the what-if.
-        options: PackConfig fields given as flags (None = not given): tokens_column and the
-            planning options of PLANNING_OPTIONS.
+        options: PackConfig fields given as flags (None = not given): the planning options of
+            PLANNING_OPTIONS (every option that changes what `pack` plans). With `algorithm`
+            given (flag or file), the what-if plans that algorithm only, else every one.
     """
     file_values = dict(file_values or {})
     given = {k: v for k, v in options.items() if v is not None}
@@ -63,8 +65,9 @@ def stats(paths: list[str], *, capacities: list[int] | None = None, attn_coeff: 
         a = attn_coeff
         return packed_stats(paths[0], attn_coeff=a) if len(paths) == 1 else compare_stats(paths, attn_coeff=a)
     if attn_coeff is not None:
-        raise PackctlError("--attn-coeff applies to packed outputs with balancing columns; drop it for raw input")
+        given["attn_coeff"] = attn_coeff
     config = build_config(file_values, **given)
     if not capacities:
         capacities = [int(file_values.get("capacity", DEFAULT_CAPACITY))]
-    return input_stats(paths, capacities, config)
+    algorithms = [config.algorithm] if "algorithm" in given or "algorithm" in file_values else None
+    return input_stats(paths, capacities, config, algorithms)

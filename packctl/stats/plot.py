@@ -104,7 +104,7 @@ def _fill_axes(ax, histograms: list[tuple[str, dict[str, list]]], title: str) ->
 
 def _input(fig, axes, r: dict[str, Any]) -> None:
     best = next(w for w in r["what_if"]
-                if w["capacity"] == r["best"]["capacity"] and w["algorithm"] == r["best"]["algorithm"])
+                if w["capacity_flag"] == r["best"]["capacity"] and w["algorithm"] == r["best"]["algorithm"])
     _length_axes(axes[0], [("input", r["length_histogram"])], [c["capacity"] for c in r["capacities"]])
     _fill_axes(axes[1], [("best", best["fill_histogram"])],
                f"pack fill: {best['algorithm']} at capacity {_short_int(best['capacity'])}")
@@ -112,7 +112,7 @@ def _input(fig, axes, r: dict[str, Any]) -> None:
     ax = axes[2]
     labels, values, colors, edge = [], [], [], []
     for c, cap in enumerate(r["capacities"]):
-        rows = [w for w in r["what_if"] if w["capacity"] == cap["capacity"]]
+        rows = [w for w in r["what_if"] if w["capacity_flag"] == cap["capacity"]]
         for k, w in enumerate(rows):
             suffix = f"\n{_short_int(cap['capacity'])}" if len(r["capacities"]) > 1 else ""
             labels.append(w["algorithm"] + suffix)

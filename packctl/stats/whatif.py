@@ -38,7 +38,7 @@ from packctl.plan.groups import group_ids
 from packctl.plan.windows import PackPlan
 from packctl.pipeline.order import Ordered, order_corpus
 from packctl.pipeline.plan import plan_corpus
-from packctl.pipeline.report import group_report, plan_metrics
+from packctl.pipeline.report import Corpus, RankShare, assemble_metrics
 from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
 from packctl.stats.lazy import collect_streaming
@@ -66,7 +66,8 @@ class LengthIndex:
         return describe_gid([f.path for f in self.files], self.file_offsets, gid, self.tokens_column)
 
 
-def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_column: str | None = None) -> LengthIndex:
+def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_column: str | None = None, *,
+                 skip_empty: bool = False) -> LengthIndex:
     """Sequence lengths of raw tokenized shards, in global sample id order (and with
     `group_column`, where each group starts: `packctl.source.groups.read_group_starts`, which refuses
     a null or a group value found again with the error `pack` gives).
@@ -74,8 +75,9 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     Keeps only the list lengths of `tokens_column` (`pl.col(c).list.len()` over lazy scans of the
     one column, streamed): polars has no lengths-only Parquet read, so it still decompresses and
     decodes the column's pages, but drops them batch by batch, and the result is 8 bytes per
-    sequence. Null and empty rows are refused as `pack` refuses them; token values are not
-    checked here (`pack` checks them as it reads them).
+    sequence. Null and empty rows are refused as `pack` refuses them (empty ones kept as length 0
+    with `skip_empty`, as `pack --skip-empty` leaves them out); token values are not checked here
+    (`pack` checks them as it reads them).
     """
     paths = resolve_inputs(inputs)
     files = []
@@ -113,34 +115,36 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
         gid = int(lengths.is_null().arg_max())
         raise PackctlError(f"{index.describe(gid)}: null instead of a list; drop or fill null rows before packing")
     index.lengths = lengths.to_numpy().astype(np.int64)
-    if (index.lengths == 0).any():
+    if not skip_empty and (index.lengths == 0).any():
         gid = int(np.argmax(index.lengths == 0))
-        raise PackctlError(f"{index.describe(gid)}: empty sequence; remove empty rows")
+        raise PackctlError(f"{index.describe(gid)}: empty sequence; remove empty rows or pass --skip-empty")
     return index
 
 
 def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None = None,
                 ungrouped: Ordered | None = None) -> dict[str, Any]:
-    """One row of the what-if table: `pack`'s metrics for `config`, plus `plan_seconds` and
-    `fill_histogram`. `ordered` may pass a precomputed `order_corpus` result (it depends only on
-    the order options, the alignment and the groups, not on capacity or algorithm).
+    """One row of the what-if table: the `_metrics.json` `pack` writes for `config` (but for
+    throughput and timings), plus `plan_seconds` and `fill_histogram`. `ordered` may pass a
+    precomputed `order_corpus` result (it depends only on the order options, the alignment and the
+    groups, not on capacity or algorithm). Batch mode and balancing (`--mode batch`, `--dp-size`)
+    are planned as `pack` plans them, so the row has `batching` and `balance` as pack's metrics do.
 
-    With groups (`index.group_starts`, --group-column) the row is that of `pack --group-column`,
-    `groups` as pack's metrics.json has it (`packctl.pipeline.report.group_report`), and `group_cost`
-    compares it with packing the same sequences one by one: the Martello-Toth bound over whole
-    groups, and the packs and utilization of the same options without groups (`ungrouped`: a
-    precomputed `order_corpus` of the index without groups)."""
+    With groups (`index.group_starts`, --group-column) the row has `groups` as pack's metrics do
+    (`packctl.pipeline.report.group_report`), and `group_cost` compares it with packing the same
+    sequences one by one: the Martello-Toth bound over whole groups, and the packs and utilization
+    of the same options without groups (`ungrouped`: a precomputed `order_corpus` of the index
+    without groups)."""
     specs = config.specs()
     t0 = time.perf_counter()
-    plan, pack_lens, buckets = plan_corpus(index, specs, ordered)
+    planned = plan_corpus(index, specs, ordered)
     plan_seconds = time.perf_counter() - t0
-    row = plan_metrics(plan, pack_lens, specs.report, index.num_sequences, int(index.lengths.sum()))
-    if config.shape_buckets:
-        row["shape_buckets"] = [int(b) for b in buckets]
+    skipped = int(np.count_nonzero(index.lengths == 0)) if config.skip_empty else 0
+    corpus = Corpus(sequences=index.num_sequences, tokens=int(index.lengths.sum()), skipped_empty=skipped, blocks=0)
+    row, plan = assemble_metrics(specs.report, [RankShare.of(planned, {})], [], corpus,
+                                 group_starts=index.group_starts)
     row["fill_histogram"] = fill_histogram(plan.loads(padded=False), config.capacity)
     row["plan_seconds"] = plan_seconds
     if index.group_starts is not None:
-        row["groups"] = group_report(plan, index.group_starts, "pack")
         row["group_cost"] = group_cost(index, config, plan, ungrouped)
     return row
 
@@ -167,7 +171,7 @@ def group_cost(index: LengthIndex, config: PackConfig, plan: PackPlan, ungrouped
     """
     free_index, free_config = without_groups(index, config)
     t0 = time.perf_counter()
-    free, _, _ = plan_corpus(free_index, free_config.specs(), ungrouped)
+    free = plan_corpus(free_index, free_config.specs(), ungrouped).plan
     seconds = time.perf_counter() - t0
     items = whole_group_items(plan, index.group_starts, config.align)
     tokens = int(free.piece_len.sum())
@@ -218,12 +222,14 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
         raise PackctlError("no --capacity given: pass one or more, e.g. --capacity 4096 --capacity 8192")
     if grouped:  # the configured algorithm too (pack refuses --algorithm split with groups)
         _checked(dataclasses.replace(config, capacity=capacities[0]))
+    if config.mode == "batch":  # batch mode forms its micro-batches itself: no algorithm to compare
+        algorithms = [config.algorithm]
     algorithms = list(algorithms) if algorithms is not None else [a for a in ALGORITHMS
                                                                   if not (grouped and a == "split")]
     configs = {(c, a): _checked(dataclasses.replace(config, capacity=c, algorithm=a))
                for c in capacities for a in algorithms}
 
-    index = read_lengths(inputs, config.tokens_column, config.group_column)
+    index = read_lengths(inputs, config.tokens_column, config.group_column, skip_empty=config.skip_empty)
     read_seconds = time.perf_counter() - started
     # With --too-long error, pack would stop at the first over-long sequence: the what-if reports
     # where, and plans that capacity's rows with split (every token kept) instead of stopping.
@@ -245,13 +251,16 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     ungrouped = _order(*without_groups(index, configs[capacities[0], algorithms[0]])) if grouped else None
     t2b = time.perf_counter()
     rows = [what_if_row(index, configs[key], ordered, ungrouped) for key in configs]
+    for (capacity, _), row in zip(configs, rows):
+        # the --capacity of the row: in batch mode the metrics' capacity is --max-tokens instead
+        row["capacity_flag"] = capacity
     t3 = time.perf_counter()
     plan_seconds = (t2 - t1) + sum(r["plan_seconds"] for r in rows)
     ungrouped_seconds = (t2b - t2) + sum(r["group_cost"]["plan_seconds_without_groups"] for r in rows) if grouped else 0.0
 
     by_capacity = []
     for capacity in capacities:
-        at = [r for r in rows if r["capacity"] == capacity]
+        at = [r for r in rows if r["capacity_flag"] == capacity]
         best = _best(at, preferred=config.algorithm)
         plan_capacity = configs[capacity, algorithms[0]].plan_capacity
         baseline = best["padded_batching"]
@@ -274,7 +283,7 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
         })
     # Across capacities: fewest tokens lost to --too-long drop|truncate, then utilization, then
     # fewest cut sequences; max keeps the first of equals.
-    best = max((next(r for r in rows if r["capacity"] == c["capacity"] and r["algorithm"] == c["best"])
+    best = max((next(r for r in rows if r["capacity_flag"] == c["capacity"] and r["algorithm"] == c["best"])
                 for c in by_capacity),
                key=lambda r: (-_tokens_lost(r), r["utilization"], -r["counts"]["sequences_split"]))
     total = time.perf_counter() - started
@@ -292,10 +301,10 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
         "groups": group_summary(index, config.group_column) if grouped else None,
         "capacities": by_capacity,
         "what_if": rows,
-        "best": {"capacity": best["capacity"], "algorithm": best["algorithm"]},
+        "best": {"capacity": best["capacity_flag"], "algorithm": best["algorithm"]},
         "recommendation": recommendation(best, rows) + (
-            f"; pass --too-long split (with --too-long error pack stops at {stops[best['capacity']]}, over the "
-            "capacity)" if best["capacity"] in stops else ""),
+            f"; pass --too-long split (with --too-long error pack stops at {stops[best['capacity_flag']]}, over the "
+            "capacity)" if best["capacity_flag"] in stops else ""),
         "stats_seconds": {"read_lengths": read_seconds, "load_kernels": t1 - t0, "plan": plan_seconds,
                           "metrics": (t3 - t1) - plan_seconds - ungrouped_seconds, "total": total,
                           **({"plan_without_groups": ungrouped_seconds} if grouped else {})},
@@ -304,9 +313,6 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
 
 def _checked(config: PackConfig) -> PackConfig:
     # validate() wants an output directory; the what-if writes nothing.
-    if config.mode != "pack" or config.dp_size is not None:
-        raise PackctlError("the what-if compares packing algorithms: batch mode and balancing (mode, dp-size) "
-                           "are reported by `packctl stats OUT` on a packed output")
     dataclasses.replace(config, inputs=config.inputs or ["-"], output=config.output or "-").validate()
     return config
 
@@ -357,7 +363,8 @@ def recommendation(best: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     packs, bound = best["packs"], (groups or best)["lower_bound_packs_l2"]
     above = f"{packs - bound:,} above" if packs > bound else "at"
     gain = best["padded_batching"]["estimated_gain"]
-    text = (f"{best['algorithm']} at --capacity {best['capacity']}: {best['utilization']:.2%} utilization, "
+    text = (f"{best['algorithm']} at --capacity {best.get('capacity_flag', best['capacity'])}: "
+            f"{best['utilization']:.2%} utilization, "
             f"{packs:,} packs ({above} the lower bound {bound:,}{' over whole groups' if groups else ''}), "
             f"{gain:.2f}x fewer tokens than padded batching")
     if groups and groups["packs_without_groups"]:
@@ -370,7 +377,9 @@ def recommendation(best: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         if counts[f"sequences_{key}"]:
             text += (f"; it {what} {counts[f'sequences_{key}']:,} over-long sequences "
                      f"({counts[f'tokens_{key}']:,} tokens, --too-long)")
-    cutters = [r for r in rows if r["capacity"] == best["capacity"] and r["utilization"] > best["utilization"]
+    capacity = best.get("capacity_flag", best["capacity"])
+    cutters = [r for r in rows if r.get("capacity_flag", r["capacity"]) == capacity
+               and r["utilization"] > best["utilization"]
                and r["counts"]["sequences_split"] > best["counts"]["sequences_split"]]
     if cutters:
         fuller = max(cutters, key=lambda r: r["utilization"])

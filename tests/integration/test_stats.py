@@ -369,7 +369,8 @@ def test_bad_input(tiny_input, tiny_output, tmp_path):
     assert "nothing-here: no such file or directory" in _bad([tmp_path / "nothing-here"])
     assert "not a packed output" in _bad([tiny_output, tiny_input])
     assert "--capacity only apply to raw input" in _bad([tiny_output], capacities=[8])
-    assert "--attn-coeff applies to packed outputs" in _bad([tiny_input], attn_coeff=1.0, too_long="split")
+    # --attn-coeff is pack's planning option for raw input (the cost balanced with --dp-size)
+    assert stats([str(tiny_input)], capacities=[16], attn_coeff=1.0, too_long="split")["settings"]["attn_coeff"] == 1.0
     assert "--capacity 15 is not a multiple of the alignment 2" in _bad([tiny_input], capacities=[15], seq_multiple=2)
 
 
@@ -409,3 +410,81 @@ def test_null_and_empty_rows_are_refused(tmp_path):
     with pytest.raises(PackctlError, match="no column 'input_ids'"):
         read_lengths([str(f)])
     assert math.isclose(read_lengths([str(f)], "tokens").lengths.sum(), 2)
+
+
+# What pack plans beyond the algorithm: steps balanced over data-parallel ranks, padded
+# micro-batches, groups within optimizer steps, empty rows left out. The what-if plans them as pack
+# does (`plan_stage` on one rank), so each row equals pack's _metrics.json, `balance` and `batching`
+# included.
+PLANNING_SETTINGS = [
+    dict(capacity=4096, too_long="split", dp_size=4, micro_batches=2, balance="attention", order="curriculum",
+         lr_scaling="sqrt", window=900),
+    dict(capacity=4096, too_long="split", dp_size=3, step_tokens=20000, balance="tokens", balance_scope="packs",
+         step_grouping="order", equal_counts=False, order="shuffle", seed=5),
+    dict(capacity=4096, too_long="truncate", mode="batch", max_tokens=16384, seq_round=64, shape_buckets=4,
+         dp_size=2, micro_batches=2, warmup_shapes=True),
+]
+
+
+@pytest.mark.parametrize("settings", PLANNING_SETTINGS, ids=["dp-curriculum-lr", "step-tokens-packs", "batch-buckets"])
+def test_what_if_predicts_pack_with_balancing_and_batches(sample_data, tmp_path, settings):
+    planning = {k: v for k, v in settings.items() if k != "capacity"}
+    algorithm = "bfd" if settings.get("mode") == "batch" else "ffd"
+    r = stats([str(sample_data)], capacities=[settings["capacity"]], algorithm=algorithm, **planning)
+    (row,) = r["what_if"]  # --algorithm given: that algorithm alone
+    assert row["algorithm"] == algorithm
+    _, out = pack_to(tmp_path, [sample_data], algorithm=algorithm, **settings)
+    metrics = json.loads((out / "_metrics.json").read_text())
+    assert ("balance" in metrics) and ("batching" in metrics) == (settings.get("mode") == "batch")
+    for key, value in metrics.items():
+        if key not in NOT_IN_STATS:
+            assert row[key] == value, key
+
+
+def test_what_if_keeps_groups_within_steps_and_leaves_empty_rows_out(tmp_path):
+    from packctl.sample import SampleSpec, write_sample
+
+    corpus = tmp_path / "rollouts"
+    write_sample(corpus, SampleSpec(sequences=600, distribution="lognormal", shards=2, seed=4, max_length=1500,
+                                    groups="rollout", group_size=4))
+    settings = dict(capacity=2048, group_column="group_id", group_scope="step", dp_size=2, micro_batches=2,
+                    order="shuffle", window=300)
+    r = stats([str(corpus)], capacities=[2048], algorithm="bfd", **{k: v for k, v in settings.items()
+                                                                     if k != "capacity"})
+    (row,) = r["what_if"]
+    _, out = pack_to(tmp_path, [corpus], algorithm="bfd", **settings)
+    metrics = json.loads((out / "_metrics.json").read_text())
+    assert row["groups"]["scope"] == "step" and row["groups"] == metrics["groups"]
+    assert row["balance"] == metrics["balance"] and row["packs"] == metrics["packs"]
+
+    empty = write_table(tmp_path / "gaps" / "a.parquet", {"input_ids": pa.array(
+        [[1, 2, 3], [], [4, 5], [], [6]], pa.list_(pa.int32()))})
+    refused = run_cli("stats", str(empty), "--capacity", "8")
+    assert refused.returncode == 2 and "--skip-empty" in refused.stderr
+    r = stats([str(empty)], capacities=[8], skip_empty=True, algorithm="bfd")
+    _, out = pack_to(tmp_path / "gaps-out", [empty], capacity=8, skip_empty=True)
+    metrics = json.loads((out / "_metrics.json").read_text())
+    assert r["what_if"][0]["counts"] == metrics["counts"] and metrics["counts"]["sequences_skipped_empty"] == 2
+
+
+def test_stats_takes_every_planning_option_of_pack():
+    """The stats command's options are generated from the same declarations as pack's: every
+    PackConfig field declared `planning=True` is a flag of both, with the same help."""
+    import inspect
+
+    from packctl.cli.pack import pack_command
+    from packctl.cli.stats import stats_command
+    from packctl.config import FIELDS, PLANNING_OPTIONS
+
+    def flags(command) -> dict[str, str]:
+        return {name: param.default.help for name, param in inspect.signature(command).parameters.items()
+                if hasattr(param.default, "help") and name in FIELDS}
+
+    pack_flags, stats_flags = flags(pack_command), flags(stats_command)
+    assert "repeat it" in stats_flags.pop("capacity")  # stats' own --capacity compares several
+    assert set(PLANNING_OPTIONS) == set(stats_flags), set(PLANNING_OPTIONS) ^ set(stats_flags)
+    assert {"dp_size", "micro_batches", "mode", "shape_buckets", "warmup_shapes", "skip_empty",
+            "group_scope", "algorithm"} <= set(PLANNING_OPTIONS)
+    assert all(stats_flags[name] == pack_flags[name] for name in PLANNING_OPTIONS)
+    # what pack writes, not what it plans, is not a stats option
+    assert not {"output", "shard_rows", "memory_budget", "resume", "token_transfer", "keep_columns"} & set(stats_flags)
