@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packctl.plan.algorithms import ALGORITHMS, Bins, pack_lengths
+from packctl.plan.algorithms import ALGORITHMS, KERNELS, Bins, pack_lengths
 
-WHOLE_ITEM_ALGORITHMS = tuple(a for a in ALGORITHMS if a != "split")
+WHOLE_ITEM_ALGORITHMS = tuple(name for name, kernel in KERNELS.items() if not kernel.cuts_items)
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True)
 
 
@@ -557,3 +557,45 @@ def test_pool_options_are_checked():
         pack_lengths([1, 2], 4, "pool", pool_strategy="best")
     with pytest.raises(ValueError, match="pool_size"):
         pack_lengths([1, 2], 4, "pool", pool_size=0)
+
+
+# --- the table of kernels -------------------------------------------------------------------------
+
+def test_the_kernel_table_and_the_names_agree():
+    """`--algorithm` takes its choices from names.ALGORITHMS (no numba loaded); `pack_lengths`
+    runs the rows of KERNELS. Same names, same order."""
+    from packctl.plan import names
+
+    assert tuple(KERNELS) == ALGORITHMS == names.ALGORITHMS
+    assert WHOLE_ITEM_ALGORITHMS == tuple(a for a in ALGORITHMS if a != "split")
+
+
+def test_a_kernel_calls_numba_functions_of_its_own_file_only():
+    """numba caches a compiled kernel by its own source file: a kernel that called a numba function
+    of another file would keep the old callee compiled in after that file changed (why mffd runs
+    its last phase, first fit from fit.py, from Python)."""
+    import importlib
+    import pkgutil
+    from types import ModuleType
+
+    from numba.core.dispatcher import Dispatcher
+
+    import packctl.plan
+
+    checked = 0
+    for info in pkgutil.iter_modules(packctl.plan.__path__):
+        module = importlib.import_module(f"packctl.plan.{info.name}")
+        for kernel in vars(module).values():
+            if not isinstance(kernel, Dispatcher) or kernel.py_func.__module__ != module.__name__:
+                continue
+            checked += 1
+            names = kernel.py_func.__code__.co_names
+            for name in names:
+                value = vars(module).get(name)
+                callees = [getattr(value, attr, None) for attr in names] if isinstance(value, ModuleType) else [value]
+                for callee in callees:
+                    if isinstance(callee, Dispatcher):
+                        assert callee.py_func.__module__ == module.__name__, (
+                            f"{module.__name__}.{kernel.py_func.__name__} calls "
+                            f"{callee.py_func.__module__}.{callee.py_func.__name__}")
+    assert checked >= 15  # the walk found the kernels

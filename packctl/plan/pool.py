@@ -1,0 +1,83 @@
+"""pool: near input order. The next `pool_size` items wait in a pool; a bin opens with the oldest,
+then takes pool items while one fits: the largest that fits ("closest", best fit) or the oldest
+that fits ("first"); the pool refills in input order. Capacity 10, pool_size 3:
+
+    lengths [6, 3, 4, 2, 5]
+    closest -> [6 4] [3 5 2]      the 6 opens a bin; of the waiting 3 4 2, the largest that fits is 4
+    first   -> [6 3] [4 2] [5]    the oldest that fits beside the 6 is the 3
+
+Every bin opens with the oldest waiting item, so an item is placed at the latest in the
+`pool_size`-th bin opened after it entered the pool: order moves little. pool_size 1 is concat.
+One numba loop, O(n * pool_size).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from packctl.jit import njit
+from packctl.plan.bins import Bins, KernelOptions, positive_int, whole_items_into_bins
+
+POOL_STRATEGIES: tuple[str, ...] = ("closest", "first")
+
+
+def pack_pool(lengths: np.ndarray, capacity: int, max_seqs: int, options: KernelOptions) -> Bins:
+    """Pack from a pool of `options.pool_size` waiting items, picked by `options.pool_strategy`."""
+    pool_strategy = options.pool_strategy
+    if pool_strategy not in POOL_STRATEGIES:
+        raise ValueError(f"unknown pool strategy {pool_strategy!r}: choose one of {', '.join(POOL_STRATEGIES)}")
+    step_item, bin_of_step, num_bins = _pool_kernel(lengths, capacity, max_seqs,
+                                                    positive_int(options.pool_size, "pool_size"),
+                                                    pool_strategy == "closest")
+    return whole_items_into_bins(lengths, step_item, bin_of_step, num_bins)
+
+
+@njit(cache=True)
+def _pool_kernel(lengths, capacity, max_seqs, pool_size, closest):
+    """Placement log of `pool`: the pool holds item indices in input order (oldest first)."""
+    n = lengths.size
+    step_item = np.empty(n, np.int64)
+    bin_of_step = np.empty(n, np.int64)
+    pool = np.empty(pool_size, np.int64)
+    held = 0
+    next_item = 0
+    step = 0
+    num_bins = 0
+    while True:
+        while held < pool_size and next_item < n:
+            pool[held] = next_item
+            held += 1
+            next_item += 1
+        if held == 0:
+            break
+        pick = 0  # a bin opens with the oldest item
+        room = capacity
+        count = 0
+        while True:
+            item = pool[pick]
+            step_item[step] = item
+            bin_of_step[step] = num_bins
+            step += 1
+            room -= lengths[item]
+            count += 1
+            for j in range(pick, held - 1):
+                pool[j] = pool[j + 1]
+            held -= 1
+            while held < pool_size and next_item < n:
+                pool[held] = next_item
+                held += 1
+                next_item += 1
+            if count == max_seqs:
+                break
+            pick = -1
+            best = 0
+            for j in range(held):
+                size = lengths[pool[j]]
+                if size <= room and size > best:
+                    pick = j
+                    best = size
+                    if not closest or size == room:
+                        break
+            if pick < 0:
+                break
+        num_bins += 1
+    return step_item, bin_of_step, num_bins
