@@ -45,74 +45,26 @@ class Choice(str, Enum):
         return tuple(member.value for member in cls)
 
 
-class Order(Choice):
-    INPUT = "input"
-    SHUFFLE = "shuffle"
-    CURRICULUM = "curriculum"
+def _choice(name: str, *values: str) -> type[Choice]:
+    """A Choice enum whose members are the values, named in capitals: _choice("Order", "input")
+    gives Order.INPUT == "input"."""
+    return Choice(name, [(value.upper().replace("-", "_"), value) for value in values], module=__name__,
+                  qualname=name)
 
 
-class CurriculumOrder(Choice):
-    ASC = "asc"
-    DESC = "desc"
-
-
-class TooLong(Choice):
-    ERROR = "error"
-    DROP = "drop"
-    TRUNCATE = "truncate"
-    SPLIT = "split"
-
-
-class Mode(Choice):
-    PACK = "pack"
-    BATCH = "batch"
-
-
-class PadTo(Choice):
-    CAPACITY = "capacity"
-    MULTIPLE = "multiple"
-
-
-class GroupScope(Choice):
-    PACK = "pack"
-    STEP = "step"
-
-
-class PoolStrategy(Choice):
-    CLOSEST = "closest"
-    FIRST = "first"
-
-
-class TokenTransfer(Choice):
-    AUTO = "auto"
-    EXCHANGE = "exchange"
-    READ = "read"
-
-
-class Cost(Choice):
-    TOKENS = "tokens"
-    ATTENTION = "attention"
-
-
-class BalanceScope(Choice):
-    PACKS = "packs"
-    SEQUENCES = "sequences"
-
-
-class StepGrouping(Choice):
-    COST = "cost"
-    ORDER = "order"
-
-
-class LrScaling(Choice):
-    NONE = "none"
-    LINEAR = "linear"
-    SQRT = "sqrt"
-
-
-class BatchUnit(Choice):
-    SEQUENCES = "sequences"
-    TOKENS = "tokens"
+Order = _choice("Order", "input", "shuffle", "curriculum")
+CurriculumOrder = _choice("CurriculumOrder", "asc", "desc")
+TooLong = _choice("TooLong", "error", "drop", "truncate", "split")
+Mode = _choice("Mode", "pack", "batch")
+PadTo = _choice("PadTo", "capacity", "multiple")
+GroupScope = _choice("GroupScope", "pack", "step")
+PoolStrategy = _choice("PoolStrategy", "closest", "first")
+TokenTransfer = _choice("TokenTransfer", "auto", "exchange", "read")
+Cost = _choice("Cost", "tokens", "attention")
+BalanceScope = _choice("BalanceScope", "packs", "sequences")
+StepGrouping = _choice("StepGrouping", "cost", "order")
+LrScaling = _choice("LrScaling", "none", "linear", "sqrt")
+BatchUnit = _choice("BatchUnit", "sequences", "tokens")
 
 
 @dataclass(frozen=True)
