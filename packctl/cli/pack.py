@@ -51,6 +51,8 @@ def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_ou
         result = pack(cfg, progress=progress, comm=comm)
     if comm.rank != 0:
         return
+    if result.note:
+        Console(stderr=True, soft_wrap=True).print(result.note, highlight=False, markup=False)
     pad_like = result.metrics.get("throughput", {}).get("tokens_equal_to_pad_id", 0)
     if pad_like and not quiet and not json_output:
         Console(stderr=True).print(f"note: {pad_like:,} input tokens equal --pad-token-id {cfg.pad_token_id}; "

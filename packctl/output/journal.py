@@ -60,12 +60,59 @@ def read_journal(tmp: Path) -> list[ShardEntry]:
     return [shards[name] for name in sorted(shards)]
 
 
+def read_fingerprint(tmp: Path) -> dict | None:
+    """The fingerprint in a partial directory's run.json; None when it is missing or unreadable."""
+    try:
+        fingerprint = json.loads((tmp / RUN_FILE).read_text())["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return fingerprint if isinstance(fingerprint, dict) else None
+
+
+def differences(recorded: dict, fingerprint: dict, *, written_ns: int | None = None) -> list[str]:
+    """What differs between what an earlier run recorded and this run's `fingerprint`
+    (pipeline/run.py `run_fingerprint`): the option names, "inputs ...", and any other entry
+    (format_version, packctl_version, layout).
+
+    `recorded` is the fingerprint of run.json (compared whole), or a manifest (`written_ns`: the
+    time it was written): a manifest records every option, of which those the fingerprint leaves
+    out (where and how a run executes) are not compared, and its inputs without modification
+    times, so an input modified after `written_ns` differs.
+
+        differences({"config": {"seed": 1}, "inputs": []}, {"config": {"seed": 2}, "inputs": []})
+        -> ["seed"]
+    """
+    manifest = written_ns is not None
+    then, now = recorded.get("config"), fingerprint.get("config", {})
+    then = then if isinstance(then, dict) else {}
+    keys = set(now) | (set() if manifest else set(then))
+    differ = sorted(k for k in keys if k != "resume" and then.get(k, _MISSING) != now.get(k, _MISSING))
+    inputs_then, inputs_now = recorded.get("inputs"), fingerprint.get("inputs", [])
+    if manifest and isinstance(inputs_then, list) and len(inputs_then) == len(inputs_now):
+        same = all(isinstance(a, dict) and a == {k: b.get(k, _MISSING) for k in a}
+                   for a, b in zip(inputs_then, inputs_now))
+        if not same:
+            differ.append("inputs (paths, rows or sizes)")
+        elif any((entry.get("mtime_ns") or 0) > written_ns for entry in inputs_now):
+            differ.append("inputs (modified after it was written)")
+    elif inputs_then != inputs_now:
+        differ.append("inputs (paths, sizes or modification times)")
+    for key in sorted((set(fingerprint) | (set() if manifest else set(recorded))) - {"config", "inputs"}):
+        if (not manifest or key in recorded) and recorded.get(key, _MISSING) != fingerprint.get(key, _MISSING):
+            differ.append(key)
+    return differ
+
+
+_MISSING = object()
+
+
 def inspect_partial(out: Path, fingerprint: dict, *, resume: bool) -> dict[str, ShardEntry] | None:
     """What an earlier, interrupted run left beside OUT, checked against this run.
 
     Returns the shards to keep (name -> ShardEntry: journaled, and the file still has its sha256),
     or None when there is nothing to resume (no partial directory, or one without finished shards).
-    Raises when finished shards exist but `resume` is off, or the fingerprint differs.
+    Raises when finished shards exist but `resume` is off, run.json cannot be read, or the
+    fingerprint differs.
     """
     tmp = partial_dir(out)
     if not tmp.is_dir():
@@ -73,25 +120,18 @@ def inspect_partial(out: Path, fingerprint: dict, *, resume: bool) -> dict[str, 
     journaled = read_journal(tmp)
     if not journaled:
         return None
+    earlier = read_fingerprint(tmp)
+    if earlier is None:
+        raise PackctlError(f"{tmp}: holds {len(journaled)} finished shard(s) of an interrupted run but no readable "
+                           f"{RUN_FILE}, so they cannot be resumed; delete that directory and run again")
     if not resume:
         raise PackctlError(
             f"{out}: an interrupted run left {len(journaled)} finished shard(s) in {tmp}; pass --resume to "
             "continue it, or delete that directory to start over")
-    try:
-        earlier = json.loads((tmp / RUN_FILE).read_text())["fingerprint"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise PackctlError(f"{tmp}: no readable {RUN_FILE}, so it cannot be resumed; delete it and run again "
-                           "without --resume") from None
-    if earlier != fingerprint:
-        differs = sorted(k for k in set(earlier.get("config", {})) | set(fingerprint["config"])
-                         if earlier.get("config", {}).get(k) != fingerprint["config"].get(k))
-        if earlier.get("inputs") != fingerprint["inputs"]:
-            differs.append("inputs (paths, sizes or modification times)")
-        for key in ("format_version", "packctl_version"):
-            if earlier.get(key) != fingerprint.get(key):
-                differs.append(key)
+    differ = differences(earlier, fingerprint)
+    if differ:
         raise PackctlError(
-            f"{out}: --resume refused: the interrupted run in {tmp} used different {', '.join(differs)}; "
+            f"{out}: --resume refused: the interrupted run in {tmp} used different {', '.join(differ)}; "
             "run with the same options and inputs, or delete that directory and run without --resume")
     kept = {}
     for info in journaled:

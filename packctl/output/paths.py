@@ -6,13 +6,20 @@ from pathlib import Path
 
 from packctl.errors import PackctlError
 
+
 def check_output_path(out: Path, *, overwrite: bool, inputs: list[str] | None = None,
                       input_dirs: list[str] | None = None) -> None:
-    """Refuse an existing OUT without --overwrite, an OUT that is or holds an input file, an OUT
-    inside an input directory (its shards would be read as input next time), and an OUT whose
-    parent cannot be written."""
-    if out.exists() and not overwrite:
+    """Refuse an existing OUT (a dangling symbolic link too) without --overwrite, and whatever
+    `check_output_location` refuses."""
+    if os.path.lexists(out) and not overwrite:
         raise PackctlError(f"{out}: already exists; pass --overwrite to replace it or choose another -o")
+    check_output_location(out, inputs=inputs, input_dirs=input_dirs)
+
+
+def check_output_location(out: Path, *, inputs: list[str] | None = None, input_dirs: list[str] | None = None) -> None:
+    """Refuse an OUT that is or holds an input file, an OUT inside an input directory (its shards
+    would be read as input next time), and an OUT whose parent cannot be written. (Whether OUT
+    exists is decided under the lock, once an interrupted commit is finished: pipeline/run.py.)"""
     ancestor = out.absolute().parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent

@@ -360,9 +360,7 @@ def join_shared_shards(run: WriteRun, output: OutputDir) -> dict[int, ShardEntry
         meta = pq.ParquetFile(pa.BufferReader(joined)).metadata
         tokens = int(pq.read_table(pa.BufferReader(joined), columns=["num_tokens"]).column(0).to_numpy().sum())
         staged = output.stage_bytes(run.shard_path(shard), joined, rows=meta.num_rows, tokens=tokens)
-        results[shard] = output.commit_shard(staged)
-        for path in paths:
-            path.unlink()
+        results[shard] = output.commit_joined(staged, paths)
     return results
 
 

@@ -42,10 +42,11 @@ from packctl.jit import CompileClock
 from packctl.source.parquet import SequenceIndex, index_inputs, scan_blocks, split_blocks
 from packctl.source.groups import read_group_starts
 from packctl.contract.manifest import ShardEntry
-from packctl.output.journal import inspect_partial
+from packctl.output import commit as protocol
 from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults, OutputDir
-from packctl.output.paths import check_output_path
+from packctl.output.paths import check_output_location
+from packctl.output.resume import inspect_output
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.plan.order import epoch_seed
 from packctl.pipeline.order import check_too_long, order_and_distribute
@@ -68,6 +69,9 @@ class PackResult:
     metrics: dict[str, Any]
     timings: dict[str, float]
     shards: list[ShardEntry] = field(default_factory=list)
+    # "OUT: already complete ...": a `--resume` that found its output written (counts, metrics,
+    # timings and shards are then OUT's); the CLI prints it on stderr
+    note: str | None = None
 
 
 def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | None = None,
@@ -86,8 +90,11 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
 
     Shards are journaled as they are finished in `.OUT.packctl-partial`; a run that fails or is
     interrupted (SIGINT, SIGTERM: `RunInterrupted`, exit 130 / 143) after finishing some keeps
-    them there, and `config.resume` continues it (output/journal.py). `faults` simulates a crash or a
-    full disk at a chosen point (tests).
+    them there, and `config.resume` continues it (output/journal.py). The partial directory becomes
+    OUT by the commit protocol (output/commit.py), and every run first finishes or undoes a commit
+    a crash interrupted. `config.resume` on an OUT that already holds this run's output changes
+    nothing and returns it (`PackResult.note`: "already complete"). `faults` simulates a crash at
+    any named step, or a full disk (tests).
     """
     comm = comm or get_comm()
     progress = progress if (progress is not None and comm.rank == 0) else Progress()
@@ -117,7 +124,10 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
           run: _Run, faults: Faults | None) -> PackResult:
     timings: dict[str, float] = {}
     started, jit = time.perf_counter(), CompileClock()
-    index, fingerprint, done = broadcast_outcome(comm, lambda: _preflight(config, out, lock))
+    index, fingerprint, done, note = broadcast_outcome(comm, lambda: _preflight(config, out, lock, guard, faults))
+    if note is not None:  # OUT already holds this run's output
+        return _completed(out, note) if comm.rank == 0 else PackResult(output=out, counts={}, metrics={},
+                                                                        timings={}, note=note)
     specs = config.specs(index.labels_column)
 
     with timed(timings, "scan"):
@@ -151,32 +161,26 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
         return PackResult(output=out, counts={}, metrics={"ranks": ranks}, timings=timings)
 
     whole_run = throughput(corpus, ranks, timings, resumed_shards=len(done or {}))
-    if config.epochs == 1:
+    if specs.order.epochs == 1:
         metrics, shards, manifest = _report(config, specs, index, [s[0] for s in shares], ranks, corpus, whole_run,
                                             timings,
                                             early_metrics.result() if early_metrics is not None else None)
-        reports = [("", metrics, manifest)]
+        reports, manifests = [(METRICS, metrics)], [(MANIFEST, manifest)]
     else:  # each epoch is an output of its own; OUT/_metrics.json is of them all, _epochs.json lists them
-        reports, shards = [], []
-        for e in range(config.epochs):
+        reports, manifests, shards = [], [], []
+        for e in range(specs.order.epochs):
             epoch_metrics, epoch_shards, manifest = _report(config, specs, index, [s[e] for s in shares], [], corpus,
                                                             whole_run, timings, None, epoch=e)
-            reports.append((f"{epoch_dir(e)}/", epoch_metrics, manifest))
+            reports.append((f"{epoch_dir(e)}/{METRICS}", epoch_metrics))
+            manifests.append((f"{epoch_dir(e)}/{MANIFEST}", manifest))
             shards += epoch_shards
-        metrics = epochs_metrics(specs.report, [s[e] for e in range(config.epochs) for s in shares], ranks, corpus,
-                                 [r[1] for r in reports])
+        metrics = epochs_metrics(specs.report, [s[e] for e in range(specs.order.epochs) for s in shares], ranks, corpus,
+                                 [m for _, m in reports])
         metrics["throughput"], metrics["timings"] = whole_run, timings
-        output.write_json(METRICS, metrics)
-    for folder, epoch_metrics, _ in reports:
-        output.write_json(folder + METRICS, epoch_metrics)
+        reports.insert(0, (METRICS, metrics))
+        manifests.append((EPOCHS, epochs_index(specs.report, metrics, timings)))  # last: every epoch is complete
     with guard.deferred():  # a signal now waits: the output is moments from complete
-        output.drop_journal()
-        for folder, _, manifest in reports:
-            output.write_json(folder + MANIFEST, manifest)
-        if config.epochs > 1:  # written last: its presence means every epoch is complete
-            output.drop_data_dir()
-            output.write_json(EPOCHS, epochs_index(specs.report, metrics, timings))
-        output.commit()
+        output.commit(reports=reports, manifests=manifests, shards=shards, overwrite=config.overwrite)
     comm.barrier()
     return PackResult(output=out, counts=metrics["counts"], metrics=metrics, timings=timings, shards=shards)
 
@@ -254,21 +258,43 @@ def _shard_format(config: PackConfig, specs: Specs, index: SequenceIndex) -> Sha
                        keep_columns=specs.write.keep_columns, weight_column=specs.write.weight_column)
 
 
-def _preflight(config: PackConfig, out: Path, lock: OutputLock) -> tuple[SequenceIndex, dict, dict | None]:
-    """Everything decided from options and Parquet footers, before any token is read; takes the
-    output lock and checks what an interrupted run left (the shards `--resume` keeps)."""
+def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGuard,
+               faults: Faults | None) -> tuple[SequenceIndex | None, dict | None, dict | None, str | None]:
+    """Everything decided from options and Parquet footers, before any token is read: takes the
+    output lock, finishes or undoes a commit a crash interrupted (output/commit.py `recover`), and
+    decides what to do with what earlier runs left (output/resume.py): returns (index,
+    fingerprint, the shards `--resume` keeps, None), or (None, None, None, note) when OUT already
+    holds this run's output."""
+    reached = (faults or Faults()).reached
     config.validate()
-    check_output_path(out, overwrite=config.overwrite)
+    check_output_location(out)
     index = index_inputs(config.inputs, config.tokens_column, config.labels_column, tuple(config.keep_columns),
                          config.weight_column)
     if config.group_column is not None:
         index.group_starts = read_group_starts(index, config.group_column)
-    check_output_path(out, overwrite=config.overwrite, inputs=[f.path for f in index.files],
-                      input_dirs=[str(i) for i in config.inputs])
+    check_output_location(out, inputs=[f.path for f in index.files], input_dirs=[str(i) for i in config.inputs])
     lock.acquire()
+    reached("lock:taken")
+    with guard.deferred(stop_after=True):  # finishing an interrupted commit: a signal waits for it
+        protocol.recover(out, reached)
     fingerprint = run_fingerprint(config, index)
-    done = inspect_partial(out, fingerprint, resume=config.resume)
-    return index, fingerprint, done
+    found = inspect_output(out, fingerprint, resume=config.resume, overwrite=config.overwrite)
+    if found.publish:
+        with guard.deferred():
+            protocol.publish(out, overwrite=config.overwrite, reached=reached)
+        return None, None, None, (f"{out}: already complete: the interrupted run had written all of it; it is now "
+                                  "in place")
+    if found.complete:
+        return None, None, None, f"{out}: already complete: it holds the output of these options and inputs"
+    return index, fingerprint, found.done, None
+
+
+def _completed(out: Path, note: str) -> PackResult:
+    """The result of a run whose output OUT already holds: OUT's counts, metrics and shards."""
+    metrics = json.loads((out / METRICS).read_text())
+    shards = protocol.listed_shards(out) or []
+    return PackResult(output=out, counts=metrics.get("counts", {}), metrics=metrics,
+                      timings=metrics.get("timings", {}), shards=shards, note=note)
 
 
 def run_fingerprint(config: PackConfig, index: SequenceIndex) -> dict[str, Any]:

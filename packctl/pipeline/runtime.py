@@ -48,14 +48,19 @@ class Interrupted(BaseException):
 class SignalGuard:
     """SIGINT and SIGTERM stop the run by raising in the main thread; writer threads finish the
     shard they are writing (journaled), the others are not started. During the final commit a
-    signal is deferred, and the run completes."""
+    signal is deferred, and the run completes; while a run finishes an earlier run's interrupted
+    commit (before it packs), a signal waits for that, then stops the run."""
 
     def __init__(self) -> None:
         self._defer = False
         self._stopping = False
+        self._waiting: int | None = None  # a signal that came while deferred
 
     def _handle(self, signum, frame) -> None:
-        if self._defer or self._stopping:
+        if self._stopping:
+            return
+        if self._defer:
+            self._waiting = signum
             return
         self._stopping = True
         raise Interrupted(signum)
@@ -75,27 +80,38 @@ class SignalGuard:
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
     @contextmanager
-    def deferred(self) -> Iterator[None]:
+    def deferred(self, *, stop_after: bool = False) -> Iterator[None]:
+        """A signal waits for the block; with `stop_after` it then stops the run."""
         self._defer = True
         try:
             yield
         finally:
             self._defer = False
+        if stop_after and self._waiting is not None and not self._stopping:
+            self._stopping = True
+            raise Interrupted(self._waiting)
 
 
 def after_failure(comm, output, exc: BaseException) -> BaseException:
     """Clean up after a failed or interrupted run and say what happened to the work done.
 
-    A single process removes its partial directory unless it holds finished shards; those are kept
-    for `--resume` (under MPI other ranks may still be writing: the directory is always kept)."""
-    kept = 0
+    A single process removes its partial directory unless it holds finished shards or is
+    complete; those are kept for `--resume` (under MPI other ranks may still be writing: the
+    directory is always kept)."""
+    kept, complete = 0, False
     if output is not None and comm.rank == 0:
-        kept = output.finished_shards()
-        if comm.size == 1 and kept == 0:
+        kept, complete = output.finished_shards(), output.is_complete()
+        if comm.size == 1 and kept == 0 and not complete:
             output.abort()
     where = output.tmp if output is not None else None
-    resume_hint = (f"{kept} finished shard(s) are kept in {where}: rerun the same command with --resume to "
-                   "continue") if kept else ""
+    if complete:
+        resume_hint = (f"the complete output is kept in {where}: rerun the same command with --resume to put it "
+                       "in place")
+    elif kept:
+        resume_hint = (f"{kept} finished shard(s) are kept in {where}: rerun the same command with --resume to "
+                       "continue")
+    else:
+        resume_hint = ""
     if isinstance(exc, (Interrupted, KeyboardInterrupt)):
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         name = signal.Signals(signum).name

@@ -1,7 +1,7 @@
 """Crashes lose nothing: journaled shards, `--resume` to byte-identical output, the output lock,
 SIGINT / SIGTERM, a full disk (docs/errors.md).
 
-Crashes are made by running the real CLI through tests/faulty_pack.py, which hands `pack` a
+Crashes are made by running the real CLI through tests/support/faulty_pack.py, which hands `pack` a
 `Faults` object: `--kill-after k` (SIGKILL, or `k:SIGTERM`, right after the k-th shard is
 journaled) and `--fail-write-after k` (the next shard write fails with ENOSPC).
 """
@@ -29,7 +29,7 @@ SHARDS = 19  # what OPTIONS make of the corpus below (checked by the reference f
 
 def run_pack(corpus: Path, out: Path, *extra: str, faults: list[str] | None = None,
              mpi: int = 0) -> subprocess.CompletedProcess:
-    """`packctl pack` in a process of its own; `faults` are tests/faulty_pack.py options."""
+    """`packctl pack` in a process of its own; `faults` are tests/support/faulty_pack.py options."""
     launcher = [sys.executable, str(FAULTY_PACK), *faults] if faults else [
         sys.executable, "-m", "packctl"]
     cmd = [*launcher, "pack", str(corpus), "-o", str(out), *OPTIONS, *extra]
