@@ -174,8 +174,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
             reports.append((f"{epoch_dir(e)}/{METRICS}", epoch_metrics))
             manifests.append((f"{epoch_dir(e)}/{MANIFEST}", manifest))
             shards += epoch_shards
-        metrics = epochs_metrics(specs.report, [s[e] for e in range(specs.order.epochs) for s in shares], ranks, corpus,
-                                 [m for _, m in reports])
+        every_epoch = [s[e] for e in range(specs.order.epochs) for s in shares]
+        metrics = epochs_metrics(specs.report, every_epoch, ranks, corpus, [m for _, m in reports])
         metrics["throughput"], metrics["timings"] = whole_run, timings
         reports.insert(0, (METRICS, metrics))
         manifests.append((EPOCHS, epochs_index(specs.report, metrics, timings)))  # last: every epoch is complete
