@@ -1,7 +1,7 @@
 """The partial output directory's journal: which shards are finished, and what `--resume` keeps.
 
     .OUT.packctl-partial/
-        run.json                       fingerprint of the run: config and inputs (path, size, mtime)
+        run.json                       fingerprint of the run: config and inputs (path, size, mtime, footer digest)
         journal.jsonl                  one line per finished shard: {"shard", "rows", "tokens", "sha256"}
         journal.rank-00003.jsonl       the same, for the shards rank 3 finished (under MPI)
 
@@ -60,6 +60,31 @@ def read_journal(tmp: Path) -> list[ShardEntry]:
     return [shards[name] for name in sorted(shards)]
 
 
+# What a run fingerprints of each input (pipeline/run.py run_fingerprint), in words.
+_INPUT_FIELDS = {"rows": "rows", "bytes": "size", "mtime_ns": "modification time", "footer": "Parquet footer"}
+
+
+def _inputs_differ(earlier: object, now: list[dict]) -> str:
+    """Which input file differs from what the interrupted run read, named:
+    'data/a.parquet changed since that run read it (Parquet footer, modification time)'."""
+    before = {str(e.get("path")): e for e in earlier if isinstance(e, dict)} if isinstance(earlier, list) else {}
+    paths = [str(e["path"]) for e in now]
+    gone = [p for p in before if p not in paths]
+    new = [p for p in paths if p not in before]
+    more = (lambda names: f" (and {len(names) - 1} more)" if len(names) > 1 else "")
+    if gone:
+        return f"{gone[0]}{more(gone)} no longer among them" + (f"; {new[0]}{more(new)} is new" if new else "")
+    if new:
+        return f"{new[0]}{more(new)} is new"
+    changed = [(p, [name for key, name in _INPUT_FIELDS.items() if before[p].get(key) != e.get(key)])
+               for p, e in zip(paths, now)]
+    changed = [(p, fields) for p, fields in changed if fields]
+    if not changed:
+        return "the same files in another order"
+    path, fields = changed[0]
+    return f"{path}{more(changed)} changed since that run read it ({', '.join(fields)})"
+
+
 def inspect_partial(out: Path, fingerprint: dict, *, resume: bool) -> dict[str, ShardEntry] | None:
     """What an earlier, interrupted run left beside OUT, checked against this run.
 
@@ -86,7 +111,7 @@ def inspect_partial(out: Path, fingerprint: dict, *, resume: bool) -> dict[str, 
         differs = sorted(k for k in set(earlier.get("config", {})) | set(fingerprint["config"])
                          if earlier.get("config", {}).get(k) != fingerprint["config"].get(k))
         if earlier.get("inputs") != fingerprint["inputs"]:
-            differs.append("inputs (paths, sizes or modification times)")
+            differs.append(f"inputs ({_inputs_differ(earlier.get('inputs'), fingerprint['inputs'])})")
         for key in ("format_version", "packctl_version"):
             if earlier.get(key) != fingerprint.get(key):
                 differs.append(key)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,13 +34,15 @@ import numpy as np
 from packctl.config import PackConfig
 from packctl.mpi.assign import WriteJob, assign, hand_over, units_of
 from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
-from packctl.contract.manifest import EPOCHS, MANIFEST, METRICS, epoch_dir
+from packctl.contract.manifest import DATA_DIR, EPOCHS, MANIFEST, METRICS, epoch_dir
+from packctl.errors import PackctlError
 from packctl.pipeline.manifest import build_manifest, shard_metadata
 from packctl.jit import CompileClock
 from packctl.source.parquet import SequenceIndex, index_inputs, scan_blocks, split_blocks
+from packctl.source.resolve import Resolution, normalize_spec, pattern_reaching, resolve, respell
 from packctl.source.groups import read_group_starts
 from packctl.contract.manifest import ShardEntry
-from packctl.output.journal import inspect_partial
+from packctl.output.journal import RUN_FILE, inspect_partial, partial_dir
 from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults, OutputDir
 from packctl.output.paths import check_output_path
@@ -116,7 +117,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
           run: _Run, faults: Faults | None) -> PackResult:
     timings: dict[str, float] = {}
     started, jit = time.perf_counter(), CompileClock()
-    index, fingerprint, done = broadcast_outcome(comm, lambda: _preflight(config, out, lock))
+    config, index, fingerprint, done = broadcast_outcome(comm, lambda: _preflight(config, out, lock))
 
     with timed(timings, "scan"):
         scanned, corpus = _scan(comm, index, config, progress)
@@ -246,12 +247,20 @@ def _shard_format(config: PackConfig, index: SequenceIndex) -> ShardFormat:
                        keep_columns=tuple(config.keep_columns), weight_column=config.weight_column)
 
 
-def _preflight(config: PackConfig, out: Path, lock: OutputLock) -> tuple[SequenceIndex, dict, dict | None]:
+def _preflight(config: PackConfig, out: Path, lock: OutputLock) -> tuple[PackConfig, SequenceIndex, dict,
+                                                                        dict | None]:
     """Everything decided from options and Parquet footers, before any token is read; takes the
-    output lock and checks what an interrupted run left (the shards `--resume` keeps)."""
+    output lock and checks what an interrupted run left (the shards `--resume` keeps). Returns
+    the config with its INPUT as the run records it (normalized: `packctl.source.resolve`)."""
     config.validate()
     check_output_path(out, overwrite=config.overwrite)
-    index = index_inputs(config.inputs, config.tokens_column, config.labels_column, tuple(config.keep_columns),
+    specs = [normalize_spec(s) for s in config.inputs]
+    _refuse_output_in_reach(out, specs)
+    resolution = resolve(specs)
+    if config.resume:
+        resolution = _spelled_as_interrupted_run(out, resolution)
+    config = dataclasses.replace(config, inputs=resolution.specs)
+    index = index_inputs(resolution, config.tokens_column, config.labels_column, tuple(config.keep_columns),
                          config.weight_column)
     if config.group_column is not None:
         index.group_starts = read_group_starts(index, config.group_column)
@@ -260,20 +269,44 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock) -> tuple[Sequenc
     lock.acquire()
     fingerprint = run_fingerprint(config, index)
     done = inspect_partial(out, fingerprint, resume=config.resume)
-    return index, fingerprint, done
+    return config, index, fingerprint, done
+
+
+def _refuse_output_in_reach(out: Path, specs: list[str]) -> None:
+    """An OUT that an INPUT pattern matches would be read as input by the next run of the same
+    command (and its partial directory by `--resume`): as for an OUT inside an input directory."""
+    for shard in (out / DATA_DIR / "train-00000.parquet", out / epoch_dir(0) / DATA_DIR / "train-00000.parquet",
+                  partial_dir(out) / DATA_DIR / "train-00000.parquet"):
+        spec = pattern_reaching(specs, str(shard))
+        if spec is not None:
+            raise PackctlError(f"{out}: INPUT {spec} matches its shards ({shard}), so they would be read as input by "
+                               "the next run; choose an -o that INPUT does not match, or narrow INPUT")
+
+
+def _spelled_as_interrupted_run(out: Path, resolution: Resolution) -> Resolution:
+    """The same files spelled another way (`data` then `/abs/data`) are the same input: `--resume`
+    continues with the INPUT and paths the interrupted run recorded, so the shards it writes
+    carry the same metadata as those it keeps. Other inputs are left as they are (and refused
+    by the fingerprint check)."""
+    try:
+        earlier = json.loads((partial_dir(out) / RUN_FILE).read_text())["fingerprint"]
+        specs = [str(s) for s in earlier["config"]["inputs"]]
+        paths = [str(entry["path"]) for entry in earlier["inputs"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return resolution
+    return respell(resolution, specs, paths)
 
 
 def run_fingerprint(config: PackConfig, index: SequenceIndex) -> dict[str, Any]:
     """What must not change between an interrupted run and its `--resume`: everything the shards
-    record (format, packctl version, config without execution-only options, layout, inputs) plus
-    each input's modification time."""
+    record (format, packctl version, config without execution-only options, layout, inputs) plus,
+    per input, what the run read of it: modification time and Parquet footer digest (a file
+    rewritten with the same size and mtime still changes its footer)."""
     fingerprint = json.loads(shard_metadata(dataclasses.replace(config, resume=False), index.labels_column,
                                             index.files))
-    for entry in fingerprint["inputs"]:
-        try:
-            entry["mtime_ns"] = os.stat(entry["path"]).st_mtime_ns
-        except OSError:
-            entry["mtime_ns"] = None
+    for entry, read in zip(fingerprint["inputs"], index.fingerprints):
+        entry["mtime_ns"] = read.mtime_ns
+        entry["footer"] = read.footer
     return fingerprint
 
 
