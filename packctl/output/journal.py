@@ -111,6 +111,7 @@ def inspect_partial(out: Path, fingerprint: dict, *, resume: bool) -> dict[str, 
         differs = sorted(k for k in set(earlier.get("config", {})) | set(fingerprint["config"])
                          if earlier.get("config", {}).get(k) != fingerprint["config"].get(k))
         if earlier.get("inputs") != fingerprint["inputs"]:
+            differs = [k for k in differs if k != "inputs"]  # the files say more than the INPUT spelling
             differs.append(f"inputs ({_inputs_differ(earlier.get('inputs'), fingerprint['inputs'])})")
         for key in ("format_version", "packctl_version"):
             if earlier.get(key) != fingerprint.get(key):

@@ -117,11 +117,11 @@ def respell(resolution: Resolution, specs: list[str], paths: list[str]) -> Resol
     """`resolution` spelled as an earlier run recorded it (its INPUT `specs` and file `paths`), when
     both are the same files: each recorded path leads (from here) to the real path of one of ours.
     Else `resolution` unchanged. `--resume` uses it so that `data` after `/abs/data` (or the
-    reverse) continues the run with the bytes it started with.
+    reverse, or `'data/*.parquet'` after `data`) continues the run with the bytes it started with.
 
         ours ["/abs/data/a.parquet"], recorded ["data/a.parquet"] (cwd /abs) -> ["data/a.parquet"]
     """
-    if len(paths) != len(resolution.files) or [f.path for f in resolution.files] == paths:
+    if len(paths) != len(resolution.files):
         return resolution
     ours = {os.path.realpath(f.path): f for f in resolution.files}
     respelled = []

@@ -372,6 +372,7 @@ def test_a_foreign_manifest_does_not_make_an_output(tmp_path):
     pack_ok(tmp_path / "out", tmp_path / "data", sources=[a])
 
 
+@pytest.mark.slow  # imports the what-if (polars) and verify: a few seconds
 def test_stats_and_verify_resolve_inputs_the_same_way(tmp_path):
     a = data_file(tmp_path / "data/a.parquet")
     os.link(a, tmp_path / "data/b.parquet")
@@ -402,7 +403,7 @@ def resumable(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("first, again", [("DIR", "DIR/"), ("DIR", "./DIR"), ("DIR", "absolute"),
-                                          ("absolute", "DIR"), ("./DIR/", "DIR")])
+                                          ("absolute", "DIR"), ("./DIR/", "DIR"), ("DIR", "DIR/*.parquet")])
 def test_one_input_spelled_differently_on_resume(resumable, first, again):
     spell = (lambda s: str(resumable / "DIR") if s == "absolute" else s)
     pack(PackConfig(inputs=[spell(first)], output="reference", capacity=4, shard_rows=1))
