@@ -25,8 +25,8 @@ import pytest
 
 from packctl import PackConfig, PackctlError, pack
 from packctl.output.outdir import Faults
-from support.adversary import (assert_clean_error, assert_complete, assert_every_sample_once, assert_nothing_left,
-                               packctl, packctl_process)
+from support.adversary import (assert_clean_error, assert_every_sample_once, assert_nothing_left, packctl,
+                               packctl_process)
 from support.data import write_table
 from support.paths import ROOT
 from support.threadcomm import run_ranks
@@ -175,6 +175,7 @@ def test_a_fifo_named_parquet(tmp_path):
     refused(tmp_path, tmp_path / "data", mentions=["data/x.parquet", "not a regular file", "FIFO"])
     refused(tmp_path, tmp_path / "data/x.parquet", mentions=["data/x.parquet", "FIFO"])
     refused(tmp_path, tmp_path / "data/*", mentions=["data/x.parquet", "FIFO"])
+    refused(tmp_path, "/dev/null", mentions=["/dev/null", "a character device"])
 
 
 def test_a_socket_named_parquet(tmp_path):
@@ -582,6 +583,23 @@ def test_an_unchanged_input_read_twice_packs_normally(tmp_path, monkeypatch):
     assert result.code == 0, result.stderr
     assert reread[0].blocks_reread == 6  # every block of both files, read again
     assert_every_sample_once(tmp_path / "out", [a, b])
+
+
+def test_a_file_rewritten_while_stats_reads_it(tmp_path, monkeypatch):
+    """The what-if reads lengths with polars, by path: what it read is checked against the footers."""
+    import packctl.stats.whatif as whatif
+
+    fixed_width_file(tmp_path / "data/a.parquet", 1)
+    b = fixed_width_file(tmp_path / "data/b.parquet", 100)
+    original = whatif.collect_streaming
+
+    def collect(frame):
+        rewrite_keeping_size_and_mtime(b, 900)
+        return original(frame)
+
+    monkeypatch.setattr(whatif, "collect_streaming", collect)
+    with pytest.raises(PackctlError, match="b.parquet: changed while packctl was reading it"):
+        whatif.read_lengths([str(tmp_path / "data")])
 
 
 def test_a_file_that_changes_while_it_is_listed(tmp_path, monkeypatch):
