@@ -1,7 +1,7 @@
 """The partial output directory's journal: which shards are finished, and what `--resume` keeps.
 
     .OUT.packctl-partial/
-        run.json                       fingerprint of the run: config and inputs (path, size, mtime)
+        run.json                       fingerprint of the run: config and inputs (path, size, mtime, footer digest)
         journal.jsonl                  one line per finished shard: {"shard", "rows", "tokens", "sha256"}
         journal.rank-00003.jsonl       the same, for the shards rank 3 finished (under MPI)
 
@@ -96,7 +96,8 @@ def differences(recorded: dict, fingerprint: dict, *, written_ns: int | None = N
         elif any((entry.get("mtime_ns") or 0) > written_ns for entry in inputs_now):
             differ.append("inputs (modified after it was written)")
     elif inputs_then != inputs_now:
-        differ.append("inputs (paths, sizes or modification times)")
+        differ = [k for k in differ if k != "inputs"]  # the files say more than the INPUT spelling
+        differ.append(f"inputs ({_inputs_differ(inputs_then, inputs_now)})")
     for key in sorted((set(fingerprint) | (set() if manifest else set(recorded))) - {"config", "inputs"}):
         if (not manifest or key in recorded) and recorded.get(key, _MISSING) != fingerprint.get(key, _MISSING):
             differ.append(key)
@@ -104,6 +105,31 @@ def differences(recorded: dict, fingerprint: dict, *, written_ns: int | None = N
 
 
 _MISSING = object()
+
+
+# What a run fingerprints of each input (pipeline/run.py run_fingerprint), in words.
+_INPUT_FIELDS = {"rows": "rows", "bytes": "size", "mtime_ns": "modification time", "footer": "Parquet footer"}
+
+
+def _inputs_differ(earlier: object, now: list[dict]) -> str:
+    """Which input file differs from what the interrupted run read, named:
+    'data/a.parquet changed since that run read it (Parquet footer, modification time)'."""
+    before = {str(e.get("path")): e for e in earlier if isinstance(e, dict)} if isinstance(earlier, list) else {}
+    paths = [str(e["path"]) for e in now]
+    gone = [p for p in before if p not in paths]
+    new = [p for p in paths if p not in before]
+    more = (lambda names: f" (and {len(names) - 1} more)" if len(names) > 1 else "")
+    if gone:
+        return f"{gone[0]}{more(gone)} no longer among them" + (f"; {new[0]}{more(new)} is new" if new else "")
+    if new:
+        return f"{new[0]}{more(new)} is new"
+    changed = [(p, [name for key, name in _INPUT_FIELDS.items() if before[p].get(key) != e.get(key)])
+               for p, e in zip(paths, now)]
+    changed = [(p, fields) for p, fields in changed if fields]
+    if not changed:
+        return "the same files in another order"
+    path, fields = changed[0]
+    return f"{path}{more(changed)} changed since that run read it ({', '.join(fields)})"
 
 
 def inspect_partial(out: Path, fingerprint: dict, *, resume: bool) -> dict[str, ShardEntry] | None:

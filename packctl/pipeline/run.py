@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,13 +35,16 @@ from packctl.config import PackConfig
 from packctl.specs import Specs, WriteSpec
 from packctl.mpi.assign import WriteJob, assign, hand_over, units_of
 from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
-from packctl.contract.manifest import EPOCHS, MANIFEST, METRICS, epoch_dir
+from packctl.contract.manifest import DATA_DIR, EPOCHS, MANIFEST, METRICS, epoch_dir
+from packctl.errors import PackctlError
 from packctl.pipeline.manifest import build_manifest, shard_metadata
 from packctl.jit import CompileClock
 from packctl.source.parquet import SequenceIndex, index_inputs, scan_blocks, split_blocks
+from packctl.source.resolve import Resolution, normalize_spec, pattern_reaching, resolve, respell
 from packctl.source.groups import read_group_starts
 from packctl.contract.manifest import ShardEntry
 from packctl.output import commit as protocol
+from packctl.output.journal import RUN_FILE, partial_dir
 from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults, OutputDir
 from packctl.output.paths import check_output_location
@@ -124,7 +126,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
           run: _Run, faults: Faults | None) -> PackResult:
     timings: dict[str, float] = {}
     started, jit = time.perf_counter(), CompileClock()
-    index, fingerprint, done, note = broadcast_outcome(comm, lambda: _preflight(config, out, lock, guard, faults))
+    config, index, fingerprint, done, note = broadcast_outcome(
+        comm, lambda: _preflight(config, out, lock, guard, faults))
     if note is not None:  # OUT already holds this run's output
         return _completed(out, note) if comm.rank == 0 else PackResult(output=out, counts={}, metrics={},
                                                                         timings={}, note=note)
@@ -258,17 +261,24 @@ def _shard_format(config: PackConfig, specs: Specs, index: SequenceIndex) -> Sha
                        keep_columns=specs.write.keep_columns, weight_column=specs.write.weight_column)
 
 
-def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGuard,
-               faults: Faults | None) -> tuple[SequenceIndex | None, dict | None, dict | None, str | None]:
-    """Everything decided from options and Parquet footers, before any token is read: takes the
-    output lock, finishes or undoes a commit a crash interrupted (output/commit.py `recover`), and
-    decides what to do with what earlier runs left (output/resume.py): returns (index,
-    fingerprint, the shards `--resume` keeps, None), or (None, None, None, note) when OUT already
-    holds this run's output."""
+def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGuard, faults: Faults | None
+               ) -> tuple[PackConfig, SequenceIndex | None, dict | None, dict | None, str | None]:
+    """Everything decided from options and Parquet footers, before any token is read: resolves
+    INPUT (`packctl.source.resolve`), takes the output lock, finishes or undoes a commit a crash
+    interrupted (output/commit.py `recover`), and decides what to do with what earlier runs left
+    (output/resume.py). Returns the config with its INPUT as the run records it (normalized), and
+    (index, fingerprint, the shards `--resume` keeps, None), or (None, None, None, note) when OUT
+    already holds this run's output."""
     reached = (faults or Faults()).reached
     config.validate()
     check_output_location(out)
-    index = index_inputs(config.inputs, config.tokens_column, config.labels_column, tuple(config.keep_columns),
+    specs = [normalize_spec(s) for s in config.inputs]
+    _refuse_output_in_reach(out, specs)
+    resolution = resolve(specs)
+    if config.resume:
+        resolution = _spelled_as_earlier_run(out, resolution)
+    config = dataclasses.replace(config, inputs=resolution.specs)
+    index = index_inputs(resolution, config.tokens_column, config.labels_column, tuple(config.keep_columns),
                          config.weight_column)
     if config.group_column is not None:
         index.group_starts = read_group_starts(index, config.group_column)
@@ -282,11 +292,11 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
     if found.publish:
         with guard.deferred():
             protocol.publish(out, overwrite=config.overwrite, reached=reached)
-        return None, None, None, (f"{out}: already complete: the interrupted run had written all of it; it is now "
-                                  "in place")
+        return config, None, None, None, (f"{out}: already complete: the interrupted run had written all of it; "
+                                          "it is now in place")
     if found.complete:
-        return None, None, None, f"{out}: already complete: it holds the output of these options and inputs"
-    return index, fingerprint, found.done, None
+        return config, None, None, None, f"{out}: already complete: it holds the output of these options and inputs"
+    return config, index, fingerprint, found.done, None
 
 
 def _completed(out: Path, note: str) -> PackResult:
@@ -297,17 +307,45 @@ def _completed(out: Path, note: str) -> PackResult:
                       timings=metrics.get("timings", {}), shards=shards, note=note)
 
 
+def _refuse_output_in_reach(out: Path, specs: list[str]) -> None:
+    """An OUT that an INPUT pattern matches would be read as input by the next run of the same
+    command (and its partial directory by `--resume`): as for an OUT inside an input directory."""
+    for shard in (out / DATA_DIR / "train-00000.parquet", out / epoch_dir(0) / DATA_DIR / "train-00000.parquet",
+                  partial_dir(out) / DATA_DIR / "train-00000.parquet"):
+        spec = pattern_reaching(specs, str(shard))
+        if spec is not None:
+            raise PackctlError(f"{out}: INPUT {spec} matches its shards ({shard}), so they would be read as input by "
+                               "the next run; choose an -o that INPUT does not match, or narrow INPUT")
+
+
+def _spelled_as_earlier_run(out: Path, resolution: Resolution) -> Resolution:
+    """The same files spelled another way (`data` then `/abs/data`) are the same input: `--resume`
+    continues with the INPUT and paths the interrupted run recorded (its run.json; for a run that
+    completed, OUT's manifest), so the shards it writes carry the same metadata as those it keeps,
+    and a completed OUT is recognised. Other inputs are left as they are (and refused by the
+    fingerprint check)."""
+    for recorded, key in ((partial_dir(out) / RUN_FILE, "fingerprint"), (out / MANIFEST, None)):
+        try:
+            earlier = json.loads(recorded.read_text())
+            earlier = earlier[key] if key else earlier
+            specs = [str(s) for s in earlier["config"]["inputs"]]
+            paths = [str(entry["path"]) for entry in earlier["inputs"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        return respell(resolution, specs, paths)
+    return resolution
+
+
 def run_fingerprint(config: PackConfig, index: SequenceIndex) -> dict[str, Any]:
     """What must not change between an interrupted run and its `--resume`: everything the shards
-    record (format, packctl version, config without execution-only options, layout, inputs) plus
-    each input's modification time."""
+    record (format, packctl version, config without execution-only options, layout, inputs) plus,
+    per input, what the run read of it: modification time and Parquet footer digest (a file
+    rewritten with the same size and mtime still changes its footer)."""
     fingerprint = json.loads(shard_metadata(dataclasses.replace(config, resume=False), index.labels_column,
                                             index.files))
-    for entry in fingerprint["inputs"]:
-        try:
-            entry["mtime_ns"] = os.stat(entry["path"]).st_mtime_ns
-        except OSError:
-            entry["mtime_ns"] = None
+    for entry, read in zip(fingerprint["inputs"], index.fingerprints):
+        entry["mtime_ns"] = read.mtime_ns
+        entry["footer"] = read.footer
     return fingerprint
 
 

@@ -13,12 +13,17 @@ sequence's group id is the gid of its group's first row (`packctl.plan.groups.gr
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from packctl.errors import PackctlError
 from packctl.source.parquet import SequenceIndex, _type_name, describe_gid, open_parquet
+
+if TYPE_CHECKING:
+    from packctl.stats.whatif import LengthIndex
 
 
 def _check_type(path: str, schema: pa.Schema, column: str, seen: list[pa.DataType]) -> None:
@@ -35,14 +40,15 @@ def _check_type(path: str, schema: pa.Schema, column: str, seen: list[pa.DataTyp
     seen.append(typ)
 
 
-def read_group_starts(index: SequenceIndex, column: str) -> np.ndarray:
+def read_group_starts(index: SequenceIndex | LengthIndex, column: str) -> np.ndarray:
     """The gid where each group starts, plus the number of rows: [0, 2, 4, 5] above. Reads the
-    one column of every file (a value per row) and checks nulls and adjacency."""
+    one column of every file (a value per row) and checks nulls and adjacency; each file is
+    checked against the fingerprint the run took of it (`index.fingerprints`)."""
     paths = [f.path for f in index.files]
     seen: list[pa.DataType] = []
     chunks = []
-    for path in paths:
-        pf = open_parquet(path)
+    for f, path in enumerate(paths):
+        pf = open_parquet(path, index.fingerprint(f))
         _check_type(path, pf.schema_arrow, column, seen)
         try:
             chunks += pf.read(columns=[column]).column(column).chunks

@@ -1,22 +1,31 @@
-"""Scan tokenized Parquet shards: resolve inputs, validate columns, index sequence lengths.
+"""Scan tokenized Parquet shards: index the resolved inputs, validate columns, read blocks, know a file again.
 
-The **global sample id** (gid) of row r of file f is `file_offsets[f] + r`, files sorted by path,
-so ids do not depend on how many processes read them:
+The input files come from `packctl.source.resolve` (INPUT specs -> distinct files, each with its
+fingerprint). The **global sample id** (gid) of row r of file f is `file_offsets[f] + r`, files
+sorted by path, so ids do not depend on how many processes read them:
 
     a.parquet (3 rows) b.parquet (2 rows)  ->  gids 0 1 2 | 3 4,  file_offsets = [0, 3, 5]
 
 Files are read in **blocks** (Parquet row groups). Token values are validated where they are
 decoded; a bad row is reported as `FILE row R column C: what is wrong; what to do`.
+
+Every time a file is opened again during a run (each block decoded in scan and materialize, kept
+columns, weights, groups) its size and Parquet footer are checked against the **fingerprint**
+taken when the run resolved it (`FileFingerprint`): a file rewritten or appended to under a run
+stops it with `FILE: changed while packctl was reading it (...)`, instead of an output that mixes
+old and new content.
 """
 from __future__ import annotations
 
 import dataclasses
-import glob
+import hashlib
 import os
+import stat
+import struct
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +37,24 @@ from packctl.errors import PackctlError
 from packctl.source.blocks import DecodedBlock, first_outside_int32
 from packctl.contract.arrow import numpy_view
 
-_GLOB_CHARS = set("*?[")
+if TYPE_CHECKING:
+    from packctl.source.resolve import Resolution
+
+_MAGIC = b"PAR1"
+
+
+@dataclass(frozen=True)
+class FileFingerprint:
+    """What an input file was when the run first read it, to know it again: its size, modification
+    time and a digest of its Parquet footer (schema, row groups, column chunk offsets and sizes,
+    statistics). A file rewritten in place changes its footer even where size and mtime are kept.
+
+        FileFingerprint(size=706, mtime_ns=1732526040123456789, footer="5f0c...")   # 32 hex digits
+    """
+
+    size: int
+    mtime_ns: int
+    footer: str
 
 
 @dataclass(frozen=True)
@@ -68,6 +94,11 @@ class SequenceIndex:
     loss_tokens: np.ndarray | None = None
     # --group-column: the gid where each group starts, then num_sequences (all ranks; source/groups.py)
     group_starts: np.ndarray | None = None
+    # one per file: what the run first read of it; every later open checks the file against it
+    fingerprints: list[FileFingerprint] = field(default_factory=list)
+
+    def fingerprint(self, f: int) -> FileFingerprint | None:
+        return self.fingerprints[f] if self.fingerprints else None
 
     @property
     def num_sequences(self) -> int:
@@ -85,38 +116,112 @@ def describe_gid(paths: list[str], file_offsets: np.ndarray, gid: int, column: s
     return f"{where} column '{column}'" if column is not None else where
 
 
-def resolve_inputs(inputs: list[str]) -> list[str]:
-    """Files, directories (every *.parquet below) and globs -> sorted, distinct Parquet paths."""
-    found: list[str] = []
-    for spec in inputs:
-        if _GLOB_CHARS & set(spec):
-            matches = sorted(glob.glob(spec, recursive=True))
-            matches = [m for m in matches if os.path.isfile(m)]
-            if not matches:
-                raise PackctlError(f"{spec}: the pattern matches no file")
-            found += matches
-        elif os.path.isdir(spec):
-            matches = sorted(str(p) for p in Path(spec).rglob("*.parquet") if p.is_file())
-            if not matches:
-                raise PackctlError(f"{spec}: the directory holds no *.parquet file")
-            found += matches
-        elif os.path.isfile(spec):
-            found.append(spec)
-        else:
-            raise PackctlError(f"{spec}: no such file or directory")
-    paths = [os.path.normpath(p) for p in found]
-    seen: dict[str, str] = {}
-    for p in paths:
-        key = os.path.realpath(p)
-        if key in seen:
-            raise PackctlError(f"{p}: given twice (also as {seen[key]}); list each input file once")
-        seen[key] = p
-    return sorted(paths)
+def _footer_bytes(path: str, size: int, read_at: Callable[[int, int], bytes]) -> bytes:
+    """The Parquet footer of a file of `size` bytes, with its length and magic (the last
+    `footer length + 8` bytes), read with `read_at(nbytes, offset)`."""
+    if size < 12:
+        raise PackctlError(f"{path}: not a readable Parquet file ({size} bytes, too small for Parquet)")
+    tail = read_at(8, size - 8)
+    if len(tail) != 8 or tail[4:] != _MAGIC:
+        raise PackctlError(f"{path}: not a readable Parquet file (Parquet magic bytes not found in footer)")
+    length = struct.unpack("<I", tail[:4])[0]
+    if length + 12 > size:
+        raise PackctlError(f"{path}: not a readable Parquet file (the footer claims {length} bytes of a "
+                           f"{size}-byte file); the file may be truncated or corrupt")
+    footer = read_at(length + 8, size - 8 - length)
+    if len(footer) != length + 8:
+        raise PackctlError(f"{path}: not a readable Parquet file (short read of the footer)")
+    return footer
 
 
-def open_parquet(path: str) -> pq.ParquetFile:
+def _footer_digest(footer: bytes) -> str:
+    return hashlib.blake2b(footer, digest_size=16).hexdigest()
+
+
+def _parse_footer(path: str, footer: bytes) -> pq.FileMetaData:
     try:
-        return pq.ParquetFile(path)
+        return pq.read_metadata(pa.BufferReader(footer))
+    except (pa.ArrowException, OSError) as exc:
+        raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
+
+
+def read_fingerprint(path: str) -> tuple[FileFingerprint, pq.FileMetaData, os.stat_result]:
+    """The first read of an input file (packctl.source.resolve): its fingerprint, its parsed
+    footer and its stat (device and inode: the file's identity), all from one open descriptor.
+
+    Errors name the file: it cannot be opened (permissions), is not a regular file, or is not
+    Parquet. `O_NONBLOCK` keeps a FIFO that replaced the file from blocking the run."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise PackctlError(f"{path}: cannot be read ({exc.strerror or _short(exc)}); make it readable, or leave it "
+                           "out of INPUT") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PackctlError(f"{path}: not a regular file ({file_kind(st)}); packctl reads Parquet files only: "
+                               "leave it out of INPUT")
+
+        def read_at(n: int, offset: int) -> bytes:
+            return os.pread(fd, n, offset)
+
+        try:
+            footer = _footer_bytes(path, st.st_size, read_at)
+        except OSError as exc:
+            raise PackctlError(f"{path}: cannot be read ({exc.strerror or _short(exc)}); make it readable, or leave "
+                               "it out of INPUT") from None
+    finally:
+        os.close(fd)
+    fingerprint = FileFingerprint(size=st.st_size, mtime_ns=st.st_mtime_ns, footer=_footer_digest(footer))
+    return fingerprint, _parse_footer(path, footer), st
+
+
+def file_kind(st: os.stat_result) -> str:
+    """What a non-regular file is, in words: 'a FIFO', 'a socket', 'a directory'..."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(st.st_mode):
+            return name
+    return "not a regular file"
+
+
+def changed_error(path: str, what: str) -> PackctlError:
+    """The error of an input that is not what the run first read: `what` says how it differs."""
+    return PackctlError(f"{path}: changed while packctl was reading it ({what}); rerun when the input is stable")
+
+
+def open_parquet(path: str, expected: FileFingerprint | None = None) -> pq.ParquetFile:
+    """Open a Parquet file; with `expected` (the fingerprint taken when the run resolved it),
+    first check that the file is still that file: same size, same footer (the footer is read
+    to open the file anyway, so the check costs a digest of it). Else exit 2 naming the file.
+
+        open_parquet("a.parquet", fp)  ->  error: a.parquet: changed while packctl was reading it
+                                           (its size went from 706 to 1412 bytes since the start of the run); ...
+    """
+    try:
+        handle = pa.OSFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        if expected is not None and isinstance(exc, FileNotFoundError):
+            raise changed_error(path, "it was removed after the start of the run") from None
+        raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
+    try:
+        size = handle.size()
+    except (pa.ArrowException, OSError) as exc:
+        raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
+    if expected is not None and size != expected.size:
+        raise changed_error(path, f"its size went from {expected.size} to {size} bytes since the start of the run")
+    try:
+        footer = _footer_bytes(path, size, handle.read_at)
+    except (pa.ArrowException, OSError) as exc:
+        raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
+    except PackctlError:
+        if expected is not None:  # it was Parquet at the start of the run
+            raise changed_error(path, "its Parquet footer is no longer readable") from None
+        raise
+    if expected is not None and _footer_digest(footer) != expected.footer:
+        raise changed_error(path, "its Parquet footer differs from the one read at the start of the run")
+    try:
+        return pq.ParquetFile(handle, metadata=_parse_footer(path, footer))
     except (pa.ArrowException, OSError) as exc:
         raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
 
@@ -157,10 +262,12 @@ def check_weight_column(path: str, schema: pa.Schema, column: str) -> None:
                            "(float or integer) per sequence")
 
 
-def check_weights(path: str, row_group: int, first_row: int, column: str) -> None:
+def check_weights(path: str, row_group: int, first_row: int, column: str,
+                  expected: FileFingerprint | None = None) -> None:
     """Every weight of one row group is a finite number: else 'FILE row R column C: ...'."""
+    pf = open_parquet(path, expected)
     try:
-        values = open_parquet(path).read_row_group(row_group, columns=[column]).column(column)
+        values = pf.read_row_group(row_group, columns=[column]).column(column)
     except (pa.ArrowException, OSError) as exc:
         raise PackctlError(f"{path}: cannot read column {column} ({_short(exc)}); the file may be truncated or "
                            "corrupt") from None
@@ -184,12 +291,17 @@ def read_kept_columns(index: "SequenceIndex", gids: np.ndarray, columns: list[st
     at = 0
     for b in blocks.tolist():
         block = index.blocks[b]
-        table = open_parquet(index.files[block.file].path).read_row_group(block.row_group, columns=columns)
+        pf = open_parquet(index.files[block.file].path, index.fingerprint(block.file))
+        try:
+            table = pf.read_row_group(block.row_group, columns=columns)
+        except (pa.ArrowException, OSError) as exc:
+            raise PackctlError(f"{index.files[block.file].path}: cannot read column(s) {', '.join(columns)} "
+                               f"({_short(exc)}); the file may be truncated or corrupt") from None
         start[b] = at
         at += table.num_rows
         tables.append(table)
     if not tables:
-        schema = open_parquet(index.files[0].path).schema_arrow
+        schema = open_parquet(index.files[0].path, index.fingerprint(0)).schema_arrow
         return pa.table({c: pa.array([], schema.field(c).type) for c in columns})
     whole = pa.concat_tables(tables)
     return whole.take(pa.array(start[block_of] + gids - index.block_offsets[block_of]))
@@ -202,10 +314,11 @@ def _type_name(typ: pa.DataType) -> str:
     return str(typ)
 
 
-def resolve_labels_column(paths: list[str], requested: str | None) -> str | None:
+def resolve_labels_column(schemas: dict[str, pa.Schema], requested: str | None) -> str | None:
     """The labels column to use: the requested one (every file must have it), else `labels` when
-    every file has it, else none (labels = tokens). Files that disagree are an error."""
-    schemas = {p: open_parquet(p).schema_arrow for p in paths}
+    every file has it, else none (labels = tokens). Files that disagree are an error. `schemas`:
+    path -> Arrow schema, in input order."""
+    paths = list(schemas)
     if requested is not None:
         for p, schema in schemas.items():
             check_list_column(p, schema, requested, "labels")
@@ -242,12 +355,14 @@ def _row_of(offsets: np.ndarray, flat_index: int) -> tuple[int, int]:
 
 
 def decode_block(path: str, row_group: int | None, first_row: int, tokens_column: str,
-                 labels_column: str | None, *, skip_empty: bool = False, check_values: bool = True) -> DecodedBlock:
+                 labels_column: str | None, *, skip_empty: bool = False, check_values: bool = True,
+                 expected: FileFingerprint | None = None) -> DecodedBlock:
     """Read and validate one row group (or the whole file with row_group=None): tokens in
     [0, 2^31), no nulls, no empty rows (unless `skip_empty`: they keep length 0 and the pipeline
     leaves them out), labels aligned. Errors name rows of the file. `check_values=False` leaves
-    the range check of int32 columns to the caller (`compact_block` does it in its own pass)."""
-    pf = open_parquet(path)
+    the range check of int32 columns to the caller (`compact_block` does it in its own pass).
+    With `expected`, the file must still match the fingerprint the run took (`open_parquet`)."""
+    pf = open_parquet(path, expected)
     schema = pf.schema_arrow
     check_list_column(path, schema, tokens_column, "tokens")
     columns = [tokens_column]
@@ -342,8 +457,9 @@ class TokenSource:
     """
 
     def __init__(self, paths: list[str], tokens_column: str, labels_column: str | None, budget: int,
-                 skip_empty: bool = False):
+                 skip_empty: bool = False, fingerprints: list[FileFingerprint] | None = None):
         self.paths = paths
+        self.fingerprints = fingerprints or None  # every decode checks its file against them
         self.tokens_column = tokens_column
         self.labels_column = labels_column
         self.budget = budget
@@ -380,11 +496,11 @@ class TokenSource:
 
     def decode(self, block: Block, check_values: bool = True) -> DecodedBlock:
         return decode_block(self.paths[block.file], block.row_group, block.first_row, self.tokens_column,
-                            self.labels_column, skip_empty=self.skip_empty, check_values=check_values)
+                            self.labels_column, skip_empty=self.skip_empty, check_values=check_values,
+                            expected=self.fingerprints[block.file] if self.fingerprints else None)
 
 
-def _blocks_of(path: str, f: int) -> tuple[list[Block], int]:
-    meta = open_parquet(path).metadata
+def _blocks_of(meta: pq.FileMetaData, f: int) -> tuple[list[Block], int]:
     blocks, first = [], 0
     for g in range(meta.num_row_groups):
         rg = meta.row_group(g)
@@ -393,23 +509,26 @@ def _blocks_of(path: str, f: int) -> tuple[list[Block], int]:
     return blocks, first
 
 
-def index_inputs(inputs: list[str], tokens_column: str, labels_column: str | None,
+def index_inputs(resolution: "Resolution", tokens_column: str, labels_column: str | None,
                  keep_columns: tuple[str, ...] = (), weight_column: str | None = None) -> SequenceIndex:
-    """Resolve INPUTs and read their footers and schemas: files, blocks and gids, no lengths yet."""
-    paths = resolve_inputs(inputs)
-    labels = resolve_labels_column(paths, labels_column)
+    """Read the footers and schemas of the resolved INPUT (`packctl.source.resolve.resolve`):
+    files, blocks and gids, no lengths yet. Each file is opened once, checked against the
+    fingerprint the resolver took, and that fingerprint is kept for every later open."""
+    opened = {r.path: open_parquet(r.path, r.fingerprint) for r in resolution.files}
+    labels = resolve_labels_column({p: pf.schema_arrow for p, pf in opened.items()}, labels_column)
     files: list[InputFile] = []
     blocks: list[Block] = []
     kept_types: dict[str, pa.DataType] = {}
-    for f, path in enumerate(paths):
-        file_blocks, rows = _blocks_of(path, f)
-        schema = open_parquet(path).schema_arrow
+    for f, resolved in enumerate(resolution.files):
+        path, pf = resolved.path, opened[resolved.path]
+        file_blocks, rows = _blocks_of(pf.metadata, f)
+        schema = pf.schema_arrow
         check_list_column(path, schema, tokens_column, "tokens")
         for column in keep_columns:
             check_kept_column(path, schema, column, kept_types)
         if weight_column is not None:
             check_weight_column(path, schema, weight_column)
-        files.append(InputFile(path=path, rows=rows, bytes=os.path.getsize(path)))
+        files.append(InputFile(path=path, rows=rows, bytes=resolved.fingerprint.size))
         blocks += file_blocks
     index = SequenceIndex(
         files=files,
@@ -420,9 +539,10 @@ def index_inputs(inputs: list[str], tokens_column: str, labels_column: str | Non
         tokens_column=tokens_column,
         labels_column=labels,
         weight_column=weight_column,
+        fingerprints=[r.fingerprint for r in resolution.files],
     )
     if index.num_sequences == 0:
-        raise PackctlError(f"{', '.join(inputs)}: the input holds no rows")
+        raise PackctlError(f"{', '.join(resolution.specs)}: the input holds no rows")
     return index
 
 
@@ -446,14 +566,15 @@ def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
     input tokens equal to it are counted in `source.tokens_equal_to_pad_id` (allowed, but worth
     knowing); with `count_loss_tokens`, `index.loss_tokens` (the step sums of --dp-size need them)."""
     source = TokenSource([f.path for f in index.files], index.tokens_column, index.labels_column, budget,
-                         skip_empty=skip_empty)
+                         skip_empty=skip_empty, fingerprints=index.fingerprints)
     gid_lo, gid_hi = int(index.block_offsets[block_lo]), int(index.block_offsets[block_hi])
     lengths = np.zeros(gid_hi - gid_lo, dtype=np.int64)
     loss_tokens = np.zeros(gid_hi - gid_lo, dtype=np.int64) if count_loss_tokens else None
 
     def decode(block: Block) -> tuple[DecodedBlock, int]:
         if index.weight_column is not None:
-            check_weights(source.paths[block.file], block.row_group, block.first_row, index.weight_column)
+            check_weights(source.paths[block.file], block.row_group, block.first_row, index.weight_column,
+                          index.fingerprint(block.file))
         return compact_block(block, source.decode(block, check_values=False), source.paths[block.file],
                              index.tokens_column, index.labels_column, pad_token_id)
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -31,7 +30,8 @@ import polars as pl
 
 from packctl.config import PLANNING_OPTIONS, PackConfig  # noqa: F401  (PLANNING_OPTIONS re-exported)
 from packctl.errors import PackctlError
-from packctl.source.parquet import InputFile, check_list_column, describe_gid, open_parquet, resolve_inputs
+from packctl.source.parquet import FileFingerprint, InputFile, check_list_column, describe_gid, open_parquet
+from packctl.source.resolve import resolve
 from packctl.source.groups import read_group_starts
 from packctl.plan.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
 from packctl.plan.groups import group_ids
@@ -56,6 +56,11 @@ class LengthIndex:
     # --group-column: the gid where each group starts, then num_sequences (packctl.source.groups)
     group_starts: np.ndarray | None = None
     gid_lo: int = 0  # every gid is here, as on the one rank of `pack`
+    # one per file: what was first read of it (packctl.source.resolve); later reads check it
+    fingerprints: list[FileFingerprint] = dataclasses.field(default_factory=list)
+
+    def fingerprint(self, f: int) -> FileFingerprint | None:
+        return self.fingerprints[f] if self.fingerprints else None
 
     @property
     def num_sequences(self) -> int:
@@ -79,16 +84,18 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     with `skip_empty`, as `pack --skip-empty` leaves them out); token values are not checked here
     (`pack` checks them as it reads them).
     """
-    paths = resolve_inputs(inputs)
+    resolution = resolve(inputs)
+    paths = resolution.paths
     files = []
-    for path in paths:
-        pf = open_parquet(path)
-        check_list_column(path, pf.schema_arrow, tokens_column, "tokens")
-        files.append(InputFile(path=path, rows=pf.metadata.num_rows, bytes=os.path.getsize(path)))
+    for resolved in resolution.files:
+        pf = open_parquet(resolved.path, resolved.fingerprint)
+        check_list_column(resolved.path, pf.schema_arrow, tokens_column, "tokens")
+        files.append(InputFile(path=resolved.path, rows=pf.metadata.num_rows, bytes=resolved.fingerprint.size))
 
     rows = np.array([f.rows for f in files], dtype=np.int64)
     index = LengthIndex(files=files, file_offsets=np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
-                        lengths=np.zeros(0, np.int64), tokens_column=tokens_column)
+                        lengths=np.zeros(0, np.int64), tokens_column=tokens_column,
+                        fingerprints=[r.fingerprint for r in resolution.files])
     if group_column is not None and index.num_sequences:  # as pack, before any token is read
         index.group_starts = read_group_starts(index, group_column)
 
@@ -106,6 +113,8 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
                 raise PackctlError(f"{path}: cannot read column '{tokens_column}' ({_short(exc)}); "
                                    "the file may be truncated or corrupt") from None
         raise
+    for f, resolved in enumerate(resolution.files):  # what polars read is what the footers described
+        open_parquet(resolved.path, index.fingerprint(f))
     if len(lengths) != index.num_sequences:
         raise PackctlError(f"{', '.join(inputs)}: read {len(lengths)} rows but the Parquet footers count "
                            f"{index.num_sequences}; a file may be corrupt")

@@ -31,6 +31,7 @@ from packctl.contract.schema import IGNORE_INDEX
 from packctl.errors import PackctlError
 from packctl.source import parquet as reader
 from packctl.source.parquet import describe_gid
+from packctl.source.resolve import resolve
 from packctl.contract.thd import PackRows
 from packctl.verify.structure import Violation, tiled_starts
 
@@ -121,7 +122,7 @@ def match_sources(manifest: dict[str, Any], sources: list[str]) -> list[str]:
     inputs = manifest.get("inputs")
     if not isinstance(inputs, list) or not inputs or not all(isinstance(i, dict) and "path" in i for i in inputs):
         raise PackctlError("the manifest lists no inputs, so --source cannot be matched to sample ids")
-    resolved = reader.resolve_inputs(sources)
+    resolved = resolve(sources).paths
     by_real = {os.path.realpath(p): p for p in resolved}
     matched: list[str] = []
     for entry in inputs:

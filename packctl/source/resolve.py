@@ -1,0 +1,405 @@
+"""INPUT -> the files a run reads: the one resolver of pack, stats (what-if), verify --source and groups.
+
+An INPUT is a file, a directory (every `*.parquet` below it, recursively) or a glob (`*`, `?`,
+`[...]` within a name, `**` for any number of directories). The result is the sorted list of
+distinct files, each with its identity (device, inode) and its fingerprint (size, mtime, digest of
+the Parquet footer: `packctl.source.parquet.FileFingerprint`), which every later open checks.
+
+    data/a.parquet  data/sub -> /mnt/b (a symlinked directory)  data/sub/b.parquet  data/README.md
+    resolve(["./data/"])  ->  specs ["data"], files data/a.parquet, data/sub/b.parquet
+
+The rules (docs/errors.md, "Input resolution"); nothing is ever skipped silently:
+
+- Spelling: each INPUT is normalized (`os.path.normpath`; relative stays relative), so `DIR`,
+  `DIR/` and `./DIR` are one input and record the same bytes in the shards.
+- Identity: one file reached twice (the same path from two INPUTs; two paths to one (device,
+  inode): a hard link, a symbolic link) is refused naming both paths. Reading it once would make
+  the sample order and the recorded input depend on which spelling wins.
+- Links are followed: a symlinked directory is walked, a symlinked file read. A link back to a
+  directory above it (it would loop), a link whose target is missing, a `*.parquet` that is not a
+  regular file (FIFO, socket, device), a file that cannot be read and a directory that cannot be
+  listed are refused naming the path.
+- Hidden names (`.x`, `_x`) are read like any other name, by directory walks and by patterns alike
+  (unlike the shell's `*`): every file read is listed in the manifest's `inputs`.
+- A pattern that matches a directory walks it, as a directory INPUT does; files it matches are
+  read whatever their name.
+- packctl outputs are never input: a file whose Parquet metadata has the `packctl` key (a shard),
+  a file in a directory holding packctl's `_manifest.json` or `_epochs.json` (a complete output),
+  or in `.OUT.packctl-partial` (a run in progress or interrupted) is refused naming the output.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from packctl.contract.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST
+from packctl.contract.schema import METADATA_KEY
+from packctl.errors import PackctlError
+from packctl.source.parquet import FileFingerprint, changed_error, file_kind, read_fingerprint
+
+_GLOB_CHARS = frozenset("*?[")
+# what packctl keeps beside an OUT it is writing or replacing: .OUT.packctl-partial, .OUT.packctl-old-PID
+_BESIDE_OUT = re.compile(r"^\.(?P<out>.+)\.packctl-(partial|old-\d+)$")
+
+
+@dataclass(frozen=True)
+class ResolvedFile:
+    """One input file: the path as found (relative if its INPUT was), the INPUT that reached it,
+    its identity and its fingerprint."""
+
+    path: str
+    spec: str
+    device: int
+    inode: int
+    fingerprint: FileFingerprint
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The INPUT of a run, normalized (`specs`, what the shards record) and resolved (`files`,
+    sorted by path: the global sample id order)."""
+
+    specs: list[str]
+    files: list[ResolvedFile]
+
+    @property
+    def paths(self) -> list[str]:
+        return [f.path for f in self.files]
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A file a spec reached, before it is read: `root` bounds the directories searched for an
+    enclosing packctl output (the directory INPUT, a pattern's fixed prefix, a file's folder)."""
+
+    path: str
+    spec: str
+    root: str
+    st: os.stat_result
+
+
+def normalize_spec(spec: str | os.PathLike) -> str:
+    """An INPUT as the run records it: `./data/` -> `data`, `/abs/data//x.parquet` -> `/abs/data/x.parquet`."""
+    text = os.fspath(spec)
+    return os.path.normpath(text) if text else text
+
+
+def resolve(inputs: Iterable[str | os.PathLike]) -> Resolution:
+    """INPUT specs -> the run's input files (module docstring): found, checked not to belong to a
+    packctl output, distinct by identity, then each opened once for its fingerprint (a shard of
+    packctl is recognised by its Parquet metadata here)."""
+    specs = [normalize_spec(s) for s in inputs]
+    found: list[_Found] = []
+    for spec in specs:
+        found += _expand(spec)
+    _refuse_outputs(found)
+    files = []
+    for item in sorted(_distinct(found), key=lambda f: f.path):
+        fingerprint, metadata, st = read_fingerprint(item.path)
+        if (st.st_dev, st.st_ino) != (item.st.st_dev, item.st.st_ino):
+            raise changed_error(item.path, "replaced by another file while packctl listed the input")
+        if METADATA_KEY in (metadata.metadata or {}):
+            raise PackctlError(
+                f"{item.path}: a shard written by packctl (its Parquet metadata has the 'packctl' key); packctl "
+                f"outputs are never read as input: leave it out of INPUT {item.spec} (narrow it, or move the file)")
+        files.append(ResolvedFile(path=item.path, spec=item.spec, device=st.st_dev, inode=st.st_ino,
+                                  fingerprint=fingerprint))
+    return Resolution(specs=specs, files=files)
+
+
+def respell(resolution: Resolution, specs: list[str], paths: list[str]) -> Resolution:
+    """`resolution` spelled as an earlier run recorded it (its INPUT `specs` and file `paths`), when
+    both are the same files: each recorded path leads (from here) to the real path of one of ours.
+    Else `resolution` unchanged. `--resume` uses it so that `data` after `/abs/data` (or the
+    reverse, or `'data/*.parquet'` after `data`) continues the run with the bytes it started with.
+
+        ours ["/abs/data/a.parquet"], recorded ["data/a.parquet"] (cwd /abs) -> ["data/a.parquet"]
+    """
+    if len(paths) != len(resolution.files):
+        return resolution
+    ours = {os.path.realpath(f.path): f for f in resolution.files}
+    respelled = []
+    for path in paths:
+        mine = ours.pop(os.path.realpath(path), None)
+        if mine is None:
+            return resolution
+        respelled.append(dataclasses.replace(mine, path=path))
+    return Resolution(specs=list(specs), files=sorted(respelled, key=lambda f: f.path))
+
+
+def pattern_reaching(specs: list[str], path: str) -> str | None:
+    """The first pattern of `specs` that would reach `path` (a file path that need not exist):
+    it matches the path, or a directory above it (which it would walk). Relative specs and paths
+    are compared from the working directory.
+
+        pattern_reaching(["data/*"], "data/packed/data/train-00000.parquet")        -> "data/*"
+        pattern_reaching(["data/*.parquet"], "data/packed/data/train-00000.parquet") -> None
+    """
+    target = os.path.abspath(path).split(os.sep)
+    for spec in specs:
+        if _is_pattern(spec) and _reaches(os.path.abspath(spec).split(os.sep), target):
+            return spec
+    return None
+
+
+def _reaches(pattern: list[str], path: list[str]) -> bool:
+    """Whether glob parts `pattern` match `path` or one of its leading directories."""
+    if not pattern:
+        return True  # the pattern matched a directory above (or the path itself)
+    if not path:
+        return all(part == "**" for part in pattern)
+    part = pattern[0]
+    if part == "**":
+        return _reaches(pattern[1:], path) or _reaches(pattern, path[1:])
+    return bool(re.match(fnmatch.translate(part), path[0])) and _reaches(pattern[1:], path[1:])
+
+
+def _is_pattern(text: str) -> bool:
+    return bool(_GLOB_CHARS & set(text))
+
+
+def _expand(spec: str) -> list[_Found]:
+    """The files one INPUT reaches, each path once."""
+    if not spec:
+        raise PackctlError("'': no such file or directory; name a Parquet file, a directory or a glob")
+    found: dict[str, _Found] = {}  # a pattern may reach a file directly and through a directory it matches
+
+    def add(item: _Found) -> None:
+        found.setdefault(item.path, item)
+
+    if _is_pattern(spec):
+        _expand_pattern(spec, add)
+        if not found:
+            raise PackctlError(f"{spec}: the pattern matches no file")
+        return list(found.values())
+    st = _stat(spec, named=True)
+    if st is None:
+        raise PackctlError(f"{spec}: no such file or directory")
+    if stat.S_ISDIR(st.st_mode):
+        _walk(spec, spec, spec, ((st.st_dev, st.st_ino),), add)
+        if not found:
+            raise PackctlError(f"{spec}: the directory holds no *.parquet file")
+    elif stat.S_ISREG(st.st_mode):
+        add(_Found(spec, spec, os.path.dirname(spec) or ".", st))
+    else:
+        raise _not_regular(spec, st)
+    return list(found.values())
+
+
+def _stat(path: str, *, named: bool) -> os.stat_result | None:
+    """stat(path), links followed. A link whose target is missing, or that loops, is refused
+    (it may have led to input); a path that is simply absent is None when `named` (the caller
+    says what is missing). Anything else that cannot be stat'ed is refused naming it."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise PackctlError(f"{path}: a symbolic link to {_link_target(path)}, which does not exist; restore its "
+                               "target, or remove the link") from None
+        if named:
+            return None
+        raise changed_error(path, "removed while packctl listed the input") from None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise PackctlError(f"{path}: a symbolic link that cannot be followed ({exc.strerror}); fix or remove "
+                               "the link") from None
+        raise PackctlError(f"{path}: cannot be read ({exc.strerror}); make it readable, or leave it out of "
+                           "INPUT") from None
+
+
+def _link_target(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "a missing path"
+
+
+def _not_regular(path: str, st: os.stat_result) -> PackctlError:
+    return PackctlError(f"{path}: not a regular file ({file_kind(st)}); packctl reads Parquet files only: remove it "
+                        "or leave it out of INPUT")
+
+
+def _list(directory: str) -> list[str]:
+    """The names in a directory, sorted (so the first problem reported does not depend on the
+    filesystem's order). A directory that cannot be listed is refused: it may hold input."""
+    try:
+        with os.scandir(directory) as entries:
+            return sorted(entry.name for entry in entries)
+    except OSError as exc:
+        raise PackctlError(f"{directory}: cannot list the directory ({exc.strerror}); make it readable, or leave it "
+                           "out of INPUT") from None
+
+
+def _join(directory: str, name: str) -> str:
+    return os.path.normpath(os.path.join(directory, name))
+
+
+def _into(path: str, st: os.stat_result, ancestors: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """The ancestors of a directory's entries; a directory that is already one of them (reached
+    again through a symbolic link) would be walked forever."""
+    key = (st.st_dev, st.st_ino)
+    if key in ancestors:
+        raise PackctlError(f"{path}: leads back to a directory that holds it (a symbolic link loop); remove the link, "
+                           "or name the directories to read")
+    return ancestors + (key,)
+
+
+def _walk(directory: str, spec: str, root: str, ancestors: tuple[tuple[int, int], ...],
+          add: Callable[[_Found], None]) -> None:
+    """Every `*.parquet` below `directory`, symbolic links followed."""
+    for name in _list(directory):
+        path = _join(directory, name)
+        st = _stat(path, named=False)
+        if stat.S_ISDIR(st.st_mode):
+            _walk(path, spec, root, _into(path, st, ancestors), add)
+        elif name.endswith(".parquet"):
+            if not stat.S_ISREG(st.st_mode):
+                raise _not_regular(path, st)
+            add(_Found(path, spec, root, st))
+
+
+def _expand_pattern(spec: str, add: Callable[[_Found], None]) -> None:
+    """The matches of a glob: its fixed leading directories, then each part matched name by name
+    (`**`: any number of directories). A matched directory is walked, a matched file taken."""
+    parts = spec.split(os.sep)
+    fixed = 0
+    while not _is_pattern(parts[fixed]):
+        fixed += 1
+    root = os.sep.join(parts[:fixed]) or (os.sep if spec.startswith(os.sep) else ".")
+    try:
+        st = os.stat(root)
+    except OSError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        return
+
+    def take(path: str, st: os.stat_result, ancestors: tuple[tuple[int, int], ...]) -> None:
+        """A match: `ancestors` are those of its folder."""
+        if stat.S_ISDIR(st.st_mode):
+            _walk(path, spec, root, _into(path, st, ancestors), add)
+        elif stat.S_ISREG(st.st_mode):
+            add(_Found(path, spec, root, st))
+        else:
+            raise _not_regular(path, st)
+
+    def files_below(directory: str, ancestors: tuple[tuple[int, int], ...]) -> None:
+        """A trailing `**` matches every file below `directory`, whatever its name (its
+        directories hold nothing more: `_walk(directory)` reached their *.parquet)."""
+        for name in _list(directory):
+            path = _join(directory, name)
+            st = _stat(path, named=False)
+            if stat.S_ISDIR(st.st_mode):
+                files_below(path, _into(path, st, ancestors))
+            else:
+                take(path, st, ancestors)
+
+    def match(directory: str, rest: list[str], ancestors: tuple[tuple[int, int], ...]) -> None:
+        part, more = rest[0], rest[1:]
+        if part == "**":
+            if not more:  # `directory` is in `ancestors` already
+                _walk(directory, spec, root, ancestors, add)
+                files_below(directory, ancestors)
+                return
+            match(directory, more, ancestors)
+            for name in _list(directory):
+                path = _join(directory, name)
+                st = _stat(path, named=False)
+                if stat.S_ISDIR(st.st_mode):
+                    match(path, rest, _into(path, st, ancestors))
+            return
+        if _is_pattern(part):
+            wanted = re.compile(fnmatch.translate(part))
+            names = [n for n in _list(directory) if wanted.match(n)]
+        else:
+            names = [part] if os.path.lexists(_join(directory, part)) else []
+        for name in names:
+            path = _join(directory, name)
+            st = _stat(path, named=False)
+            if more:
+                if stat.S_ISDIR(st.st_mode):
+                    match(path, more, _into(path, st, ancestors))
+            else:
+                take(path, st, ancestors)
+
+    match(root, parts[fixed:], ((st.st_dev, st.st_ino),))
+
+
+def _refuse_outputs(found: list[_Found]) -> None:
+    """No file may come from a packctl output: a directory between the file and its INPUT's root
+    holding packctl's manifest, or a `.OUT.packctl-partial` anywhere in its path."""
+    marker_of: dict[str, str | None] = {}
+    for item in sorted(found, key=lambda f: f.path):
+        parts = item.path.split(os.sep)
+        for k, part in enumerate(parts[:-1]):
+            beside = _BESIDE_OUT.match(part)
+            if beside:
+                where = os.sep.join(parts[:k + 1])
+                out = os.path.join(os.path.dirname(where), beside["out"])
+                raise PackctlError(
+                    f"{item.path}: inside {where}, the unfinished output of a packctl run writing {out}; packctl "
+                    f"outputs are never read as input: narrow INPUT {item.spec} to leave it out, or move it")
+        outputs = []  # from the file's folder up: the last is the output the user named (an epoch's is inside)
+        for directory in _directories_up_to(item.path, item.root):
+            if directory not in marker_of:
+                marker_of[directory] = _packctl_marker(directory)
+            if marker_of[directory] is not None:
+                outputs.append(directory)
+        if outputs:
+            raise PackctlError(
+                f"{item.path}: part of the packctl output {outputs[-1]} (it holds {marker_of[outputs[-1]]}); packctl "
+                f"outputs are never read as input: narrow INPUT {item.spec} to leave it out, or move the output")
+
+
+def _directories_up_to(path: str, root: str) -> list[str]:
+    """The directories from `path`'s folder up to `root` (inclusive): a/b/c.parquet, a -> [a/b, a]."""
+    root = os.path.normpath(root)
+    found, directory = [], os.path.dirname(path) or "."
+    while True:
+        found.append(directory)
+        parent = os.path.dirname(directory) or "."
+        if directory == root or parent == directory:
+            return found
+        directory = parent
+
+
+def _packctl_marker(directory: str) -> str | None:
+    """The name of the file that makes `directory` a complete packctl output (a manifest, or the
+    _epochs.json of --epochs: JSON naming a `packctl_version`), or None."""
+    for name in (MANIFEST, EPOCHS, LEGACY_MANIFEST):
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as fh:
+                content = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if isinstance(content, dict) and "packctl_version" in content:
+            return name
+    return None
+
+
+def _distinct(found: list[_Found]) -> list[_Found]:
+    """Each file once: the same path from two INPUTs, or two paths to one file, is refused."""
+    by_path: dict[str, _Found] = {}
+    by_identity: dict[tuple[int, int], _Found] = {}
+    for item in sorted(found, key=lambda f: f.path):
+        if item.path in by_path:
+            first = by_path[item.path]
+            raise PackctlError(f"{item.path}: given twice (by INPUT {first.spec} and by INPUT {item.spec}); list each "
+                               "input file once")
+        by_path[item.path] = item
+        key = (item.st.st_dev, item.st.st_ino)
+        first = by_identity.setdefault(key, item)
+        if first is not item:
+            how = ("symbolic links lead to one file" if os.path.realpath(first.path) == os.path.realpath(item.path)
+                   else f"hard links to one file, inode {item.st.st_ino}")
+            raise PackctlError(f"{item.path}: the same file as {first.path} ({how}); each input file is read once: "
+                               "leave one of them out of INPUT, or remove the extra link")
+    return list(by_path.values())
