@@ -158,7 +158,7 @@ def test_differences_name_what_changed_and_ignore_how_a_run_executes():
     assert differences({**FINGERPRINT, "config": {**FINGERPRINT["config"], "seed": 1}}, FINGERPRINT) == ["seed"]
     assert differences({**FINGERPRINT, "packctl_version": "0.9"}, FINGERPRINT) == ["packctl_version"]
     moved = {**FINGERPRINT, "inputs": [{**FINGERPRINT["inputs"][0], "mtime_ns": 2}]}
-    assert differences(moved, FINGERPRINT) == ["inputs (paths, sizes or modification times)"]
+    assert differences(moved, FINGERPRINT) == ["inputs (a.parquet changed since that run read it (modification time))"]
     manifest = _manifest([])  # output, overwrite, resume recorded; input modification times not
     assert differences(manifest, FINGERPRINT, written_ns=1) == []
     assert differences(manifest, FINGERPRINT, written_ns=0) == ["inputs (modified after it was written)"]
