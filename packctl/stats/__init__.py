@@ -27,7 +27,7 @@ DEFAULT_CAPACITY = 4096
 
 
 def stats(paths: list[str], *, capacities: list[int] | None = None, attn_coeff: float | None = None,
-          file_values: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
+          file_values: dict[str, Any] | None = None, verify: bool = True, **options: Any) -> dict[str, Any]:
     """The report for PATHs: packed outputs (one, or several to compare) or raw input.
 
     Args:
@@ -36,6 +36,8 @@ def stats(paths: list[str], *, capacities: list[int] | None = None, attn_coeff: 
             `file_values`, else 4096, as `pack`.
         attn_coeff: `a` of the attention cost a*L + L^2 in the DP balance (packed outputs only).
         file_values: values of a `--config` TOML file (PackConfig fields), for the what-if.
+        verify: check every shard of a packed output against its manifest while reading it
+            (sha256, rows, tokens, layout); False is `--no-verify-checksums`.
         options: PackConfig fields given as flags (None = not given): tokens_column and the
             planning options of PLANNING_OPTIONS.
     """
@@ -61,7 +63,9 @@ def stats(paths: list[str], *, capacities: list[int] | None = None, attn_coeff: 
             raise PackctlError(f"{paths[0]} is a packed output, whose settings are in its _manifest.json: {flags} "
                                "only apply to raw input; drop them, or point stats at the tokenized input")
         a = attn_coeff
-        return packed_stats(paths[0], attn_coeff=a) if len(paths) == 1 else compare_stats(paths, attn_coeff=a)
+        if len(paths) == 1:
+            return packed_stats(paths[0], attn_coeff=a, verify=verify)
+        return compare_stats(paths, attn_coeff=a, verify=verify)
     if attn_coeff is not None:
         raise PackctlError("--attn-coeff applies to packed outputs with balancing columns; drop it for raw input")
     config = build_config(file_values, **given)
