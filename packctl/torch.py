@@ -68,7 +68,8 @@ class PackedDataset(torch.utils.data.Dataset):
     order, counts that add up, no unlisted shard in OUT), and each shard, when first loaded, is read
     once into memory, its sha256 compared with the manifest's while it is parsed, its rows, tokens
     and layout compared too; a shard that differs raises PackctlError naming it, before any of its
-    packs is returned. `verify=False` skips the per-shard checks (and reads through a memory map).
+    packs is returned. `verify=False` skips the sha256, tokens and layout checks (and reads through a
+    memory map); the row counts, which items are indexed by, are always compared.
 
     Which packs a data-parallel rank sees, and in which order:
 

@@ -17,8 +17,9 @@ bytes while pyarrow parses the same bytes, then checks what the manifest says of
 
 A table is returned only when all hold: one file read, no second look at the disk between the
 check and the parse. Each failure is one PackctlError line naming the shard and what to do;
-`verify=False` (`--no-verify-checksums` on the command line) reads without these checks, through a
-memory map, for speed. The paths and the manifest's fields are checked either way.
+`verify=False` (`--no-verify-checksums` on the command line) reads through a memory map without
+the sha256, tokens and layout checks, for speed; the paths, the manifest's fields and each shard's
+row count (free, and what readers index packs by) are checked either way.
 
 `packctl verify` takes the same findings from `shard_findings` and reports them as rules
 (`checksum`, `readable`, `metadata`, `manifest-shard`) instead of raising.
@@ -29,7 +30,7 @@ import hashlib
 import json
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -85,7 +86,7 @@ def check_shard_bytes(data: bytes, entry: dict[str, Any] | ShardEntry, manifest:
         ['checksum']
     """
     if isinstance(entry, ShardEntry):
-        entry = entry.__dict__
+        entry = asdict(entry)
     digest: dict[str, str] = {}
     expected_sha = entry.get("sha256")
     hasher = None
@@ -225,7 +226,11 @@ class PackedOutput:
         """
         path = self._existing(k)
         if not self.verify:
-            return self._read_unchecked(path, columns)
+            table = self._read_unchecked(path, columns)
+            if table.num_rows != self.shards[k].rows:  # free, and what every reader indexes packs by
+                raise PackctlError(f"{path}: {table.num_rows} packs, {self.manifest_file.name} says "
+                                   f"{self.shards[k].rows}; pack again")
+            return table
         try:
             data = read_shard_file(path)
         except OSError as exc:

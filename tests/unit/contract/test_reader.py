@@ -302,6 +302,12 @@ def test_read_shard_checks_what_it_returns(out):
     assert unchecked.read_shard(1, ["input_ids"]).column(0).to_pylist()[0] == [9] * 4
 
 
+def test_unchecked_reads_still_compare_the_row_count(out):
+    pq.write_table(_table(2, 3), out / "data/train-00001.parquet")  # a pack more than the manifest lists
+    with pytest.raises(PackctlError, match=r"train-00001.parquet: 3 packs, _manifest.json says 2; pack again"):
+        open_output(out, verify=False).read_shard(1)
+
+
 def test_a_missing_shard_and_a_link_made_after_opening(out, tmp_path):
     output = open_output(out)
     (out / "data/train-00002.parquet").rename(tmp_path / "moved.parquet")
