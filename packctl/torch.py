@@ -33,11 +33,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from packctl.errors import PackctlError, require
-from packctl.contract.manifest import epoch_output, manifest_path, read_manifest
+from packctl.contract.reader import open_output
 from packctl.contract.schema import (BALANCE_COLUMNS, GROUP_IDS_COLUMN, IGNORE_INDEX, LIST_INT32_COLUMNS,
                             STEP_LOSS_COLUMNS, WEIGHTS_COLUMN)
 from packctl.contract.thd import cp_partition_indices
@@ -60,10 +58,18 @@ LOSS_LISTS = ("seq_loss_tokens", WEIGHTS_COLUMN, GROUP_IDS_COLUMN)
 class PackedDataset(torch.utils.data.Dataset):
     """Map-style dataset over the packs of a packctl output directory; item i is one pack.
 
-    The shards are those listed in `OUT/_manifest.json`, in that order, read through a memory map
-    and decoded one shard at a time (the last `cache_shards` decoded shards are kept, per process:
-    each DataLoader worker holds its own). `len()` comes from the manifest's row counts (a balanced
-    output also has its three small balance columns read once, to find the rank's packs).
+    The shards are those listed in `OUT/_manifest.json`, in that order, decoded one shard at a time
+    (the last `cache_shards` decoded shards are kept, per process: each DataLoader worker holds its
+    own). `len()` comes from the manifest's row counts (a balanced output also has its three small
+    balance columns read once, to find the rank's packs).
+
+    What is read is what the manifest vouches for (`packctl.contract.reader`): the manifest is
+    validated when the dataset is built (shard paths inside OUT, fields of the right type, shards in
+    order, counts that add up, no unlisted shard in OUT), and each shard, when first loaded, is read
+    once into memory, its sha256 compared with the manifest's while it is parsed, its rows, tokens
+    and layout compared too; a shard that differs raises PackctlError naming it, before any of its
+    packs is returned. `verify=False` skips the sha256, tokens and layout checks (and reads through a
+    memory map); the row counts, which items are indexed by, are always compared.
 
     Which packs a data-parallel rank sees, and in which order:
 
@@ -98,25 +104,29 @@ class PackedDataset(torch.utils.data.Dataset):
         dp_size: the data-parallel world size; needed with `dp_rank` unless the output is balanced.
         drop_last: with strided ranks, leave out the remainder instead of wrapping around.
         cache_shards: decoded shards kept in memory.
+        verify: check each shard against the manifest when it is loaded (sha256, rows, tokens,
+            layout); False reads faster, trusting the files (docs/training.md).
     """
 
     def __init__(self, path: str | Path, dp_rank: int | None = None, dp_size: int | None = None, *,
-                 drop_last: bool = False, cache_shards: int = 2, epoch: int | None = None):
-        self.root, self.manifest = read_manifest(path if epoch is None else epoch_output(path, epoch))
-        self.manifest_path = manifest_path(self.root)
-        self.layout: dict[str, Any] = self.manifest.get("layout", {})
-        self.shard_paths = [self.root / s["path"] for s in self.manifest["shards"]]
-        rows = np.array([int(s["rows"]) for s in self.manifest["shards"]], dtype=np.int64)
+                 drop_last: bool = False, cache_shards: int = 2, epoch: int | None = None, verify: bool = True):
+        self.output = open_output(path, epoch, verify=verify)
+        self.root, self.manifest = self.output.root, self.output.manifest
+        self.manifest_path = self.output.manifest_file
+        self.layout: dict[str, Any] = self.output.layout
+        self.shard_paths = [self.output.shard_path(k) for k in range(len(self.output.shards))]
+        rows = np.array([s.rows for s in self.output.shards], dtype=np.int64)
         self._shard_offsets = np.concatenate([[0], np.cumsum(rows)])
         self.num_packs = int(self._shard_offsets[-1])
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.cache_shards = max(1, int(cache_shards))
         self._cache: OrderedDict[int, dict[str, Any]] = OrderedDict()
 
-        schema = pq.read_schema(self.shard_paths[0], memory_map=True) if self.shard_paths else pa.schema([])
-        self.balanced = all(name in schema.names for name in BALANCE_COLUMNS)
-        self._extra_scalars = [c for c in (*BALANCE_COLUMNS, LR_SCALE_COLUMN, *LOSS_SCALARS) if c in schema.names]
-        self._lists = [*LIST_INT32_COLUMNS, "sample_ids", *(c for c in LOSS_LISTS if c in schema.names)]
+        names = self.output.column_names(0) if self.shard_paths else []
+        self.balanced = all(name in names for name in BALANCE_COLUMNS)
+        self._extra_scalars = [c for c in (*BALANCE_COLUMNS, LR_SCALE_COLUMN, *LOSS_SCALARS) if c in names]
+        self._lists = [*LIST_INT32_COLUMNS, "sample_ids", *(c for c in LOSS_LISTS if c in names)]
+        self._planned_balance: np.ndarray | None = None  # the balance columns the order was planned from
         if self.balanced:
             self.order = self._balanced_order(dp_rank, dp_size)
         else:
@@ -157,22 +167,42 @@ class PackedDataset(torch.utils.data.Dataset):
         if shard in self._cache:
             self._cache.move_to_end(shard)
             return self._cache[shard]
-        table = pq.read_table(self.shard_paths[shard], memory_map=True)
+        table = self.output.read_shard(shard, [*self._lists, "num_tokens", *self._extra_scalars])
         columns: dict[str, Any] = {}
         for name in self._lists:
             array = table.column(name).combine_chunks()
             columns[name] = (array.offsets.to_numpy(), array.values.to_numpy())
         for name in ("num_tokens", *self._extra_scalars):
             columns[name] = table.column(name).to_numpy()
+        if self._planned_balance is not None:
+            self._check_planned_balance(shard, columns)
         self._cache[shard] = columns
         while len(self._cache) > self.cache_shards:
             self._cache.popitem(last=False)
         return columns
 
+    def _check_planned_balance(self, shard: int, columns: dict[str, Any]) -> None:
+        """The order was planned from balance columns read unchecked at construction: the checked
+        shard must hold the same, or its packs would go to the wrong rank or step."""
+        lo, hi = int(self._shard_offsets[shard]), int(self._shard_offsets[shard + 1])
+        checked = np.stack([np.asarray(columns[name], dtype=np.int64) for name in BALANCE_COLUMNS])
+        if checked.shape != (len(BALANCE_COLUMNS), hi - lo) or not np.array_equal(checked,
+                                                                               self._planned_balance[:, lo:hi]):
+            raise PackctlError(f"{self.shard_paths[shard]}: its {', '.join(BALANCE_COLUMNS)} differ from those read "
+                               "when the dataset was built (the shard changed since): build the dataset again")
+
     def _balanced_order(self, dp_rank: int | None, dp_size: int | None) -> np.ndarray:
-        tables = [pq.read_table(p, columns=list(BALANCE_COLUMNS), memory_map=True) for p in self.shard_paths]
+        # Unchecked reads of three small columns (the shards are checked when their packs are read,
+        # against these values: _check_planned_balance), so that building the dataset reads no
+        # token and hashes no shard.
+        tables = [self.output.read_unchecked(k, BALANCE_COLUMNS) for k in range(len(self.shard_paths))]
         cols = {name: np.concatenate([t.column(name).to_numpy() for t in tables]).astype(np.int64)
                 for name in BALANCE_COLUMNS}
+        if len(cols["step"]) != self.num_packs:
+            raise PackctlError(f"{self.root}: the shards hold {len(cols['step'])} packs, {self.manifest_path.name} "
+                               f"says {self.num_packs}; pack again")
+        if self.output.verify:
+            self._planned_balance = np.stack([cols[name] for name in BALANCE_COLUMNS]).astype(np.int32)
         ranks_in_output = int(cols["dp_rank"].max()) + 1 if len(cols["dp_rank"]) else 0
         if dp_size is not None and ranks_in_output != dp_size:
             raise PackctlError(f"{self.root}: the packs were balanced over {ranks_in_output} data-parallel ranks, "
@@ -599,32 +629,33 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 # ---- learning-rate scale -------------------------------------------------------------------------
 
 
-def read_lr_scales(path: str | Path) -> dict[int, float] | None:
+def read_lr_scales(path: str | Path, *, epoch: int | None = None, verify: bool = True) -> dict[int, float] | None:
     """The learning-rate scale of each step, when the output records one; None otherwise.
 
     Outputs packed with `--lr-scaling linear|sqrt` carry an `lr_scale` column with their `step`
     column (one value per step); a manifest's `lr_scale` (a list indexed by step, or a {step:
-    scale} mapping) is read first.
+    scale} mapping) is read first. The shards are read as `PackedDataset` reads them: checked
+    against the manifest unless `verify=False`.
 
         scales = read_lr_scales("packed")            # {0: 1.0, 1: 0.96, ...} or None
         base_lrs = [g["lr"] for g in optimizer.param_groups]
         apply_lr_scale(optimizer, scales.get(step, 1.0) if scales else 1.0, base_lrs)
     """
-    out, manifest = read_manifest(path)
-    recorded = manifest.get(LR_SCALE_COLUMN)
+    output = open_output(path, epoch, verify=verify)
+    recorded = output.manifest.get(LR_SCALE_COLUMN)
     if isinstance(recorded, list):
         return {step: float(s) for step, s in enumerate(recorded)}
     if isinstance(recorded, dict):
         return {int(step): float(s) for step, s in recorded.items()}
     scales: dict[int, float] = {}
-    for shard in manifest["shards"]:
-        shard_path = out / shard["path"]
-        names = pq.read_schema(shard_path, memory_map=True).names
+    for k in range(len(output.shards)):
+        shard_path = output.shard_path(k)
+        names = output.column_names(k)
         if LR_SCALE_COLUMN not in names:
             return None
         if "step" not in names:
             raise PackctlError(f"{shard_path}: an lr_scale column without a step column; repack the output")
-        table = pq.read_table(shard_path, columns=["step", LR_SCALE_COLUMN], memory_map=True)
+        table = output.read_shard(k, ["step", LR_SCALE_COLUMN])
         for step, scale in zip(table.column("step").to_numpy().tolist(),
                                table.column(LR_SCALE_COLUMN).to_numpy().tolist()):
             if scales.setdefault(step, scale) != scale:

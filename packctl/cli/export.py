@@ -30,13 +30,16 @@ def export_command(
     eos_token_id: Optional[int] = typer.Option(None, help="The tokenizer's EOS id: NeMo pads sub-sequences with "
                                                           "it; OLMo-core finds document ends by it."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of an existing export directory."),
+    verify_checksums: bool = typer.Option(True, "--verify-checksums/--no-verify-checksums",
+                                          help="Check each shard against the manifest (sha256, rows, tokens, layout) "
+                                               "while reading it."),
     json_output: bool = typer.Option(False, "--json", help="Print what was written as JSON on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary."),
 ) -> None:
     from packctl.export import export
 
     try:
-        result = export(output, target, fmt, overwrite=overwrite, eos_token_id=eos_token_id)
+        result = export(output, target, fmt, overwrite=overwrite, eos_token_id=eos_token_id, verify=verify_checksums)
     except PackctlError as exc:
         fail(exc)
     if json_output:

@@ -46,19 +46,24 @@ _STATS_REPORT = [
                       default=typer.Option(False, "--json", help="Print the report as JSON on stdout.")),
     inspect.Parameter("plot", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
                       default=typer.Option(None, "--plot", help="Also draw the report into this PNG file.")),
+    inspect.Parameter("verify_checksums", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                      default=typer.Option(True, "--verify-checksums/--no-verify-checksums",
+                                           help="Check each shard of a packed output against its manifest (sha256, "
+                                                "rows, tokens, layout) while reading it.")),
 ]
 
 
 @app.command("stats", help=_STATS_EXAMPLE)
 @with_signature(_STATS_OWN + config_options(PLANNING_OPTIONS) + _STATS_REPORT)
 def stats_command(*, paths: Optional[List[str]], capacity: Optional[List[int]], config: Optional[Path],
-                  json_output: bool, plot: Optional[Path], **planning) -> None:
+                  json_output: bool, plot: Optional[Path], verify_checksums: bool, **planning) -> None:
     from packctl.cli.render import stats_renderables
     from packctl.stats import stats
 
     try:
         report = stats(paths or [], capacities=capacity or None,
-                       file_values=load_config(config) if config is not None else {}, **planning)
+                       file_values=load_config(config) if config is not None else {}, verify=verify_checksums,
+                       **planning)
         if plot is not None:
             from packctl.stats.plot import write_plot
 

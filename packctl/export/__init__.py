@@ -11,16 +11,16 @@ Every format is read back by an independent reader in tests/test_export.py.
 """
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from packctl.contract.reader import PackedOutput, open_output
 from packctl.errors import PackctlError
-from packctl.contract.manifest import read_manifest
 
 FORMATS = ("nemo", "nemo-npy", "olmo")
 
@@ -53,14 +53,11 @@ def _list(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     return offsets - offsets[0], array.values.to_numpy()[offsets[0]:offsets[-1]]
 
 
-def read_packs(out: Path, manifest: dict) -> Iterator[ShardPacks]:
-    """The shards of a packed output, in manifest order."""
-    for entry in manifest["shards"]:
-        path = out / entry["path"]
-        try:
-            table = pq.read_table(path, columns=["input_ids", "labels", "seq_lens", "cu_seqlens_padded"])
-        except (pa.ArrowException, OSError) as exc:
-            raise PackctlError(f"{path}: not readable as packctl shard ({exc}); run packctl verify on the output")
+def read_packs(output: PackedOutput) -> Iterator[ShardPacks]:
+    """The shards of a packed output, in manifest order, each read through the output's reader
+    (checked against the manifest unless it was opened with verify=False)."""
+    for k, entry in enumerate(output.shards):
+        table = output.read_shard(k, ["input_ids", "labels", "seq_lens", "cu_seqlens_padded"])
         token_offsets, input_ids = _list(table, "input_ids")
         _, labels = _list(table, "labels")
         seq_offsets, seq_lens = _list(table, "seq_lens")
@@ -68,18 +65,24 @@ def read_packs(out: Path, manifest: dict) -> Iterator[ShardPacks]:
         # cu_seqlens_padded has one more entry per pack than seq_lens: drop each pack's last
         keep = np.ones(len(cu), dtype=bool)
         keep[cu_offsets[1:] - 1] = False
-        yield ShardPacks(entry["path"], token_offsets, input_ids, labels, seq_offsets,
+        yield ShardPacks(entry.path, token_offsets, input_ids, labels, seq_offsets,
                          seq_lens.astype(np.int64), cu[keep].astype(np.int64))
 
 
 def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = False,
-           eos_token_id: int | None = None) -> dict:
-    """Write the packed output `out` to `target` in format `fmt`; returns what was written."""
+           eos_token_id: int | None = None, verify: bool = True) -> dict:
+    """Write the packed output `out` to `target` in format `fmt`; returns what was written.
+
+    Every shard is read checked against the manifest (sha256, rows, tokens, layout) unless
+    `verify=False` (`--no-verify-checksums`). A failure part-way removes what the export wrote,
+    so `target` never holds part of an export.
+    """
     from packctl.export import nemo, olmo
 
     if fmt not in FORMATS:
         raise PackctlError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
-    out, manifest = read_manifest(out)
+    output = open_output(out, verify=verify)
+    out = output.root
     target = Path(target)
     if target.resolve() == out.resolve() or out.resolve() in target.resolve().parents:
         raise PackctlError(f"{target}: inside the packed output {out}; choose a -o outside it")
@@ -92,12 +95,30 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
             if child.is_dir():
                 raise PackctlError(f"{target}: holds the directory {child.name}; export writes files only, "
                                    "choose an empty or new -o")
-            child.unlink()
-    target.mkdir(parents=True, exist_ok=True)
-    layout = manifest["layout"]
-    if layout.get("pad_to") == "batch":
+    if output.layout.get("pad_to") == "batch":
         raise PackctlError(f"{out}: a batch-mode output (padded micro-batches); exports take packs: pack "
                            "without --mode batch")
-    if fmt in ("nemo", "nemo-npy"):
-        return nemo.write(out, manifest, target, npy=fmt == "nemo-npy", eos_token_id=eos_token_id)
-    return olmo.write(out, manifest, target, eos_token_id=eos_token_id)
+    created = not target.exists()
+    if not created:
+        for child in target.iterdir():
+            child.unlink()
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        if fmt in ("nemo", "nemo-npy"):
+            return nemo.write(output, target, npy=fmt == "nemo-npy", eos_token_id=eos_token_id)
+        return olmo.write(output, target, eos_token_id=eos_token_id)
+    except BaseException:
+        _remove_written(target, created)
+        raise
+
+
+def _remove_written(target: Path, created: bool) -> None:
+    """Undo a failed export: `target` held nothing of anyone else's (new, or emptied by --overwrite)."""
+    if created:
+        shutil.rmtree(target, ignore_errors=True)
+        return
+    for child in target.iterdir():
+        if child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)

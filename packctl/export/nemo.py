@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.arrays import copy_segments, offsets_of, ranges
+from packctl.contract.reader import PackedOutput
 from packctl.errors import PackctlError
 from packctl.contract.schema import IGNORE_INDEX
 
@@ -67,17 +68,17 @@ def _rows(shard, align: int, eos: int | None):
     return row_offsets, tokens, loss_mask, shard.seq_offsets, seq_start_id, runtime, pack_of
 
 
-def write(out: Path, manifest: dict, target: Path, *, npy: bool, eos_token_id: int | None) -> dict:
+def write(output: PackedOutput, target: Path, *, npy: bool, eos_token_id: int | None) -> dict:
     from packctl.export import read_packs
 
-    layout = manifest["layout"]
+    layout = output.layout
     align, capacity = int(layout["align"]), int(layout["capacity"])
     files, rows_npy = [], []
     packs = sequences = 0
     max_seqlen = max_per_bin = 0
     min_packed = None
     runtime_total = 0
-    for k, shard in enumerate(read_packs(out, manifest)):
+    for k, shard in enumerate(read_packs(output)):
         row_offsets, tokens, loss_mask, seq_offsets, seq_start_id, runtime, pack_of = _rows(shard, align,
                                                                                           eos_token_id)
         packed = np.bincount(pack_of, weights=runtime, minlength=shard.num_packs).astype(np.int64)

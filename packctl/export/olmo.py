@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from packctl.arrays import ranges
+from packctl.contract.reader import PackedOutput
 from packctl.errors import PackctlError
 from packctl.contract.schema import IGNORE_INDEX
 
@@ -60,10 +61,11 @@ def _check(shard, eos: int) -> np.ndarray:
     return starts
 
 
-def write(out: Path, manifest: dict, target: Path, *, eos_token_id: int | None) -> dict:
+def write(output: PackedOutput, target: Path, *, eos_token_id: int | None) -> dict:
     from packctl.export import read_packs
 
-    layout = manifest["layout"]
+    out = output.root
+    layout = output.layout
     capacity = int(layout["capacity"])
     if eos_token_id is None:
         raise PackctlError("--format olmo needs --eos-token-id: OLMo-core finds document boundaries by the EOS id")
@@ -74,7 +76,7 @@ def write(out: Path, manifest: dict, target: Path, *, eos_token_id: int | None) 
         raise PackctlError(f"{out}: sequences padded to a multiple of {layout['align']} (--cp-size/--tp-size/"
                            "--seq-multiple); OLMo-core would join that padding to the next document: pack without "
                            "alignment for OLMo-core (its context parallelism splits instances itself)")
-    shards = list(read_packs(out, manifest))
+    shards = list(read_packs(output))
     top = max(int(s.input_ids.max()) for s in shards)
     dtype = np.uint16 if max(top, eos_token_id) < 2**16 else np.uint32
     (target / "label_mask").mkdir(exist_ok=True)

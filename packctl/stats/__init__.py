@@ -27,7 +27,7 @@ DEFAULT_CAPACITY = 4096
 
 
 def stats(paths: list[str], *, capacities: list[int] | None = None, attn_coeff: float | None = None,
-          file_values: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
+          file_values: dict[str, Any] | None = None, verify: bool = True, **options: Any) -> dict[str, Any]:
     """The report for PATHs: packed outputs (one, or several to compare) or raw input.
 
     Args:
@@ -37,6 +37,8 @@ def stats(paths: list[str], *, capacities: list[int] | None = None, attn_coeff: 
         attn_coeff: `a` of the attention cost a*L + L^2: for packed outputs, of the DP balance
             report (default: the one it was packed with); for raw input, the planning option.
         file_values: values of a `--config` TOML file (PackConfig fields), for the what-if.
+        verify: check every shard of a packed output against its manifest while reading it
+            (sha256, rows, tokens, layout); False is `--no-verify-checksums`.
         options: PackConfig fields given as flags (None = not given): the planning options of
             PLANNING_OPTIONS (every option that changes what `pack` plans). With `algorithm`
             given (flag or file), the what-if plans that algorithm only, else every one.
@@ -63,7 +65,9 @@ def stats(paths: list[str], *, capacities: list[int] | None = None, attn_coeff: 
             raise PackctlError(f"{paths[0]} is a packed output, whose settings are in its _manifest.json: {flags} "
                                "only apply to raw input; drop them, or point stats at the tokenized input")
         a = attn_coeff
-        return packed_stats(paths[0], attn_coeff=a) if len(paths) == 1 else compare_stats(paths, attn_coeff=a)
+        if len(paths) == 1:
+            return packed_stats(paths[0], attn_coeff=a, verify=verify)
+        return compare_stats(paths, attn_coeff=a, verify=verify)
     if attn_coeff is not None:
         given["attn_coeff"] = attn_coeff
     config = build_config(file_values, **given)

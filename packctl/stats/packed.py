@@ -1,7 +1,7 @@
 """Stats of a packed output, recomputed from its shards.
 
-Only the small columns are read: `seq_lens`, `sample_ids`, `num_tokens`, the list lengths of
-`input_ids` (the pack lengths) and, when balancing was asked for, `step`, `dp_rank` and
+Only the small columns are decoded: `seq_lens`, `sample_ids`, `num_tokens`, the last entry of
+`cu_seqlens_padded` (the pack lengths) and, when balancing was asked for, `step`, `dp_rank` and
 `micro_batch`. The metrics come from `packctl.plan.metrics.pack_metrics`, the function `pack` writes
 metrics.json with, so the two agree on any output `pack` wrote, and the report works on any
 contract-conforming output whatever wrote it.
@@ -11,24 +11,24 @@ contract-conforming output whatever wrote it.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.errors import PackctlError
 from packctl.plan.metrics import (attention_cost, batch_metrics, dp_balance, fill_histogram, length_summary, pack_loads,
                              pack_metrics)
-from packctl.contract.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST, manifest_path, metrics_path, read_manifest
+from packctl.contract.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST, manifest_path
+from packctl.contract.reader import PackedOutput, open_output
 from packctl.contract.schema import BALANCE_COLUMNS, METADATA_KEY
-from packctl.stats.lazy import collect_streaming
+
 READ_COLUMNS = ("seq_lens", "sample_ids", "num_tokens")
+LIST_COLUMNS = ("seq_lens", "sample_ids", "cu_seqlens_padded")
 
 
 @dataclass
@@ -66,20 +66,14 @@ def looks_like_unfinished_output(path: str | Path) -> bool:
     return METADATA_KEY in metadata
 
 
-def read_packed(out: Path, manifest: dict[str, Any]) -> PackedArrays:
-    """Read the small columns of every shard listed in the manifest, in order."""
+def read_packed(output: PackedOutput) -> PackedArrays:
+    """Read the small columns of every shard listed in the manifest, in order, each shard through
+    the output's reader (checked against the manifest unless opened with verify=False)."""
     parts: list[dict[str, np.ndarray]] = []
     balance_columns: tuple[str, ...] | None = None
-    for shard in manifest["shards"]:
-        path = out / shard["path"]
-        if not path.is_file():
-            raise PackctlError(f"{path}: listed in {manifest_path(out)} but missing; the output was moved or "
-                               "damaged: pack again")
-        try:
-            scan = pl.scan_parquet(path, glob=False, hive_partitioning=False)
-            names = scan.collect_schema().names()
-        except pl.exceptions.PolarsError as exc:
-            raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)}); pack again") from None
+    for k, entry in enumerate(output.shards):
+        path = output.shard_path(k)
+        names = output.column_names(k)
         missing = [c for c in (*READ_COLUMNS, "cu_seqlens_padded") if c not in names]
         if missing:
             raise PackctlError(f"{path}: no column {', '.join(repr(c) for c in missing)}; not a packed "
@@ -90,15 +84,10 @@ def read_packed(out: Path, manifest: dict[str, Any]) -> PackedArrays:
         elif present != balance_columns:
             raise PackctlError(f"{path}: balancing columns {list(present)} differ from the first shard's "
                                f"{list(balance_columns)}; pack again")
-        try:
-            # a pack's length is the last entry of cu_seqlens_padded (len(input_ids) by the contract):
-            # the token columns, most of a shard's bytes, are never decoded
-            frame = collect_streaming(scan.select(*READ_COLUMNS,
-                                                  pl.col("cu_seqlens_padded").list.last().alias("pack_len"), *present))
-        except pl.exceptions.PolarsError as exc:
-            raise PackctlError(f"{path}: cannot read the packs ({_short(exc)}); the file may be truncated or "
-                               "corrupt: pack again") from None
-        parts.append(_shard_arrays(path, frame, present, shard.get("rows")))
+        # a pack's length is the last entry of cu_seqlens_padded (len(input_ids) by the contract):
+        # the token columns, most of a shard's bytes, are never decoded
+        table = output.read_shard(k, [*READ_COLUMNS, "cu_seqlens_padded", *present])
+        parts.append(_shard_arrays(path, table, present, entry.rows))
 
     def cat(key: str) -> np.ndarray:
         return np.concatenate([p[key] for p in parts]) if parts else np.zeros(0, np.int64)
@@ -113,30 +102,43 @@ def read_packed(out: Path, manifest: dict[str, Any]) -> PackedArrays:
     )
 
 
-def _shard_arrays(path: Path, frame: pl.DataFrame, balance: tuple[str, ...], rows: int | None) -> dict[str, np.ndarray]:
-    if rows is not None and frame.height != rows:
-        raise PackctlError(f"{path}: {frame.height} packs, the manifest says {rows}; pack again")
-    for column in frame.columns:
-        if frame[column].null_count():
-            row = int(frame[column].is_null().arg_max())
-            raise PackctlError(f"{path} row {row} column '{column}': null; not a valid packed shard: pack again")
-    seq_lens, seqs_per_pack = _flat_list(frame["seq_lens"])
-    sample_ids, ids_per_pack = _flat_list(frame["sample_ids"])
+def _shard_arrays(path: Path, table: pa.Table, balance: tuple[str, ...], rows: int) -> dict[str, np.ndarray]:
+    if table.num_rows != rows:
+        raise PackctlError(f"{path}: {table.num_rows} packs, the manifest says {rows}; pack again")
+    columns = {name: table.column(name).combine_chunks() for name in table.column_names}
+    for name, column in columns.items():
+        typ = column.type
+        listed = pa.types.is_list(typ) or pa.types.is_large_list(typ)
+        if (name in LIST_COLUMNS) != listed or not pa.types.is_integer(typ.value_type if listed else typ):
+            want = "a list of integers" if name in LIST_COLUMNS else "an integer"
+            raise PackctlError(f"{path}: column '{name}' is {typ}, the contract says {want}; not a valid packed "
+                               "shard: pack again")
+    for name, column in columns.items():
+        if column.null_count or (pa.types.is_list(column.type) and column.values.null_count):
+            raise PackctlError(f"{path} row {_first_null_row(column)} column '{name}': null; not a valid packed "
+                               "shard: pack again")
+    seq_lens, seqs_per_pack = _flat_list(columns["seq_lens"])
+    sample_ids, ids_per_pack = _flat_list(columns["sample_ids"])
     if not np.array_equal(seqs_per_pack, ids_per_pack):
         row = int(np.argmax(seqs_per_pack != ids_per_pack))
         raise PackctlError(f"{path} row {row}: {ids_per_pack[row]} sample_ids for {seqs_per_pack[row]} seq_lens; "
                            "not a valid packed shard: pack again")
+    cu_values, cu_per_pack = _flat_list(columns["cu_seqlens_padded"])
+    if (cu_per_pack < 1).any():
+        row = int(np.argmax(cu_per_pack < 1))
+        raise PackctlError(f"{path} row {row}: an empty cu_seqlens_padded; not a valid packed shard: pack again")
+    pack_len = cu_values[np.cumsum(cu_per_pack) - 1]
     offsets = np.concatenate([[0], np.cumsum(seqs_per_pack)])
-    num_tokens = frame["num_tokens"].to_numpy().astype(np.int64)
+    num_tokens = columns["num_tokens"].to_numpy(zero_copy_only=False).astype(np.int64)
     sums = pack_loads(seq_lens, offsets)
     if not np.array_equal(sums, num_tokens):
         row = int(np.argmax(sums != num_tokens))
         raise PackctlError(f"{path} row {row}: num_tokens {num_tokens[row]} but seq_lens sum to {sums[row]}; "
                            "not a valid packed shard: pack again")
     out = {"seq_lens": seq_lens, "seqs_per_pack": seqs_per_pack, "sample_ids": sample_ids,
-           "num_tokens": num_tokens, "pack_len": frame["pack_len"].to_numpy().astype(np.int64)}
+           "num_tokens": num_tokens, "pack_len": pack_len}
     for column in balance:
-        values = frame[column].to_numpy().astype(np.int64)
+        values = columns[column].to_numpy(zero_copy_only=False).astype(np.int64)
         if len(values) and values.min() < 0:
             row = int(np.argmax(values < 0))
             raise PackctlError(f"{path} row {row} column '{column}': {values[row]} is negative; pack again")
@@ -144,31 +146,45 @@ def _shard_arrays(path: Path, frame: pl.DataFrame, balance: tuple[str, ...], row
     return out
 
 
-def _flat_list(series: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+def _first_null_row(column: pa.Array) -> int:
+    """The first row that is null, or whose list holds a null."""
+    nulls = np.asarray(column.is_null(), dtype=bool)
+    if pa.types.is_list(column.type):
+        offsets = np.asarray(column.offsets, dtype=np.int64)
+        inner = np.asarray(column.values.is_null(), dtype=bool)[offsets[0]:offsets[-1]]
+        if inner.any():
+            nulls[int(np.searchsorted(offsets - offsets[0], int(np.argmax(inner)), side="right") - 1)] = True
+    return int(np.argmax(nulls))
+
+
+def _flat_list(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """A list column -> (flat values int64, list lengths int64), through Arrow's offsets."""
-    array = series.rechunk().to_arrow()
     offsets = np.asarray(array.offsets, dtype=np.int64)
     values = array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_numpy(zero_copy_only=False)
     return values.astype(np.int64), np.diff(offsets)
 
 
-def packed_stats(path: str | Path, *, attn_coeff: float | None = None) -> dict[str, Any]:
+def packed_stats(path: str | Path, *, attn_coeff: float | None = None, verify: bool = True) -> dict[str, Any]:
     """The report of one packed output (keys in docs/stats.md): every key of its metrics.json
     except `throughput` and `timings`, recomputed from the shards, plus `path`, `layout`,
     `lengths`, `fill_histogram` and `dp_balance` (None without balancing columns; `a` defaults
     to the `--attn-coeff` the output was balanced with; `round_robin` is the imbalance before
-    balancing, from metrics.json, when that was made with the same `a`)."""
+    balancing, from metrics.json, when that was made with the same `a`).
+
+    The shards are read through `packctl.contract.reader`, each checked against the manifest
+    (sha256, rows, tokens, layout) unless `verify=False` (`--no-verify-checksums`). Figures only
+    metrics.json knows (`round_robin`, `scale_out`) are left out when it is unreadable or garbled."""
     t0 = time.perf_counter()
-    out, manifest = read_manifest(path)
-    layout = manifest["layout"]
-    packed = read_packed(out, manifest)
+    output = open_output(path, verify=verify)
+    out, manifest, layout = output.root, output.manifest, output.layout
+    packed = read_packed(output)
     t1 = time.perf_counter()
-    capacity, align = int(layout["capacity"]), int(layout["align"])
+    capacity, align = layout["capacity"], layout["align"]
     # Stable: the pieces of a split sample keep their output order, as in `pack`.
     input_order = np.argsort(packed.sample_ids, kind="stable")
     metrics = pack_metrics(packed.seq_lens, packed.seq_offsets, packed.pack_lens, capacity=capacity, align=align,
                            input_order=input_order)
-    config = manifest.get("config", {})
+    config = manifest.get("config") or {}
     report: dict[str, Any] = {"kind": "packed", "path": str(out), "format_version": manifest["format_version"]}
     report.update(metrics)
     report.update({
@@ -180,6 +196,7 @@ def packed_stats(path: str | Path, *, attn_coeff: float | None = None) -> dict[s
         "fill_histogram": fill_histogram(packed.num_tokens, capacity),
         "dp_balance": None,
     })
+    recorded = output.recorded_metrics() or {}
     extra = packed.balance or {}
     batch = layout.get("pad_to") == "batch" and {"padded_len", "batch_size"} <= extra.keys()
     if batch:
@@ -194,34 +211,43 @@ def packed_stats(path: str | Path, *, attn_coeff: float | None = None) -> dict[s
         tokens = pack_loads(lengths, packed.seq_offsets) if batch else packed.num_tokens
         report["dp_balance"] = dp_balance(extra["step"], extra["dp_rank"], tokens,
                                           costs, attn_coeff=a, micro_batch=extra.get("micro_batch"))
-        recorded = _recorded(out, "balance")
-        if recorded is not None and float(recorded.get("attn_coeff", -1)) == a:
-            report["dp_balance"]["round_robin"] = recorded["before"]
+        balance = recorded.get("balance")
+        if _fits(balance, BALANCE_SHAPE) and float(balance["attn_coeff"]) == a:
+            report["dp_balance"]["round_robin"] = balance["before"]
     # how the ranks of an MPI run shared it: a fact of the run, not of the shards
-    scale_out = _recorded(out, "scale_out")
-    if scale_out is not None:
-        report["scale_out"] = scale_out
+    if _fits(recorded.get("scale_out"), SCALE_OUT_SHAPE):
+        report["scale_out"] = recorded["scale_out"]
     t2 = time.perf_counter()
     report["stats_seconds"] = {"read": t1 - t0, "compute": t2 - t1, "total": t2 - t0}
     return report
 
 
 SHAPE_COLUMNS = ("padded_len", "batch_size")
+# What stats takes from _metrics.json, and the shape it must have to be shown (a garbled report
+# is left out, never a traceback): {key: shape}, "*" for every key of a mapping.
+NUMBER = (int, float)
+_MAX_MEAN = {"max": NUMBER, "mean": NUMBER}
+BALANCE_SHAPE = {"attn_coeff": NUMBER, "before": {"tokens": _MAX_MEAN, "attention": _MAX_MEAN}}
+SCALE_OUT_SHAPE = {"ranks": int, "token_transfer": str, "read_amplification": NUMBER, "bytes_exchanged": NUMBER,
+                   "tokens_written": {**_MAX_MEAN, "max_over_mean": NUMBER}, "stage_seconds": {"*": _MAX_MEAN}}
 
 
-def _recorded(out: Path, key: str) -> dict[str, Any] | None:
-    """The packing report's `key`, when the output has a readable report holding it."""
-    try:
-        return json.loads(metrics_path(out).read_text()).get(key)
-    except (OSError, ValueError, AttributeError):
-        return None
+def _fits(value: Any, shape: Any) -> bool:
+    """Whether `value` (parsed JSON) has `shape`: a type (tuple), or {key: shape} of an object
+    holding at least those keys, or {"*": shape} of an object whose every value has it.
+
+        >>> _fits({"max": 2, "mean": 1.5}, _MAX_MEAN), _fits({"max": "2"}, _MAX_MEAN)
+        (True, False)
+    """
+    if not isinstance(shape, dict):
+        return isinstance(value, shape) and not isinstance(value, bool)
+    if not isinstance(value, dict):
+        return False
+    if "*" in shape:
+        return all(_fits(v, shape["*"]) for v in value.values())
+    return all(key in value and _fits(value[key], sub) for key, sub in shape.items())
 
 
-def compare_stats(paths: list[str | Path], *, attn_coeff: float | None = None) -> dict[str, Any]:
+def compare_stats(paths: list[str | Path], *, attn_coeff: float | None = None, verify: bool = True) -> dict[str, Any]:
     """Several packed outputs side by side: {"kind": "compare", "outputs": [packed_stats(p), ...]}."""
-    return {"kind": "compare", "outputs": [packed_stats(p, attn_coeff=attn_coeff) for p in paths]}
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return {"kind": "compare", "outputs": [packed_stats(p, attn_coeff=attn_coeff, verify=verify) for p in paths]}

@@ -7,8 +7,9 @@
     cp             each context-parallel rank's share is a valid THD layout         (cp_size > 1)
     bench          packed varlen vs padded-batch attention time                     (--bench)
 
-Shards are taken one at a time, in manifest order (hashed, then read as a table); the sampled packs
-are kept for the attention checks, so memory holds one shard plus a few integers per sequence.
+Shards are taken one at a time, in manifest order (read once, hashed while parsed: the reader of
+packctl/contract/reader.py); the sampled packs are kept for the attention checks, so memory holds
+one shard plus a few integers per sequence.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from packctl.arrays import offsets_of
+from packctl.contract.manifest import manifest_problems, read_manifest_json
 from packctl.errors import MissingExtraError, PackctlError
 from packctl.verify import backends
 from packctl.verify.attention import Pack, ProbeEmbedding, run_attention
@@ -32,8 +34,9 @@ from packctl.verify.structure import (
     Totals,
     Violation,
     check_counts,
+    check_metrics,
     check_shard,
-    load_manifest,
+    manifest_violations,
     unlisted_shards,
 )
 
@@ -109,9 +112,12 @@ def _plan_attention(options: VerifyOptions) -> _AttentionPlan:
     return _AttentionPlan(backends=chosen, dtypes=dtypes, device=device, notes=notes)
 
 
-def _sample_packs(manifest: dict[str, Any], sample: int, seed: int) -> dict[int, list[int]]:
-    """{shard index: rows} of `sample` packs drawn without replacement over the whole output."""
-    rows = np.array([int(s.get("rows", 0)) for s in manifest["shards"]], dtype=np.int64)
+def _sample_packs(readable: list[tuple[int, dict[str, Any]]], sample: int, seed: int) -> dict[int, list[int]]:
+    """{shard index: rows} of `sample` packs drawn without replacement over the shards that can
+    be read (index, manifest entry), by the rows their entries list."""
+    index = [i for i, _ in readable]
+    rows = np.array([entry["rows"] if isinstance(entry.get("rows"), int) else 0 for _, entry in readable],
+                    dtype=np.int64)
     total = int(rows.sum())
     if total == 0 or sample == 0:
         return {}
@@ -120,8 +126,13 @@ def _sample_packs(manifest: dict[str, Any], sample: int, seed: int) -> dict[int,
     shard = np.searchsorted(offsets, picks, side="right") - 1
     chosen: dict[int, list[int]] = {}
     for s, p in zip(shard.tolist(), picks.tolist()):
-        chosen.setdefault(s, []).append(p - int(offsets[s]))
+        chosen.setdefault(index[s], []).append(p - int(offsets[s]))
     return chosen
+
+
+def _top_field(name: str) -> str:
+    """The manifest key a problem's field belongs to: 'shards[3].rows' -> 'shards'."""
+    return name.split(".", 1)[0].split("[", 1)[0]
 
 
 def _status(found: list[Violation]) -> str:
@@ -141,25 +152,37 @@ def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyRepor
     options = options or VerifyOptions()
     options.validate()
     plan = _plan_attention(options)
-    out = Path(out)
-    manifest = load_manifest(out)
-    layout = Layout.from_manifest(manifest)
-    cp_size = options.cp_size or layout.cp_size
-    counts = manifest.get("counts") if isinstance(manifest.get("counts"), dict) else {}
-    sequences_in = counts.get("sequences_in") if isinstance(counts.get("sequences_in"), int) else None
-    picks = _sample_packs(manifest, options.sample, options.seed) if plan.skipped is None else {}
+    # exit 2 only for what is no manifest at all (missing, not a JSON object, an unknown version);
+    # everything else wrong with it is a broken rule, and the shards it can still name are checked
+    out, _, manifest = read_manifest_json(Path(out))
+    problems = manifest_problems(out, manifest)
+    broken = {_top_field(p.field) for p in problems if p.rule == "manifest-fields"}
+    layout = Layout.from_manifest(manifest) if "layout" not in broken else None
+    cp_size = options.cp_size or (layout.cp_size if layout is not None else 1)
+    counts = manifest["counts"] if "counts" not in broken else {}
+    sequences_in = counts.get("sequences_in")
+    shards = manifest["shards"] if isinstance(manifest.get("shards"), list) else []
+    unreadable = {p.shard for p in problems if p.unreadable}
+    readable = [(i, entry) for i, entry in enumerate(shards) if i not in unreadable]
+    picks = _sample_packs(readable, options.sample, options.seed) if plan.skipped is None else {}
 
-    sources = match_sources(manifest, options.source) if options.source else None  # a wrong --source fails first
+    conservation_skipped = None
+    if options.source and broken & {"inputs", "config", "counts"}:
+        conservation_skipped = "the manifest's inputs, config or counts are broken (see structure)"
+    # a wrong --source fails first
+    sources = match_sources(manifest, options.source) if options.source and not conservation_skipped else None
     pieces = OutputPieces() if sources is not None else None
-    structure = unlisted_shards(out, manifest)
+    structure = manifest_violations(problems)
+    structure += unlisted_shards(out, [entry["path"] for _, entry in readable])
+    structure += check_metrics(out, manifest, counts_ok="counts" not in broken)
     cp_found: list[Violation] = []
     cp_work = CpWork(cp_size) if cp_size > 1 else None
     totals = Totals()
     steps = StepLoss()
     groups = GroupRule.from_manifest(manifest)
     packs: list[Pack] = []
-    complete = True
-    for i, entry in enumerate(manifest["shards"]):
+    complete = len(readable) == len(shards)
+    for i, entry in readable:
         name = entry["path"]
         rows, found = check_shard(out, entry, manifest, layout, sequences_in=sequences_in, steps=steps,
                                    groups=groups)
@@ -181,12 +204,15 @@ def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyRepor
     violations: list[Violation] = list(structure)
     checks["structure"] = CheckResult(
         _status(structure),
-        [f"{len(manifest['shards'])} shards, {totals.packs:,} packs, {totals.pieces:,} sequences, "
+        [f"{len(shards)} shards, {totals.packs:,} packs, {totals.pieces:,} sequences, "
          f"{totals.tokens:,} tokens"],
-        {"shards": len(manifest["shards"]), "packs": totals.packs, "sequences": totals.pieces,
+        {"shards": len(shards), "packs": totals.packs, "sequences": totals.pieces,
          "tokens": totals.tokens, "violations": len(structure)})
 
-    if pieces is None:
+    if conservation_skipped is not None:
+        checks["conservation"] = CheckResult("skipped", [f"skipped: {conservation_skipped}"],
+                                             {"reason": conservation_skipped})
+    elif pieces is None:
         checks["conservation"] = CheckResult("skipped", ["pass --source INPUT to compare with the input"],
                                              {"reason": "no --source"})
     else:

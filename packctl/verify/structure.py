@@ -19,26 +19,22 @@ reported once, at its first offending shard / row / sequence, with the number of
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of, positions_in_segments, row_cumsums
-from packctl.contract.schema import IGNORE_INDEX
-from packctl.errors import PackctlError
-from packctl.contract.manifest import read_manifest
-from packctl.contract.manifest import sha256_file
-from packctl.contract.schema import (BALANCE_COLUMNS, FORMAT_VERSION, GROUP_IDS_COLUMN, LOSS_FIELDS, METADATA_KEY, PACK_SCHEMA,
-                            STEP_LOSS_FIELDS, TRL_LENGTHS_COLUMN, TRL_LENGTHS_FIELD, WEIGHTS_COLUMN)
+from packctl.contract.manifest import (COUNT_KEYS, OPTIONAL_COUNT_KEYS, ManifestProblem, inside, metrics_path,
+                                       read_manifest)
+from packctl.contract.reader import check_shard_bytes, read_shard_file, unlisted_parquet
+from packctl.contract.schema import (BALANCE_COLUMNS, GROUP_IDS_COLUMN, IGNORE_INDEX, LOSS_FIELDS, PACK_SCHEMA,
+                                     STEP_LOSS_FIELDS, TRL_LENGTHS_COLUMN, TRL_LENGTHS_FIELD, WEIGHTS_COLUMN)
 from packctl.contract.thd import PackRows, loss_columns
-
-COUNT_KEYS = ("sequences_in", "sequences_packed", "sequences_dropped", "sequences_truncated", "sequences_split",
-              "tokens_in", "tokens_packed", "tokens_dropped", "tokens_truncated")  # DESIGN.md's list
-OPTIONAL_COUNT_KEYS = ("packs", "pieces")  # written by packctl and checked when present
+from packctl.errors import PackctlError
 
 
 @dataclass(frozen=True)
@@ -513,58 +509,41 @@ class StepLoss:
         return found
 
 
-def _metadata_violations(schema: pa.Schema, manifest: dict[str, Any], shard: str) -> list[Violation]:
-    raw = (schema.metadata or {}).get(METADATA_KEY)
-    if raw is None:
-        return [Violation("structure", "metadata", "no 'packctl' key in the Parquet metadata", shard=shard)]
-    try:
-        meta = json.loads(raw)
-    except ValueError:
-        return [Violation("structure", "metadata", "the 'packctl' Parquet metadata is not JSON", shard=shard)]
-    found = []
-    expected = manifest.get("format_version", FORMAT_VERSION)
-    if not isinstance(meta, dict) or meta.get("format_version") != expected:
-        found.append(Violation("structure", "metadata", f"the 'packctl' metadata says format_version "
-                               f"{meta.get('format_version') if isinstance(meta, dict) else meta!r}, "
-                               f"the manifest {expected}", shard=shard))
-    elif meta.get("layout") != manifest.get("layout"):
-        found.append(Violation("structure", "metadata", "the layout in the 'packctl' metadata differs from the "
-                               "manifest's: the shard comes from another packing", shard=shard))
-    return found
-
-
-def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layout: Layout, *,
+def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layout: Layout | None, *,
                 sequences_in: int | None, steps: StepLoss | None = None,
                 groups: Any = None) -> tuple[PackRows | None, list[Violation]]:
     """Checksum, schema, metadata, counts and every pack rule of one shard listed in the manifest;
     with `steps`, what the step rule (`StepLoss.check`, after the last shard) needs; with `groups`
-    (a `packctl.verify.groups.GroupRule`), the shard's `group_ids` when it has them.
+    (a `packctl.verify.groups.GroupRule`), the shard's `group_ids` when it has them. `layout`
+    None (the manifest's is broken, rule `manifest-fields`): the pack rules are left out.
+
+    The shard is read as every reader reads it (`packctl.contract.reader.check_shard_bytes`: one
+    read, hashed while parsed), and its findings become rules (`checksum`, `readable`, `metadata`,
+    `manifest-shard`). `entry["path"]` must have passed `manifest_problems` (relative, inside OUT).
 
     Returns the shard's rows (None when it cannot be read as packs) and the broken rules.
     """
     name = entry["path"]
     path = out / name
+    if not inside(os.path.realpath(out), path):  # a link made since the manifest was checked
+        return None, [Violation("structure", "manifest-paths", "leads out of OUT through a symbolic link; not read",
+                                shard=name)]
     if not path.is_file():
         return None, [Violation("structure", "shard-missing", "listed in the manifest but missing", shard=name)]
-    found: list[Violation] = []
-    if "sha256" not in entry:
-        found.append(Violation("structure", "checksum", "the manifest lists no sha256 for this shard", shard=name))
-    elif sha256_file(path) != entry["sha256"]:
-        found.append(Violation("structure", "checksum", "sha256 differs from the manifest's: the shard was changed "
-                               "or damaged after packctl pack wrote it", shard=name))
     try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
-        found.append(Violation("structure", "readable", f"not a readable Parquet file ({exc})", shard=name))
+        data = read_shard_file(path)
+    except OSError as exc:
+        return None, [Violation("structure", "readable", f"cannot be read ({exc.strerror or exc})", shard=name)]
+    checked = check_shard_bytes(data, entry, manifest)
+    del data
+    found = [Violation("structure", f.rule, f.message, shard=name) for f in checked.findings]
+    table = checked.table
+    if table is None:
         return None, found
-    found += _metadata_violations(table.schema, manifest, name)
     schema_problems = _schema_violations(table.schema, name)
     found += schema_problems
     if schema_problems:
         return None, found
-    if "rows" in entry and table.num_rows != entry["rows"]:
-        found.append(Violation("structure", "manifest-shard", f"{table.num_rows} packs, the manifest says "
-                               f"{entry['rows']}", shard=name))
     rows, problems = rows_from_table(table, shard=name)
     found += problems
     if rows is None:
@@ -573,10 +552,8 @@ def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layo
     found += _loss_violations(table, rows, name, steps)
     if groups is not None and GROUP_IDS_COLUMN in table.column_names:
         found += groups.add(table, rows, name)
-    tokens = int(np.asarray(rows.num_tokens, dtype=np.int64).sum())
-    if "tokens" in entry and tokens != entry["tokens"]:
-        found.append(Violation("structure", "manifest-shard", f"{tokens} tokens (sum of num_tokens), the manifest "
-                               f"says {entry['tokens']}", shard=name))
+    if layout is None:
+        return rows, found
     batch_shape = None
     if layout.pad_to == "batch":
         if {"padded_len", "batch_size"} <= set(table.column_names):
@@ -586,6 +563,18 @@ def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layo
                                    "columns", shard=name))
     found += check_pack_rows(rows, layout, shard=name, sequences_in=sequences_in, batch_shape=batch_shape)
     return rows, found
+
+
+def manifest_violations(problems: list[ManifestProblem]) -> list[Violation]:
+    """`manifest_problems` as rules: each rule once, at its first problem, with the number of
+    fields that break it (`manifest-fields`, `manifest-paths`, `manifest-order`, `manifest-counts`)."""
+    firsts: dict[str, ManifestProblem] = {}
+    counts: dict[str, int] = {}
+    for problem in problems:
+        firsts.setdefault(problem.rule, problem)
+        counts[problem.rule] = counts.get(problem.rule, 0) + 1
+    return [Violation("structure", rule, f"the manifest's {first}", count=counts[rule]) for rule, first in
+            firsts.items()]
 
 
 def tiled_starts(rows: PackRows) -> np.ndarray | None:
@@ -606,12 +595,36 @@ def tiled_starts(rows: PackRows) -> np.ndarray | None:
     return offsets_of(padded)
 
 
-def unlisted_shards(out: Path, manifest: dict[str, Any]) -> list[Violation]:
+def check_metrics(out: Path, manifest: dict[str, Any], *, counts_ok: bool = True) -> list[Violation]:
+    """Rule `metrics`: the packing report (`_metrics.json`) is a readable JSON object whose `counts`
+    are the manifest's (`counts_ok` False: the manifest's counts are broken, compared no further)."""
+    path = metrics_path(out)
+    try:
+        report = json.loads(path.read_bytes())
+    except OSError as exc:
+        return [Violation("structure", "metrics", f"{path.name} cannot be read ({exc.strerror or exc}); packctl pack "
+                          "writes it beside the manifest")]
+    except ValueError as exc:
+        return [Violation("structure", "metrics", f"{path.name} is not readable JSON ({str(exc).splitlines()[0]})")]
+    if not isinstance(report, dict):
+        return [Violation("structure", "metrics", f"{path.name} holds {type(report).__name__}, not a JSON object")]
+    if not counts_ok:
+        return []
+    said, counts = report.get("counts"), manifest["counts"]
+    if not isinstance(said, dict):
+        return [Violation("structure", "metrics", f"{path.name} has no counts object")]
+    differ = sorted(k for k in said.keys() | counts.keys() if said.get(k) != counts.get(k))
+    if differ:
+        shown = ", ".join(f"{k} {said.get(k)} vs {counts.get(k)}" for k in differ[:3])
+        return [Violation("structure", "metrics", f"the counts of {path.name} differ from the manifest's ({shown}"
+                          f"{' ...' if len(differ) > 3 else ''})", count=len(differ))]
+    return []
+
+
+def unlisted_shards(out: Path, listed: list[str]) -> list[Violation]:
     """Parquet files in OUT that the manifest does not list (readers of the directory would take them)."""
-    listed = {Path(s["path"]).as_posix() for s in manifest["shards"]}
     return [Violation("structure", "shard-unlisted", "a Parquet file in OUT that the manifest does not list",
-                      shard=p.relative_to(out).as_posix())
-            for p in sorted(out.rglob("*.parquet")) if p.relative_to(out).as_posix() not in listed]
+                      shard=rel) for rel in unlisted_parquet(out, listed)]
 
 
 @dataclass
@@ -634,11 +647,12 @@ class Totals:
 
 def check_counts(manifest: dict[str, Any], totals: Totals, *, complete: bool) -> list[Violation]:
     """The manifest's counts against each other and, when every shard was read (`complete`), against
-    what the shards hold."""
+    what the shards hold. Counts that are not all there as integers are `manifest-fields`
+    (`manifest_problems`), and checked no further here."""
     counts = manifest.get("counts")
-    if not isinstance(counts, dict) or any(k not in counts for k in COUNT_KEYS):
-        missing = [k for k in COUNT_KEYS if not isinstance(counts, dict) or k not in counts]
-        return [Violation("structure", "manifest-counts", f"the manifest's counts lack {', '.join(missing)}")]
+    if not isinstance(counts, dict) or not all(isinstance(counts.get(k), int) for k in COUNT_KEYS) or not all(
+            isinstance(counts[k], int) for k in OPTIONAL_COUNT_KEYS if k in counts):
+        return []
     c = {k: int(counts[k]) for k in COUNT_KEYS + OPTIONAL_COUNT_KEYS if k in counts}
     found: list[Violation] = []
 
@@ -647,19 +661,14 @@ def check_counts(manifest: dict[str, Any], totals: Totals, *, complete: bool) ->
             found.append(Violation("structure", "manifest-counts", f"{rule_text}: {actual} != {expected}"))
 
     inputs = manifest.get("inputs")
-    if isinstance(inputs, list) and all(isinstance(i, dict) and "rows" in i for i in inputs):
+    if isinstance(inputs, list) and all(isinstance(i, dict) and isinstance(i.get("rows"), int) for i in inputs):
         expect("counts.sequences_in vs the rows of manifest inputs", c["sequences_in"],
-               sum(int(i["rows"]) for i in inputs))
+               sum(i["rows"] for i in inputs))
     expect("counts.sequences_packed vs sequences_in - sequences_dropped", c["sequences_packed"],
            c["sequences_in"] - c["sequences_dropped"])
     expect("counts.tokens_in vs tokens_packed + tokens_dropped + tokens_truncated", c["tokens_in"],
            c["tokens_packed"] + c["tokens_dropped"] + c["tokens_truncated"])
-    shards = manifest["shards"]
-    if all("rows" in s for s in shards) and "packs" in c:
-        expect("counts.packs vs the rows of manifest shards", c["packs"], sum(int(s["rows"]) for s in shards))
-    if all("tokens" in s for s in shards):
-        expect("counts.tokens_packed vs the tokens of manifest shards", c["tokens_packed"],
-               sum(int(s["tokens"]) for s in shards))
+    # counts.packs and counts.tokens_packed against the shard entries: manifest_problems
     if not complete:
         return found
     if "packs" in c:

@@ -25,6 +25,7 @@ from support.runs import pack_to, run_cli
 from support.data import write_table
 from packctl import PackConfig, PackctlError
 from packctl.config import ALGORITHMS
+from packctl.contract.manifest import sha256_file
 from packctl.plan.metrics import attention_cost, dp_balance, fill_histogram, length_summary, pack_loads
 from packctl.stats import input_stats, packed_stats, read_lengths, stats
 
@@ -116,11 +117,15 @@ def test_stats_json_on_sample_output_agrees_with_metrics_json(sample_output):
 
 
 def _with_balance(out: Path, step, dp_rank, micro_batch) -> Path:
+    """Balance columns added to the only shard, and its sha256 recorded, as a packer writing them would."""
     shard = out / "data/train-00000.parquet"
     table = pq.read_table(shard)
     for name, values in (("step", step), ("dp_rank", dp_rank), ("micro_batch", micro_batch)):
         table = table.append_column(name, pa.array(values, pa.int32()))
     pq.write_table(table, shard)
+    manifest = json.loads((out / "_manifest.json").read_text())
+    manifest["shards"][0]["sha256"] = sha256_file(shard)
+    (out / "_manifest.json").write_text(json.dumps(manifest))
     return out
 
 
@@ -395,8 +400,10 @@ def test_damaged_outputs(tiny_input, tmp_path):
     table = table.set_column(table.schema.get_field_index("num_tokens"), "num_tokens",
                              pa.array([9, 9, 16, 14, 8], pa.int32()))
     pq.write_table(table, out / "data/train-00000.parquet")
-    with pytest.raises(PackctlError, match="data/train-00000.parquet row 4: num_tokens 8 but seq_lens sum to 7"):
+    with pytest.raises(PackctlError, match="data/train-00000.parquet: sha256 differs from the manifest's"):
         packed_stats(out)
+    with pytest.raises(PackctlError, match="data/train-00000.parquet row 4: num_tokens 8 but seq_lens sum to 7"):
+        packed_stats(out, verify=False)  # read unchecked, the shard's own rules still hold it
 
 
 def test_null_and_empty_rows_are_refused(tmp_path):

@@ -66,9 +66,9 @@ def _manifest(out: Path) -> dict:
 
 
 def _rewrite(out: Path, edit, *, shard: int = 0, consistent: bool = True, recount_loss: bool = True) -> None:
-    """Apply `edit(table) -> table` to a shard; with `consistent`, also update the manifest the way a
-    buggy packer would have written it (checksum, rows, tokens and counts), so only the corruption
-    itself is left to find. With `recount_loss`, the per-pack loss columns are counted again from
+    """Apply `edit(table) -> table` to a shard; with `consistent`, also update the manifest (and the
+    counts of _metrics.json) the way a buggy packer would have written it (checksum, rows, tokens
+    and counts), so only the corruption itself is left to find. With `recount_loss`, the per-pack loss columns are counted again from
     the edited labels, as that packer would have counted them."""
     manifest = _manifest(out)
     entry = manifest["shards"][shard]
@@ -90,6 +90,9 @@ def _rewrite(out: Path, edit, *, shard: int = 0, consistent: bool = True, recoun
         counts["tokens_packed"] += tokens - tokens_before
         counts["pieces"] += pieces - pieces_before
         (out / "_manifest.json").write_text(json.dumps(manifest, indent=2))
+        metrics = json.loads((out / "_metrics.json").read_text())
+        metrics["counts"] = counts
+        (out / "_metrics.json").write_text(json.dumps(metrics, indent=2))
 
 
 def _recount_loss(table: pa.Table) -> pa.Table:

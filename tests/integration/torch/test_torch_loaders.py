@@ -270,10 +270,15 @@ def test_missing_torch_names_the_install_line():
 
 
 def _fake_output(tmp_path, num_packs: int, extra: dict | None = None, shard_rows: int = 4):
-    """A small output directory by hand: pack i holds one sequence of 4 tokens [i, i, i, i]."""
-    from packctl.contract.schema import PACK_SCHEMA
+    """A small output directory by hand: pack i holds one sequence of 4 tokens [i, i, i, i]; a
+    version-1 layout with the manifest and shard metadata every reader checks."""
+    from packctl.contract.manifest import sha256_file
+    from packctl.contract.schema import METADATA_KEY, PACK_SCHEMA
 
     tmp_path.mkdir(parents=True, exist_ok=True)
+    layout = {"capacity": 4, "align": 1, "pad_to": "capacity", "pack_multiple": 1, "pad_token_id": 0,
+              "ignore_index": IGNORE, "cp_size": 1, "tp_size": 1}
+    metadata = {METADATA_KEY: json.dumps({"format_version": 1, "layout": layout})}
     shards = []
     for first in range(0, num_packs, shard_rows):
         rows = range(first, min(first + shard_rows, num_packs))
@@ -287,9 +292,13 @@ def _fake_output(tmp_path, num_packs: int, extra: dict | None = None, shard_rows
             chunk = values[first:first + len(rows)]
             table = table.append_column(name, chunk if isinstance(chunk, pa.Array) else pa.array(chunk, pa.int32()))
         name = f"part-{len(shards):05d}.parquet"
-        pq.write_table(table, tmp_path / name)
-        shards.append({"path": name, "rows": len(rows), "tokens": 4 * len(rows), "sha256": ""})
-    manifest = {"format_version": 1, "layout": {"capacity": 4}, "shards": shards, "counts": {"packs": num_packs}}
+        pq.write_table(table.replace_schema_metadata(metadata), tmp_path / name)
+        shards.append({"path": name, "rows": len(rows), "tokens": 4 * len(rows),
+                       "sha256": sha256_file(tmp_path / name)})
+    counts = {"sequences_in": num_packs, "sequences_packed": num_packs, "sequences_dropped": 0,
+              "sequences_truncated": 0, "sequences_split": 0, "tokens_in": 4 * num_packs,
+              "tokens_packed": 4 * num_packs, "tokens_dropped": 0, "tokens_truncated": 0, "packs": num_packs}
+    manifest = {"format_version": 1, "layout": layout, "shards": shards, "counts": counts}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))  # a version-1 output
     return tmp_path
 

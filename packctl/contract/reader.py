@@ -1,0 +1,313 @@
+"""The one reader of a packed output: the loader (`packctl.torch`), `export`, `stats` and `verify`
+read OUT through it, so each of them reads exactly the bytes the manifest vouches for.
+
+    output = open_output("out")                  # the manifest read and validated once
+    table = output.read_shard(0, ["input_ids"])  # shard 0, checked, as an Arrow table
+
+`open_output` refuses a manifest that `packctl.contract.manifest.manifest_problems` finds anything
+wrong with (a field of the wrong type, a path leading out of OUT, shards out of order, counts that
+do not add up) and, with `verify` on (the default), an OUT holding a Parquet file its manifest does
+not list. `read_shard` reads a shard's file once into memory and, with `verify` on, hashes those
+bytes while pyarrow parses the same bytes, then checks what the manifest says of them:
+
+    sha256     the bytes' sha256 is the manifest's `sha256`
+    rows       the Parquet footer's row count is the manifest's `rows`
+    tokens     sum(num_tokens) is the manifest's `tokens`
+    layout     the shard's `packctl` metadata holds the manifest's format version and layout
+
+A table is returned only when all hold: one file read, no second look at the disk between the
+check and the parse. Each failure is one PackctlError line naming the shard and what to do;
+`verify=False` (`--no-verify-checksums` on the command line) reads through a memory map without
+the sha256, tokens and layout checks, for speed; the paths, the manifest's fields and each shard's
+row count (free, and what readers index packs by) are checked either way.
+
+`packctl verify` takes the same findings from `shard_findings` and reports them as rules
+(`checksum`, `readable`, `metadata`, `manifest-shard`) instead of raising.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packctl.contract.manifest import (ShardEntry, epoch_output, inside, manifest_path, metrics_path,
+                                       read_manifest)
+from packctl.contract.schema import METADATA_KEY
+from packctl.errors import PackctlError
+
+SKIP_CHECKS = "pass verify=False (--no-verify-checksums) to read it unchecked"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing a shard's bytes do not do that its manifest entry says: `rule` is the `packctl
+    verify` rule (checksum, readable, metadata, manifest-shard), `message` says what differs."""
+
+    rule: str
+    message: str
+
+
+@dataclass
+class CheckedShard:
+    """What `check_shard_bytes` found in one shard: its table (None when it does not parse) and the
+    findings, the checksum's first."""
+
+    table: pa.Table | None
+    findings: list[Finding] = field(default_factory=list)
+
+
+def read_shard_file(path: Path) -> bytes:
+    """The bytes of a shard, read once into memory (not a memory map, whose pages the file system
+    could change between the hash and the parse)."""
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def check_shard_bytes(data: bytes, entry: dict[str, Any] | ShardEntry, manifest: dict[str, Any],
+                      columns: Sequence[str] | None = None) -> CheckedShard:
+    """Parse `data`, the bytes of one shard, into a table (`columns`, or every column) and check
+    them against the shard's manifest `entry` and the manifest's format version and layout.
+
+    The sha256 runs in a thread of its own while pyarrow parses the same bytes (both release the
+    GIL), so checking costs about the longer of the two instead of their sum. A field of `entry`
+    that is not what the manifest contract says (a sha256 that is not 64 hex digits, rows that are
+    no integer) is not compared here: `manifest_problems` reports it.
+
+        >>> checked = check_shard_bytes(data, {"rows": 3, "tokens": 5, "sha256": "00..."}, manifest)  # doctest: +SKIP
+        >>> [f.rule for f in checked.findings]                                                       # doctest: +SKIP
+        ['checksum']
+    """
+    if isinstance(entry, ShardEntry):
+        entry = asdict(entry)
+    digest: dict[str, str] = {}
+    expected_sha = entry.get("sha256")
+    hasher = None
+    if isinstance(expected_sha, str):
+        hasher = threading.Thread(target=lambda: digest.update(sha256=hashlib.sha256(data).hexdigest()),
+                                  name="packctl-sha256", daemon=True)
+        hasher.start()
+    checked = CheckedShard(None)
+    try:
+        checked = _parse_and_compare(data, entry, manifest, columns)
+    finally:
+        if hasher is not None:
+            hasher.join()
+    if hasher is not None and digest["sha256"] != expected_sha:
+        checked.findings.insert(0, Finding("checksum", "sha256 differs from the manifest's: the shard was changed "
+                                           "or damaged after packctl pack wrote it"))
+    return checked
+
+
+def _parse_and_compare(data: bytes, entry: dict[str, Any], manifest: dict[str, Any],
+                       columns: Sequence[str] | None) -> CheckedShard:
+    found: list[Finding] = []
+    try:
+        parquet = pq.ParquetFile(pa.BufferReader(data))
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        return CheckedShard(None, [Finding("readable", f"not a readable Parquet file ({_short(exc)})")])
+    found += metadata_findings(parquet.schema_arrow.metadata, manifest)
+    rows = entry.get("rows")
+    if isinstance(rows, int) and parquet.metadata.num_rows != rows:
+        found.append(Finding("manifest-shard", f"{parquet.metadata.num_rows} packs, the manifest says {rows}"))
+    names = parquet.schema_arrow.names
+    wanted = list(names) if columns is None else list(columns)
+    missing = [c for c in wanted if c not in names]
+    if missing:  # pyarrow would leave them out without a word
+        found.append(Finding("schema", f"no column {', '.join(map(repr, missing))}; not a packed shard of this output"))
+        return CheckedShard(None, found)
+    tokens_expected = entry.get("tokens")
+    count_tokens = isinstance(tokens_expected, int) and "num_tokens" in names
+    read = wanted + (["num_tokens"] if count_tokens and "num_tokens" not in wanted else [])
+    try:
+        table = parquet.read(columns=read)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        found.append(Finding("readable", f"cannot read the packs ({_short(exc)}); the file may be truncated or "
+                             "corrupt"))
+        return CheckedShard(None, found)
+    if count_tokens:
+        try:
+            tokens = int(table.column("num_tokens").to_numpy().astype(np.int64).sum())
+        except (pa.ArrowException, ValueError, TypeError) as exc:  # num_tokens of another type: rule `schema`
+            tokens = f"unreadable ({_short(exc)})"
+        if tokens != tokens_expected:
+            found.append(Finding("manifest-shard", f"{tokens} tokens (sum of num_tokens), the manifest says "
+                                 f"{tokens_expected}"))
+        if "num_tokens" not in wanted:
+            table = table.drop_columns(["num_tokens"])
+    return CheckedShard(table, found)
+
+
+def metadata_findings(metadata: dict[bytes, bytes] | None, manifest: dict[str, Any]) -> list[Finding]:
+    """Rule `metadata`: the shard's `packctl` Parquet metadata holds the manifest's format version
+    and layout (a shard of another packing, or of a damaged file, does not)."""
+    raw = (metadata or {}).get(METADATA_KEY)
+    if raw is None:
+        return [Finding("metadata", "no 'packctl' key in the Parquet metadata")]
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        return [Finding("metadata", "the 'packctl' Parquet metadata is not JSON")]
+    expected = manifest.get("format_version")
+    if not isinstance(meta, dict) or meta.get("format_version") != expected:
+        said = meta.get("format_version") if isinstance(meta, dict) else meta
+        return [Finding("metadata", f"the 'packctl' metadata says format_version {said!r}, the manifest {expected}")]
+    if meta.get("layout") != manifest.get("layout"):
+        return [Finding("metadata", "the layout in the 'packctl' metadata differs from the manifest's: the shard "
+                        "comes from another packing")]
+    return []
+
+
+def unlisted_parquet(out: Path, listed: Sequence[str]) -> list[str]:
+    """Parquet files under OUT (relative, `/`-separated) that the manifest does not list: readers of
+    the directory (pyarrow, `datasets`) would take them as packs."""
+    names = set(listed)
+    return [rel for rel in (p.relative_to(out).as_posix() for p in sorted(out.rglob("*.parquet"))) if rel not in names]
+
+
+@dataclass
+class PackedOutput:
+    """A packed output whose manifest was read and validated (`open_output`).
+
+    Attributes:
+        root: OUT (an epoch's folder for `pack --epochs`), as given.
+        manifest_file: its `_manifest.json` (`manifest.json` in format version 1).
+        manifest: the manifest, every field a reader uses checked.
+        shards: the manifest's shard entries, in order.
+        verify: whether `read_shard` checks the bytes it returns (sha256, rows, tokens, layout).
+    """
+
+    root: Path
+    manifest_file: Path
+    manifest: dict[str, Any]
+    shards: list[ShardEntry]
+    verify: bool = True
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        return self.manifest["layout"]
+
+    @property
+    def format_version(self) -> int:
+        return self.manifest["format_version"]
+
+    @property
+    def num_packs(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    def shard_path(self, k: int) -> Path:
+        """Where shard k is: OUT / its manifest path (checked to stay inside OUT when read)."""
+        return self.root / self.shards[k].path
+
+    def _existing(self, k: int) -> Path:
+        path = self.shard_path(k)
+        # checked again at each read: a link made after open_output must not lead the reader out
+        if not inside(os.path.realpath(self.root), path):
+            raise PackctlError(f"{path}: leads out of {self.root} through a symbolic link; packctl reads only the "
+                               "files inside OUT that pack wrote: pack again")
+        if not path.is_file():
+            raise PackctlError(f"{path}: listed in {self.manifest_file} but missing; the output was moved or "
+                               "damaged: pack again")
+        return path
+
+    def read_shard(self, k: int, columns: Sequence[str] | None = None) -> pa.Table:
+        """Shard k as an Arrow table (`columns`, or every column), checked against the manifest when
+        `verify` is on; one PackctlError line naming the shard otherwise.
+
+            >>> output.read_shard(0, ["num_tokens"]).num_rows   # doctest: +SKIP
+            286
+        """
+        path = self._existing(k)
+        if not self.verify:
+            table = self._read_unchecked(path, columns)
+            if table.num_rows != self.shards[k].rows:  # free, and what every reader indexes packs by
+                raise PackctlError(f"{path}: {table.num_rows} packs, {self.manifest_file.name} says "
+                                   f"{self.shards[k].rows}; pack again")
+            return table
+        try:
+            data = read_shard_file(path)
+        except OSError as exc:
+            raise PackctlError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions, or pack "
+                               "again") from None
+        checked = check_shard_bytes(data, self.shards[k], self.manifest, columns)
+        if checked.findings:
+            raise PackctlError(shard_error(path, checked.findings[0], self.manifest_file))
+        return checked.table
+
+    def read_unchecked(self, k: int, columns: Sequence[str]) -> pa.Table:
+        """Columns of shard k read without any check, whatever `verify` says: for what a reader
+        plans with before reading the data (PackedDataset's balanced order), never for what it
+        hands out."""
+        return self._read_unchecked(self._existing(k), columns)
+
+    def column_names(self, k: int) -> list[str]:
+        """The columns of shard k, from its footer (unchecked: what to ask `read_shard` for)."""
+        path = self._existing(k)
+        try:
+            return list(pq.read_schema(path, memory_map=True).names)
+        except (pa.ArrowException, OSError) as exc:
+            raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)}); pack again") from None
+
+    def _read_unchecked(self, path: Path, columns: Sequence[str] | None) -> pa.Table:
+        try:
+            parquet = pq.ParquetFile(path, memory_map=True)
+            missing = [c for c in columns or () if c not in parquet.schema_arrow.names]
+            if missing:
+                raise PackctlError(f"{path}: no column {', '.join(map(repr, missing))}; not a packed shard of "
+                                   f"this output: pack again")
+            return parquet.read(columns=list(columns) if columns is not None else None)
+        except (pa.ArrowException, OSError) as exc:
+            raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)}); the file may be truncated or "
+                               "corrupt: pack again") from None
+
+    def recorded_metrics(self) -> dict[str, Any] | None:
+        """The packing report (`_metrics.json`) when it is a readable JSON object; None otherwise
+        (its figures are then recomputed from the shards, or left out)."""
+        try:
+            report = json.loads(metrics_path(self.root).read_bytes())
+        except (OSError, ValueError):
+            return None
+        return report if isinstance(report, dict) else None
+
+
+def shard_error(path: Path, finding: Finding, manifest_file: Path) -> str:
+    """The one-line error of a reader for the first finding on a shard."""
+    if finding.rule in ("readable", "schema"):  # unreadable unchecked too
+        return f"{path}: {finding.message}; pack again (packctl verify OUT tells what else is wrong)"
+    return f"{path}: {finding.message} (checked against {manifest_file.name}); pack again, or {SKIP_CHECKS}"
+
+
+def open_output(path: str | Path, epoch: int | None = None, *, verify: bool = True) -> PackedOutput:
+    """The packed output at `path` (OUT or its manifest; with `epoch`, that epoch of the OUT of
+    `pack --epochs K`), its manifest read and validated once: one PackctlError line (exit 2) naming
+    the manifest and the field when a reader cannot trust it. With `verify` (the default), OUT must
+    hold no Parquet file the manifest does not list, and `read_shard` checks every shard it reads.
+
+        >>> output = open_output("out")                      # doctest: +SKIP
+        >>> len(output.shards), output.layout["capacity"]   # doctest: +SKIP
+        (3, 4096)
+    """
+    root, manifest = read_manifest(path if epoch is None else epoch_output(path, epoch))
+    shards = [ShardEntry(path=s["path"], rows=s["rows"], tokens=s["tokens"], sha256=s["sha256"])
+              for s in manifest["shards"]]
+    output = PackedOutput(root=root, manifest_file=manifest_path(root), manifest=manifest, shards=shards,
+                          verify=verify)
+    if verify:
+        stray = unlisted_parquet(root, [s.path for s in shards])
+        if stray:
+            raise PackctlError(f"{root / stray[0]}: a Parquet file that {output.manifest_file.name} does not list "
+                               f"({len(stray)} such file(s)): a manifest entry was dropped, or another output's "
+                               f"shard copied in; pack again, or {SKIP_CHECKS}")
+    return output
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
