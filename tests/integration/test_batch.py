@@ -168,8 +168,12 @@ def test_warmup_shapes_show_every_shape_to_every_rank_first(tmp_path, sample_dat
     assert run_cli("verify", str(out), "--source", str(sample_data)).returncode == 0
 
 
-def test_stats_what_if_refuses_batch_and_balancing_options(tmp_path, sample_data):
+def test_stats_what_if_plans_batch_mode_from_a_config_file(tmp_path, sample_data):
+    """`--mode batch` from a pack TOML file: the what-if forms pack's micro-batches (one row, no
+    algorithm to compare), with pack's `batching` report."""
     config = tmp_path / "batch.toml"
-    config.write_text('mode = "batch"\n')
-    done = run_cli("stats", str(sample_data), "--config", str(config))
-    assert done.returncode == 2 and "what-if compares packing algorithms" in done.stderr
+    config.write_text('mode = "batch"\nmax-tokens = 16384\ntoo-long = "truncate"\n')
+    done = run_cli("stats", str(sample_data), "--config", str(config), "--json")
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["what_if"]
+    assert row["capacity"] == 16384 and row["capacity_flag"] == 4096 and "batching" in row
