@@ -106,8 +106,9 @@ def test_nowhere_to_cache_compiles_in_memory(corpus, tmp_path):
     env = _environment(site, tmp_path)
     blocked = tmp_path / "temp-is-a-file"
     blocked.write_text("")
-    prefix = [sys.executable, "-c", "import sys, tempfile; tempfile.tempdir = sys.argv.pop(1); "
-              "from packctl.cli import main; sys.argv[0] = 'packctl'; main()", str(blocked)]
+    code = ("import sys, tempfile; tempfile.tempdir = sys.argv.pop(1); "
+            "from packctl.cli import main; sys.argv[0] = 'packctl'; main()")
+    prefix = [sys.executable, "-c", code, str(blocked)]
     result = _pack(corpus, tmp_path / "out", env, prefix)
     assert result.code == 0, result.stderr
     assert "Traceback" not in result.stderr

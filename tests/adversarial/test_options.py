@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import errno
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ from support.adversary import (
     packctl,
 )
 from support.data import write_table
+from support.paths import MPIEXEC
 
 from packctl import PackConfig, PackctlError, pack
 from packctl.export import export
@@ -607,4 +610,21 @@ def test_type_names_in_messages_say_what_the_column_is(tmp_path, values, name):
     out = tmp_path / "out"
     assert_clean_error(packctl("pack", path, "-o", out), 2,
                        f"{path}: column 'input_ids' is {name}; tokens must be a list of integers")
+    assert_nothing_left(out)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec on PATH (pip install 'packctl[mpi]')")
+@pytest.mark.parametrize("config_text, mention", [("capacity = 'big'\n", 'capacity = "big": must be a whole number'),
+                                                  ("capacity = 0\n", "--capacity 0: must be a whole number >= 1")])
+def test_under_mpi_a_bad_option_is_printed_once(corpus, tmp_path, config_text, mention):
+    """Every rank reads the same file and flags and finds the same error: rank 0 says it, once."""
+    config = tmp_path / "pack.toml"
+    config.write_text(config_text)
+    out = tmp_path / "out"
+    proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "packctl", "pack", str(corpus), "-o", str(out),
+                           "--config", str(config)], capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count(mention) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert_nothing_left(out)
