@@ -10,8 +10,10 @@ Every field is a CLI flag (`capacity` -> `--capacity`, `too_long` -> `--too-long
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
@@ -20,35 +22,64 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packctl.contract.schema import INT32_MAX, RESERVED_COLUMNS
 from packctl.errors import PackctlError
 from packctl.plan.names import ALGORITHMS
-from packctl.contract.schema import INT32_MAX, RESERVED_COLUMNS
 from packctl.specs import (BalanceScope, BalanceSpec, BatchUnit, Cost, CurriculumOrder, GroupScope, GroupSpec,
                            LengthSpec, LrScaling, Mode, Order, OrderSpec, PadTo, PoolStrategy, ReportSpec,
                            ScanSpec, Specs, StepGrouping, StepSpec, TokenTransfer, TooLong, WindowOptions,
                            WriteSpec)
 
+INT64_MAX = 2**63 - 1
+# Bytes one pack costs while it is built: input_ids, labels and position_ids, int32 per token.
+PACK_BYTES_PER_TOKEN = 3 * 4
+MAX_EPOCHS = 99_999
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
           "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
 
 
-def parse_bytes(value: str | int, option: str = "memory_budget") -> int:
-    """`"4GiB"`, `"512M"`, `"1e9"` or an int -> bytes.
+def parse_bytes(value: str | float, option: str = "memory_budget") -> int:
+    """`"4GiB"`, `"512M"`, `"1e9"` or a number -> bytes, at least 1 and at most 2^63-1 (sizes are
+    int64 wherever they are counted); anything else is refused naming the option.
 
-    >>> parse_bytes("2G"), parse_bytes(1024)
-    (2147483648, 1024)
+    >>> parse_bytes("2G"), parse_bytes(1024), parse_bytes("1.5k")
+    (2147483648, 1024, 1536)
     """
-    if isinstance(value, int):
-        return value
-    text = str(value).strip().lower().replace("_", "")
-    number = text.rstrip("abcdefghijklmnopqrstuvwxyz ")
-    unit = text[len(number):].strip()
-    try:
-        scaled = float(number) * _UNITS[unit]
-    except (ValueError, KeyError):
-        raise PackctlError(f"--{option.replace('_', '-')} {value!r}: expected a size such as 4GiB, 512M or 1000000") from None
+    flag = f"--{option.replace('_', '-')}"
+    example = "expected a size such as 4GiB, 512M or 1000000"
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise PackctlError(f"{flag} {value!r}: {example}")
+    if isinstance(value, (int, float)):
+        number, unit = value, ""
+    else:
+        text = value.strip().lower().replace("_", "")
+        digits, unit = text, ""
+        if not _is_number(text):  # a number and a unit: 4GiB, 512 M
+            digits = text.rstrip("abcdefghijklmnopqrstuvwxyz ")
+            unit = text[len(digits):].strip()
+        if not _is_number(digits):
+            raise PackctlError(f"{flag} {value!r}: {example}")
+        if unit not in _UNITS:
+            raise PackctlError(f"{flag} {value!r}: unknown unit {unit!r}; {example}")
+        number = int(digits) if digits.lstrip("+-").isdigit() else float(digits)  # int: exact, however long
+    if isinstance(number, float) and not math.isfinite(number):
+        raise PackctlError(f"{flag} {value!r}: not a finite size; {example}")
+    scaled = number * _UNITS[unit]
+    if scaled < 1:
+        raise PackctlError(f"{flag} {value!r}: must be at least 1 byte; {example}")
+    if scaled > INT64_MAX:
+        raise PackctlError(f"{flag} {value!r}: more than 2^63-1 bytes; give the memory one process may use, "
+                           "e.g. 8GiB")
     return int(scaled)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def default_memory_budget() -> int:
@@ -224,33 +255,23 @@ class PackConfig:
             return default_memory_budget()
         return parse_bytes(self.memory_budget)
 
-    def validate(self) -> "PackConfig":
-        """Raise PackctlError naming the option and the fix for any unusable combination."""
-        if isinstance(self.inputs, str) or not isinstance(self.inputs, (list, tuple)) or not all(
-                isinstance(i, (str, os.PathLike)) for i in self.inputs):
-            raise PackctlError(f"inputs = {self.inputs!r}: must be a list of paths")
-        for name in ("output", "tokens_column", "labels_column", "algorithm", "order", "curriculum_order",
-                     "pad_to", "too_long"):
-            value = getattr(self, name)
-            if not isinstance(value, (str, os.PathLike)) and not (name == "labels_column" and value is None):
-                raise PackctlError(f"--{name.replace('_', '-')} {value!r}: must be a string")
-        if isinstance(self.keep_columns, str) or not all(isinstance(c, str) for c in self.keep_columns):
-            raise PackctlError(f"keep-columns = {self.keep_columns!r}: must be a list of column names")
-        reserved = {*RESERVED_COLUMNS, self.tokens_column, self.labels_column or "labels"}
-        clash = [c for c in self.keep_columns if c in reserved]
-        if clash:
-            raise PackctlError(f"--keep-columns {clash[0]}: that name is an input or output column packctl writes "
-                               "itself; keep another column, or rename it in the input")
-        if self.weight_column is not None and (not isinstance(self.weight_column, str) or self.weight_column in (
-                self.tokens_column, self.labels_column or "labels")):
-            raise PackctlError(f"--weight-column {self.weight_column!r}: name an input column of one number per "
-                               "sequence (not the tokens or labels)")
-        self._validate_groups()
-        if len(set(self.keep_columns)) != len(self.keep_columns):
-            raise PackctlError(f"--keep-columns {', '.join(self.keep_columns)}: a column is named twice")
-        for name in ("seed", "pad_token_id"):
-            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
-                raise PackctlError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: must be a whole number")
+    def __post_init__(self) -> None:
+        # The Python API takes what callers have at hand: paths as os.PathLike (stored as str, as the
+        # manifest records them) and numpy scalars (stored as the Python value). Nothing is refused
+        # here: validate() names what cannot be used.
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            plain = as_python(value, path=f.name == "output")
+            if f.name in ("inputs", "keep_columns") and isinstance(plain, (list, tuple)):
+                plain = [as_python(v, path=f.name == "inputs") for v in plain]
+            if plain is not value:
+                setattr(self, f.name, plain)
+
+    def validate(self) -> PackConfig:
+        """Raise PackctlError naming the option and the fix for any unusable combination, before
+        any work: every value of its type and in its range, the options that go together, one pack
+        within the memory budget, and every option writable into the manifest."""
+        self.check_types()
         if not self.inputs:
             raise PackctlError("no INPUT given: pass Parquet files, directories or globs")
         if not self.output:
@@ -258,47 +279,86 @@ class PackConfig:
         for f in dataclasses.fields(self):
             if f.metadata.get("choices"):
                 _choice(f.name, getattr(self, f.name), f.metadata["choices"])
-        for name in ("capacity", "window", "cp_size", "tp_size", "seq_multiple", "shard_rows", "pool_size"):
-            _positive(name, getattr(self, name))
-        if self.max_seqs_per_bin is not None:
-            _positive("max_seqs_per_bin", self.max_seqs_per_bin)
-        if self.pack_multiple is not None:
-            _positive("pack_multiple", self.pack_multiple)
-        for name in ("skip_empty", "overwrite", "resume"):
-            if not isinstance(getattr(self, name), bool):
-                raise PackctlError(f"{name.replace('_', '-')} = {getattr(self, name)!r}: must be true or false")
-        _positive("epochs", self.epochs)
+        for name, f in FIELDS.items():
+            if f.type in ("int", "int | None") and getattr(self, name) is not None:
+                _in_range(name, getattr(self, name))
+        reserved = {*RESERVED_COLUMNS, self.tokens_column, self.labels_column or "labels"}
+        clash = [c for c in self.keep_columns if c in reserved]
+        if clash:
+            raise PackctlError(f"--keep-columns {clash[0]}: that name is an input or output column packctl writes "
+                               "itself; keep another column, or rename it in the input")
+        if self.weight_column is not None and self.weight_column in (self.tokens_column,
+                                                                     self.labels_column or "labels"):
+            raise PackctlError(f"--weight-column {self.weight_column!r}: name an input column of one number per "
+                               "sequence (not the tokens or labels)")
+        self._validate_groups()
+        if len(set(self.keep_columns)) != len(self.keep_columns):
+            raise PackctlError(f"--keep-columns {', '.join(self.keep_columns)}: a column is named twice")
         if self.epochs > 1 and self.order != "shuffle":
             raise PackctlError(f"--epochs {self.epochs} with --order {self.order}: every epoch would hold the same "
                                "packs in the same order; pass --order shuffle, or pack one epoch and iterate it "
                                f"{self.epochs} times")
-        if not 0 <= self.seed < 2**63:
-            raise PackctlError(f"--seed {self.seed}: must be in [0, 2^63)")
-        if not 0 <= self.pad_token_id <= INT32_MAX:
-            raise PackctlError(f"--pad-token-id {self.pad_token_id}: must be in [0, {INT32_MAX}]")
         align = self.align
+        if align > INT32_MAX:
+            raise PackctlError(f"--seq-multiple {self.seq_multiple}, --cp-size {self.cp_size} and --tp-size "
+                               f"{self.tp_size} make the alignment {align}, longer than any pack (2^31-1 tokens): "
+                               "lower them")
         if self.capacity < align:
             raise PackctlError(
                 f"--capacity {self.capacity} is smaller than the alignment {align} "
                 f"(seq-multiple {self.seq_multiple}, cp {self.cp_size}, tp {self.tp_size}): raise --capacity")
         if self.capacity % align:
+            larger = (self.capacity // align + 1) * align
             raise PackctlError(
                 f"--capacity {self.capacity} is not a multiple of the alignment {align}: "
-                f"use --capacity {self.capacity // align * align} or {(self.capacity // align + 1) * align}")
+                f"use --capacity {self.capacity // align * align}" + (f" or {larger}" if larger <= INT32_MAX else ""))
         multiple = self.resolved_pack_multiple
         if multiple % align:
             raise PackctlError(f"--pack-multiple {multiple} is not a multiple of the alignment {align}")
         if multiple > self.capacity:
             raise PackctlError(f"--pack-multiple {multiple} is larger than --capacity {self.capacity}")
-        if self.shard_rows * self.capacity > INT32_MAX:
-            raise PackctlError(
-                f"--shard-rows {self.shard_rows} x --capacity {self.capacity} exceeds 2^31-1 tokens per shard: "
-                "lower --shard-rows")
-        if self.resolved_memory_budget <= 0:
-            raise PackctlError("--memory-budget must be positive")
         self._validate_mode()
         self._validate_balance()
+        self._check_pack_size()
+        self._check_serializable()
         return self
+
+    def check_types(self) -> None:
+        """Every option of its declared type (a whole number, a string, a list of paths ...):
+        the first check of validate(), and all that may be checked before the output path is
+        used. It depends on nothing but the values, so every MPI rank raises it alike."""
+        for name in FIELDS:
+            wanted = _type_problem(name, getattr(self, name))
+            if wanted:
+                raise PackctlError(f"{_flag(name)} {getattr(self, name)!r}: must be {wanted}", everywhere=True)
+
+    def _check_pack_size(self) -> None:
+        """The largest pack (a micro-batch in batch mode) fits a shard and the memory budget."""
+        flag, tokens = ("--max-tokens", self.resolved_max_tokens) if self.mode == "batch" else (
+            "--capacity", self.capacity)
+        budget = self.resolved_memory_budget
+        needed = PACK_BYTES_PER_TOKEN * tokens
+        if needed > budget:
+            which = f"--memory-budget {_size(budget)}" + (" (a quarter of RAM)" if self.memory_budget is None else "")
+            what = "micro-batch" if self.mode == "batch" else "pack"
+            raise PackctlError(
+                f"{flag} {tokens}: one {what} holds input_ids, labels and position_ids, 3 int32 columns of {tokens:,} "
+                f"tokens ({_size(needed)}), more than {which}; lower {flag} or give --memory-budget "
+                f"{_size(needed, up=True)} or more")
+        if self.shard_rows * tokens > INT32_MAX:
+            most = INT32_MAX // tokens
+            raise PackctlError(
+                f"--shard-rows {self.shard_rows} x {flag} {tokens} exceeds 2^31-1 tokens per shard (Parquet list "
+                f"offsets are int32): use --shard-rows {most}" + (" or less" if most > 1 else ""))
+
+    def _check_serializable(self) -> None:
+        """Every option goes into the manifest as JSON: a value that cannot would fail the run at
+        its very end, after all the work."""
+        for name, value in self.to_dict().items():
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise PackctlError(f"{_flag(name)} {value!r}: cannot be recorded in the manifest ({exc})") from None
 
     def _validate_groups(self) -> None:
         """--group-column: a plain input column, and the options that would cut or count a group's
@@ -335,11 +395,6 @@ class PackConfig:
                                "each row's group)")
 
     def _validate_mode(self) -> None:
-        _positive("seq_round", self.seq_round)
-        if self.shape_buckets is not None:
-            _positive("shape_buckets", self.shape_buckets)
-        if not isinstance(self.warmup_shapes, bool):
-            raise PackctlError(f"warmup-shapes = {self.warmup_shapes!r}: must be true or false")
         if self.mode == "pack":
             if self.max_tokens is not None or self.seq_round != 1:
                 raise PackctlError("--max-tokens and --seq-round apply to --mode batch")
@@ -350,7 +405,6 @@ class PackConfig:
             if self.algorithm != "bfd" or self.pad_to != "capacity" or self.pack_multiple is not None:
                 raise PackctlError("--mode batch forms padded micro-batches itself: drop --algorithm, --pad-to "
                                    "and --pack-multiple")
-            _positive("max_tokens", self.resolved_max_tokens)
             if self.resolved_max_tokens < self.capacity:
                 raise PackctlError(f"--max-tokens {self.resolved_max_tokens} is smaller than --capacity "
                                    f"{self.capacity} (the longest row): raise --max-tokens or lower --capacity")
@@ -358,10 +412,7 @@ class PackConfig:
             raise PackctlError("--warmup-shapes needs --dp-size (it orders the first steps over the ranks)")
 
     def _validate_balance(self) -> None:
-        if not isinstance(self.equal_counts, bool):
-            raise PackctlError(f"equal-counts = {self.equal_counts!r}: must be true or false")
-        if isinstance(self.attn_coeff, bool) or not isinstance(self.attn_coeff, (int, float)) or not (
-                0 <= self.attn_coeff < float("inf")):
+        if not 0 <= self.attn_coeff < float("inf"):
             raise PackctlError(f"--attn-coeff {self.attn_coeff!r}: must be a number >= 0")
         if self.dp_size is None:
             given = [f"--{n.replace('_', '-')}" for n in ("micro_batches", "step_tokens", "ref_batch_size")
@@ -371,17 +422,10 @@ class PackConfig:
             if given:
                 raise PackctlError(f"{', '.join(given)} need --dp-size (the number of data-parallel ranks)")
             return
-        _positive("dp_size", self.dp_size)
         if (self.micro_batches is None) == (self.step_tokens is None):
             raise PackctlError("--dp-size needs exactly one of --micro-batches M (packs per rank per step) "
                                "or --step-tokens T")
-        if self.micro_batches is not None:
-            _positive("micro_batches", self.micro_batches)
-        if self.step_tokens is not None:
-            _positive("step_tokens", self.step_tokens)
-        if self.ref_batch_size is not None and (
-                isinstance(self.ref_batch_size, bool) or not isinstance(self.ref_batch_size, (int, float))
-                or not 0 < self.ref_batch_size < float("inf")):
+        if self.ref_batch_size is not None and not 0 < self.ref_batch_size < float("inf"):
             raise PackctlError(f"--ref-batch-size {self.ref_batch_size!r}: must be a number > 0")
 
     def specs(self, labels_column: str | None = None) -> Specs:
@@ -462,12 +506,84 @@ class PackConfig:
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise PackctlError(f"--{name.replace('_', '-')} {value!r}: choose one of {', '.join(allowed)}")
+        raise PackctlError(f"{_flag(name)} {value!r}: choose one of {', '.join(allowed)}")
 
 
-def _positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise PackctlError(f"--{name.replace('_', '-')} {value!r}: must be a whole number >= 1")
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def as_python(value: Any, *, path: bool = False) -> Any:
+    """A numpy scalar as its Python value (np.int64(8) -> 8), and with `path` an os.PathLike as its
+    str; anything else as it is: how every options object of the Python API takes what callers
+    have at hand. numpy is not imported: the options load without it."""
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        return value.item()
+    if path and isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value
+
+
+# What each declared field type accepts (bool is an int in Python, and never a number here).
+_TYPES = {
+    "int": ("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "float": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "list[str]": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v)),
+    "int | str": ("a size such as 4GiB, 512M or 1000000",
+                  lambda v: isinstance(v, (int, float, str)) and not isinstance(v, bool)),
+}
+_LISTS = {"inputs": "a list of paths (str or os.PathLike), e.g. ['data']",
+          "keep_columns": "a list of column names"}
+
+
+def _type_problem(name: str, value: Any) -> str | None:
+    """What option `name` must be when `value` is not of its type (None when it is)."""
+    declared = FIELDS[name].type
+    optional = declared.endswith(" | None")
+    if value is None and optional:
+        return None
+    wanted, accepts = _TYPES[declared.removesuffix(" | None")]
+    if accepts(value):
+        return None
+    return _LISTS.get(name, wanted) + (" (or unset)" if optional else "")
+
+
+# The range of each whole-number option, and why its bound: (lowest, highest, why). The others are
+# counts: at least 1, and at most 2^63-1 (they are held as int64).
+_RANGES: dict[str, tuple[int, int, str]] = {
+    "capacity": (1, INT32_MAX, "token offsets in a pack are int32"),
+    "max_tokens": (1, INT32_MAX, "token offsets in a micro-batch are int32"),
+    "shard_rows": (1, INT32_MAX, "a shard holds at most 2^31-1 tokens"),
+    "pack_multiple": (1, INT32_MAX, "a pack holds at most 2^31-1 tokens"),
+    "seq_multiple": (1, INT32_MAX, "a pack holds at most 2^31-1 tokens"),
+    "seq_round": (1, INT32_MAX, "a pack holds at most 2^31-1 tokens"),
+    "cp_size": (1, INT32_MAX, "a sequence is padded to a multiple of 2*cp"),
+    "tp_size": (1, INT32_MAX, "a sequence is padded to a multiple of cp*tp"),
+    "dp_size": (1, 2**20, "more data-parallel ranks than a cluster holds; planning works per rank and step"),
+    "micro_batches": (1, INT32_MAX, "micro-batches are numbered in int32"),
+    "epochs": (1, MAX_EPOCHS, "epoch folders are numbered epoch-00000 to epoch-99999"),
+    "seed": (0, INT64_MAX, "seeds are 63-bit"),
+    "pad_token_id": (0, INT32_MAX, "token ids are int32"),
+}
+
+
+def _in_range(name: str, value: int) -> None:
+    low, high, why = _RANGES.get(name, (1, INT64_MAX, "counts are int64"))
+    if value < low:
+        raise PackctlError(f"{_flag(name)} {value}: must be a whole number >= {low}")
+    if value > high:
+        raise PackctlError(f"{_flag(name)} {value}: must be at most {high:,} ({why})")
+
+
+def _size(n: int, *, up: bool = False) -> str:
+    """Bytes for a message: 25769803764 -> '24.0GiB'; `up` rounds up, so the size given is enough."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            value = math.ceil(n * 10 / scale) / 10 if up else n / scale
+            return f"{value:.1f}{unit}"
+    return f"{n}B"
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(PackConfig)}
@@ -502,26 +618,59 @@ def choices_of(name: str) -> tuple[str, ...]:
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read a TOML config file into PackConfig field values (keys may use `-` or `_`).
 
-    A `[pack]` table is read if present, else the top level. Unknown keys are an error.
+    A `[pack]` table is read if present, else the top level. Unknown keys, a key given in both
+    spellings and values of the wrong type are errors naming the key as the file spells it:
+
+        pack.toml: too-long = 3: must be a string
     """
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_bytes().decode("utf-8-sig")  # TOML is UTF-8; editors may add a byte-order mark
     except FileNotFoundError:
         raise PackctlError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise PackctlError(f"{path}: is a directory; --config takes a TOML file") from None
+    except UnicodeDecodeError as exc:
+        raise PackctlError(f"{path}: not UTF-8 text (byte {exc.start}); a --config file is TOML, saved as "
+                           "UTF-8") from None
+    except OSError as exc:
+        raise PackctlError(f"{path}: cannot read the config file ({exc.strerror or exc})") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PackctlError(f"{path}: not valid TOML ({exc})") from None
-    if isinstance(data.get("pack"), dict):
+    if "pack" in data:
+        if not isinstance(data["pack"], dict):
+            raise PackctlError(f"{path}: pack = {_toml(data['pack'])}: must be a table of options ([pack])")
+        stray = [key for key in data if key != "pack" and key.replace("-", "_") in FIELDS]
+        if stray:
+            raise PackctlError(f"{path}: {stray[0]} is outside the [pack] table, which is the one read when the "
+                               "file has one; move it into [pack]")
         data = data["pack"]
     values: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
     for key, value in data.items():
         name = key.replace("-", "_")
         if name not in FIELDS:
             raise PackctlError(f"{path}: unknown key {key!r}; known keys: {', '.join(sorted(FIELDS))}")
+        if name in spelled:
+            raise PackctlError(f"{path}: {spelled[name]} and {key} are the same option; keep one")
+        spelled[name] = key
         if name == "inputs" and isinstance(value, str):
             value = [value]
+        wanted = _type_problem(name, value)
+        if wanted:
+            raise PackctlError(f"{path}: {key} = {_toml(value)}: must be {wanted.removesuffix(' (or unset)')}")
         values[name] = value
     return values
+
+
+def _toml(value: Any) -> str:
+    """A value as TOML writes it, for messages: 'x' -> "x", [1, 2] -> [1, 2], True -> true."""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except ValueError:  # nan, inf
+        return str(value).lower()
 
 
 def build_config(file_values: dict[str, Any] | None = None, **flags: Any) -> PackConfig:

@@ -10,16 +10,66 @@ milliseconds) from the seconds spent packing:
     jit.seconds        # 1.45 on a fresh install (sample_data), 0.0 once cached
 
 Throughputs divide by the run time less `jit.seconds`, never by compilation.
+
+The kernels are cached on disk (`cache=True`) where a directory can take them, chosen before
+numba looks (numba itself gives up with a RuntimeError when the package directory is read-only and
+HOME is not writable):
+
+    NUMBA_CACHE_DIR, when the user set it: numba's own choice, left alone
+    the package's __pycache__, when writable: numba's own choice too
+    $XDG_CACHE_HOME/packctl/numba, ~/.cache/packctl/numba, or $TMPDIR/packctl-numba-UID
+        (packctl.cachedir: the first writable one)
+    none writable: the kernels compile in memory, on every run (a few seconds), and still run
 """
 from __future__ import annotations
 
+import functools
+import os
 import threading
 import time
 
 import numba
+from numba.core import config as numba_config
 from numba.core import event
 
-njit = numba.njit
+from packctl.cachedir import user_cache_dir, writable
+
+
+def njit(*args, **options):
+    """numba.njit, with `cache=True` kept only where a cache directory can be written (the module
+    docstring): the same kernels on a read-only install, compiled in memory as a last resort."""
+    if args and callable(args[0]):  # @njit without options
+        return njit(**options)(args[0])
+    if not options.get("cache"):
+        return numba.njit(*args, **options)
+
+    def decorate(fn):
+        folder = cache_dir(os.path.dirname(os.path.abspath(fn.__code__.co_filename)))
+        if folder == "":  # nowhere to cache: compile in memory
+            return numba.njit(*args, **{**options, "cache": False})(fn)
+        previous = numba_config.CACHE_DIR
+        if folder:
+            numba_config.CACHE_DIR = folder  # numba picks a kernel's cache as the kernel is declared
+        try:
+            return numba.njit(*args, **options)(fn)
+        except RuntimeError as exc:  # numba's "cannot cache function ...: no locator available"
+            if "no locator available" not in str(exc):
+                raise
+            return numba.njit(*args, **{**options, "cache": False})(fn)
+        finally:
+            numba_config.CACHE_DIR = previous
+
+    return decorate
+
+
+@functools.cache
+def cache_dir(source_dir: str) -> str | None:
+    """Where the kernels of the modules in `source_dir` are cached: None when numba's own choice
+    works (NUMBA_CACHE_DIR set by the user, or `source_dir`/__pycache__ writable), else a cache
+    directory of packctl's (packctl.cachedir), or "" when none is writable (compile in memory)."""
+    if os.environ.get("NUMBA_CACHE_DIR") or writable(os.path.join(source_dir, "__pycache__")):
+        return None
+    return user_cache_dir("numba") or ""
 
 
 class _CompileListener(event.Listener):

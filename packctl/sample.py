@@ -20,6 +20,8 @@ whose length follows the distribution; an int64 `group_id` column numbers the gr
 """
 from __future__ import annotations
 
+import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +31,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of, positions_in_segments
-from packctl.contract.schema import IGNORE_INDEX
+from packctl.config import as_python
+from packctl.contract.schema import IGNORE_INDEX, INT32_MAX
 from packctl.errors import PackctlError
+from packctl.output.fs import write_failed
 
 DISTRIBUTIONS = ("zipf", "lognormal", "rl-longtail")
 GROUP_KINDS = ("none", "preference", "rollout")
@@ -49,6 +53,57 @@ class SampleSpec:
     groups: str = "none"  # GROUP_KINDS
     group_size: int = 4  # responses per prompt of `rollout` (`preference`: 2)
 
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():  # numpy scalars as their Python value (np.int64(8) -> 8)
+            object.__setattr__(self, name, as_python(value))
+
+    def validate(self) -> SampleSpec:
+        """Raise PackctlError naming the option (its `packctl sample` flag) for any value that
+        cannot make a corpus, before anything is written."""
+        for name, value in vars(self).items():
+            wanted = _TYPES[name]
+            if wanted == "a number":
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            elif wanted == "a whole number":
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            else:
+                ok = isinstance(value, str)
+            if not ok:
+                raise PackctlError(f"--{name.replace('_', '-')} {value!r}: must be {wanted}")
+        for name, (low, high, why) in _RANGES.items():
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise PackctlError(f"--{name.replace('_', '-')} {value}: must be in [{low:,}, {high:,}] ({why})")
+        if self.shards > self.sequences:
+            raise PackctlError(f"--shards {self.shards} with --sequences {self.sequences}: a shard would be empty; "
+                               f"use --shards {self.sequences} or less")
+        if not 0 <= self.prompt_fraction <= 1:
+            raise PackctlError(f"--prompt-fraction {self.prompt_fraction}: must be a share in [0, 1]")
+        if self.distribution not in DISTRIBUTIONS:
+            raise PackctlError(f"--distribution {self.distribution!r}: choose one of {', '.join(DISTRIBUTIONS)}")
+        if self.groups not in GROUP_KINDS:
+            raise PackctlError(f"--groups {self.groups!r}: choose one of {', '.join(GROUP_KINDS)}")
+        if self.groups == "rollout" and self.group_size < 2:
+            raise PackctlError(f"--group-size {self.group_size}: a rollout group holds 2 or more responses")
+        if self.groups != "none" and self.max_length < 2:
+            raise PackctlError(f"--max-length {self.max_length}: a grouped row holds a prompt and a response, "
+                               "2 tokens or more")
+        return self
+
+
+# What each option of SampleSpec is, and the range of the whole numbers (with why).
+_TYPES = {"sequences": "a whole number", "distribution": "a string", "shards": "a whole number",
+          "seed": "a whole number", "vocab_size": "a whole number", "max_length": "a whole number",
+          "prompt_fraction": "a number", "groups": "a string", "group_size": "a whole number"}
+_RANGES = {
+    "sequences": (1, INT32_MAX, "the corpus is generated in memory"),
+    "shards": (1, INT32_MAX, "one file each"),
+    "seed": (0, 2**63 - 1, "seeds are 63-bit"),
+    "vocab_size": (2, INT32_MAX + 1, "token ids are drawn from [1, vocab-size) and are int32"),
+    "max_length": (1, INT32_MAX, "token offsets are int32"),
+    "group_size": (1, INT32_MAX, "rows of a group"),
+}
+
 
 def sample_lengths(rng: np.random.Generator, n: int, distribution: str, max_length: int) -> tuple[np.ndarray, np.ndarray]:
     """(lengths, prompt lengths) for `n` sequences; prompt length 0 where no prefix is masked."""
@@ -64,7 +119,7 @@ def sample_lengths(rng: np.random.Generator, n: int, distribution: str, max_leng
         lengths = prompts + responses
     else:
         raise PackctlError(f"--distribution {distribution!r}: choose one of {', '.join(DISTRIBUTIONS)}")
-    lengths = np.clip(lengths, 2, max_length).astype(np.int64)
+    lengths = np.clip(lengths, min(2, max_length), max_length).astype(np.int64)
     prompts = np.minimum(prompts.astype(np.int64), lengths - 1)
     return lengths, prompts
 
@@ -72,12 +127,7 @@ def sample_lengths(rng: np.random.Generator, n: int, distribution: str, max_leng
 def generate(spec: SampleSpec) -> list[pa.Table]:
     """The corpus as one Arrow table per shard (columns `input_ids`, `labels`: list<int32>, and
     with `groups` an int64 `group_id`)."""
-    if spec.sequences < 1 or spec.shards < 1 or spec.vocab_size < 2 or spec.max_length < 2:
-        raise PackctlError("--sequences, --shards must be >= 1 and --vocab-size, --max-length >= 2")
-    if spec.groups not in GROUP_KINDS:
-        raise PackctlError(f"--groups {spec.groups!r}: choose one of {', '.join(GROUP_KINDS)}")
-    if spec.group_size < 1:
-        raise PackctlError(f"--group-size {spec.group_size}: must be >= 1")
+    spec.validate()
     rng = np.random.default_rng(spec.seed)
     if spec.groups != "none":
         lengths, prompts, tokens, group = _grouped(rng, spec)
@@ -87,6 +137,11 @@ def generate(spec: SampleSpec) -> list[pa.Table]:
     labels[positions_in_segments(lengths) < np.repeat(prompts, lengths)] = IGNORE_INDEX
     offsets = offsets_of(lengths)
     bounds = np.linspace(0, spec.sequences, spec.shards + 1).astype(np.int64)
+    per_shard = np.diff(offsets[bounds])
+    if per_shard.max() > INT32_MAX:  # the list offsets of a shard are int32
+        enough = 2 * -(-int(offsets[-1]) // INT32_MAX)
+        raise PackctlError(f"--shards {spec.shards}: a shard would hold {int(per_shard.max()):,} tokens, more than "
+                           f"2^31-1 (Parquet list offsets are int32); use --shards {enough} or more")
     tables = []
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         rel = (offsets[lo:hi + 1] - offsets[lo]).astype(np.int32)
@@ -138,17 +193,45 @@ def _grouped(rng: np.random.Generator, spec: SampleSpec) -> tuple[np.ndarray, np
     return lengths, prompts, tokens, group
 
 
+_SHARD_NAME = re.compile(r"shard-\d{5}\.parquet")
+
+
 def write_sample(out: str | Path, spec: SampleSpec, *, overwrite: bool = False) -> list[Path]:
-    """Write the corpus as `shard-00000.parquet ...` under `out`; returns the paths."""
+    """Write the corpus as `shard-00000.parquet ...` under `out`; returns the paths.
+
+    The options are checked and the corpus generated before `out` is touched; a write that fails
+    (a full disk, a read-only place) removes what was written, and says where and why."""
     out = Path(out)
-    if out.exists():
-        if not overwrite:
-            raise PackctlError(f"{out}: already exists; pass --overwrite to replace it")
-        shutil.rmtree(out) if out.is_dir() else out.unlink()
-    out.mkdir(parents=True)
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        raise PackctlError(f"{out}: already exists; pass --overwrite to replace it")
+    if out.is_dir() and not out.is_symlink():
+        # --overwrite replaces a corpus this command wrote, never a directory of other files
+        other = next((p.name for p in sorted(out.iterdir()) if not _SHARD_NAME.fullmatch(p.name)), None)
+        if other is not None:
+            raise PackctlError(f"{out}: holds {other}, which packctl sample did not write; --overwrite replaces a "
+                               "directory of shard-NNNNN.parquet files only: choose another -o")
+    tables = generate(spec)  # checks the options first
+    try:
+        if out.is_dir() and not out.is_symlink():
+            shutil.rmtree(out)
+        elif out.exists() or out.is_symlink():
+            out.unlink()
+        out.mkdir(parents=True)
+    except OSError as exc:
+        raise PackctlError(f"{out}: cannot be created ({exc.strerror or exc}); choose another -o") from None
     paths = []
-    for k, table in enumerate(generate(spec)):
-        path = out / f"shard-{k:05d}.parquet"
-        pq.write_table(table, path, compression="zstd", compression_level=9)
-        paths.append(path)
+    path = out
+    try:
+        for k, table in enumerate(tables):
+            path = out / f"shard-{k:05d}.parquet"
+            pq.write_table(table, path, compression="zstd", compression_level=9)
+            paths.append(path)
+    except OSError as exc:
+        shutil.rmtree(out, ignore_errors=True)
+        # Arrow's own text ("Error writing bytes to file. Detail: ...") says less than the errno
+        cause = OSError(exc.errno, os.strerror(exc.errno)) if exc.errno else exc
+        raise write_failed(path, cause) from None
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
     return paths

@@ -2,6 +2,7 @@
 (one line on stderr, the exit code of the error), and the process entry point."""
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import traceback
@@ -33,8 +34,7 @@ def _root(version: bool = typer.Option(False, "--version", is_eager=True, callba
 
 
 def fail(exc: PackctlError) -> None:
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-    raise typer.Exit(exc.exit_code)
+    raise typer.Exit(_fail_line(str(exc), exc.exit_code))
 
 
 @contextmanager
@@ -49,8 +49,7 @@ def ranks_stop_together(comm) -> Iterator[None]:
             if comm.rank == 0:
                 fail(exc)
             raise typer.Exit(exc.exit_code)
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] rank {comm.rank}: {escape(str(exc))}",
-                                                   highlight=False)
+        _fail_line(f"rank {comm.rank}: {exc}", exc.exit_code)
         comm.abort(exc.exit_code)
     except (typer.Exit, KeyboardInterrupt):
         raise
@@ -65,12 +64,24 @@ def ranks_stop_together(comm) -> Iterator[None]:
 def run(argv: list[str] | None = None) -> int:
     """`packctl ARGV...` in this process; returns the exit code instead of exiting (tests call it
     in-process; `main` is the `packctl` executable). Usage errors (an unknown option, a value of
-    the wrong type) print one line and return 2, as every other error does."""
+    the wrong type) print one line and return 2, as every other error does; so do running out of
+    memory and a stdout that cannot be written (a full device), while a stdout closed by its
+    reader (`packctl stats X | head -1`) ends the command quietly with 141, as SIGPIPE would."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    stdout = sys.stdout
+    sys.stdout = _Stdout(stdout)
     try:
-        code = app(args=argv, prog_name="packctl", standalone_mode=False)
+        code = app(args=args, prog_name="packctl", standalone_mode=False)
+        sys.stdout.flush()  # what is still buffered is part of the result: a failure to write it is one too
+    except StdoutFailed as exc:
+        return _stdout_failed(exc.cause, stdout, exc.note)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except MemoryError:
+        command = next((a for a in args if a in MEMORY_ADVICE), None)
+        return _fail_line(f"out of memory while running packctl {command or ''}".rstrip() +
+                          f"; {MEMORY_ADVICE.get(command, 'free memory on this machine')}", 2)
     except Exception as exc:  # the parser's own exceptions (click's, or typer's copy of click)
         if _is(exc, "Exit"):
             return int(exc.exit_code)
@@ -85,10 +96,87 @@ def run(argv: list[str] | None = None) -> int:
             ctx = getattr(exc, "ctx", None)
             if ctx is not None:
                 message = f"{message} (see {ctx.command_path} --help)"
-            Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False)
-            return int(exc.exit_code)
+            return _fail_line(message, int(exc.exit_code))
         raise
+    finally:
+        if isinstance(sys.stdout, _Stdout):
+            sys.stdout = stdout
     return code if isinstance(code, int) else 0
+
+
+# What to change when a command runs out of memory (packctl pack says it per stage: cli/pack.py).
+MEMORY_ADVICE = {
+    "pack": "lower --memory-budget, --window or --capacity",
+    "stats": "lower --window, or give fewer inputs at once",
+    "verify": "a shard is checked in memory: pack with a lower --shard-rows, or check on a larger machine",
+    "export": "a shard is converted in memory: pack with a lower --shard-rows, or export on a larger machine",
+    "sample": "lower --sequences or --max-length",
+}
+# Exit code of a command whose reader closed stdout: what a shell reports for a process ended by
+# SIGPIPE (128 + 13), which `set -o pipefail` pipelines know.
+EXIT_CLOSED_PIPE = 141
+
+
+class StdoutFailed(Exception):
+    """Writing the result to stdout failed: `cause` is the OSError (EPIPE, ENOSPC ...)."""
+
+    def __init__(self, cause: OSError):
+        super().__init__(str(cause))
+        self.cause = cause
+        self.note = ""  # what the command did all the same ("out is complete")
+
+
+class _Stdout:
+    """sys.stdout while a command runs: a write or flush that fails raises StdoutFailed, so that a
+    full device or a closed pipe is told apart from every other failed write. Everything else is
+    the stream's own (isatty for rich, encoding, fileno)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise StdoutFailed(exc) from None
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise StdoutFailed(exc) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _stdout_failed(exc: OSError, stream, note: str = "") -> int:
+    """The end of a command whose result could not be written to stdout. What stdout still buffers
+    is dropped (the process's stdout is pointed at /dev/null), so that no later flush fails again."""
+    if stream is sys.__stdout__:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+    if exc.errno == errno.EPIPE:  # the reader is gone (`| head -1`): nothing is wrong, nothing to say
+        return EXIT_CLOSED_PIPE
+    reason = os.strerror(exc.errno) if exc.errno else (str(exc) or type(exc).__name__)
+    return _fail_line(f"cannot write the result to stdout ({reason})" + (f"; {note}" if note else ""), 2)
+
+
+def _fail_line(message: str, code: int) -> int:
+    """Print `error: message` on stderr (if stderr can take it) and return `code`."""
+    try:
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    except OSError:
+        pass
+    return code
 
 
 def _is(exc: BaseException, name: str) -> bool:
@@ -105,11 +193,18 @@ def _exit_now(done: SystemExit) -> None:
     """End the `packctl` process without tearing the interpreter down: every output is written,
     fsync'd and closed by now, and freeing a large run's objects one by one takes about 0.4 s
     (docs/performance.md). Under MPI the normal exit runs, so that MPI is finalized."""
-    if "mpi4py" in sys.modules:
-        raise done
     code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     if done.code is not None and not isinstance(done.code, int):
         print(done.code, file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        sys.stdout.flush()
+    except OSError as exc:  # run() flushed the result already; this is a last line of defence
+        failed = _stdout_failed(exc, sys.stdout)
+        code = code or failed
+    try:
+        sys.stderr.flush()
+    except OSError:
+        pass
+    if "mpi4py" in sys.modules:
+        raise SystemExit(code)
     os._exit(code)

@@ -19,6 +19,8 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from packctl.config import as_python
+from packctl.contract.schema import INT32_MAX
 from packctl.contract.reader import PackedOutput, open_output
 from packctl.errors import PackctlError
 
@@ -69,6 +71,22 @@ def read_packs(output: PackedOutput) -> Iterator[ShardPacks]:
                          seq_lens.astype(np.int64), cu[keep].astype(np.int64))
 
 
+def check_options(fmt: str, *, overwrite: bool = False, eos_token_id: int | None = None) -> int | None:
+    """The options of an export, refused before anything is read or written; returns the EOS id as
+    a Python int (a numpy integer is taken too)."""
+    if fmt not in FORMATS:
+        raise PackctlError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if not isinstance(overwrite, bool):
+        raise PackctlError(f"--overwrite {overwrite!r}: must be true or false")
+    if eos_token_id is not None:
+        eos_token_id = as_python(eos_token_id)
+        if not isinstance(eos_token_id, int) or isinstance(eos_token_id, bool):
+            raise PackctlError(f"--eos-token-id {eos_token_id!r}: must be a whole number")
+        if not 0 <= eos_token_id <= INT32_MAX:
+            raise PackctlError(f"--eos-token-id {eos_token_id}: must be in [0, {INT32_MAX:,}] (token ids are int32)")
+    return eos_token_id
+
+
 def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = False,
            eos_token_id: int | None = None, verify: bool = True) -> dict:
     """Write the packed output `out` to `target` in format `fmt`; returns what was written.
@@ -79,8 +97,7 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
     """
     from packctl.export import nemo, olmo
 
-    if fmt not in FORMATS:
-        raise PackctlError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    eos_token_id = check_options(fmt, overwrite=overwrite, eos_token_id=eos_token_id)
     output = open_output(out, verify=verify)
     out = output.root
     target = Path(target)

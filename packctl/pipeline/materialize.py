@@ -29,6 +29,7 @@ spilled to disk (and read back when its unit is complete).
 """
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections import deque
@@ -47,6 +48,8 @@ from packctl.source.parquet import SequenceIndex, TokenSource, read_kept_columns
 from packctl.output.stitch import stitch, stitch_chunks
 from packctl.output.encode import encode_table, rows_to_table
 from packctl.contract.manifest import ShardEntry
+from packctl.errors import PackctlError
+from packctl.output.fs import write_failed
 from packctl.output.outdir import OutputDir, StagedShard
 from packctl.plan.windows import PackPlan
 from packctl.plan.groups import group_ids
@@ -72,10 +75,16 @@ class _Bucket:
         return added
 
     def spill(self, path: Path) -> int:
-        """Write the in-memory part to `path`; returns the bytes freed."""
-        with open(path, "wb") as fh:
-            for part in (self.pieces, self.tokens, self.labels):
-                np.save(fh, np.concatenate(part), allow_pickle=False)
+        """Write the in-memory part to `path`; returns the bytes freed. A write that fails (a full
+        disk, a quota) removes the file and raises the one-line error of a failed write."""
+        try:
+            path.parent.mkdir(exist_ok=True)
+            with open(path, "wb") as fh:
+                for part in (self.pieces, self.tokens, self.labels):
+                    np.save(fh, np.concatenate(part), allow_pickle=False)
+        except OSError as exc:
+            path.unlink(missing_ok=True)  # a partial spill only takes the space the run needs
+            raise write_failed(path, exc, _SPILL_ADVICE.get(exc.errno)) from None
         self.spill_files.append(path)
         freed, self.nbytes = self.nbytes, 0
         self.pieces, self.tokens, self.labels = [], [], []
@@ -84,14 +93,23 @@ class _Bucket:
     def collect(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         pieces, tokens, labels = list(self.pieces), list(self.tokens), list(self.labels)
         for path in self.spill_files:
-            with open(path, "rb") as fh:
-                pieces.append(np.load(fh))
-                tokens.append(np.load(fh))
-                labels.append(np.load(fh))
+            try:
+                with open(path, "rb") as fh:
+                    pieces.append(np.load(fh))
+                    tokens.append(np.load(fh))
+                    labels.append(np.load(fh))
+            except (OSError, ValueError) as exc:  # ValueError: np.load of a file cut short
+                raise PackctlError(f"{path}: cannot read back tokens spilled by this run "
+                                   f"({getattr(exc, 'strerror', None) or exc}); run the command again") from None
             path.unlink()
         return np.concatenate(pieces), np.concatenate(tokens), np.concatenate(labels)
 
 
+# Where spilling fails, more memory means less to spill: the advice of write_failed, said for spills.
+_SPILL_ADVICE = {
+    errno.ENOSPC: "free space there, raise --memory-budget (less is spilled) or choose another -o",
+    errno.EDQUOT: "free space within your quota, raise --memory-budget (less is spilled) or choose another -o",
+}
 
 
 class _Writers:
@@ -279,7 +297,6 @@ class ShardAssembler:
             u = max(self.buckets, key=lambda key: self.buckets[key].nbytes)
             if self.buckets[u].nbytes == 0:
                 break
-            self.spill_dir.mkdir(exist_ok=True)
             freed = self.buckets[u].spill(self.spill_dir / f"{u:05d}-{self.spill_files}.npy")
             self.buffered -= freed
             self.spilled_bytes += freed

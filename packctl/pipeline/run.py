@@ -99,6 +99,7 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
     any named step, or a full disk (tests).
     """
     comm = comm or get_comm()
+    config.check_types()  # OUT's path is used at once: a value of the wrong type is refused first
     progress = progress if (progress is not None and comm.rank == 0) else Progress()
     out = Path(config.output)
     lock = OutputLock(out)

@@ -37,7 +37,7 @@ def _pool_kernel(lengths, capacity, max_seqs, pool_size, closest):
     n = lengths.size
     step_item = np.empty(n, np.int64)
     bin_of_step = np.empty(n, np.int64)
-    pool = np.empty(pool_size, np.int64)
+    pool = np.empty(min(pool_size, n), np.int64)  # never more waiting than there are items
     held = 0
     next_item = 0
     step = 0

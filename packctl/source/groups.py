@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packctl.errors import PackctlError
-from packctl.source.parquet import SequenceIndex, _type_name, describe_gid, open_parquet
+from packctl.source.parquet import SequenceIndex, _type_name, describe_gid, field_type, open_parquet
 
 if TYPE_CHECKING:
     from packctl.stats.whatif import LengthIndex
@@ -30,7 +30,7 @@ def _check_type(path: str, schema: pa.Schema, column: str, seen: list[pa.DataTyp
     if column not in schema.names:
         raise PackctlError(f"{path}: no column '{column}' for --group-column (columns: {', '.join(schema.names)}); "
                            "add one group value per row to every input file, or drop --group-column")
-    typ = schema.field(column).type
+    typ = field_type(path, schema, column)
     if not (pa.types.is_integer(typ) or pa.types.is_string(typ) or pa.types.is_large_string(typ)):
         raise PackctlError(f"{path}: column '{column}' is {_type_name(typ)}; --group-column needs an integer or "
                            "string value per row")

@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of
 from packctl.contract.schema import IGNORE_INDEX, INT32_MAX
 from packctl.errors import PackctlError
 from packctl.source.blocks import DecodedBlock, first_outside_int32
-from packctl.contract.arrow import numpy_view
+from packctl.contract.arrow import arrow_array, numpy_view
 
 if TYPE_CHECKING:
     from packctl.source.resolve import Resolution
@@ -231,13 +232,48 @@ def _short(exc: BaseException) -> str:
 
 
 def check_list_column(path: str, schema: pa.Schema, column: str, role: str) -> None:
+    """The tokens (or labels) column: present once, and a list of integers in any of Arrow's list
+    layouts (list, large_list, fixed_size_list, list_view, large_list_view), which decode_block
+    reads as a list."""
     if column not in schema.names:
         hint = "--tokens-column NAME" if role == "tokens" else "--labels-column NAME (or leave it unset)"
         raise PackctlError(
             f"{path}: no column '{column}' (columns: {', '.join(schema.names)}); pass {hint}")
-    typ = schema.field(column).type
-    if not (pa.types.is_list(typ) or pa.types.is_large_list(typ)) or not pa.types.is_integer(typ.value_type):
+    typ = field_type(path, schema, column)
+    if not (_is_any_list(typ) and pa.types.is_integer(typ.value_type)):
         raise PackctlError(f"{path}: column '{column}' is {_type_name(typ)}; {role} must be a list of integers")
+
+
+def field_type(path: str, schema: pa.Schema, column: str) -> pa.DataType:
+    """The type of `column`, which must be the name of one column only: with two of the same name
+    the one meant is unknown (pyarrow writes such files)."""
+    count = len(schema.get_all_field_indices(column))
+    if count > 1:
+        raise PackctlError(f"{path}: {count} columns are named '{column}'; give each column of the file a name "
+                           "of its own")
+    return schema.field(column).type
+
+
+def is_plain_list(typ: pa.DataType) -> bool:
+    """A list or large_list: offsets and values, as decode_block reads them without a copy."""
+    return pa.types.is_list(typ) or pa.types.is_large_list(typ)
+
+
+def list_lengths(path: str, column: str) -> pa.Table:
+    """The list lengths of `column` as a one-column table `length` (int64, null for a null row),
+    read with pyarrow: for the layouts other readers take as something else (fixed_size_list,
+    list_view)."""
+    try:
+        values = open_parquet(path).read(columns=[column]).column(column)
+    except (pa.ArrowException, OSError) as exc:
+        raise PackctlError(f"{path}: cannot read column '{column}' ({_short(exc)}); the file may be truncated or "
+                           "corrupt") from None
+    return pa.table({"length": pc.list_value_length(values).cast(pa.int64())})
+
+
+def _is_any_list(typ: pa.DataType) -> bool:
+    return (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)
+            or pa.types.is_list_view(typ) or pa.types.is_large_list_view(typ))
 
 
 def check_kept_column(path: str, schema: pa.Schema, column: str, seen: dict[str, pa.DataType]) -> None:
@@ -245,7 +281,7 @@ def check_kept_column(path: str, schema: pa.Schema, column: str, seen: dict[str,
     if column not in schema.names:
         raise PackctlError(f"{path}: no column '{column}' to keep (columns: {', '.join(schema.names)}); "
                            "drop it from --keep-columns or add it to every input file")
-    typ = schema.field(column).type
+    typ = field_type(path, schema, column)
     if seen.setdefault(column, typ) != typ:
         raise PackctlError(f"{path}: column '{column}' is {_type_name(typ)} here and {_type_name(seen[column])} in "
                            "the files before; cast it to one type in every input file")
@@ -256,7 +292,7 @@ def check_weight_column(path: str, schema: pa.Schema, column: str) -> None:
     if column not in schema.names:
         raise PackctlError(f"{path}: no column '{column}' for --weight-column (columns: {', '.join(schema.names)}); "
                            "add one weight per sequence to every input file, or drop --weight-column")
-    typ = schema.field(column).type
+    typ = field_type(path, schema, column)
     if not (pa.types.is_floating(typ) or pa.types.is_integer(typ)):
         raise PackctlError(f"{path}: column '{column}' is {_type_name(typ)}; --weight-column needs one number "
                            "(float or integer) per sequence")
@@ -308,9 +344,19 @@ def read_kept_columns(index: "SequenceIndex", gids: np.ndarray, columns: list[st
 
 
 def _type_name(typ: pa.DataType) -> str:
-    """Arrow type without child field names: list<element: list<item: int64>> -> list<list<int64>>."""
-    if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
-        return f"list<{_type_name(typ.value_type)}>"
+    """Arrow type as messages name it, without child field names, each list layout by its own name:
+    list<element: list<item: int64>> -> list<list<int64>>, fixed_size_list<item: int32>[4] ->
+    fixed_size_list<int32>[4], dictionary<values=string, indices=int32, ordered=0> -> dictionary<string>."""
+    if pa.types.is_fixed_size_list(typ):
+        return f"fixed_size_list<{_type_name(typ.value_type)}>[{typ.list_size}]"
+    for layout, is_layout in (("list", pa.types.is_list), ("large_list", pa.types.is_large_list),
+                              ("list_view", pa.types.is_list_view), ("large_list_view", pa.types.is_large_list_view)):
+        if is_layout(typ):
+            return f"{layout}<{_type_name(typ.value_type)}>"
+    if pa.types.is_dictionary(typ):
+        return f"dictionary<{_type_name(typ.value_type)}>"
+    if pa.types.is_struct(typ):
+        return f"struct<{', '.join(f'{f.name}: {_type_name(f.type)}' for f in typ)}>"
     return str(typ)
 
 
@@ -319,17 +365,19 @@ def resolve_labels_column(schemas: dict[str, pa.Schema], requested: str | None) 
     every file has it, else none (labels = tokens). Files that disagree are an error. `schemas`:
     path -> Arrow schema, in input order."""
     paths = list(schemas)
-    if requested is not None:
-        for p, schema in schemas.items():
-            check_list_column(p, schema, requested, "labels")
-        return requested
-    having = [p for p, s in schemas.items() if "labels" in s.names]
-    if having and len(having) != len(paths):
-        lacking = next(p for p in paths if p not in having)
-        raise PackctlError(
-            f"{lacking}: has no 'labels' column but {having[0]} has one; give every shard the same "
-            "columns, or pass --labels-column to name the labels explicitly")
-    return "labels" if having else None
+    if requested is None:
+        having = [p for p, s in schemas.items() if "labels" in s.names]
+        if having and len(having) != len(paths):
+            lacking = next(p for p in paths if p not in having)
+            raise PackctlError(
+                f"{lacking}: has no 'labels' column but {having[0]} has one; give every shard the same "
+                "columns, or pass --labels-column to name the labels explicitly")
+        if not having:
+            return None
+    labels = requested or "labels"
+    for p, schema in schemas.items():  # from the footers, before any row is read
+        check_list_column(p, schema, labels, "labels")
+    return labels
 
 
 def _flat(where: "_Where", arr: pa.Array, column: str) -> tuple[np.ndarray, pa.Array]:
@@ -400,7 +448,18 @@ def decode_block(path: str, row_group: int | None, first_row: int, tokens_column
 
 
 def _one_array(column: pa.ChunkedArray) -> pa.Array:
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    """The column as one list or large_list array (offsets and values): a fixed_size_list,
+    list_view or large_list_view column is rebuilt as a large_list (a copy; they are rare), null
+    rows kept null so that they are reported as nulls."""
+    array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    typ = array.type
+    if pa.types.is_fixed_size_list(typ) or pa.types.is_list_view(typ) or pa.types.is_large_list_view(typ):
+        # Not Arrow's cast: pyarrow 26 casts list_view to a list array whose offsets are invalid.
+        lengths = pc.list_value_length(array)
+        offsets = offsets_of(numpy_view(lengths.fill_null(0)).astype(np.int64))
+        return pa.LargeListArray.from_arrays(arrow_array(offsets, pa.int64()), pc.list_flatten(array),
+                                             mask=lengths.is_null())
+    return array
 
 
 @dataclass(frozen=True)

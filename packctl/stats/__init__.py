@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from packctl.config import build_config
+from packctl.config import as_python, build_config
 from packctl.errors import PackctlError
 from packctl.stats.packed import compare_stats, is_packed_output, looks_like_unfinished_output, packed_stats
 from packctl.stats.whatif import PLANNING_OPTIONS, input_stats, read_lengths, what_if_row
@@ -45,6 +45,10 @@ def stats(paths: list[str], *, capacities: list[int] | None = None, attn_coeff: 
     """
     file_values = dict(file_values or {})
     given = {k: v for k, v in options.items() if v is not None}
+    attn_coeff = as_python(attn_coeff)
+    if attn_coeff is not None and (isinstance(attn_coeff, bool) or not isinstance(attn_coeff, (int, float))
+                                   or not 0 <= attn_coeff < float("inf")):
+        raise PackctlError(f"--attn-coeff {attn_coeff!r}: must be a number >= 0")
     if not paths:
         paths = list(file_values.get("inputs") or [])
     if not paths:

@@ -11,11 +11,14 @@ Drawn on a Figure with the Agg canvas directly, so no GUI backend and no pyplot 
 from __future__ import annotations
 
 import io
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from packctl.cachedir import user_cache_dir, writable
 from packctl.errors import PackctlError, require
 
 COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
@@ -24,6 +27,7 @@ BASELINE_COLOR = "#B0B0B0"
 
 def write_plot(report: dict[str, Any], path: str | Path) -> Path:
     """Draw `report` (from `packctl.stats.stats`) into a PNG at `path`; returns the path."""
+    _matplotlib_config_dir()
     require("matplotlib", "plot", "packctl stats --plot")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -51,6 +55,24 @@ def write_plot(report: dict[str, Any], path: str | Path) -> Path:
     except OSError as exc:
         raise PackctlError(f"{path}: cannot write the plot ({exc.strerror or exc}); choose another --plot path") from None
     return path
+
+
+def _matplotlib_config_dir() -> None:
+    """Matplotlib keeps its font list in its config directory, and warns on stderr (rebuilding the
+    list, seconds) when that cannot be written (an unwritable HOME): give it a cache directory of
+    packctl's then. A user's MPLCONFIGDIR, or matplotlib already loaded, is left alone."""
+    if "MPLCONFIGDIR" in os.environ or "matplotlib" in sys.modules:
+        return
+    config = os.environ.get("XDG_CONFIG_HOME")
+    try:
+        default = os.path.join(config if config and os.path.isabs(config) else os.path.join(Path.home(), ".config"),
+                               "matplotlib")
+    except (RuntimeError, KeyError):  # no HOME
+        default = ""
+    if not (default and writable(default)):
+        folder = user_cache_dir("matplotlib")
+        if folder is not None:
+            os.environ["MPLCONFIGDIR"] = folder
 
 
 def _length_axes(ax, histograms: list[tuple[str, dict[str, list[int]]]], capacities: list[int] = ()) -> None:

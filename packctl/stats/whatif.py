@@ -30,7 +30,8 @@ import polars as pl
 
 from packctl.config import PLANNING_OPTIONS, PackConfig  # noqa: F401  (PLANNING_OPTIONS re-exported)
 from packctl.errors import PackctlError
-from packctl.source.parquet import FileFingerprint, InputFile, check_list_column, describe_gid, open_parquet
+from packctl.source.parquet import (FileFingerprint, InputFile, check_list_column, describe_gid, is_plain_list,
+                                   list_lengths, open_parquet)
 from packctl.source.resolve import resolve
 from packctl.source.groups import read_group_starts
 from packctl.plan.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
@@ -100,8 +101,11 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
         index.group_starts = read_group_starts(index, group_column)
 
     def scan(path: str) -> pl.LazyFrame:
+        if not is_plain_list(open_parquet(path).schema_arrow.field(tokens_column).type):
+            # fixed_size_list and list views: polars reads them as arrays, or not at all
+            return pl.from_arrow(list_lengths(path, tokens_column)).lazy()
         return pl.scan_parquet(path, glob=False, hive_partitioning=False).select(
-            pl.col(tokens_column).list.len().alias("length"))
+            pl.col(tokens_column).list.len().cast(pl.Int64).alias("length"))
 
     try:
         lengths = collect_streaming(pl.concat([scan(p) for p in paths])).to_series()

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from packctl.arrays import offsets_of
+from packctl.config import as_python
 from packctl.contract.manifest import manifest_problems, read_manifest_json
 from packctl.errors import MissingExtraError, PackctlError
 from packctl.verify import backends
@@ -70,17 +71,60 @@ class VerifyOptions:
     cp_size: int | None = None
     bench: bool = False
 
+    def __post_init__(self) -> None:
+        # The Python API takes paths as os.PathLike and numpy scalars, as PackConfig does.
+        for name, value in vars(self).items():
+            setattr(self, name, as_python(value))
+        if isinstance(self.source, (list, tuple)):
+            self.source = [as_python(s, path=True) for s in self.source]
+
     def validate(self) -> None:
-        if self.sample < 0:
-            raise PackctlError(f"--sample {self.sample}: must be >= 0")
-        if self.heads < 1:
-            raise PackctlError(f"--heads {self.heads}: must be >= 1")
-        if self.head_dim < 8 or self.head_dim > 256 or self.head_dim % 8:
+        """Raise PackctlError naming the flag for any value of the wrong type or outside its range,
+        before any shard is read (also the ones only the attention checks use)."""
+        for name, (wanted, accepts) in _TYPES.items():
+            value = getattr(self, name)
+            if not accepts(value):
+                raise PackctlError(f"--{name.replace('_', '-')} {value!r}: must be {wanted}")
+        for name, (low, high, why) in _RANGES.items():
+            value = getattr(self, name)
+            if value is not None and not low <= value <= high:
+                raise PackctlError(f"--{name.replace('_', '-')} {value}: must be in [{low:,}, {high:,}] ({why})")
+        if self.head_dim % 8:
             raise PackctlError(f"--head-dim {self.head_dim}: must be a multiple of 8 in [8, 256]")
-        if self.cp_size is not None and self.cp_size < 1:
-            raise PackctlError(f"--cp-size {self.cp_size}: must be >= 1")
-        if not 0 <= self.seed < 2**63:
-            raise PackctlError(f"--seed {self.seed}: must be in [0, 2^63)")
+        if self.backend != "auto" and self.backend not in backends.BACKENDS:
+            raise PackctlError(f"--backend {self.backend!r}: choose one of auto, {', '.join(backends.BACKENDS)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise PackctlError(f"--device {self.device!r}: choose one of auto, cpu, cuda")
+        for part in (self.dtype or "").split(","):
+            if part.strip() and part.strip().lower() not in backends.DTYPES:
+                raise PackctlError(f"--dtype {part.strip()!r}: choose from fp32, bf16, fp16 (comma-separated)")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# What each option of VerifyOptions is, and the range of its whole numbers (with why).
+_TYPES = {
+    "source": ("a list of paths", lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, str) for s in v)),
+    "attention": ("true or false", lambda v: isinstance(v, bool)),
+    "sample": ("a whole number", _is_int),
+    "seed": ("a whole number", _is_int),
+    "backend": ("a string", lambda v: isinstance(v, str)),
+    "device": ("a string", lambda v: isinstance(v, str)),
+    "dtype": ("a string such as fp32,bf16 (or unset)", lambda v: v is None or isinstance(v, str)),
+    "heads": ("a whole number", _is_int),
+    "head_dim": ("a whole number", _is_int),
+    "cp_size": ("a whole number (or unset)", lambda v: v is None or _is_int(v)),
+    "bench": ("true or false", lambda v: isinstance(v, bool)),
+}
+_RANGES = {
+    "sample": (0, 2**63 - 1, "packs drawn, at most all of them"),
+    "seed": (0, 2**63 - 1, "seeds are 63-bit"),
+    "heads": (1, 256, "a probe of the attention: more heads test nothing more"),
+    "head_dim": (8, 256, "the head sizes attention kernels take"),
+    "cp_size": (1, 2**31 - 1, "a sequence is cut into 2*cp chunks"),
+}
 
 
 @dataclass

@@ -1,0 +1,630 @@
+"""Bad options and API types (docs/errors.md "Bad options and API types").
+
+Every value of the wrong type or outside its range is refused before any work: exit 2, one line
+naming the option (the flag, or the key as a --config file spells it) and the fix, nothing left
+beside OUT. Paths given as os.PathLike and numpy scalars are taken as they are meant, and such a
+run holds every sample once. Input columns of the same name are refused naming file and column;
+tokens in any of Arrow's list layouts are read.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from support.adversary import (
+    assert_clean_error,
+    assert_every_sample_once,
+    assert_nothing_left,
+    packctl,
+)
+from support.data import write_table
+from support.paths import MPIEXEC
+
+from packctl import PackConfig, PackctlError, pack
+from packctl.export import export
+from packctl.sample import SampleSpec, write_sample
+from packctl.verify import VerifyOptions, verify
+
+BIG = str(10**30)
+LENGTHS = [1, 2, 3, 5, 8, 13, 4, 7, 2, 6, 9, 3]
+
+
+def _lists(lengths: list[int], start: int = 1) -> list[list[int]]:
+    out, value = [], start
+    for n in lengths:
+        out.append(list(range(value, value + n)))
+        value += n
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """12 sequences of 1..13 tokens with labels, in one file."""
+    path = tmp_path_factory.mktemp("corpus") / "a.parquet"
+    tokens = pa.array(_lists(LENGTHS), pa.list_(pa.int32()))
+    return write_table(path, {"input_ids": tokens, "labels": tokens})
+
+
+@pytest.fixture(scope="module")
+def packed(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("packed") / "out"
+    assert packctl("pack", corpus, "-o", out, "--capacity", "16", "-q").code == 0
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# packctl pack: every option's bad values
+
+PACK_BAD = [
+    # wrong type (the parser's own line)
+    (["--capacity", "abc"], "Invalid value for '--capacity'"),
+    (["--capacity", "4096.5"], "Invalid value for '--capacity'"),
+    (["--capacity"], "--capacity"),  # no value
+    (["--seed", "1e3"], "Invalid value for '--seed'"),
+    (["--attn-coeff", "x", "--dp-size", "2", "--micro-batches", "1"], "Invalid value for '--attn-coeff'"),
+    (["--no-such-flag"], "No such option"),
+    # zero and negative
+    (["--capacity", "0"], "--capacity 0: must be a whole number >= 1"),
+    (["--capacity", "-16"], "--capacity -16: must be a whole number >= 1"),
+    (["--window", "0"], "--window 0: must be a whole number >= 1"),
+    (["--shard-rows", "0"], "--shard-rows 0: must be a whole number >= 1"),
+    (["--pool-size", "-1"], "--pool-size -1: must be a whole number >= 1"),
+    (["--cp-size", "0"], "--cp-size 0: must be a whole number >= 1"),
+    (["--tp-size", "-2"], "--tp-size -2: must be a whole number >= 1"),
+    (["--seq-multiple", "0"], "--seq-multiple 0: must be a whole number >= 1"),
+    (["--max-seqs-per-bin", "0"], "--max-seqs-per-bin 0: must be a whole number >= 1"),
+    (["--epochs", "0"], "--epochs 0: must be a whole number >= 1"),
+    (["--seed", "-1"], "--seed -1: must be a whole number >= 0"),
+    (["--pad-token-id", "-1"], "--pad-token-id -1: must be a whole number >= 0"),
+    (["--pad-to", "multiple", "--pack-multiple", "0"], "--pack-multiple 0: must be a whole number >= 1"),
+    (["--mode", "batch", "--max-tokens", "0"], "--max-tokens 0: must be a whole number >= 1"),
+    (["--mode", "batch", "--seq-round", "0"], "--seq-round 0: must be a whole number >= 1"),
+    (["--pad-to", "multiple", "--shape-buckets", "0"], "--shape-buckets 0: must be a whole number >= 1"),
+    (["--dp-size", "0", "--micro-batches", "1"], "--dp-size 0: must be a whole number >= 1"),
+    (["--dp-size", "2", "--micro-batches", "0"], "--micro-batches 0: must be a whole number >= 1"),
+    (["--dp-size", "2", "--step-tokens", "0"], "--step-tokens 0: must be a whole number >= 1"),
+    (["--dp-size", "2", "--micro-batches", "1", "--attn-coeff", "-1"], "--attn-coeff -1.0: must be a number >= 0"),
+    (["--dp-size", "2", "--micro-batches", "1", "--lr-scaling", "sqrt", "--ref-batch-size", "0"],
+     "--ref-batch-size 0.0: must be a number > 0"),
+    # huge
+    (["--capacity", "2147483648"], "--capacity 2147483648: must be at most 2,147,483,647"),
+    (["--capacity", BIG], "must be at most 2,147,483,647"),
+    (["--window", BIG], "--window 1000000000000000000000000000000: must be at most 9,223,372,036,854,775,807"),
+    (["--pool-size", BIG, "--algorithm", "pool"], "--pool-size"),
+    (["--max-seqs-per-bin", BIG], "--max-seqs-per-bin"),
+    (["--epochs", "100000", "--order", "shuffle"], "--epochs 100000: must be at most 99,999"),
+    (["--seed", str(2**63)], "--seed 9223372036854775808: must be at most"),
+    (["--pad-token-id", str(2**31)], "--pad-token-id 2147483648: must be at most 2,147,483,647"),
+    (["--cp-size", BIG], "--cp-size"),
+    (["--cp-size", "2147483647", "--tp-size", "2147483646"], "make the alignment 4611686011984936962"),
+    (["--shard-rows", BIG], "--shard-rows"),
+    (["--capacity", "2147483647"], "--memory-budget"),  # one pack of 24 GiB: more than the budget
+    (["--capacity", "2097152", "--memory-budget", "16M"],
+     "--capacity 2097152: one pack holds input_ids, labels and position_ids, 3 int32 columns of 2,097,152 tokens"),
+    (["--capacity", "4194304", "--memory-budget", "1G"], ("--shard-rows 1024 x --capacity 4194304 exceeds 2^31-1 "
+                                                          "tokens per shard (Parquet list offsets are int32): use "
+                                                          "--shard-rows 511 or less")),
+    (["--mode", "batch", "--max-tokens", "4194304", "--memory-budget", "1G"], "--shard-rows 1024 x --max-tokens"),
+    (["--dp-size", str(2**21), "--micro-batches", "1"], "--dp-size 2097152: must be at most 1,048,576"),
+    (["--dp-size", "2", "--micro-batches", BIG], "--micro-batches"),
+    (["--dp-size", "2", "--micro-batches", "1", "--attn-coeff", "1e400"], "--attn-coeff inf"),
+    (["--dp-size", "2", "--micro-batches", "1", "--attn-coeff", "nan"], "--attn-coeff nan"),
+    (["--dp-size", "2", "--micro-batches", "1", "--lr-scaling", "sqrt", "--ref-batch-size", "inf"],
+     "--ref-batch-size inf"),
+    # --memory-budget: a size
+    (["--memory-budget", "1e400"], "--memory-budget '1e400': not a finite size"),
+    (["--memory-budget", "nan"], "--memory-budget 'nan': not a finite size"),
+    (["--memory-budget", "-5G"], "--memory-budget '-5G': must be at least 1 byte"),
+    (["--memory-budget", "0"], "--memory-budget '0': must be at least 1 byte"),
+    (["--memory-budget", "1e30"], "--memory-budget '1e30': more than 2^63-1 bytes"),
+    (["--memory-budget", "lots"], "--memory-budget 'lots': expected a size such as 4GiB"),
+    (["--memory-budget", "4XB"], "--memory-budget '4XB': unknown unit 'xb'"),
+    # unknown choices
+    (["--algorithm", "magic"], "--algorithm 'magic': choose one of"),
+    (["--too-long", "sometimes"], "--too-long 'sometimes': choose one of error, drop, truncate, split"),
+    (["--order", "random"], "--order 'random': choose one of input, shuffle, curriculum"),
+    (["--mode", "thd"], "--mode 'thd': choose one of pack, batch"),
+    (["--token-transfer", "rsync"], "--token-transfer 'rsync': choose one of auto, exchange, read"),
+    # names that cannot be
+    (["--keep-columns", "input_ids"], "--keep-columns input_ids: that name is an input or output column"),
+    (["--keep-columns", "x", "--keep-columns", "x"], "--keep-columns x, x: a column is named twice"),
+    (["--weight-column", "labels"], "--weight-column 'labels'"),
+]
+
+
+@pytest.mark.parametrize("args, mention", PACK_BAD, ids=[" ".join(a)[:60] for a, _ in PACK_BAD])
+def test_pack_refuses_a_bad_option_before_any_work(corpus, tmp_path, args, mention):
+    out = tmp_path / "out"
+    assert_clean_error(packctl("pack", corpus, "-o", out, *args), 2, mention)
+    assert_nothing_left(out)
+
+
+def test_a_refused_capacity_names_a_budget_that_is_enough(corpus, tmp_path):
+    """The advice can be followed: the memory budget the message names is enough."""
+    out = tmp_path / "out"
+    line = assert_clean_error(packctl("pack", corpus, "-o", out, "--capacity", "2097152", "--memory-budget", "16M",
+                                      "--shard-rows", "1"), 2, "give --memory-budget")
+    budget = line.split("give --memory-budget ")[1].split(" ")[0]
+    result = packctl("pack", corpus, "-o", out, "--capacity", "2097152", "--memory-budget", budget, "--shard-rows", "1",
+                     "-q")
+    assert result.code == 0, result.stderr
+    assert_every_sample_once(out, [corpus])
+
+
+# ---------------------------------------------------------------------------------------------
+# --config FILE
+
+CONFIG_BAD = [
+    (b"capacity = [", "not valid TOML"),
+    (b"\xff\xfecapacity = 64\n", "not UTF-8 text (byte 0)"),
+    (b"capacity = 64\ncapacty = 32\n", "unknown key 'capacty'"),
+    (b"pack = 3\n", "pack = 3: must be a table of options ([pack])"),
+    (b"capacity = 64\n[pack]\nwindow = 10\n", "capacity is outside the [pack] table"),
+    (b"too-long = 'split'\ntoo_long = 'drop'\n", "too-long and too_long are the same option; keep one"),
+    (b"capacity = '4096'\n", 'capacity = "4096": must be a whole number'),
+    (b"capacity = 4096.0\n", "capacity = 4096.0: must be a whole number"),
+    (b"capacity = true\n", "capacity = true: must be a whole number"),
+    (b"skip-empty = 1\n", "skip-empty = 1: must be true or false"),
+    (b"[pack]\nseed = 1979-05-27\n", 'seed = "1979-05-27": must be a whole number'),
+    (b"keep-columns = 'meta'\n", 'keep-columns = "meta": must be a list of column names'),
+    (b"tokens-column = ['a']\n", 'tokens-column = ["a"]: must be a string'),
+    (b"labels_column = 3\n", "labels_column = 3: must be a string"),
+    (b"memory-budget = false\n", "memory-budget = false: must be a size such as 4GiB"),
+    (b"attn-coeff = 'big'\n", 'attn-coeff = "big": must be a number'),
+    (b"[pack.capacity]\nx = 1\n", 'capacity = {"x": 1}: must be a whole number'),
+    (b"capacity = 0\n", "--capacity 0: must be a whole number >= 1"),
+    (b"memory-budget = 'inf'\n", "--memory-budget 'inf': not a finite size"),
+]
+
+
+@pytest.mark.parametrize("text, mention", CONFIG_BAD, ids=[t.decode("latin-1")[:30] for t, _ in CONFIG_BAD])
+def test_config_file_values_are_refused_naming_the_key(corpus, tmp_path, text, mention):
+    config = tmp_path / "pack.toml"
+    config.write_bytes(text)
+    out = tmp_path / "out"
+    assert_clean_error(packctl("pack", corpus, "-o", out, "--config", config), 2, mention)
+    assert_nothing_left(out)
+
+
+def test_config_inputs_of_the_wrong_type(tmp_path):
+    config = tmp_path / "pack.toml"
+    config.write_text("inputs = [1, 2]\n")
+    assert_clean_error(packctl("pack", "--config", config, "-o", tmp_path / "out"), 2,
+                       f"{config}: inputs = [1, 2]: must be a list of paths")
+
+
+@pytest.mark.parametrize("what", ["directory", "missing", "unreadable"])
+def test_a_config_path_that_is_not_a_readable_file(corpus, tmp_path, monkeypatch, what):
+    config = tmp_path / "pack.toml"
+    mention = {"directory": "is a directory; --config takes a TOML file", "missing": "config file not found",
+               "unreadable": "cannot read the config file (Permission denied)"}[what]
+    if what == "directory":
+        config.mkdir()
+    elif what == "unreadable":  # root reads any file: the refusal is simulated where it happens
+        config.write_text("capacity = 16\n")
+
+        def refuse(self):
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+        monkeypatch.setattr(Path, "read_bytes", refuse)
+    out = tmp_path / "out"
+    assert_clean_error(packctl("pack", corpus, "-o", out, "--config", config), 2, str(config), mention)
+    assert_clean_error(packctl("stats", corpus, "--config", config), 2, str(config), mention)
+    assert_nothing_left(out)
+
+
+def test_a_config_file_with_a_byte_order_mark_is_read(corpus, tmp_path):
+    config = tmp_path / "pack.toml"
+    config.write_bytes("\ufeff[pack]\ncapacity = 16\ntoo-long = 'split'\n".encode())
+    out = tmp_path / "out"
+    assert packctl("pack", corpus, "-o", out, "--config", config, "-q").code == 0
+    assert json.loads((out / "_manifest.json").read_text())["config"]["capacity"] == 16
+    assert_every_sample_once(out, [corpus])
+
+
+# ---------------------------------------------------------------------------------------------
+# The Python API: what callers have at hand is taken, anything else refused before any work
+
+def test_paths_and_numpy_scalars_are_taken(corpus, tmp_path):
+    out = tmp_path / "out"
+    result = pack(PackConfig(inputs=(Path(corpus),), output=out, capacity=np.int64(16), seed=np.uint32(3),
+                             shard_rows=np.int32(2), skip_empty=np.bool_(False), pad_token_id=np.int16(0),
+                             order="shuffle", keep_columns=()))
+    assert result.output == out
+    config = json.loads((out / "_manifest.json").read_text())["config"]
+    assert config["output"] == str(out) and config["inputs"] == [str(corpus)]
+    assert (config["capacity"], config["seed"], config["shard_rows"]) == (16, 3, 2)
+    assert_every_sample_once(out, [corpus])
+
+
+def test_numpy_floats_are_taken(corpus, tmp_path):
+    out = tmp_path / "out"
+    pack(PackConfig(inputs=[corpus], output=str(out), capacity=16, dp_size=np.int64(2), micro_batches=np.int8(1),
+                    attn_coeff=np.float32(0.5), ref_batch_size=np.float64(64.0), lr_scaling="sqrt"))
+    config = json.loads((out / "_manifest.json").read_text())["config"]
+    assert (config["attn_coeff"], config["ref_batch_size"], config["dp_size"]) == (0.5, 64.0, 2)
+    assert_every_sample_once(out, [corpus])
+
+
+API_BAD = [
+    ({"inputs": "data"}, "--inputs 'data': must be a list of paths"),
+    ({"inputs": Path("data")}, "--inputs PosixPath('data'): must be a list of paths"),
+    ({"inputs": [b"a.parquet"]}, "--inputs [b'a.parquet']: must be a list of paths"),
+    ({"inputs": None}, "--inputs None: must be a list of paths"),
+    ({"output": None}, "--output None: must be a string"),
+    ({"output": b"out"}, "--output b'out': must be a string"),
+    ({"capacity": "4096"}, "--capacity '4096': must be a whole number"),
+    ({"capacity": 4096.0}, "--capacity 4096.0: must be a whole number"),
+    ({"capacity": True}, "--capacity True: must be a whole number"),
+    ({"capacity": np.float64(16)}, "--capacity 16.0: must be a whole number"),
+    ({"capacity": None}, "--capacity None: must be a whole number"),
+    ({"seed": [1]}, "--seed [1]: must be a whole number"),
+    ({"too_long": None}, "--too-long None: must be a string"),
+    ({"tokens_column": Path("input_ids")}, "--tokens-column PosixPath('input_ids'): must be a string"),
+    ({"labels_column": 3}, "--labels-column 3: must be a string (or unset)"),
+    ({"keep_columns": "meta"}, "--keep-columns 'meta': must be a list of column names"),
+    ({"overwrite": 1}, "--overwrite 1: must be true or false"),
+    ({"overwrite": "yes"}, "--overwrite 'yes': must be true or false"),
+    ({"memory_budget": True}, "--memory-budget True: must be a size such as 4GiB"),
+    ({"memory_budget": [1]}, "--memory-budget [1]: must be a size such as 4GiB"),
+    ({"memory_budget": float("inf")}, "--memory-budget inf: not a finite size"),
+    ({"attn_coeff": "1"}, "--attn-coeff '1': must be a number"),
+    ({"max_seqs_per_bin": 2.5}, "--max-seqs-per-bin 2.5: must be a whole number (or unset)"),
+    ({"pad_token_id": np.float32(0)}, "--pad-token-id 0.0: must be a whole number"),
+]
+
+
+@pytest.mark.parametrize("bad, mention", API_BAD, ids=[repr(b)[:40] for b, _ in API_BAD])
+def test_api_refuses_a_value_of_the_wrong_type_before_any_work(corpus, tmp_path, monkeypatch, bad, mention):
+    from packctl.pipeline import run
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("the inputs were read before the options were checked")
+
+    monkeypatch.setattr(run, "index_inputs", no_reading)
+    out = tmp_path / "out"
+    options = {"inputs": [str(corpus)], "output": str(out), "capacity": 16, **bad}
+    with pytest.raises(PackctlError) as caught:
+        pack(PackConfig(**options))
+    assert mention in str(caught.value) and "\n" not in str(caught.value)
+    assert_nothing_left(out)
+
+
+def test_every_option_is_checked_to_go_into_the_manifest(corpus, tmp_path, monkeypatch):
+    """The last guard: a value that passed the type checks but cannot be written as JSON is refused
+    before any work, not after the run (where writing _manifest.json would fail)."""
+    from packctl import config
+
+    monkeypatch.setattr(config, "_type_problem", lambda name, value: None)
+    with pytest.raises(PackctlError, match=r"--tokens-column 1j: cannot be recorded in the manifest"):
+        PackConfig(inputs=[str(corpus)], output=str(tmp_path / "out"), tokens_column=1j).validate()
+
+
+# ---------------------------------------------------------------------------------------------
+# packctl sample
+
+SAMPLE_BAD = [
+    (["--sequences", "0"], "--sequences 0: must be in [1, 2,147,483,647]"),
+    (["--sequences", "-3"], "--sequences -3: must be in [1,"),
+    (["--sequences", BIG], "--sequences"),
+    (["--sequences", "abc"], "Invalid value for '--sequences'"),
+    (["--shards", "0"], "--shards 0: must be in [1,"),
+    (["--shards", "100", "--sequences", "5"], "--shards 100 with --sequences 5: a shard would be empty; use --shards 5"),
+    (["--seed", "-1"], "--seed -1: must be in [0,"),
+    (["--vocab-size", "1"], "--vocab-size 1: must be in [2, 2,147,483,648]"),
+    (["--vocab-size", str(2**31 + 1)], "--vocab-size 2147483649: must be in [2, 2,147,483,648]"),
+    (["--max-length", "0"], "--max-length 0: must be in [1, 2,147,483,647]"),
+    (["--max-length", BIG], "--max-length"),
+    (["--max-length", "1", "--groups", "preference"], "--max-length 1: a grouped row holds a prompt and a response"),
+    (["--prompt-fraction", "2"], "--prompt-fraction 2.0: must be a share in [0, 1]"),
+    (["--prompt-fraction", "-0.1"], "--prompt-fraction -0.1: must be a share in [0, 1]"),
+    (["--prompt-fraction", "nan"], "--prompt-fraction nan: must be a share in [0, 1]"),
+    (["--groups", "rollout", "--group-size", "1"], "--group-size 1: a rollout group holds 2 or more responses"),
+    (["--groups", "rollout", "--group-size", BIG], "--group-size"),
+    (["--distribution", "pareto"], "--distribution 'pareto': choose one of zipf, lognormal, rl-longtail"),
+    (["--groups", "triples"], "--groups 'triples': choose one of none, preference, rollout"),
+]
+
+
+@pytest.mark.parametrize("args, mention", SAMPLE_BAD, ids=[" ".join(a)[:50] for a, _ in SAMPLE_BAD])
+def test_sample_refuses_a_bad_option_before_writing(tmp_path, args, mention):
+    out = tmp_path / "corpus"
+    assert_clean_error(packctl("sample", "-o", out, "--sequences", "20", *args), 2, mention)
+    assert not out.exists()
+
+
+def test_sample_keeps_a_corpus_it_was_refused_to_replace(tmp_path):
+    """A bad option with --overwrite leaves the existing corpus as it was."""
+    out = tmp_path / "corpus"
+    assert packctl("sample", "-o", out, "--sequences", "20").code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert_clean_error(packctl("sample", "-o", out, "--sequences", "0", "--overwrite"), 2, "--sequences 0")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_sample_overwrite_replaces_only_a_corpus(tmp_path):
+    """--overwrite replaces a directory of shard files; one holding anything else (a home
+    directory, `-o .`) is refused, and left as it was."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    assert_clean_error(packctl("sample", "-o", out, "--sequences", "20", "--overwrite"), 2,
+                       f"{out}: holds notes.txt, which packctl sample did not write")
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_sample_api_takes_numpy_and_refuses_other_types(tmp_path):
+    paths = write_sample(tmp_path / "c", SampleSpec(sequences=np.int64(12), shards=np.int32(2),
+                                                    prompt_fraction=np.float32(0.25), seed=np.uint8(1)))
+    assert len(paths) == 2 and sum(pq.ParquetFile(p).metadata.num_rows for p in paths) == 12
+    for bad, mention in [({"sequences": "10"}, "--sequences '10': must be a whole number"),
+                         ({"shards": 2.0}, "--shards 2.0: must be a whole number"),
+                         ({"prompt_fraction": "half"}, "--prompt-fraction 'half': must be a number"),
+                         ({"groups": None}, "--groups None: must be a string"),
+                         ({"seed": True}, "--seed True: must be a whole number")]:
+        with pytest.raises(PackctlError) as caught:
+            write_sample(tmp_path / "d", SampleSpec(**bad))
+        assert mention in str(caught.value)
+        assert not (tmp_path / "d").exists()
+
+
+def test_sample_of_one_token_sequences(tmp_path):
+    """--max-length 1 makes a corpus of one-token rows (no prompt to mask), and pack takes it."""
+    corpus = tmp_path / "c"
+    assert packctl("sample", "-o", corpus, "--sequences", "9", "--shards", "3", "--max-length", "1").code == 0
+    lengths = [len(row) for p in sorted(corpus.iterdir()) for row in pq.read_table(p).column("input_ids").to_pylist()]
+    assert lengths == [1] * 9
+    out = tmp_path / "out"
+    assert packctl("pack", corpus, "-o", out, "--capacity", "4", "-q").code == 0
+    assert_every_sample_once(out, [corpus])
+
+
+# ---------------------------------------------------------------------------------------------
+# packctl verify, stats, export
+
+VERIFY_BAD = [
+    (["--sample", "-1"], "--sample -1: must be in [0,"),
+    (["--heads", "0"], "--heads 0: must be in [1, 256]"),
+    (["--heads", BIG], "--heads"),
+    (["--head-dim", "12"], "--head-dim 12: must be a multiple of 8 in [8, 256]"),
+    (["--head-dim", "512"], "--head-dim 512: must be in [8, 256]"),
+    (["--seed", "-1"], "--seed -1: must be in [0,"),
+    (["--seed", BIG], "--seed"),
+    (["--cp-size", "0"], "--cp-size 0: must be in [1,"),
+    (["--no-attention", "--backend", "magic"], "--backend 'magic': choose one of auto, flash-attn"),
+    (["--no-attention", "--device", "tpu"], "--device 'tpu': choose one of auto, cpu, cuda"),
+    (["--no-attention", "--dtype", "fp8"], "--dtype 'fp8': choose from fp32, bf16, fp16"),
+    (["--sample", "x"], "Invalid value for '--sample'"),
+]
+
+
+@pytest.mark.parametrize("args, mention", VERIFY_BAD, ids=[" ".join(a)[:40] for a, _ in VERIFY_BAD])
+def test_verify_refuses_a_bad_option(packed, args, mention):
+    assert_clean_error(packctl("verify", packed, *args), 2, mention)
+
+
+def test_verify_api_takes_paths_and_numpy(packed, corpus):
+    report = verify(packed, VerifyOptions(source=[Path(corpus)], attention=False, sample=np.int64(2),
+                                          seed=np.uint16(1)))
+    assert report.ok
+    with pytest.raises(PackctlError, match="--sample '8': must be a whole number"):
+        verify(packed, VerifyOptions(sample="8"))
+    with pytest.raises(PackctlError, match="--source 'data': must be a list of paths"):
+        verify(packed, VerifyOptions(source="data"))
+
+
+STATS_BAD = [
+    (["--capacity", "0"], "--capacity 0: must be a whole number >= 1"),
+    (["--capacity", BIG], "--capacity 1000000000000000000000000000000: must be at most 2,147,483,647"),
+    (["--capacity", "64", "--capacity", "-1"], "--capacity -1"),
+    (["--window", "0"], "--window 0: must be a whole number >= 1"),
+    (["--pool-size", BIG], "--pool-size"),
+    (["--seed", "-1"], "--seed -1: must be a whole number >= 0"),
+    (["--too-long", "never"], "--too-long 'never': choose one of"),
+]
+
+
+@pytest.mark.parametrize("args, mention", STATS_BAD, ids=[" ".join(a)[:40] for a, _ in STATS_BAD])
+def test_stats_refuses_a_bad_option(corpus, args, mention):
+    assert_clean_error(packctl("stats", corpus, *args), 2, mention)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_stats_refuses_a_bad_attention_coefficient(packed, value):
+    assert_clean_error(packctl("stats", packed, "--attn-coeff", value), 2, "--attn-coeff", "must be a number >= 0")
+
+
+EXPORT_BAD = [
+    (["--format", "nemo", "--eos-token-id", "-1"], "--eos-token-id -1: must be in [0, 2,147,483,647]"),
+    (["--format", "olmo", "--eos-token-id", BIG], "--eos-token-id"),
+    (["--format", "magic"], "--format 'magic': choose one of nemo, nemo-npy, olmo"),
+    (["--format", "nemo", "--eos-token-id", "two"], "Invalid value for '--eos-token-id'"),
+]
+
+
+@pytest.mark.parametrize("args, mention", EXPORT_BAD, ids=[" ".join(a)[:40] for a, _ in EXPORT_BAD])
+def test_export_refuses_a_bad_option_before_writing(packed, tmp_path, args, mention):
+    target = tmp_path / "export"
+    assert_clean_error(packctl("export", packed, "-o", target, *args), 2, mention)
+    assert not target.exists()
+
+
+def test_export_api_takes_a_numpy_eos_id(tmp_path):
+    """OLMo-core's export records the EOS id in olmo.json: a numpy integer is written as a number."""
+    corpus = write_table(tmp_path / "eos" / "a.parquet",
+                         {"input_ids": pa.array([[5, 6, 2], [7, 2], [8, 9, 4, 2]], pa.list_(pa.int32()))})
+    packed = tmp_path / "packed"
+    assert packctl("pack", corpus, "-o", packed, "--capacity", "8", "-q").code == 0
+    result = export(packed, tmp_path / "olmo", "olmo", eos_token_id=np.int32(2))
+    assert json.loads((tmp_path / "olmo" / "olmo.json").read_text())["eos_token_id"] == 2
+    assert result["format"] == "olmo"
+    with pytest.raises(PackctlError, match="--overwrite 'yes': must be true or false"):
+        export(packed, tmp_path / "x", "nemo", overwrite="yes")
+    assert not (tmp_path / "x").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Usage: every command without what it needs
+
+@pytest.mark.parametrize("args", [[], ["pack"]])
+def test_a_command_alone_prints_its_help_and_exits_2(args):
+    result = packctl(*args)
+    assert result.code == 2 and "Usage: packctl" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args, mention", [
+    (["verify"], "Missing argument 'OUT'"),
+    (["export"], "Missing argument 'OUT'"),
+    (["export", "x"], "Missing option '--output'"),
+    (["sample"], "Missing option '--output'"),
+    (["stats"], "no PATH given"),
+    (["nosuch"], "No such command 'nosuch'"),
+    (["pack", "x", "-o"], "Option '-o' requires an argument"),
+])
+def test_a_command_without_what_it_needs(args, mention):
+    assert_clean_error(packctl(*args), 2, mention)
+
+
+# ---------------------------------------------------------------------------------------------
+# Input columns: two of one name, and the list layouts of Arrow
+
+def _table_with_duplicate(name: str, extra: dict | None = None) -> pa.Table:
+    tokens = pa.array(_lists([2, 3]), pa.list_(pa.int32()))
+    columns = {"input_ids": tokens, **(extra or {})}
+    arrays, names = list(columns.values()), list(columns)
+    arrays.append(columns[name])
+    names.append(name)
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+@pytest.mark.parametrize("name, extra, flags", [
+    ("input_ids", None, []),
+    ("labels", {"labels": pa.array(_lists([2, 3]), pa.list_(pa.int32()))}, []),
+    ("labels", {"labels": pa.array(_lists([2, 3]), pa.list_(pa.int32()))}, ["--labels-column", "labels"]),
+    ("meta", {"meta": pa.array([1, 2])}, ["--keep-columns", "meta"]),
+    ("w", {"w": pa.array([1.0, 2.0])}, ["--weight-column", "w"]),
+    ("g", {"g": pa.array([1, 2])}, ["--group-column", "g"]),
+])
+def test_two_input_columns_of_one_name(tmp_path, name, extra, flags):
+    path = tmp_path / "in" / "a.parquet"
+    path.parent.mkdir()
+    pq.write_table(_table_with_duplicate(name, extra), path)
+    out = tmp_path / "out"
+    assert_clean_error(packctl("pack", path, "-o", out, "--capacity", "8", *flags), 2,
+                       f"{path}: 2 columns are named '{name}'", "a name of its own")
+    assert_nothing_left(out)
+
+
+def test_two_columns_of_one_name_that_packctl_does_not_read(tmp_path):
+    """Only the columns packctl reads must have a name of their own. (The checker reads the file
+    without the twin column: it cannot read one that has it; the sample ids are the same.)"""
+    path = tmp_path / "in" / "a.parquet"
+    path.parent.mkdir()
+    table = _table_with_duplicate("meta", {"meta": pa.array([1, 2])})
+    pq.write_table(table, path)
+    plain = write_table(tmp_path / "plain" / "a.parquet", {"input_ids": table.column(0)})
+    out = tmp_path / "out"
+    assert packctl("pack", path, "-o", out, "--capacity", "8", "-q").code == 0
+    assert_every_sample_once(out, [plain])
+
+
+def _layout(kind: str, rows: list[list[int]], value_type: pa.DataType) -> pa.Array:
+    """`rows` in the Arrow list layout `kind` (list views with their rows stored back to front)."""
+    flat = pa.array([v for row in rows for v in row], value_type)
+    lengths = [len(r) for r in rows]
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).tolist()
+    if kind == "fixed_size_list":
+        return pa.FixedSizeListArray.from_arrays(flat, lengths[0])
+    if kind == "large_list":
+        return pa.LargeListArray.from_arrays(pa.array([*starts, sum(lengths)], pa.int64()), flat)
+    back = [v for row in rows[::-1] for v in row]  # values stored in another order than the rows
+    back_starts = [sum(lengths[k + 1:]) for k in range(len(rows))]
+    cls, offset_type = {"list_view": (pa.ListViewArray, pa.int32()),
+                        "large_list_view": (pa.LargeListViewArray, pa.int64())}[kind]
+    return cls.from_arrays(pa.array(back_starts, offset_type), pa.array(lengths, offset_type),
+                           pa.array(back, value_type))
+
+
+@pytest.mark.parametrize("kind, value_type", [
+    ("fixed_size_list", pa.int32()), ("fixed_size_list", pa.uint16()), ("list_view", pa.int64()),
+    ("list_view", pa.int8()), ("large_list_view", pa.int32()), ("large_list", pa.uint32()),
+])
+def test_tokens_in_any_list_layout_are_read(tmp_path, kind, value_type):
+    """Every sample once: checked against the same rows written as plain lists (the checker reads
+    those; the sample ids are the same, one file)."""
+    fixed = kind == "fixed_size_list"
+    rows = _lists([4] * 6 if fixed else [3, 1, 4, 1, 5, 9], start=1)
+    labels = [[-100] + r[1:] for r in rows] if value_type.id in (pa.int64().id, pa.int32().id, pa.int8().id) else rows
+    path = tmp_path / "in" / "a.parquet"
+    path.parent.mkdir()
+    pq.write_table(pa.table({"input_ids": _layout(kind, rows, value_type),
+                             "labels": _layout(kind, labels, value_type)}), path)
+    plain = write_table(tmp_path / "plain" / "a.parquet", {"input_ids": pa.array(rows, pa.list_(pa.int64())),
+                                                           "labels": pa.array(labels, pa.list_(pa.int64()))})
+    out = tmp_path / "out"
+    result = packctl("pack", path, "-o", out, "--capacity", "16", "-q")
+    assert result.code == 0, result.stderr
+    assert_every_sample_once(out, [plain])
+    stats = packctl("stats", path, "--capacity", "16", "--json")
+    assert stats.code == 0, stats.stderr
+    assert json.loads(stats.stdout)["sequences"] == len(rows)
+
+
+def test_values_are_range_checked_in_every_layout(tmp_path):
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"input_ids": _layout("list_view", [[1, 2], [3, 2**31]], pa.int64())}), path)
+    out = tmp_path / "out"
+    assert_clean_error(packctl("pack", path, "-o", out, "--capacity", "8", "-q"), 2,
+                       f"{path} row 1 column 'input_ids': value 2147483648 at position 1 is outside [0, 2147483647]")
+    assert_nothing_left(out)
+
+
+def test_a_null_row_in_a_fixed_size_list(tmp_path):
+    path = tmp_path / "a.parquet"
+    tokens = pa.FixedSizeListArray.from_arrays(pa.array([1, 2, 3, 4], pa.int32()), 2, mask=pa.array([False, True]))
+    pq.write_table(pa.table({"input_ids": tokens}), path)
+    out = tmp_path / "out"
+    assert_clean_error(packctl("pack", path, "-o", out, "--capacity", "8", "-q"), 2,
+                       f"{path} row 1 column 'input_ids': null instead of a list")
+    assert_nothing_left(out)
+
+
+@pytest.mark.parametrize("values, name", [
+    (pa.FixedSizeListArray.from_arrays(pa.array(["a", "b", "c", "d"]), 2), "fixed_size_list<string>[2]"),
+    (pa.ListViewArray.from_arrays(pa.array([0, 1], pa.int32()), pa.array([1, 1], pa.int32()),
+                                  pa.array([1.5, 2.5])), "list_view<double>"),
+    (pa.LargeListArray.from_arrays(pa.array([0, 1, 2], pa.int64()), pa.array(["x", "y"])), "large_list<string>"),
+    (pa.array(["a", "b"]).dictionary_encode(), "dictionary<string>"),
+    (pa.array([{"a": 1}, {"a": 2}], pa.struct([("a", pa.int32())])), "struct<a: int32>"),
+])
+def test_type_names_in_messages_say_what_the_column_is(tmp_path, values, name):
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"input_ids": values}), path)
+    out = tmp_path / "out"
+    assert_clean_error(packctl("pack", path, "-o", out), 2,
+                       f"{path}: column 'input_ids' is {name}; tokens must be a list of integers")
+    assert_nothing_left(out)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec on PATH (pip install 'packctl[mpi]')")
+@pytest.mark.parametrize("config_text, mention", [("capacity = 'big'\n", 'capacity = "big": must be a whole number'),
+                                                  ("capacity = 0\n", "--capacity 0: must be a whole number >= 1")])
+def test_under_mpi_a_bad_option_is_printed_once(corpus, tmp_path, config_text, mention):
+    """Every rank reads the same file and flags and finds the same error: rank 0 says it, once."""
+    config = tmp_path / "pack.toml"
+    config.write_text(config_text)
+    out = tmp_path / "out"
+    proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "packctl", "pack", str(corpus), "-o", str(out),
+                           "--config", str(config)], capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count(mention) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert_nothing_left(out)
