@@ -32,6 +32,9 @@ from support.paths import ROOT
 from support.threadcomm import run_ranks
 
 PACK = ("--capacity", "16", "-q")
+# Blocks read twice: a pack of 2 tokens costs 24 bytes (3 int32 columns), the smallest --memory-budget
+# packctl takes with --capacity 2, and less than any decoded block, so none stays in memory.
+REREAD = ("--capacity", "2", "-q", "--memory-budget", "24")
 
 
 def tokens(rows: int, first: int = 1) -> dict:
@@ -495,7 +498,7 @@ def test_a_file_rewritten_between_scan_and_materialize(tmp_path, monkeypatch):
     fixed_width_file(tmp_path / "data/b.parquet", 100)
     change_before_materialize(monkeypatch, lambda: rewrite_keeping_size_and_mtime(a, 7))
     out = tmp_path / "out"
-    result = packctl("pack", str(tmp_path / "data"), "-o", str(out), *PACK, "--memory-budget", "1")
+    result = packctl("pack", str(tmp_path / "data"), "-o", str(out), *REREAD)
     assert_clean_error(result, 2, f"{a}: changed while packctl was reading it", "Parquet footer",
                        "rerun when the input is stable")
     assert_nothing_left(out)
@@ -512,7 +515,7 @@ def test_a_file_appended_to_during_the_run(tmp_path, monkeypatch):
 
     change_before_materialize(monkeypatch, append)
     out = tmp_path / "out"
-    result = packctl("pack", str(tmp_path / "data"), "-o", str(out), *PACK, "--memory-budget", "1")
+    result = packctl("pack", str(tmp_path / "data"), "-o", str(out), *REREAD)
     assert_clean_error(result, 2, f"{b}: changed while packctl was reading it",
                        f"size went from {size} to {size + 9} bytes")
     assert_nothing_left(out)
@@ -528,7 +531,7 @@ def test_a_file_replaced_by_rename_during_the_run(tmp_path, monkeypatch):
 
     change_before_materialize(monkeypatch, replace)
     out = tmp_path / "out"
-    result = packctl("pack", str(tmp_path / "data"), "-o", str(out), *PACK, "--memory-budget", "1")
+    result = packctl("pack", str(tmp_path / "data"), "-o", str(out), *REREAD)
     assert_clean_error(result, 2, f"{a}: changed while packctl was reading it")
     assert_nothing_left(out)
 
@@ -538,7 +541,7 @@ def test_a_file_removed_during_the_run(tmp_path, monkeypatch):
     b = fixed_width_file(tmp_path / "data/b.parquet", 100)
     change_before_materialize(monkeypatch, b.unlink)
     out = tmp_path / "out"
-    result = packctl("pack", str(tmp_path / "data"), "-o", str(out), *PACK, "--memory-budget", "1")
+    result = packctl("pack", str(tmp_path / "data"), "-o", str(out), *REREAD)
     assert_clean_error(result, 2, f"{b}: changed while packctl was reading it", "removed")
     assert_nothing_left(out)
 
@@ -564,7 +567,7 @@ def test_every_rank_checks_the_files_it_reads(tmp_path, monkeypatch):
     fixed_width_file(tmp_path / "data/a.parquet", 1, rows=40)
     b = fixed_width_file(tmp_path / "data/b.parquet", 1000, rows=40)
     change_before_materialize(monkeypatch, lambda: rewrite_keeping_size_and_mtime(b, 5000))
-    config = PackConfig(inputs=[str(tmp_path / "data")], output=str(tmp_path / "out"), capacity=16, memory_budget=1,
+    config = PackConfig(inputs=[str(tmp_path / "data")], output=str(tmp_path / "out"), capacity=2, memory_budget=24,
                         token_transfer="exchange")
     with pytest.raises(PackctlError, match="b.parquet: changed while packctl was reading it"):
         run_ranks(2, lambda comm: pack(config, comm=comm))
@@ -579,7 +582,7 @@ def test_an_unchanged_input_read_twice_packs_normally(tmp_path, monkeypatch):
     original, reread = run_module.materialize, []
     monkeypatch.setattr(run_module, "materialize",
                         lambda *args, **kw: reread.append(original(*args, **kw)) or reread[-1])
-    result = packctl("pack", str(tmp_path / "data"), "-o", str(tmp_path / "out"), *PACK, "--memory-budget", "1")
+    result = packctl("pack", str(tmp_path / "data"), "-o", str(tmp_path / "out"), *REREAD)
     assert result.code == 0, result.stderr
     assert reread[0].blocks_reread == 6  # every block of both files, read again
     assert_every_sample_once(tmp_path / "out", [a, b])
