@@ -270,7 +270,7 @@ def _local_search(pack_of, rank, padded, costs, movable, counts, spec: BalanceSp
             if move is None:
                 continue
             x, target, y = move
-            px, py = pack_of[x], target
+            px = pack_of[x]
             pack_of[x] = target
             load[px] -= padded[x]
             load[target] += padded[x]

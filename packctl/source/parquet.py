@@ -76,8 +76,30 @@ class Block:
     nbytes: int  # uncompressed size of its columns (what decoding it costs)
 
 
+class RowsByGid:
+    """What an index of input rows by global sample id answers from its `files`, `file_offsets`,
+    `tokens_column` and `fingerprints` (SequenceIndex of pack, LengthIndex of the stats what-if)."""
+
+    files: list[InputFile]
+    file_offsets: np.ndarray
+    tokens_column: str
+    fingerprints: list[FileFingerprint]
+
+    def fingerprint(self, f: int) -> FileFingerprint | None:
+        """What the run first read of file f (None when nothing was recorded)."""
+        return self.fingerprints[f] if self.fingerprints else None
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.file_offsets[-1])
+
+    def describe(self, gid: int) -> str:
+        """'FILE row R column C' of a gid, as every message names a row."""
+        return describe_gid([f.path for f in self.files], self.file_offsets, gid, self.tokens_column)
+
+
 @dataclass
-class SequenceIndex:
+class SequenceIndex(RowsByGid):
     """What scan learns about the corpus: files and blocks in gid order (from Parquet footers, the
     same on every rank) and the lengths of gids [gid_lo, gid_lo + len(lengths)) (this rank's)."""
 
@@ -97,16 +119,6 @@ class SequenceIndex:
     group_starts: np.ndarray | None = None
     # one per file: what the run first read of it; every later open checks the file against it
     fingerprints: list[FileFingerprint] = field(default_factory=list)
-
-    def fingerprint(self, f: int) -> FileFingerprint | None:
-        return self.fingerprints[f] if self.fingerprints else None
-
-    @property
-    def num_sequences(self) -> int:
-        return int(self.file_offsets[-1])
-
-    def describe(self, gid: int) -> str:
-        return describe_gid([f.path for f in self.files], self.file_offsets, gid, self.tokens_column)
 
 
 def describe_gid(paths: list[str], file_offsets: np.ndarray, gid: int, column: str | None = None) -> str:

@@ -30,7 +30,7 @@ import polars as pl
 
 from packctl.config import PLANNING_OPTIONS, PackConfig  # noqa: F401  (PLANNING_OPTIONS re-exported)
 from packctl.errors import PackctlError
-from packctl.source.parquet import (FileFingerprint, InputFile, check_list_column, describe_gid, is_plain_list,
+from packctl.source.parquet import (FileFingerprint, InputFile, RowsByGid, check_list_column, is_plain_list,
                                    list_lengths, open_parquet)
 from packctl.source.resolve import resolve
 from packctl.source.groups import read_group_starts
@@ -47,7 +47,7 @@ from packctl.stats.lazy import collect_streaming
 
 
 @dataclass
-class LengthIndex:
+class LengthIndex(RowsByGid):
     """Sequence lengths by global sample id, with the files they come from (gid order)."""
 
     files: list[InputFile]
@@ -59,17 +59,6 @@ class LengthIndex:
     gid_lo: int = 0  # every gid is here, as on the one rank of `pack`
     # one per file: what was first read of it (packctl.source.resolve); later reads check it
     fingerprints: list[FileFingerprint] = dataclasses.field(default_factory=list)
-
-    def fingerprint(self, f: int) -> FileFingerprint | None:
-        return self.fingerprints[f] if self.fingerprints else None
-
-    @property
-    def num_sequences(self) -> int:
-        return int(self.file_offsets[-1])
-
-    def describe(self, gid: int) -> str:
-        """'FILE row R column C' of a gid, as `pack` names a row."""
-        return describe_gid([f.path for f in self.files], self.file_offsets, gid, self.tokens_column)
 
 
 def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_column: str | None = None, *,
