@@ -262,8 +262,7 @@ class OutputDir:
         if not self.tmp.is_dir():
             return write_failed(self.tmp, exc, "the directory of the output was removed while this run wrote "
                                                "it; run again")
-        return PackctlError(f"{self.out / name}: write failed ({exc.strerror or exc}); free space or choose "
-                            "another -o")
+        return write_failed(self.tmp / name, exc)
 
     def _journal(self, info: ShardEntry) -> None:
         line = journal_line(info)

@@ -271,7 +271,7 @@ def test_disk_full_while_writing(tmp_path):
     proc = subprocess.run([sys.executable, str(faulty), "--fail-write-after", "0", "pack", str(f), "-o", str(out),
                            "--capacity", "4", "--shard-rows", "5"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
-    assert "train-0000" in proc.stderr and "write failed (No space left on device)" in proc.stderr
+    assert "train-0000" in proc.stderr and "write failed (No space left on device, on the filesystem mounted at" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not out.exists() and not list(tmp_path.glob(".out.packctl-*"))
 

@@ -153,7 +153,7 @@ def test_disk_full_keeps_finished_shards_for_resume(tmp_path, corpus, reference)
     proc = run_pack(corpus, out, faults=["--fail-write-after", "5"])
     assert proc.returncode == 2, proc.stderr
     text = " ".join(proc.stderr.split())
-    assert "write failed (No space left on device)" in text and "--resume" in text
+    assert "write failed (No space left on device, on the filesystem mounted at" in text and "--resume" in text
     assert "Traceback" not in proc.stderr
     finished = len(journal_lines(out))
     assert 3 <= finished <= 5

@@ -102,7 +102,7 @@ def test_a_committed_shard_is_renamed_fsynced_and_journaled_with_its_sha256(tmp_
 def test_a_simulated_full_disk_fails_the_next_write_with_a_clear_error(tmp_path):
     output = OutputDir.create(tmp_path / "out", overwrite=False, faults=Faults(fail_write_after_shards=1))
     output.commit_shard(output.stage_bytes("part-00000.parquet", b"a", rows=1, tokens=1))
-    with pytest.raises(PackctlError, match=r"part-00001.parquet: write failed \(No space left on device\)"):
+    with pytest.raises(PackctlError, match=r"part-00001.parquet: write failed \(No space left on device, on the filesystem mounted at "):
         output.stage_bytes("part-00001.parquet", b"b", rows=1, tokens=1)
     assert not (output.tmp / "part-00001.parquet.tmp").exists()
 
