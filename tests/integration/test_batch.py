@@ -13,6 +13,7 @@ from packctl.plan.algorithms import batch_lengths, choose_buckets
 from packctl.plan.shapes import planned_item_lengths
 from support.contract import check_contract
 from support.runs import pack_to, run_cli
+from support.profiles import examples
 
 
 def brute_force_buckets(values, counts, k):
@@ -29,7 +30,7 @@ def brute_force_buckets(values, counts, k):
     return best
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 60), st.integers(1, 5)), min_size=1, max_size=9), st.integers(1, 4))
 def test_choose_buckets_is_optimal(pairs, k):
     values, counts = zip(*pairs)
@@ -39,7 +40,7 @@ def test_choose_buckets_is_optimal(pairs, k):
     assert cost == brute_force_buckets(list(values), list(counts), k)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(st.integers(1, 50), min_size=1, max_size=200), st.integers(50, 400),
        st.sampled_from([None, 3]), st.booleans())
 def test_micro_batches_fit_the_budget(lengths, max_tokens, max_seqs, bucketed):

@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 from support.contract import check_contract
 from support.runs import pack_to, packed_on_ranks, run_cli
 from support.data import write_table
+from support.profiles import examples
 from packctl import PackConfig, PackctlError
 from packctl.plan.align import round_up
 from packctl.plan.balance import BalanceSpec, balance_plan
@@ -31,7 +32,7 @@ def _ordered_groups(sizes, order):
     return first, gids, new_group
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=30), data=st.data(),
        algorithm=st.sampled_from(ALGORITHMS), align=st.sampled_from([1, 4]), window=st.integers(1, 10),
        too_long=st.sampled_from(["error", "drop", "truncate"]), by_tokens=st.booleans(),

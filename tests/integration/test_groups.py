@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 from support.contract import check_contract
 from support.runs import pack_to, packed_on_ranks, run_cli
 from support.data import write_table
+from support.profiles import examples
 from packctl import PackctlError
 from packctl.plan.align import round_up
 from packctl.plan.groups import GroupTooLong
@@ -36,7 +37,7 @@ def _groups_of(new_group, gids):
     return groups
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(sizes=st.lists(st.integers(1, 5), min_size=1, max_size=40), data=st.data(),
        algorithm=st.sampled_from(ALGORITHMS), align=st.sampled_from([1, 4]), window=st.integers(1, 12),
        too_long=st.sampled_from(["error", "drop", "truncate", "split"]), shuffled=st.booleans())

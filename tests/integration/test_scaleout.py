@@ -19,6 +19,7 @@ from packctl.output.stitch import encode_footer, parse_footer, stitch
 from packctl.output.encode import PARQUET_OPTIONS, encode_table
 
 from support.threadcomm import run_ranks
+from support.profiles import examples
 
 
 def test_units_are_row_groups_inside_shards():
@@ -36,7 +37,7 @@ def test_writer_cuts_by_hand():
     assert writer_cuts(np.zeros(0, np.int64), 2).tolist() == [0, 0, 0]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(0, 1000), min_size=0, max_size=60), st.integers(1, 12))
 def test_every_writer_is_within_one_unit_of_an_equal_share(tokens, writers):
     tokens = np.array(tokens, dtype=np.int64)
@@ -100,7 +101,7 @@ def test_footer_round_trip_and_refused_page_index():
         stitch([b"nope", data])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 10**6)), max_size=30), min_size=1, max_size=6),
        st.booleans())
 def test_merge_of_sorted_runs_is_the_lexicographic_order(runs, gid_ranges_in_order):

@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packctl.plan.algorithms import ALGORITHMS, Bins, pack_lengths
+from support.profiles import examples
 
 WHOLE_ITEM_ALGORITHMS = tuple(a for a in ALGORITHMS if a != "split")
-SETTINGS = settings(max_examples=150, deadline=None, derandomize=True)
+SETTINGS = settings(max_examples=examples(150), deadline=None, derandomize=True)
 
 
 # --- plain-Python references ----------------------------------------------------------------------

@@ -14,6 +14,7 @@ from packctl.plan.balance import (BalanceSpec, balance_plan, balance_step, imbal
 from packctl.plan.windows import WindowOptions, plan_windows
 from support.contract import check_contract
 from support.runs import pack_to, run_cli
+from support.profiles import examples
 
 
 def test_kk_example_from_the_docstring():
@@ -24,7 +25,7 @@ def test_kk_example_from_the_docstring():
     assert np.bincount(parts).tolist() == [4, 4]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(1, 10_000), min_size=1, max_size=80), st.integers(1, 9), st.booleans())
 def test_kk_parts_cover_every_item_with_equal_counts(costs, k, equal):
     parts = kk_partition(costs, k, equal_counts=equal)
@@ -51,7 +52,7 @@ def _random_plan(data, capacity):
                                                                          too_long="split", window=window, seed=1)), lengths
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(st.data())
 def test_every_pack_gets_exactly_one_slot_and_capacity_holds(data):
     capacity = data.draw(st.sampled_from([16, 64, 100]))
@@ -99,7 +100,7 @@ def test_every_pack_gets_exactly_one_slot_and_capacity_holds(data):
     assert out.num_windows == plan.num_windows
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.data())
 def test_a_balanced_step_is_never_worse_than_round_robin(data):
     capacity = 64
