@@ -1,4 +1,6 @@
-"""Batch mode (padded micro-batches) and shape buckets."""
+"""Batch mode (padded micro-batches) and shape buckets. `packctl verify` runs here without its
+attention checks (torch); tests/integration/torch/test_verify_attention.py runs them on a batch
+output."""
 from __future__ import annotations
 
 import json
@@ -12,7 +14,8 @@ from hypothesis import strategies as st
 from packctl.plan.algorithms import batch_lengths, choose_buckets
 from packctl.plan.shapes import planned_item_lengths
 from support.contract import check_contract
-from support.runs import pack_to, run_cli
+from support.adversary import packctl
+from support.runs import pack_to
 from support.profiles import examples
 
 
@@ -90,9 +93,11 @@ def test_batch_output_layout_verify_and_padding_report(tmp_path, sample_data):
     b = result.metrics["batching"]
     assert b["padding_fraction"] < b["naive"]["padding_fraction"]
     assert b["micro_batches"] == table.num_rows
-    done = run_cli("verify", str(out), "--source", str(sample_data), "--json")
-    assert done.returncode == 0, done.stdout + done.stderr
-    stats = json.loads(run_cli("stats", str(out), "--json").stdout)
+    done = packctl("verify", out, "--source", sample_data, "--json", "--no-attention")
+    assert done.code == 0, done.stdout + done.stderr
+    checks = json.loads(done.stdout)["checks"]
+    assert checks["structure"]["status"] == checks["conservation"]["status"] == "ok", checks
+    stats = json.loads(packctl("stats", out, "--json").stdout)
     assert stats["batching"]["padding_fraction"] == pytest.approx(b["padding_fraction"])
     assert stats["batching"]["shapes"] == b["shapes"]
 
@@ -120,7 +125,7 @@ def test_shape_buckets_bound_the_shapes_in_batch_mode(tmp_path, sample_data):
     shapes = set(zip(table["batch_size"].to_pylist(), table["padded_len"].to_pylist()))
     assert len(shapes) <= 3 and result.metrics["batching"]["distinct_shapes"] == len(shapes)
     assert sorted({p for _, p in shapes}) == result.metrics["shape_buckets"]
-    assert run_cli("verify", str(out), "--source", str(sample_data)).returncode == 0
+    assert packctl("verify", out, "--source", sample_data, "--no-attention").code == 0
 
 
 def test_shape_buckets_bound_pack_lengths_and_keep_the_contract(tmp_path, sample_data, contract):
@@ -138,7 +143,7 @@ def test_batch_mode_with_balancing(tmp_path, sample_data):
     assert {"step", "dp_rank", "micro_batch", "padded_len", "batch_size"} <= set(table.column_names)
     assert result.metrics["balance"]["after"]["attention"]["weighted"] <= \
         result.metrics["balance"]["before"]["attention"]["weighted"] + 1e-9
-    assert run_cli("verify", str(out), "--source", str(sample_data)).returncode == 0
+    assert packctl("verify", out, "--source", sample_data, "--no-attention").code == 0
 
 
 @pytest.mark.parametrize("args, message", [
@@ -150,8 +155,8 @@ def test_batch_mode_with_balancing(tmp_path, sample_data):
     (["--mode", "stack"], "--mode 'stack'"),
 ])
 def test_batch_option_errors(tmp_path, sample_data, args, message):
-    done = run_cli("pack", str(sample_data), "-o", str(tmp_path / "out"), "--too-long", "split", *args)
-    assert done.returncode == 2 and message in done.stderr, done.stderr
+    done = packctl("pack", sample_data, "-o", tmp_path / "out", "--too-long", "split", *args)
+    assert done.code == 2 and message in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("mode_options", [
@@ -166,11 +171,11 @@ def test_warmup_shapes_show_every_shape_to_every_rank_first(tmp_path, sample_dat
     # k shapes x 2 ranks = 2k packs = the first ceil(2k / 4) steps of 2 ranks x 2 micro-batches
     assert 2 <= shapes["distinct"] <= 4 and shapes["all_seen_by_step"] <= -(-2 * shapes["distinct"] // 4) - 1
     assert shapes["all_seen_by_step"] <= cold.metrics["balance"]["shapes"]["all_seen_by_step"]
-    assert run_cli("verify", str(out), "--source", str(sample_data)).returncode == 0
+    assert packctl("verify", out, "--source", sample_data, "--no-attention").code == 0
 
 
 def test_stats_what_if_refuses_batch_and_balancing_options(tmp_path, sample_data):
     config = tmp_path / "batch.toml"
     config.write_text('mode = "batch"\n')
-    done = run_cli("stats", str(sample_data), "--config", str(config))
-    assert done.returncode == 2 and "what-if compares packing algorithms" in done.stderr
+    done = packctl("stats", sample_data, "--config", config)
+    assert done.code == 2 and "what-if compares packing algorithms" in done.stderr
