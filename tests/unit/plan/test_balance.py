@@ -13,7 +13,8 @@ from packctl.plan.balance import (BalanceSpec, balance_plan, balance_step, imbal
                                   kk_partition, lr_scales, piece_costs, round_robin, step_bounds)
 from packctl.plan.windows import WindowOptions, plan_windows
 from support.contract import check_contract
-from support.runs import pack_to, run_cli
+from support.adversary import packctl
+from support.runs import pack_to
 from support.profiles import examples
 
 
@@ -181,8 +182,8 @@ def test_balanced_output_feeds_packed_dataset(tmp_path, sample_data):
 
 def test_stats_reports_dp_balance_with_round_robin(tmp_path, sample_data):
     _, out = pack_to(tmp_path, [sample_data], too_long="split", algorithm="ffs", dp_size=4, micro_batches=2)
-    done = run_cli("stats", str(out), "--json")
-    assert done.returncode == 0, done.stderr
+    done = packctl("stats", str(out), "--json")
+    assert done.code == 0, done.stderr
     dp = json.loads(done.stdout)["dp_balance"]
     recorded = json.loads((out / "_metrics.json").read_text())["balance"]
     assert dp["attention"]["mean"] == pytest.approx(recorded["after"]["attention"]["mean"])
@@ -199,6 +200,6 @@ def test_stats_reports_dp_balance_with_round_robin(tmp_path, sample_data):
     (["--lr-scaling", "sqrt"], "--lr-scaling need --dp-size"),
 ])
 def test_balance_option_errors(tmp_path, sample_data, args, message):
-    done = run_cli("pack", str(sample_data), "-o", str(tmp_path / "out"), "--too-long", "split", *args)
-    assert done.returncode == 2 and message in done.stderr, done.stderr
+    done = packctl("pack", str(sample_data), "-o", str(tmp_path / "out"), "--too-long", "split", *args)
+    assert done.code == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
