@@ -214,6 +214,7 @@ def _fingerprint(out: Path) -> tuple[list[str], dict]:
     return [s["sha256"] for s in manifest["shards"]], manifest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options, ranks", ANY_RANKS, ids=["input-concat", "shuffle-ffs", "curriculum-bfd",
                                                            "shuffle-ffs-balanced", "input-bfd-read"])
 def test_any_number_of_in_process_ranks_writes_the_single_process_bytes(tmp_path, sample_data, contract, options,

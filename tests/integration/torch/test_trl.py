@@ -24,6 +24,8 @@ from support.docs import run_docs_block  # noqa: E402
 from packctl.torch import PackedDataset  # noqa: E402
 from support.torch_proof import max_differences, packed_run, seq_starts_of, source_pieces, tiny_llama, unpacked_run  # noqa: E402
 
+pytestmark = pytest.mark.slow  # TRL and datasets load in seconds, and each test builds an SFTTrainer
+
 TOLERANCE = 1e-5
 LAYOUTS = {
     # tail padding to the capacity, held by each pack's last sequence
