@@ -40,9 +40,12 @@ def test_the_cases_pack_every_triple_of_options():
         assert {tuple(case[k] for k in triple) for case in packed} == set(itertools.product(*(options[k] for k in triple)))
 
 
-@pytest.mark.parametrize("too_long", TOO_LONG)
-@pytest.mark.parametrize("order", ORDERS)
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+# The quick loop (-m "not slow") packs the cases of order shuffle: every algorithm with every policy.
+CASES = [pytest.param(a, o, t, id=f"{a}-{o}-{t}", marks=[] if o == "shuffle" else [pytest.mark.slow])
+         for a in ALGORITHMS for o in ORDERS for t in TOO_LONG]
+
+
+@pytest.mark.parametrize("algorithm, order, too_long", CASES)
 def test_every_combination_passes_the_contract(tmp_path, small_sample_data, contract, algorithm, order, too_long):
     """On sample_data cut to 206 rows (small_sample_data, 7 of them over 4096 tokens), window 70:
     three windows, as window 700 gives on the whole of sample_data."""
