@@ -39,9 +39,10 @@ def pytest_collection_modifyitems(config, items):
         parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts
         if parts[0] == "mpi":
             item.add_marker(pytest.mark.mpi)
-            item.add_marker(pytest.mark.slow)
         if parts[:2] == ("integration", "torch"):
             item.add_marker(pytest.mark.torch)
+        if item.get_closest_marker("mpi") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)  # an mpiexec launch starts an interpreter per rank: seconds
 
 
 @pytest.fixture(scope="session")
