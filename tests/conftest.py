@@ -1,25 +1,37 @@
-"""Fixtures, and the markers every test gets from its tier (tests/README.md):
+"""Fixtures, the hypothesis profiles, and the markers every test gets from its tier (tests/README.md):
 
     tests/unit/         pure functions, no packing run                      (fast)
     tests/integration/  whole runs in-process, verify, stats, exports       (integration/torch: marker torch)
     tests/cli/          the command line as users type it, in processes of their own
     tests/adversarial/  what users and failures do to packctl: links, globs, full disks, kills, tampering
-    tests/mpi/          under real mpiexec                                  (marker mpi)
+    tests/mpi/          under real mpiexec                                  (markers mpi and slow)
     tests/support/      helpers, no tests
 
 Markers (registered in pyproject.toml, --strict-markers): `slow` (a test of more than a few seconds),
 `mpi` (launches mpiexec), `torch` (needs torch). `pytest -m "not slow"` is the quick loop.
+
+Hypothesis profiles: `default` (few examples, every run) and `thorough` (the counts each test names,
+HYPOTHESIS_PROFILE=thorough); tests ask for theirs with `support.profiles.examples(n)`.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
+from hypothesis import settings
 
 from support.contract import load_checker
 from support.paths import SAMPLE_DATA
+from support.profiles import DEFAULT_EXAMPLES, THOROUGH_EXAMPLES
 
 TESTS = Path(__file__).resolve().parent
+
+settings.register_profile("default", max_examples=DEFAULT_EXAMPLES, deadline=None)
+settings.register_profile("thorough", max_examples=THOROUGH_EXAMPLES, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -27,14 +39,29 @@ def pytest_collection_modifyitems(config, items):
         parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts
         if parts[0] == "mpi":
             item.add_marker(pytest.mark.mpi)
-            item.add_marker(pytest.mark.slow)
         if parts[:2] == ("integration", "torch"):
             item.add_marker(pytest.mark.torch)
+        if item.get_closest_marker("mpi") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)  # an mpiexec launch starts an interpreter per rank: seconds
 
 
 @pytest.fixture(scope="session")
 def sample_data() -> Path:
     return SAMPLE_DATA
+
+
+@pytest.fixture(scope="session")
+def small_sample_data(tmp_path_factory) -> Path:
+    """sample_data cut to every tenth row of each shard and every row over 4096 tokens: 4 shards,
+    206 rows, 7 of them longer than 4096 (as in sample_data), 146,244 tokens (an eighth). For tests
+    that pack many times and need the shape of sample_data, not its size."""
+    out = tmp_path_factory.mktemp("small_sample_data")
+    for path in sorted(SAMPLE_DATA.glob("*.parquet")):
+        table = pq.read_table(path)
+        lengths = np.diff(table.column("input_ids").combine_chunks().offsets.to_numpy())
+        keep = np.flatnonzero((np.arange(len(lengths)) % 10 == 0) | (lengths > 4096))
+        pq.write_table(table.take(keep), out / path.name)
+    return out
 
 
 @pytest.fixture(scope="session")

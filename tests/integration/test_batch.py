@@ -1,4 +1,6 @@
-"""Batch mode (padded micro-batches) and shape buckets."""
+"""Batch mode (padded micro-batches) and shape buckets. `packctl verify` runs here without its
+attention checks (torch); tests/integration/torch/test_verify_attention.py runs them on a batch
+output."""
 from __future__ import annotations
 
 import json
@@ -12,7 +14,9 @@ from hypothesis import strategies as st
 from packctl.plan.algorithms import batch_lengths, choose_buckets
 from packctl.plan.shapes import planned_item_lengths
 from support.contract import check_contract
-from support.runs import pack_to, run_cli
+from support.adversary import packctl
+from support.runs import pack_to
+from support.profiles import examples
 
 
 def brute_force_buckets(values, counts, k):
@@ -29,7 +33,7 @@ def brute_force_buckets(values, counts, k):
     return best
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 60), st.integers(1, 5)), min_size=1, max_size=9), st.integers(1, 4))
 def test_choose_buckets_is_optimal(pairs, k):
     values, counts = zip(*pairs)
@@ -39,7 +43,7 @@ def test_choose_buckets_is_optimal(pairs, k):
     assert cost == brute_force_buckets(list(values), list(counts), k)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(st.integers(1, 50), min_size=1, max_size=200), st.integers(50, 400),
        st.sampled_from([None, 3]), st.booleans())
 def test_micro_batches_fit_the_budget(lengths, max_tokens, max_seqs, bucketed):
@@ -89,9 +93,11 @@ def test_batch_output_layout_verify_and_padding_report(tmp_path, sample_data):
     b = result.metrics["batching"]
     assert b["padding_fraction"] < b["naive"]["padding_fraction"]
     assert b["micro_batches"] == table.num_rows
-    done = run_cli("verify", str(out), "--source", str(sample_data), "--json")
-    assert done.returncode == 0, done.stdout + done.stderr
-    stats = json.loads(run_cli("stats", str(out), "--json").stdout)
+    done = packctl("verify", out, "--source", sample_data, "--json", "--no-attention")
+    assert done.code == 0, done.stdout + done.stderr
+    checks = json.loads(done.stdout)["checks"]
+    assert checks["structure"]["status"] == checks["conservation"]["status"] == "ok", checks
+    stats = json.loads(packctl("stats", out, "--json").stdout)
     assert stats["batching"]["padding_fraction"] == pytest.approx(b["padding_fraction"])
     assert stats["batching"]["shapes"] == b["shapes"]
 
@@ -119,7 +125,7 @@ def test_shape_buckets_bound_the_shapes_in_batch_mode(tmp_path, sample_data):
     shapes = set(zip(table["batch_size"].to_pylist(), table["padded_len"].to_pylist()))
     assert len(shapes) <= 3 and result.metrics["batching"]["distinct_shapes"] == len(shapes)
     assert sorted({p for _, p in shapes}) == result.metrics["shape_buckets"]
-    assert run_cli("verify", str(out), "--source", str(sample_data)).returncode == 0
+    assert packctl("verify", out, "--source", sample_data, "--no-attention").code == 0
 
 
 def test_shape_buckets_bound_pack_lengths_and_keep_the_contract(tmp_path, sample_data, contract):
@@ -137,7 +143,7 @@ def test_batch_mode_with_balancing(tmp_path, sample_data):
     assert {"step", "dp_rank", "micro_batch", "padded_len", "batch_size"} <= set(table.column_names)
     assert result.metrics["balance"]["after"]["attention"]["weighted"] <= \
         result.metrics["balance"]["before"]["attention"]["weighted"] + 1e-9
-    assert run_cli("verify", str(out), "--source", str(sample_data)).returncode == 0
+    assert packctl("verify", out, "--source", sample_data, "--no-attention").code == 0
 
 
 @pytest.mark.parametrize("args, message", [
@@ -149,8 +155,8 @@ def test_batch_mode_with_balancing(tmp_path, sample_data):
     (["--mode", "stack"], "--mode 'stack'"),
 ])
 def test_batch_option_errors(tmp_path, sample_data, args, message):
-    done = run_cli("pack", str(sample_data), "-o", str(tmp_path / "out"), "--too-long", "split", *args)
-    assert done.returncode == 2 and message in done.stderr, done.stderr
+    done = packctl("pack", sample_data, "-o", tmp_path / "out", "--too-long", "split", *args)
+    assert done.code == 2 and message in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("mode_options", [
@@ -165,7 +171,7 @@ def test_warmup_shapes_show_every_shape_to_every_rank_first(tmp_path, sample_dat
     # k shapes x 2 ranks = 2k packs = the first ceil(2k / 4) steps of 2 ranks x 2 micro-batches
     assert 2 <= shapes["distinct"] <= 4 and shapes["all_seen_by_step"] <= -(-2 * shapes["distinct"] // 4) - 1
     assert shapes["all_seen_by_step"] <= cold.metrics["balance"]["shapes"]["all_seen_by_step"]
-    assert run_cli("verify", str(out), "--source", str(sample_data)).returncode == 0
+    assert packctl("verify", out, "--source", sample_data, "--no-attention").code == 0
 
 
 def test_stats_what_if_plans_batch_mode_from_a_config_file(tmp_path, sample_data):
@@ -173,7 +179,7 @@ def test_stats_what_if_plans_batch_mode_from_a_config_file(tmp_path, sample_data
     algorithm to compare), with pack's `batching` report."""
     config = tmp_path / "batch.toml"
     config.write_text('mode = "batch"\nmax-tokens = 16384\ntoo-long = "truncate"\n')
-    done = run_cli("stats", str(sample_data), "--config", str(config), "--json")
-    assert done.returncode == 0, done.stderr
+    done = packctl("stats", sample_data, "--config", config, "--json")
+    assert done.code == 0, done.stderr
     (row,) = json.loads(done.stdout)["what_if"]
     assert row["capacity"] == 16384 and row["capacity_flag"] == 4096 and "batching" in row

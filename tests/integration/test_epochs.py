@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from support.contract import check_contract
-from support.runs import run_cli
+from support.adversary import packctl
 from packctl import PackConfig, pack
 from packctl.errors import PackctlError
 from packctl.contract.manifest import epoch_output, read_manifest
@@ -105,8 +105,8 @@ def test_one_epoch_is_the_output_without_epochs(tmp_path, sample_data):
 
 
 def test_epochs_need_shuffle(tmp_path, sample_data):
-    proc = run_cli("pack", str(sample_data), "-o", str(tmp_path / "out"), "--epochs", "3")
-    assert proc.returncode == 2
+    proc = packctl("pack", str(sample_data), "-o", str(tmp_path / "out"), "--epochs", "3")
+    assert proc.code == 2
     assert "--epochs 3 with --order input" in proc.stderr and "--order shuffle" in proc.stderr
     assert not (tmp_path / "out").exists()
 
@@ -146,8 +146,8 @@ def test_balanced_steps_are_numbered_per_epoch(tmp_path, sample_data):
     for e in range(2):
         steps = _column(out / f"epoch-{e:05d}", "step")
         assert steps[0] == 0 and steps == sorted(steps)
-    proc = run_cli("verify", str(out), "--source", str(sample_data), "--no-attention", "--json")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = packctl("verify", str(out), "--source", str(sample_data), "--no-attention", "--json")
+    assert proc.code == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] and len(report["epochs"]) == 2
     assert all(r["checks"]["conservation"]["status"] == "ok" for r in report["epochs"])
@@ -159,8 +159,8 @@ def test_readers_name_the_epochs(tmp_path, sample_data):
         read_manifest(out)
     with pytest.raises(PackctlError, match="holds epochs 0 to 1"):
         epoch_output(out, 2)
-    proc = run_cli("stats", str(out))
-    assert proc.returncode == 2 and "epoch-00000" in proc.stderr
+    proc = packctl("stats", str(out))
+    assert proc.code == 2 and "epoch-00000" in proc.stderr
 
 
 def test_packed_dataset_reads_one_epoch(tmp_path, sample_data):
@@ -187,6 +187,7 @@ def test_the_documented_epoch_loop(tmp_path, sample_data, monkeypatch):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_mpiexec_writes_the_single_process_bytes(tmp_path, sample_data, ranks):
     mpiexec = shutil.which("mpiexec", path=os.pathsep.join([str(Path(sys.executable).parent),
@@ -196,7 +197,7 @@ def test_mpiexec_writes_the_single_process_bytes(tmp_path, sample_data, ranks):
     options = ["--order", "shuffle", "--algorithm", "ffs", "--too-long", "split", "--window", "300",
                "--shard-rows", "40", "--epochs", "3", "--dp-size", "2", "--micro-batches", "2", "--overwrite", "-q"]
     one, many = tmp_path / "one", tmp_path / "many"
-    assert run_cli("pack", str(sample_data), "-o", str(one), *options).returncode == 0
+    assert packctl("pack", sample_data, "-o", one, *options).code == 0  # in this process
     proc = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, "-m", "packctl", "pack", str(sample_data),
                            "-o", str(many), *options], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr

@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from support.runs import pack_to, run_cli
+from support.adversary import packctl
+from support.runs import pack_to
 from support.data import write_table
 from packctl.errors import PackctlError
 from packctl.export import export
@@ -147,16 +148,16 @@ def test_nemo_export_refuses_labels_that_are_not_the_tokens(tmp_path):
 
 def test_export_cli(packed, tmp_path):
     _, out = packed
-    proc = run_cli("export", str(out), "-o", str(tmp_path / "e"), "--format", "nemo", "--eos-token-id", str(EOS),
+    proc = packctl("export", str(out), "-o", str(tmp_path / "e"), "--format", "nemo", "--eos-token-id", str(EOS),
                    "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.code == 0, proc.stderr
     assert json.loads(proc.stdout)["files"][0] == "train-00000.idx.parquet"
-    again = run_cli("export", str(out), "-o", str(tmp_path / "e"), "--format", "nemo", "--eos-token-id", str(EOS))
-    assert again.returncode == 2 and "exists; choose another -o or pass --overwrite" in " ".join(again.stderr.split())
-    bad = run_cli("export", str(out), "-o", str(tmp_path / "f"), "--format", "megatron")
-    assert bad.returncode == 2 and "--format 'megatron': choose one of" in bad.stderr
-    inside = run_cli("export", str(out), "-o", str(out), "--format", "nemo", "--overwrite")
-    assert inside.returncode == 2 and "inside the packed output" in inside.stderr
+    again = packctl("export", str(out), "-o", str(tmp_path / "e"), "--format", "nemo", "--eos-token-id", str(EOS))
+    assert again.code == 2 and "exists; choose another -o or pass --overwrite" in " ".join(again.stderr.split())
+    bad = packctl("export", str(out), "-o", str(tmp_path / "f"), "--format", "megatron")
+    assert bad.code == 2 and "--format 'megatron': choose one of" in bad.stderr
+    inside = packctl("export", str(out), "-o", str(out), "--format", "nemo", "--overwrite")
+    assert inside.code == 2 and "inside the packed output" in inside.stderr
     assert (out / "_manifest.json").exists()  # nothing of the output was touched
 
 

@@ -2,7 +2,8 @@
 independent contract checker (with the source), or a clean PackctlError: one line, exit code 2,
 and nothing written beside the inputs. Never another exception, never a partial OUT.
 
-PACKCTL_FUZZ_EXAMPLES=N runs N examples instead of 500.
+Examples: 100 in the default hypothesis profile, 500 with HYPOTHESIS_PROFILE=thorough, N with
+PACKCTL_FUZZ_EXAMPLES=N.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from support.contract import check_contract
+from support.profiles import examples
 from packctl import PackConfig, PackctlError, pack
 from packctl.config import ALGORITHMS, choices_of
 
@@ -25,7 +27,7 @@ ORDERS, TOO_LONG = choices_of("order"), choices_of("too_long")
 
 INT_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
 MAX_CAPACITY = 16
-EXAMPLES = int(os.environ.get("PACKCTL_FUZZ_EXAMPLES", "500"))
+EXAMPLES = int(os.environ.get("PACKCTL_FUZZ_EXAMPLES", examples(500, default=100)))
 
 
 def _bounds(typ: pa.DataType) -> tuple[int, int]:

@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from support.contract import check_contract
-from support.runs import pack_to, packed_on_ranks, run_cli
+from support.adversary import packctl
+from support.runs import pack_to, packed_on_ranks
 from support.data import write_table
+from support.profiles import examples
 from packctl import PackConfig, PackctlError
 from packctl.plan.align import round_up
 from packctl.plan.balance import BalanceSpec, balance_plan
@@ -31,7 +33,7 @@ def _ordered_groups(sizes, order):
     return first, gids, new_group
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=30), data=st.data(),
        algorithm=st.sampled_from(ALGORITHMS), align=st.sampled_from([1, 4]), window=st.integers(1, 10),
        too_long=st.sampled_from(["error", "drop", "truncate"]), by_tokens=st.booleans(),
@@ -205,19 +207,19 @@ def _grouped(path, lengths, values):
 
 def test_a_group_too_big_for_a_step_is_named(tmp_path):
     inputs = [_grouped(tmp_path / "in", [30, 30, 60, 60, 60, 60, 60, 10], [1, 1, 2, 2, 2, 2, 2, 3])]
-    result = run_cli("pack", *map(str, inputs), "-o", str(tmp_path / "out"), "--capacity", "64",
+    result = packctl("pack", *map(str, inputs), "-o", str(tmp_path / "out"), "--capacity", "64",
                      "--group-column", "g", "--group-scope", "step", "--dp-size", "2", "--micro-batches", "2")
-    assert result.returncode == 2
+    assert result.code == 2
     assert "p.parquet row 2 column 'g'" in result.stderr and "5 packs" in result.stderr
     assert "--micro-batches" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_a_member_over_the_capacity_is_named_whatever_too_long_says(tmp_path):
     inputs = [_grouped(tmp_path / "in", [30, 30, 10, 90, 10], [1, 1, 2, 2, 3])]
-    result = run_cli("pack", *map(str, inputs), "-o", str(tmp_path / "out"), "--capacity", "64",
+    result = packctl("pack", *map(str, inputs), "-o", str(tmp_path / "out"), "--capacity", "64",
                      "--group-column", "g", "--group-scope", "step", "--dp-size", "2", "--micro-batches", "4",
                      "--too-long", "drop")
-    assert result.returncode == 2
+    assert result.code == 2
     assert "p.parquet row 2 column 'g'" in result.stderr and "longer than the capacity 64" in result.stderr
 
 

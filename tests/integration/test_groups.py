@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from support.contract import check_contract
-from support.runs import pack_to, packed_on_ranks, run_cli
+from support.adversary import packctl
+from support.runs import pack_to, packed_on_ranks
 from support.data import write_table
+from support.profiles import examples
 from packctl import PackctlError
 from packctl.plan.align import round_up
 from packctl.plan.groups import GroupTooLong
@@ -36,7 +38,7 @@ def _groups_of(new_group, gids):
     return groups
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(sizes=st.lists(st.integers(1, 5), min_size=1, max_size=40), data=st.data(),
        algorithm=st.sampled_from(ALGORITHMS), align=st.sampled_from([1, 4]), window=st.integers(1, 12),
        too_long=st.sampled_from(["error", "drop", "truncate", "split"]), shuffled=st.booleans())
@@ -130,8 +132,8 @@ def test_a_value_found_again_is_named_with_both_rows(tmp_path):
     assert str(info.value) == (f"{inputs[1]} row 1 column 'g': group value 1 appears again after other values "
                                f"(its group began at {inputs[0]} row 0); rows of one group must be adjacent: "
                                "sort the input by the group column")
-    proc = run_cli("pack", *map(str, inputs), "-o", str(tmp_path / "cli"), "--capacity", "64", "--group-column", "g")
-    assert proc.returncode == 2 and f"{inputs[1]} row 1 column 'g': group value 1 appears again" in proc.stderr
+    proc = packctl("pack", *map(str, inputs), "-o", str(tmp_path / "cli"), "--capacity", "64", "--group-column", "g")
+    assert proc.code == 2 and f"{inputs[1]} row 1 column 'g': group value 1 appears again" in proc.stderr
 
 
 def test_a_null_group_value_is_named(tmp_path):

@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from support.contract import check_contract
-from support.runs import pack_to, run_cli
+from support.adversary import packctl
+from support.runs import pack_to
 from support.data import write_table
 from packctl import PackConfig, PackctlError, pack
 from packctl.stats import stats
@@ -74,9 +75,9 @@ def test_several_ranks_write_the_same_kept_columns(tmp_path, corpus):
 
 
 def test_keep_columns_on_the_command_line(tmp_path, corpus):
-    proc = run_cli("pack", str(corpus), "-o", str(tmp_path / "out"), "--capacity", "128", "--too-long", "split",
+    proc = packctl("pack", str(corpus), "-o", str(tmp_path / "out"), "--capacity", "128", "--too-long", "split",
                    "--keep-columns", "doc_id", "--keep-columns", "weight", "-q")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.code == 0, proc.stderr
     assert {"doc_id", "weight"} <= set(pq.read_schema(tmp_path / "out" / "data" / "train-00000.parquet").names)
 
 

@@ -19,6 +19,7 @@ from packctl.output.stitch import encode_footer, parse_footer, stitch
 from packctl.output.encode import PARQUET_OPTIONS, encode_table
 
 from support.threadcomm import run_ranks
+from support.profiles import examples
 
 
 def test_units_are_row_groups_inside_shards():
@@ -36,7 +37,7 @@ def test_writer_cuts_by_hand():
     assert writer_cuts(np.zeros(0, np.int64), 2).tolist() == [0, 0, 0]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(0, 1000), min_size=0, max_size=60), st.integers(1, 12))
 def test_every_writer_is_within_one_unit_of_an_equal_share(tokens, writers):
     tokens = np.array(tokens, dtype=np.int64)
@@ -100,7 +101,7 @@ def test_footer_round_trip_and_refused_page_index():
         stitch([b"nope", data])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 10**6)), max_size=30), min_size=1, max_size=6),
        st.booleans())
 def test_merge_of_sorted_runs_is_the_lexicographic_order(runs, gid_ranges_in_order):
@@ -191,3 +192,47 @@ def test_shared_shards_resume_after_an_interrupted_multi_rank_run(tmp_path, samp
     assert any(p.name.startswith(".train-") for p in (partial / "data").iterdir())  # runs left for the join
     run_ranks(2, lambda comm: pack(PackConfig(output=str(tmp_path / "many"), resume=True, **options), comm=comm))
     assert _digest(tmp_path / "many") == reference
+
+
+# The cases of tests/mpi/test_mpi.py::test_same_bytes_for_any_number_of_ranks, on every rank count it
+# names, run here by in-process ranks; mpiexec runs a few of the counts in processes of their own.
+SPREAD = dict(too_long="split", window=300, shard_rows=40)
+BALANCED = dict(dp_size=4, micro_batches=2, lr_scaling="sqrt")
+ANY_RANKS = [
+    (dict(order="input", algorithm="concat"), range(1, 9)),
+    (dict(order="shuffle", algorithm="ffs"), range(1, 9)),
+    (dict(order="curriculum", algorithm="bfd"), range(1, 9)),
+    (dict(order="shuffle", algorithm="ffs", **BALANCED), (2, 3)),
+    # one shard of several row groups, cut between writers and joined; tokens read, not exchanged
+    (dict(order="input", algorithm="bfd", shard_rows=1024, token_transfer="read"), (2, 3)),
+]
+
+
+def _fingerprint(out: Path) -> tuple[list[str], dict]:
+    manifest = json.loads((out / "_manifest.json").read_text())
+    manifest.pop("timings")
+    return [s["sha256"] for s in manifest["shards"]], manifest
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options, ranks", ANY_RANKS, ids=["input-concat", "shuffle-ffs", "curriculum-bfd",
+                                                           "shuffle-ffs-balanced", "input-bfd-read"])
+def test_any_number_of_in_process_ranks_writes_the_single_process_bytes(tmp_path, sample_data, contract, options,
+                                                                        ranks):
+    from support.contract import check_contract
+
+    out = tmp_path / "out"
+    config = dict(inputs=[str(sample_data)], output=str(out), overwrite=True, **{**SPREAD, **options})
+    pack(PackConfig(**config))
+    reference = _fingerprint(out)
+    assert len(reference[0]) > 4 or options.get("shard_rows")
+    assert check_contract(contract, out, [sample_data]) == []
+    for n in ranks:
+        run_ranks(n, lambda comm: pack(PackConfig(**config), comm=comm))
+        assert _fingerprint(out) == reference, f"{n} ranks"
+        metrics = json.loads((out / "_metrics.json").read_text())
+        if n > 1:
+            assert len(metrics["ranks"]) == n
+            assert sum(r["sequences_scanned"] for r in metrics["ranks"]) == 2000
+            assert sum(r["packs_written"] for r in metrics["ranks"]) == metrics["packs"]
+            assert metrics["scale_out"]["ranks"] == n

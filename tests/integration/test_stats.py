@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from support.runs import pack_to, run_cli
+from support.adversary import packctl
+from support.runs import pack_to
 from support.data import write_table
 from packctl import PackConfig, PackctlError
 from packctl.config import ALGORITHMS
@@ -105,8 +106,8 @@ def test_packed_stats_agree_with_metrics_json(tiny_output):
 
 
 def test_stats_json_on_sample_output_agrees_with_metrics_json(sample_output):
-    proc = run_cli("stats", str(sample_output), "--json")
-    assert proc.returncode == 0, proc.stderr
+    proc = packctl("stats", str(sample_output), "--json")
+    assert proc.code == 0, proc.stderr
     report = json.loads(proc.stdout)
     metrics = json.loads((sample_output / "_metrics.json").read_text())
     assert {k for k in metrics if k not in NOT_IN_STATS} <= report.keys()
@@ -196,8 +197,8 @@ def test_what_if_with_too_long_error_reports_instead_of_stopping(tiny_input):
 
 
 def test_stats_cli_what_if_on_over_long_input_exits_0(tiny_input):
-    proc = run_cli("stats", str(tiny_input), "--capacity", "16", "--seq-multiple", "2", "--json")
-    assert proc.returncode == 0, proc.stderr
+    proc = packctl("stats", str(tiny_input), "--capacity", "16", "--seq-multiple", "2", "--json")
+    assert proc.code == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["capacities"][0]["pack_stops_at"] is not None
 
@@ -284,8 +285,8 @@ def test_several_capacities(sample_data):
 def test_config_file_values_feed_the_what_if(tiny_input, tmp_path):
     config = tmp_path / "pack.toml"
     config.write_text(f'inputs = ["{tiny_input}"]\ncapacity = 16\nseq-multiple = 2\ntoo-long = "split"\n')
-    proc = run_cli("stats", "--config", str(config), "--json", "--order", "curriculum")
-    assert proc.returncode == 0, proc.stderr
+    proc = packctl("stats", "--config", str(config), "--json", "--order", "curriculum")
+    assert proc.code == 0, proc.stderr
     r = json.loads(proc.stdout)
     assert r["kind"] == "input" and [c["capacity"] for c in r["capacities"]] == [16]
     assert r["settings"]["align"] == 2 and r["settings"]["order"] == "curriculum"  # the flag wins over the file
@@ -380,8 +381,8 @@ def test_bad_input(tiny_input, tiny_output, tmp_path):
 
 
 def test_cli_exit_code_2_with_one_line(tiny_input):
-    proc = run_cli("stats", str(tiny_input), "--capacity", "15", "--seq-multiple", "2")
-    assert proc.returncode == 2 and proc.stdout == ""
+    proc = packctl("stats", str(tiny_input), "--capacity", "15", "--seq-multiple", "2")
+    assert proc.code == 2 and proc.stdout == ""
     assert "Traceback" not in proc.stderr and "--capacity 15 is not a multiple of the alignment 2" in \
         " ".join(proc.stderr.split())
 
@@ -466,8 +467,8 @@ def test_what_if_keeps_groups_within_steps_and_leaves_empty_rows_out(tmp_path):
 
     empty = write_table(tmp_path / "gaps" / "a.parquet", {"input_ids": pa.array(
         [[1, 2, 3], [], [4, 5], [], [6]], pa.list_(pa.int32()))})
-    refused = run_cli("stats", str(empty), "--capacity", "8")
-    assert refused.returncode == 2 and "--skip-empty" in refused.stderr
+    refused = packctl("stats", empty, "--capacity", "8")
+    assert refused.code == 2 and "--skip-empty" in refused.stderr
     r = stats([str(empty)], capacities=[8], skip_empty=True, algorithm="bfd")
     _, out = pack_to(tmp_path / "gaps-out", [empty], capacity=8, skip_empty=True)
     metrics = json.loads((out / "_metrics.json").read_text())

@@ -10,7 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from support.runs import pack_to, run_cli
+from support.adversary import packctl
+from support.runs import pack_to
 from support.data import write_table
 from packctl import PackConfig, PackctlError
 from packctl.sample import SampleSpec, write_sample
@@ -93,13 +94,13 @@ def test_what_if_with_groups_of_every_size_equals_pack(mixed, tmp_path, settings
 
 def test_stats_cli_with_group_column_predicts_pack_cli(rollouts, tmp_path):
     flags = ["--capacity", "4096", "--group-column", "group_id", "--order", "shuffle", "--window", "50"]
-    proc = run_cli("stats", str(rollouts), *flags, "--json")
-    assert proc.returncode == 0, proc.stderr
+    proc = packctl("stats", str(rollouts), *flags, "--json")
+    assert proc.code == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["settings"]["group_column"] == "group_id"
     out = tmp_path / "out"
-    packed = run_cli("pack", str(rollouts), "-o", str(out), *flags, "--algorithm", "ffd", "-q")
-    assert packed.returncode == 0, packed.stderr
+    packed = packctl("pack", str(rollouts), "-o", str(out), *flags, "--algorithm", "ffd", "-q")
+    assert packed.code == 0, packed.stderr
     _assert_row_is_pack(next(w for w in report["what_if"] if w["algorithm"] == "ffd"), out)
 
 
@@ -187,8 +188,8 @@ def test_a_group_over_the_capacity_is_packs_own_error_whatever_too_long_says(tmp
     # at several capacities, one too small for the group is enough
     with pytest.raises(PackctlError, match="more than the capacity 16;"):
         input_stats([str(p) for p in inputs], [64, 16], PackConfig(group_column="g", too_long=too_long))
-    proc = run_cli("stats", *map(str, inputs), "--capacity", "16", "--group-column", "g", "--too-long", too_long)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in " ".join(proc.stderr.split())
+    proc = packctl("stats", *map(str, inputs), "--capacity", "16", "--group-column", "g", "--too-long", too_long)
+    assert proc.code == 2 and proc.stderr.count("\n") == 1 and message in " ".join(proc.stderr.split())
     assert input_stats([str(p) for p in inputs], [64], PackConfig(group_column="g", too_long=too_long))["what_if"]
 
 
@@ -201,19 +202,19 @@ def test_unsorted_and_null_groups_are_packs_own_errors(tmp_path):
     with pytest.raises(PackctlError) as info:
         read_lengths([str(tmp_path / "u")], group_column="g")
     assert str(info.value) == unsorted
-    proc = run_cli("stats", str(tmp_path / "u"), "--group-column", "g", "--capacity", "64")
-    assert proc.returncode == 2 and unsorted in " ".join(proc.stderr.split())
+    proc = packctl("stats", str(tmp_path / "u"), "--group-column", "g", "--capacity", "64")
+    assert proc.code == 2 and unsorted in " ".join(proc.stderr.split())
 
     c = write_table(tmp_path / "n" / "c.parquet", {"input_ids": rows[:3], "g": pa.array([1, None, 2])})
-    proc = run_cli("stats", str(c), "--group-column", "g", "--capacity", "64")
-    assert proc.returncode == 2 and f"{c} row 1 column 'g': null group value" in proc.stderr
-    proc = run_cli("stats", str(c), "--group-column", "nope", "--capacity", "64")
-    assert proc.returncode == 2 and "no column 'nope' for --group-column" in proc.stderr
+    proc = packctl("stats", str(c), "--group-column", "g", "--capacity", "64")
+    assert proc.code == 2 and f"{c} row 1 column 'g': null group value" in proc.stderr
+    proc = packctl("stats", str(c), "--group-column", "nope", "--capacity", "64")
+    assert proc.code == 2 and "no column 'nope' for --group-column" in proc.stderr
 
 
 def test_what_pack_refuses_with_groups_stats_refuses(rollouts, tmp_path):
-    proc = run_cli("stats", str(rollouts), "--group-column", "group_id", "--max-seqs-per-bin", "4")
-    assert proc.returncode == 2
+    proc = packctl("stats", str(rollouts), "--group-column", "group_id", "--max-seqs-per-bin", "4")
+    assert proc.code == 2
     assert ("--max-seqs-per-bin cannot be combined with --group-column (the planner places whole groups); drop one "
             "of them") in " ".join(proc.stderr.split())
     split = "--algorithm split cannot be combined with --group-column (it cuts sequences across packs)"
@@ -221,11 +222,11 @@ def test_what_pack_refuses_with_groups_stats_refuses(rollouts, tmp_path):
         input_stats([str(rollouts)], [4096], PackConfig(group_column="group_id"), algorithms=["bfd", "split"])
     config = tmp_path / "pack.toml"
     config.write_text('algorithm = "split"\ngroup-column = "group_id"\ncapacity = 4096\n')
-    proc = run_cli("stats", str(rollouts), "--config", str(config))
-    assert proc.returncode == 2 and split in " ".join(proc.stderr.split())
+    proc = packctl("stats", str(rollouts), "--config", str(config))
+    assert proc.code == 2 and split in " ".join(proc.stderr.split())
     with pytest.raises(PackctlError, match="^" + re.escape(split)):
         pack_to(tmp_path, [rollouts], capacity=4096, group_column="group_id", algorithm="split")
     # a packed output's settings are its own
     _, out = pack_to(tmp_path, [rollouts], capacity=4096, group_column="group_id")
-    proc = run_cli("stats", str(out), "--group-column", "group_id")
-    assert proc.returncode == 2 and "--group-column only apply to raw input" in proc.stderr
+    proc = packctl("stats", str(out), "--group-column", "group_id")
+    assert proc.code == 2 and "--group-column only apply to raw input" in proc.stderr

@@ -15,7 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from support.contract import check_contract
-from support.runs import pack_to, run_cli
+from support.adversary import packctl
+from support.runs import pack_to
 from support.data import write_table
 from packctl import PackConfig, PackctlError
 from packctl.cli import app
@@ -391,8 +392,8 @@ def _invoke(*args: str):
 
 
 def test_cli_exit_codes_and_json(out, tmp_path, sample_data):
-    proc = run_cli("verify", str(out), "--source", str(sample_data), "--no-attention", "--json")
-    assert proc.returncode == 0, proc.stderr
+    proc = packctl("verify", str(out), "--source", str(sample_data), "--no-attention", "--json")
+    assert proc.code == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] is True and report["exit_code"] == 0 and report["violations"] == []
     assert set(report["checks"]) == {"structure", "conservation", "attention", "contamination", "cp", "bench"}

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from support.contract import check_contract
-from support.runs import pack_to, run_cli
+from support.adversary import packctl
+from support.runs import pack_to
 from support.data import write_table
 from packctl import PackConfig, PackctlError, pack
 from packctl.verify import VerifyOptions, verify
@@ -85,8 +86,8 @@ def test_a_null_or_non_finite_weight_is_named(tmp_path, bad, shown):
     with pytest.raises(PackctlError) as info:
         pack_to(tmp_path, [path], capacity=16, weight_column="w")
     assert str(info.value).startswith(f"{path} row 2 column 'w': weight {shown}")
-    proc = run_cli("pack", str(path), "-o", str(tmp_path / "cli"), "--capacity", "16", "--weight-column", "w")
-    assert proc.returncode == 2 and f"{path} row 2 column 'w'" in proc.stderr
+    proc = packctl("pack", str(path), "-o", str(tmp_path / "cli"), "--capacity", "16", "--weight-column", "w")
+    assert proc.code == 2 and f"{path} row 2 column 'w'" in proc.stderr
 
 
 def test_a_missing_or_non_numeric_weight_column_is_refused(tmp_path):

@@ -18,11 +18,11 @@ def test_regenerates_the_committed_sample_data(sample_data):
 
 @pytest.mark.parametrize("distribution", ["zipf", "lognormal", "rl-longtail"])
 def test_distributions(distribution):
-    tables = generate(SampleSpec(sequences=20_000, distribution=distribution, shards=3, seed=1))
+    tables = generate(SampleSpec(sequences=5_000, distribution=distribution, shards=3, seed=1))
     ids = np.concatenate([t.column("input_ids").combine_chunks().values.to_numpy() for t in tables])
     labels = np.concatenate([t.column("labels").combine_chunks().values.to_numpy() for t in tables])
     lengths = np.concatenate([np.diff(t.column("input_ids").combine_chunks().offsets.to_numpy()) for t in tables])
-    assert sum(t.num_rows for t in tables) == 20_000
+    assert sum(t.num_rows for t in tables) == 5_000
     assert ids.min() >= 1 and ids.max() < 32000
     masked = labels == -100
     assert masked.any() and ((labels == ids) | masked).all()

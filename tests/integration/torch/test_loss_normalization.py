@@ -33,6 +33,8 @@ TOLERANCE = 1e-5
 NAIVE_MARGIN = 1e-3  # the naive loss must move some gradient by more than this
 MEASURED: dict[str, float] = {}
 
+pytestmark = pytest.mark.slow  # a proof on a real model (tiny Llama, CPU)
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:

@@ -28,8 +28,10 @@ from support.torch_proof import tiny_llama  # noqa: E402
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, sample_data) -> Path:
+    """16 rows of sample_data (one of 1,305 tokens, split at the capacity 1024): 7 packs, so the
+    loops of the recipes run 4 and 2 steps."""
     path = tmp_path_factory.mktemp("recipes-corpus") / "small.parquet"
-    pq.write_table(pq.read_table(sorted(sample_data.glob("*.parquet"))[0]).slice(0, 40), path)
+    pq.write_table(pq.read_table(sorted(sample_data.glob("*.parquet"))[0]).slice(0, 16), path)
     return path
 
 
@@ -57,6 +59,7 @@ def _changed(model, before) -> bool:
     return any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+@pytest.mark.slow
 def test_quickstart(in_run_dir):
     model = tiny_llama(seed=0)
     before = _snapshot(model)
@@ -90,6 +93,7 @@ class TinyVarlenLM(torch.nn.Module):
         return self.out(x + varlen_attention(q, k, v, cu_seqlens, max_seqlen).reshape(len(x), -1))[None]
 
 
+@pytest.mark.slow
 def test_flash_attn_loop(in_run_dir, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)  # the block moves tensors to a GPU
     torch.manual_seed(0)
@@ -110,6 +114,7 @@ def cpu_training_arguments(monkeypatch):
         **kw, use_cpu=True, report_to="none", max_steps=3, save_strategy="no", logging_steps=1))
 
 
+@pytest.mark.slow
 def test_hf_trainer_and_its_data_parallel_loader(in_run_dir, cpu_training_arguments):
     namespace = run_docs_block("hf-trainer", {"model": tiny_llama(seed=0)})
     trainer = namespace["trainer"]

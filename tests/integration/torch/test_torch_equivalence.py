@@ -25,6 +25,8 @@ from packctl.torch import (PackedDataset, block_causal_mask, collate_flash_attn,
 from support.torch_proof import (IGNORE_INDEX, Piece, Run, max_differences, packed_run, seq_starts_of,  # noqa: E402
                          source_pieces, tiny_llama, unpacked_run)
 
+pytestmark = pytest.mark.slow  # a proof on a real model (tiny Llama, CPU)
+
 TOLERANCE = 1e-5
 LAYOUTS = {
     "cp1": dict(capacity=256, too_long="split"),

@@ -12,6 +12,8 @@ pytest.importorskip("transformers")
 
 EXAMPLE = DOCS / "examples" / "train_tiny.py"
 
+pytestmark = pytest.mark.slow  # a proof on a real model (tiny Llama, CPU)
+
 
 def test_train_tiny_prints_matching_losses(monkeypatch, capsys):
     spec = importlib.util.spec_from_file_location("train_tiny", EXAMPLE)

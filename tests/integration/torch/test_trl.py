@@ -24,6 +24,8 @@ from support.docs import run_docs_block  # noqa: E402
 from packctl.torch import PackedDataset  # noqa: E402
 from support.torch_proof import max_differences, packed_run, seq_starts_of, source_pieces, tiny_llama, unpacked_run  # noqa: E402
 
+pytestmark = pytest.mark.slow  # TRL and datasets load in seconds, and each test builds an SFTTrainer
+
 TOLERANCE = 1e-5
 LAYOUTS = {
     # tail padding to the capacity, held by each pack's last sequence
@@ -44,6 +46,14 @@ def corpus(tmp_path_factory, sample_data) -> Path:
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
 def out(request, tmp_path_factory, corpus) -> Path:
     return pack_to(tmp_path_factory.mktemp(request.param), [corpus], **LAYOUTS[request.param])[1]
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def small_out(request, tmp_path_factory, corpus) -> Path:
+    """The layouts at capacity 256: a training step of TRL over 2 packs computes the log-probabilities
+    of 512 tokens over the 32,000 ids of the vocabulary rather than 2,048."""
+    options = dict(LAYOUTS[request.param], capacity=256)
+    return pack_to(tmp_path_factory.mktemp(f"{request.param}-256"), [corpus], **options)[1]
 
 
 @pytest.fixture(scope="module")
@@ -107,13 +117,13 @@ def test_without_seq_lengths_trl_attends_across_sequences(out, model, tokenizer,
     assert diff["per_token"] > 1e-2 and diff["loss"] > 1e-4, diff
 
 
-def test_docs_trl_recipe_trains(out, tokenizer, tmp_path, monkeypatch):
+def test_docs_trl_recipe_trains(small_out, tokenizer, tmp_path, monkeypatch):
     """The SFTTrainer block of docs/training.md, run as written on an output named `packed` (the
     config only gains the CPU settings and a few steps); it trains with finite losses."""
     import trl
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "packed").symlink_to(out, target_is_directory=True)
+    (tmp_path / "packed").symlink_to(small_out, target_is_directory=True)
     real_config = trl.SFTConfig
     monkeypatch.setattr(trl, "SFTConfig", lambda **kw: real_config(**kw, bf16=False, use_cpu=True, report_to="none",
                                                                     logging_steps=1, max_steps=3, save_strategy="no"))

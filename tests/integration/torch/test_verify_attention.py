@@ -187,6 +187,21 @@ def test_cli_attention_json(small_output):
                                             "status"}
 
 
+def test_verify_attention_on_a_batch_output(tmp_path, sample_data):
+    """A batch-mode output (micro-batches of rows padded to a bucketed shape, balanced over 2 ranks,
+    every shape shown first) trains like its sequences alone: verify with its attention and
+    contamination checks on 8 micro-batches. (tests/integration/test_batch.py verifies the batch
+    outputs without them.)"""
+    _, out = pack_to(tmp_path, [sample_data], mode="batch", capacity=1024, max_tokens=2048, seq_round=64,
+                     shape_buckets=3, dp_size=2, micro_batches=2, warmup_shapes=True, too_long="split")
+    report = verify(out, VerifyOptions(source=[str(sample_data)]))
+    assert report.ok, [str(v) for v in report.violations]
+    checks = report.checks
+    assert checks["structure"].status == checks["conservation"].status == "ok"
+    assert checks["attention"].status == checks["contamination"].status == "ok"
+    assert len(checks["attention"].details["packs"]) == 8
+
+
 # ------------------------------------------------------------------------------------ backend selection
 
 

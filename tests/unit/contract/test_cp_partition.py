@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from packctl.arrays import offsets_of
 from packctl.contract.thd import cp_partition_indices
+from support.profiles import examples
 
 
 def test_transformer_engine_example():
@@ -33,7 +34,7 @@ def test_bad_layouts_are_refused(cu, cp, rank, fragment):
     assert fragment in str(err.value)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(1, 4), st.lists(st.integers(0, 6), min_size=1, max_size=12))
 def test_ranks_partition_every_sequence_evenly(cp, multiples):
     padded = np.array(multiples, dtype=np.int64) * 2 * cp

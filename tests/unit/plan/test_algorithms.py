@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packctl.plan.algorithms import ALGORITHMS, KERNELS, Bins, pack_lengths
+from support.profiles import examples
 
 WHOLE_ITEM_ALGORITHMS = tuple(name for name, kernel in KERNELS.items() if not kernel.cuts_items)
-SETTINGS = settings(max_examples=150, deadline=None, derandomize=True)
+SETTINGS = settings(max_examples=examples(150), deadline=None, derandomize=True)
 
 
 # --- plain-Python references ----------------------------------------------------------------------

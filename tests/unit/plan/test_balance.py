@@ -13,7 +13,9 @@ from packctl.plan.balance import (BalanceSpec, balance_plan, balance_step, imbal
                                   kk_partition, lr_scales, piece_costs, round_robin, step_bounds)
 from packctl.plan.windows import WindowOptions, plan_windows
 from support.contract import check_contract
-from support.runs import pack_to, run_cli
+from support.adversary import packctl
+from support.runs import pack_to
+from support.profiles import examples
 
 
 def test_kk_example_from_the_docstring():
@@ -24,7 +26,7 @@ def test_kk_example_from_the_docstring():
     assert np.bincount(parts).tolist() == [4, 4]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(1, 10_000), min_size=1, max_size=80), st.integers(1, 9), st.booleans())
 def test_kk_parts_cover_every_item_with_equal_counts(costs, k, equal):
     parts = kk_partition(costs, k, equal_counts=equal)
@@ -51,7 +53,7 @@ def _random_plan(data, capacity):
                                                                          too_long="split", window=window, seed=1)), lengths
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(st.data())
 def test_every_pack_gets_exactly_one_slot_and_capacity_holds(data):
     capacity = data.draw(st.sampled_from([16, 64, 100]))
@@ -99,7 +101,7 @@ def test_every_pack_gets_exactly_one_slot_and_capacity_holds(data):
     assert out.num_windows == plan.num_windows
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.data())
 def test_a_balanced_step_is_never_worse_than_round_robin(data):
     capacity = 64
@@ -180,8 +182,8 @@ def test_balanced_output_feeds_packed_dataset(tmp_path, sample_data):
 
 def test_stats_reports_dp_balance_with_round_robin(tmp_path, sample_data):
     _, out = pack_to(tmp_path, [sample_data], too_long="split", algorithm="ffs", dp_size=4, micro_batches=2)
-    done = run_cli("stats", str(out), "--json")
-    assert done.returncode == 0, done.stderr
+    done = packctl("stats", str(out), "--json")
+    assert done.code == 0, done.stderr
     dp = json.loads(done.stdout)["dp_balance"]
     recorded = json.loads((out / "_metrics.json").read_text())["balance"]
     assert dp["attention"]["mean"] == pytest.approx(recorded["after"]["attention"]["mean"])
@@ -198,6 +200,6 @@ def test_stats_reports_dp_balance_with_round_robin(tmp_path, sample_data):
     (["--lr-scaling", "sqrt"], "--lr-scaling need --dp-size"),
 ])
 def test_balance_option_errors(tmp_path, sample_data, args, message):
-    done = run_cli("pack", str(sample_data), "-o", str(tmp_path / "out"), "--too-long", "split", *args)
-    assert done.returncode == 2 and message in done.stderr, done.stderr
+    done = packctl("pack", str(sample_data), "-o", str(tmp_path / "out"), "--too-long", "split", *args)
+    assert done.code == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr

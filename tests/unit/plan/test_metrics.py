@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from packctl.plan.metrics import length_histogram, martello_toth_l2, pack_metrics, padded_batching_tokens
+from support.profiles import examples
 
 
 def test_worked_example():
@@ -59,7 +60,7 @@ def test_martello_toth_l2_examples():
     assert martello_toth_l2(np.array([10, 1]), 10) == 2
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(1, 12), min_size=1, max_size=9))
 def test_martello_toth_l2_is_a_valid_bound(lengths):
     """ceil(sum/C) <= L2 <= the optimum, found by exhaustive search on tiny inputs."""

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from packctl.plan.windows import SequenceTooLong, WindowOptions, plan_windows
+from support.profiles import examples
 
 
 def plan_in_order(lengths, permutation, **options):
@@ -64,7 +65,7 @@ def test_alignment_is_applied_before_packing():
     assert plan.loads().tolist() == [16, 8]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(lengths=st.lists(st.integers(1, 100), min_size=1, max_size=60),
        algorithm=st.sampled_from(["concat", "ffd", "bfd", "mffd", "ffs", "split"]),
        too_long=st.sampled_from(["drop", "truncate", "split"]), align=st.sampled_from([1, 2, 4]),

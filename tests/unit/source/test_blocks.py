@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from packctl.arrays import offsets_of
 from packctl.contract.schema import IGNORE_INDEX
 from packctl.source.blocks import DecodedBlock, first_outside_int32
+from support.profiles import examples
 
 
 def _block(lengths: list[int], vocab: int, labels: str, seed: int) -> DecodedBlock:
@@ -27,7 +28,7 @@ def _full_labels(block: DecodedBlock) -> np.ndarray:
     return block.tokens if block.labels is None else block.labels
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=30),
        vocab=st.sampled_from([2, 65535, 65536, 65537, 2**31 - 1]),
        labels=st.sampled_from(["none", "masked", "other"]), seed=st.integers(0, 2**16),
