@@ -11,7 +11,7 @@ import typer
 from packctl.config import FIELDS, option_help
 
 # The names of packctl.sample.DISTRIBUTIONS and packctl.verify.backends.BACKENDS, spelled here so
-# that --help and completion import neither numpy nor torch (tests/test_cli.py checks they agree).
+# that --help and completion import neither numpy nor torch (tests/cli/test_cli.py checks they agree).
 SAMPLE_DISTRIBUTIONS = ("zipf", "lognormal", "rl-longtail")
 SAMPLE_GROUPS = ("none", "preference", "rollout")  # packctl.sample.GROUP_KINDS, without importing pyarrow
 VERIFY_BACKENDS = ("flash-attn", "torch-varlen", "flex", "sdpa")

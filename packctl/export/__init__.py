@@ -7,7 +7,7 @@ trainer reads itself, pack for pack, in output order (docs/training.md "Exports"
     olmo       OLMo-core numpy token files: DIR/part-00000.npy ... (flat tokens), label masks and
                document boundaries
 
-Every format is read back by an independent reader in tests/test_export.py.
+Every format is read back by an independent reader in tests/integration/test_export.py.
 """
 from __future__ import annotations
 

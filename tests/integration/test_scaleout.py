@@ -1,5 +1,5 @@
 """Scale-out: shards and row-group units, the writers' runs, joining shared shards, the sort's merge,
-and multi-rank packs run in-process (tests/threadcomm.py) so the exchange paths run in plain pytest."""
+and multi-rank packs run in-process (tests/support/threadcomm.py) so the exchange paths run in plain pytest."""
 from __future__ import annotations
 
 import hashlib
