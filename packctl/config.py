@@ -172,7 +172,8 @@ class PackConfig:
     memory_budget: int | str | None = option(None, cli=str, shown_default="a quarter of RAM",
                                              help="Decoded tokens held in memory at once, e.g. 8GiB (per rank).")
     resume: bool = option(False, switch=True, help="Continue an interrupted run of the same command and inputs, "
-                          "keeping the shards it finished (docs/errors.md).")
+                          "keeping the shards it finished; on an OUT that already holds this command's output, "
+                          "exit 0 \"already complete\" (docs/errors.md).")
     token_transfer: str = option("auto", choices=TokenTransfer.values(),
                                  help="Under MPI, how a rank gets the tokens of the packs it writes: sent by the rank "
                                       "that scanned their block, or read by itself (a filesystem every rank sees); "
