@@ -12,11 +12,18 @@ import sys
 import pyarrow as pa
 import pytest
 
-from support.runs import run_cli
+from support.adversary import packctl
 from support.data import write_table
 from support.paths import FAULTY_PACK
 
 GOOD = {"input_ids": pa.array([[1, 2, 3], [4, 5]], pa.list_(pa.int32()))}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """`packctl ARGS...` in this process (packctl.cli.app.run): the messages and exit codes of the
+    executable, without an interpreter start per case (tests/cli/test_cli.py runs the executable)."""
+    result = packctl(*args)
+    return subprocess.CompletedProcess(["packctl", *args], result.code, result.stdout, result.stderr)
 
 
 def expect_bad_input(tmp_path, args, *fragments):
