@@ -166,21 +166,13 @@ def column_order(names: Iterable[str]) -> list[str]:
     return first + [n for n in names if n not in COLUMN] + last
 
 
-# The names verify's structure rules still read (until they derive from COLUMNS too).
-TRL_LENGTHS_COLUMN, WEIGHTS_COLUMN, GROUP_IDS_COLUMN = SEQ_LENGTHS, SEQ_WEIGHTS, GROUP_IDS
-
-
 def __getattr__(name: str):
     # The Arrow schema loads pyarrow (0.2 s): built on first use, so the options and `--help` need
     # not import it.
-    if name in ("PACK_SCHEMA", "TRL_LENGTHS_FIELD", "LOSS_FIELDS", "STEP_LOSS_FIELDS"):
+    if name == "PACK_SCHEMA":
         import pyarrow as pa
 
-        def fields(names):
-            return [pa.field(n, COLUMN[n].arrow_type, nullable=False) for n in names]
-
-        globals().update(PACK_SCHEMA=pa.schema(fields(PACK_COLUMNS)), TRL_LENGTHS_FIELD=fields([SEQ_LENGTHS])[0],
-                         LOSS_FIELDS=pa.schema(fields(LOSS_COLUMNS)),
-                         STEP_LOSS_FIELDS=pa.schema(fields(STEP_LOSS_COLUMNS)))
-        return globals()[name]
+        schema = pa.schema([pa.field(n, COLUMN[n].arrow_type, nullable=False) for n in PACK_COLUMNS])
+        globals()[name] = schema
+        return schema
     raise AttributeError(f"module 'packctl.contract.schema' has no attribute {name!r}")

@@ -1,17 +1,24 @@
 """Every output column declared once (packctl/contract/schema.py): the table itself, what derives
-from it (the writer's types and order, the reserved names), and docs/format.md held against it."""
+from it (the writer's types and order, the reserved names), docs/format.md held against it, and no
+column name spelled out anywhere else in packctl."""
 from __future__ import annotations
 
+import ast
 import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+import packctl
 from packctl.contract.schema import (ALWAYS, COLUMN, COLUMNS, CU_ENTRY, PACK, PACK_COLUMNS, PACK_SCHEMA,
                                      RESERVED_COLUMNS, SEQUENCE, TOKEN, column_order)
 from packctl.contract.thd import build_pack_rows
 from packctl.output.encode import rows_to_table
 from support.paths import DOCS
+
+PACKCTL = Path(packctl.__file__).resolve().parent
+
 
 def test_the_table_declares_each_column_once_with_a_type_a_level_and_an_option():
     assert len(COLUMN) == len(COLUMNS) == len(RESERVED_COLUMNS) == 23
@@ -83,3 +90,47 @@ def test_docs_format_lists_every_column_as_the_table_declares_it():
     for column in COLUMNS:
         type_text, per, written = documented[column.name][:3]
         assert (type_text, per, written) == (column.type_text, column.per, column.written), column.name
+
+
+# String literals that spell an output column's name but mean something else, module by module
+# (input columns share the output's default names).
+NOT_COLUMNS = {
+    "config.py": {"input_ids", "labels",  # the input's default tokens and labels columns
+                  "step"},  # --group-scope step
+    "specs.py": {"step"},  # --group-scope step
+    "verify/groups.py": {"step"},  # --group-scope step
+    "sample.py": {"input_ids", "labels"},  # the synthetic corpus' input columns
+    "source/parquet.py": {"input_ids", "labels"},  # input columns
+    "stats/whatif.py": {"input_ids",  # the input's default tokens column
+                        "batch_size"},  # a metrics key
+    "export/nemo.py": {"input_ids"},  # NeMo's own column
+    "contract/manifest.py": {"lr_scale"},  # the manifest's field
+    "plan/metrics.py": {"batch_size", "step"},  # metrics keys
+    "plan/shapes.py": {"padded_len"},  # a metrics key
+    "pipeline/plan.py": {"lr_scale"},  # a balance figure of the report
+    "pipeline/report.py": {"lr_scale"},  # a metrics key
+    "cli/render.py": {"batch_size", "padded_len"},  # metrics keys
+}
+
+
+def _literals(path: Path) -> list[tuple[int, str]]:
+    """The string constants of a module that are not docstrings."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_no_column_name_is_spelled_out_outside_the_schema():
+    found = []
+    for path in sorted(PACKCTL.rglob("*.py")):
+        module = path.relative_to(PACKCTL).as_posix()
+        if module == "contract/schema.py":
+            continue
+        allowed = NOT_COLUMNS.get(module, set())
+        found += [f"packctl/{module}:{line}: {value!r}" for line, value in _literals(path)
+                  if value in COLUMN and value not in allowed]
+    assert found == [], "use the name's constant of packctl.contract.schema"
+
