@@ -36,23 +36,18 @@ import numpy as np
 
 from packctl.errors import PackctlError, require
 from packctl.contract.reader import open_output
-from packctl.contract.schema import (BALANCE_COLUMNS, GROUP_IDS_COLUMN, IGNORE_INDEX, LIST_INT32_COLUMNS,
-                            STEP_LOSS_COLUMNS, WEIGHTS_COLUMN)
+from packctl.contract.schema import (BALANCE_COLUMNS, COLUMN, COLUMNS, CU_SEQLENS, CU_SEQLENS_PADDED, DP_RANK,
+                                     GROUP_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, LR_SCALE, MICRO_BATCH,
+                                     NUM_LOSS_TOKENS, POSITION_IDS, SEQ_LENS, SEQ_LOSS_TOKENS, SEQ_WEIGHTS, STEP,
+                                     STEP_LOSS_COLUMNS, STEP_LOSS_SEQUENCES, STEP_LOSS_TOKENS)
 from packctl.contract.thd import cp_partition_indices
 
 torch = require("torch", "torch", "packctl.torch")
-
-LR_SCALE_COLUMN = "lr_scale"
 
 __all__ = [
     "PackedDataset", "collate_flash_attn", "collate_hf", "collate_thd", "cp_slice", "packed_seq_params",
     "block_causal_mask", "varlen_attention", "read_lr_scales", "apply_lr_scale", "loss_fn", "split_loss_fields",
 ]
-
-# Per-pack columns an item carries when the output has them (docs/format.md): scalars, and lists
-# aligned with the pack's sequences.
-LOSS_SCALARS = ("num_loss_tokens", "sum_sq_seqlen", *STEP_LOSS_COLUMNS)
-LOSS_LISTS = ("seq_loss_tokens", WEIGHTS_COLUMN, GROUP_IDS_COLUMN)
 
 
 class PackedDataset(torch.utils.data.Dataset):
@@ -87,14 +82,14 @@ class PackedDataset(torch.utils.data.Dataset):
 
         7 packs, dp_size 3, drop_last False:  rank 0 -> [0, 3, 6]  rank 1 -> [1, 4, 0]  rank 2 -> [2, 5, 1]
 
-    An item is a dict of numpy arrays, the pack's columns (docs/format.md): `input_ids`, `labels`,
-    `position_ids`, `seq_lens`, `seq_lens_padded`, `cu_seqlens`, `cu_seqlens_padded`,
-    `sample_ids`, the int `num_tokens` and `index` (the pack's row in output order), plus, when the
-    output has them, `step`, `dp_rank`, `micro_batch`, `lr_scale`, the loss counts
-    (`num_loss_tokens`, `sum_sq_seqlen`, `step_loss_tokens`, `step_loss_sequences`: ints;
-    `seq_loss_tokens`: an array), `seq_weights` (float64 array) and `group_ids` (int64 array,
-    --group-column). The arrays are read-only views
-    of the decoded shard; the collate functions copy them.
+    An item is a dict of the pack's columns (docs/format.md, `packctl.contract.schema.COLUMNS`):
+    every declared column the output has, a column of one value per pack as a Python int or float
+    (`num_tokens`, and `step`, `dp_rank`, `micro_batch`, `lr_scale`, the loss counts ... when the
+    output has them), a list column as a numpy array (`input_ids`, `labels`, `position_ids`,
+    `seq_lens`, `seq_lens_padded`, `cu_seqlens`, `cu_seqlens_padded`, `sample_ids`, `seq_lengths`,
+    `seq_loss_tokens`, `seq_weights`, `group_ids` ...), plus `index` (the pack's row in output
+    order). Kept input columns (--keep-columns) are not carried. The arrays are read-only views of
+    the decoded shard; the collate functions copy them.
 
     Args:
         path: the output directory OUT (or its `_manifest.json`).
@@ -124,8 +119,7 @@ class PackedDataset(torch.utils.data.Dataset):
 
         names = self.output.column_names(0) if self.shard_paths else []
         self.balanced = all(name in names for name in BALANCE_COLUMNS)
-        self._extra_scalars = [c for c in (*BALANCE_COLUMNS, LR_SCALE_COLUMN, *LOSS_SCALARS) if c in names]
-        self._lists = [*LIST_INT32_COLUMNS, "sample_ids", *(c for c in LOSS_LISTS if c in names)]
+        self._columns = [c.name for c in COLUMNS if c.name in names]  # what an item carries
         self._planned_balance: np.ndarray | None = None  # the balance columns the order was planned from
         if self.balanced:
             self.order = self._balanced_order(dp_rank, dp_size)
@@ -144,12 +138,12 @@ class PackedDataset(torch.utils.data.Dataset):
         local = row - int(self._shard_offsets[shard])
         columns = self._shard(shard)
         item: dict[str, Any] = {}
-        for name in self._lists:
-            offsets, values = columns[name]
-            item[name] = values[offsets[local]:offsets[local + 1]]
-        item["num_tokens"] = int(columns["num_tokens"][local])
-        for name in self._extra_scalars:
-            item[name] = columns[name][local].item()
+        for name in self._columns:
+            if COLUMN[name].is_list:
+                offsets, values = columns[name]
+                item[name] = values[offsets[local]:offsets[local + 1]]
+            else:
+                item[name] = columns[name][local].item()
         item["index"] = row
         return item
 
@@ -167,13 +161,14 @@ class PackedDataset(torch.utils.data.Dataset):
         if shard in self._cache:
             self._cache.move_to_end(shard)
             return self._cache[shard]
-        table = self.output.read_shard(shard, [*self._lists, "num_tokens", *self._extra_scalars])
+        table = self.output.read_shard(shard, self._columns)
         columns: dict[str, Any] = {}
-        for name in self._lists:
-            array = table.column(name).combine_chunks()
-            columns[name] = (array.offsets.to_numpy(), array.values.to_numpy())
-        for name in ("num_tokens", *self._extra_scalars):
-            columns[name] = table.column(name).to_numpy()
+        for name in self._columns:
+            if COLUMN[name].is_list:
+                array = table.column(name).combine_chunks()
+                columns[name] = (array.offsets.to_numpy(), array.values.to_numpy())
+            else:
+                columns[name] = table.column(name).to_numpy()
         if self._planned_balance is not None:
             self._check_planned_balance(shard, columns)
         self._cache[shard] = columns
@@ -198,22 +193,22 @@ class PackedDataset(torch.utils.data.Dataset):
         tables = [self.output.read_unchecked(k, BALANCE_COLUMNS) for k in range(len(self.shard_paths))]
         cols = {name: np.concatenate([t.column(name).to_numpy() for t in tables]).astype(np.int64)
                 for name in BALANCE_COLUMNS}
-        if len(cols["step"]) != self.num_packs:
-            raise PackctlError(f"{self.root}: the shards hold {len(cols['step'])} packs, {self.manifest_path.name} "
+        if len(cols[STEP]) != self.num_packs:
+            raise PackctlError(f"{self.root}: the shards hold {len(cols[STEP])} packs, {self.manifest_path.name} "
                                f"says {self.num_packs}; pack again")
         if self.output.verify:
             self._planned_balance = np.stack([cols[name] for name in BALANCE_COLUMNS]).astype(np.int32)
-        ranks_in_output = int(cols["dp_rank"].max()) + 1 if len(cols["dp_rank"]) else 0
+        ranks_in_output = int(cols[DP_RANK].max()) + 1 if len(cols[DP_RANK]) else 0
         if dp_size is not None and ranks_in_output != dp_size:
             raise PackctlError(f"{self.root}: the packs were balanced over {ranks_in_output} data-parallel ranks, "
                                f"not dp_size={dp_size}: repack for {dp_size} ranks or pass dp_size={ranks_in_output}")
         rows = np.arange(self.num_packs, dtype=np.int64)
         if dp_rank is None:
-            return rows[np.lexsort((rows, cols["micro_batch"], cols["dp_rank"], cols["step"]))]
+            return rows[np.lexsort((rows, cols[MICRO_BATCH], cols[DP_RANK], cols[STEP]))]
         if dp_rank < 0 or (dp_size is not None and dp_rank >= dp_size):
             raise PackctlError(f"dp_rank {dp_rank} is not in [0, dp_size={dp_size})")
-        mine = rows[cols["dp_rank"] == dp_rank]
-        return mine[np.lexsort((mine, cols["micro_batch"][mine], cols["step"][mine]))]
+        mine = rows[cols[DP_RANK] == dp_rank]
+        return mine[np.lexsort((mine, cols[MICRO_BATCH][mine], cols[STEP][mine]))]
 
 
 def _strided_order(num_packs: int, dp_rank: int | None, dp_size: int | None, drop_last: bool) -> np.ndarray:
@@ -259,11 +254,11 @@ def _padded_offsets(packs: Sequence[Mapping[str, Any]]) -> np.ndarray:
     if not packs:
         raise ValueError("cannot collate an empty list of packs")
     for p in packs:
-        cu, n = np.asarray(p["cu_seqlens_padded"]), len(p["input_ids"])
+        cu, n = np.asarray(p[CU_SEQLENS_PADDED]), len(p[INPUT_IDS])
         if len(cu) < 2 or cu[0] != 0 or cu[-1] != n:
             raise ValueError(f"a pack's cu_seqlens_padded {cu[:3].tolist()}..{cu[-1:].tolist()} does not span its "
                              f"{n} tokens; collate packs read from a packctl output (PackedDataset)")
-    return _concat_offsets(p["cu_seqlens_padded"] for p in packs)
+    return _concat_offsets(p[CU_SEQLENS_PADDED] for p in packs)
 
 
 def _tail_split_offsets(packs: Sequence[Mapping[str, Any]]) -> np.ndarray:
@@ -275,8 +270,8 @@ def _tail_split_offsets(packs: Sequence[Mapping[str, Any]]) -> np.ndarray:
     parts, base = [np.zeros(1, np.int64)], 0
     cuts = []
     for p in packs:
-        cu = np.asarray(p["cu_seqlens_padded"], dtype=np.int64)
-        lens = np.asarray(p["seq_lens"], dtype=np.int64)
+        cu = np.asarray(p[CU_SEQLENS_PADDED], dtype=np.int64)
+        lens = np.asarray(p[SEQ_LENS], dtype=np.int64)
         end = int(cu[-2] + lens[-1])  # the last true token of the pack, + 1
         cuts.append((cu[:-1], end, int(cu[-1])))
     longest = max(max(int(np.diff(np.append(c, e)).max()), 1) for c, e, _ in cuts)
@@ -317,10 +312,10 @@ def collate_flash_attn(packs: Sequence[Mapping[str, Any]], *, split_tail: bool =
     if split_tail:
         cu = _tail_split_offsets(packs)
     return {
-        "input_ids": _row(_flat(packs, "input_ids")),
-        "labels": _row(_flat(packs, "labels")),
-        "position_ids": _row(_flat(packs, "position_ids")),
-        "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
+        INPUT_IDS: _row(_flat(packs, INPUT_IDS)),
+        LABELS: _row(_flat(packs, LABELS)),
+        POSITION_IDS: _row(_flat(packs, POSITION_IDS)),
+        CU_SEQLENS: torch.from_numpy(cu.astype(np.int32)),
         "max_seqlen": int(np.diff(cu).max()),
         **loss_fields,
     }
@@ -348,7 +343,7 @@ def collate_hf(packs: Sequence[Mapping[str, Any]], *, split_tail: bool = False,
     """
     out = collate_flash_attn(packs, split_tail=split_tail)
     loss_fields = split_loss_fields(out)
-    cu = out.pop("cu_seqlens")
+    cu = out.pop(CU_SEQLENS)
     max_len = out.pop("max_seqlen")
     out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_len, max_length_k=max_len)
     if loss_counts:
@@ -378,17 +373,17 @@ def collate_thd(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     of `collate_flash_attn` come along (`seq_index` [1, T] is cut by `cp_slice` with the tokens).
     """
     cu_padded = _padded_offsets(packs)
-    labels = _flat(packs, "labels")
+    labels = _flat(packs, LABELS)
     shifted = np.full_like(labels, IGNORE_INDEX)
     shifted[:-1] = labels[1:]
     # position i's target is the next token, of the same sequence (a sequence's first label is -100)
     return {**_loss_fields(packs, cu_padded),
-        "tokens": _row(_flat(packs, "input_ids")),
-        "labels": _row(shifted),
+        "tokens": _row(_flat(packs, INPUT_IDS)),
+        LABELS: _row(shifted),
         "loss_mask": torch.from_numpy((shifted != IGNORE_INDEX).astype(np.float32)).unsqueeze(0),
-        "position_ids": _row(_flat(packs, "position_ids")),
-        "cu_seqlens": torch.from_numpy(_concat_offsets(p["cu_seqlens"] for p in packs).astype(np.int32)),
-        "cu_seqlens_padded": torch.from_numpy(cu_padded.astype(np.int32)),
+        POSITION_IDS: _row(_flat(packs, POSITION_IDS)),
+        CU_SEQLENS: torch.from_numpy(_concat_offsets(p[CU_SEQLENS] for p in packs).astype(np.int32)),
+        CU_SEQLENS_PADDED: torch.from_numpy(cu_padded.astype(np.int32)),
         "max_seqlen": int(np.diff(cu_padded).max()),
         "qkv_format": "thd",
     }
@@ -407,7 +402,7 @@ def cp_slice(batch: Mapping[str, Any], cp_size: int, cp_rank: int) -> dict[str, 
     """
     if cp_size == 1 and cp_rank == 0:
         return dict(batch)  # nothing to split (and no 2*cp alignment to ask for)
-    cu_padded = batch["cu_seqlens_padded"]
+    cu_padded = batch[CU_SEQLENS_PADDED]
     try:
         index = cp_partition_indices(np.asarray(cu_padded.cpu() if torch.is_tensor(cu_padded) else cu_padded),
                                      cp_size, cp_rank)
@@ -441,7 +436,7 @@ def packed_seq_params(batch: Mapping[str, Any], *, padded_boundaries: bool = Fal
     except ImportError:
         raise PackctlError("packed_seq_params needs megatron-core, which is not installed: "
                            "pip install megatron-core") from None
-    cu, cu_padded, max_len = batch["cu_seqlens"], batch["cu_seqlens_padded"], batch["max_seqlen"]
+    cu, cu_padded, max_len = batch[CU_SEQLENS], batch[CU_SEQLENS_PADDED], batch["max_seqlen"]
     if padded_boundaries:
         cu = cu_padded
         max_len = int((cu_padded[1:] - cu_padded[:-1]).max()) if len(cu_padded) > 1 else 0
@@ -466,8 +461,8 @@ def _field_names(cls) -> set[str]:
 
 # ---- loss normalization --------------------------------------------------------------------------
 
-BATCH_LOSS_KEYS = ("num_loss_tokens", "seq_loss_tokens", "seq_index", "step", "micro_batch", *STEP_LOSS_COLUMNS,
-                   WEIGHTS_COLUMN, GROUP_IDS_COLUMN)
+BATCH_LOSS_KEYS = (NUM_LOSS_TOKENS, SEQ_LOSS_TOKENS, "seq_index", STEP, MICRO_BATCH, *STEP_LOSS_COLUMNS, SEQ_WEIGHTS,
+                   GROUP_IDS)
 
 
 def _loss_fields(packs: Sequence[Mapping[str, Any]], seq_offsets: np.ndarray) -> dict[str, Any]:
@@ -484,26 +479,27 @@ def _loss_fields(packs: Sequence[Mapping[str, Any]], seq_offsets: np.ndarray) ->
         group_ids        int64 [S]     --group-column: sequences sharing an id form one group (a
                                        DPO pair, a prompt's rollouts), adjacent, in input order
     """
-    if not all("seq_loss_tokens" in p for p in packs):
+    if not all(SEQ_LOSS_TOKENS in p for p in packs):
         return {}
-    counts = _flat(packs, "seq_loss_tokens")
+    counts = _flat(packs, SEQ_LOSS_TOKENS)
     out: dict[str, Any] = {
-        "num_loss_tokens": int(counts.sum()),
-        "seq_loss_tokens": torch.from_numpy(counts),
+        NUM_LOSS_TOKENS: int(counts.sum()),
+        SEQ_LOSS_TOKENS: torch.from_numpy(counts),
         "seq_index": _row(np.repeat(np.arange(len(counts)), np.diff(seq_offsets))),
     }
-    for name in ("step", *STEP_LOSS_COLUMNS):
+    for name in (STEP, *STEP_LOSS_COLUMNS):
         if all(name in p for p in packs):
             values = sorted({int(p[name]) for p in packs})
-            if len(values) > 1 and name == "step":
+            if len(values) > 1 and name == STEP:
                 raise ValueError(f"one batch holds packs of steps {values}: no single step count normalizes its "
                                  "loss; use a batch size that divides the packs a rank gets per step "
                                  "(--micro-batches), e.g. batch_size=1")
             out[name] = values[0]
-    if all("micro_batch" in p for p in packs):  # the batch's last: a step ends after micro-batch M - 1
-        out["micro_batch"] = max(int(p["micro_batch"]) for p in packs)
-    for name, dtype in ((WEIGHTS_COLUMN, np.float64), (GROUP_IDS_COLUMN, np.int64)):
+    if all(MICRO_BATCH in p for p in packs):  # the batch's last: a step ends after micro-batch M - 1
+        out[MICRO_BATCH] = max(int(p[MICRO_BATCH]) for p in packs)
+    for name in (SEQ_WEIGHTS, GROUP_IDS):
         if all(name in p for p in packs):
+            dtype = np.dtype(COLUMN[name].value)
             out[name] = torch.from_numpy(np.concatenate([np.asarray(p[name], dtype=dtype) for p in packs]))
     return out
 
@@ -555,26 +551,26 @@ def loss_fn(logits: torch.Tensor, batch: Mapping[str, Any], mode: str = "token",
     """
     if mode not in ("token", "sequence"):
         raise ValueError(f"mode {mode!r}: use 'token' or 'sequence'")
-    if "seq_loss_tokens" not in batch:
+    if SEQ_LOSS_TOKENS not in batch:
         raise PackctlError("the batch has no loss counts: the output predates the loss columns (repack it), or "
                            "it comes from collate_hf without loss_counts=True")
     logits = logits.reshape(-1, logits.shape[-1])
-    labels = batch["labels"].reshape(-1).to(logits.device)
+    labels = batch[LABELS].reshape(-1).to(logits.device)
     seq_index = batch["seq_index"].reshape(-1).to(logits.device)
     if "loss_mask" not in batch:  # not shifted: logits[i] predicts labels[i + 1]
         logits, labels, seq_index = logits[:-1], labels[1:], seq_index[1:]
     target = labels != ignore_index
     losses = torch.nn.functional.cross_entropy(logits[target].float(), labels[target], reduction="none")
     seq_of = seq_index[target]
-    seq_counts = batch["seq_loss_tokens"].to(logits.device)
-    if WEIGHTS_COLUMN in batch:
-        losses = losses * batch[WEIGHTS_COLUMN].to(logits.device, torch.float32)[seq_of]
+    seq_counts = batch[SEQ_LOSS_TOKENS].to(logits.device)
+    if SEQ_WEIGHTS in batch:
+        losses = losses * batch[SEQ_WEIGHTS].to(logits.device, torch.float32)[seq_of]
     if mode == "token":
-        count = denominator if denominator is not None else batch.get("step_loss_tokens", batch["num_loss_tokens"])
+        count = denominator if denominator is not None else batch.get(STEP_LOSS_TOKENS, batch[NUM_LOSS_TOKENS])
         return losses.sum() / max(count, 1)  # a step without loss tokens: 0, not nan
     per_token = losses / seq_counts.clamp(min=1).to(torch.float32)[seq_of]  # each sequence's mean, spread
     count = denominator if denominator is not None else batch.get(
-        "step_loss_sequences", int((seq_counts > 0).sum()))
+        STEP_LOSS_SEQUENCES, int((seq_counts > 0).sum()))
     return per_token.sum() / max(count, 1)
 
 
@@ -642,7 +638,7 @@ def read_lr_scales(path: str | Path, *, epoch: int | None = None, verify: bool =
         apply_lr_scale(optimizer, scales.get(step, 1.0) if scales else 1.0, base_lrs)
     """
     output = open_output(path, epoch, verify=verify)
-    recorded = output.manifest.get(LR_SCALE_COLUMN)
+    recorded = output.manifest.get(LR_SCALE)  # the manifest's record, when it has one
     if isinstance(recorded, list):
         return {step: float(s) for step, s in enumerate(recorded)}
     if isinstance(recorded, dict):
@@ -651,13 +647,12 @@ def read_lr_scales(path: str | Path, *, epoch: int | None = None, verify: bool =
     for k in range(len(output.shards)):
         shard_path = output.shard_path(k)
         names = output.column_names(k)
-        if LR_SCALE_COLUMN not in names:
+        if LR_SCALE not in names:
             return None
-        if "step" not in names:
-            raise PackctlError(f"{shard_path}: an lr_scale column without a step column; repack the output")
-        table = output.read_shard(k, ["step", LR_SCALE_COLUMN])
-        for step, scale in zip(table.column("step").to_numpy().tolist(),
-                               table.column(LR_SCALE_COLUMN).to_numpy().tolist()):
+        if STEP not in names:
+            raise PackctlError(f"{shard_path}: an {LR_SCALE} column without a {STEP} column; repack the output")
+        table = output.read_shard(k, [STEP, LR_SCALE])
+        for step, scale in zip(table.column(STEP).to_numpy().tolist(), table.column(LR_SCALE).to_numpy().tolist()):
             if scales.setdefault(step, scale) != scale:
                 raise PackctlError(f"{shard_path}: step {step} has two lr_scale values "
                                    f"({scales[step]} and {scale}); repack the output")

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from packctl.contract.manifest import (ShardEntry, epoch_output, inside, manifest_path, metrics_path,
                                        read_manifest)
-from packctl.contract.schema import METADATA_KEY
+from packctl.contract.schema import METADATA_KEY, NUM_TOKENS
 from packctl.errors import PackctlError
 
 SKIP_CHECKS = "pass verify=False (--no-verify-checksums) to read it unchecked"
@@ -124,8 +124,8 @@ def _parse_and_compare(data: bytes, entry: dict[str, Any], manifest: dict[str, A
         found.append(Finding("schema", f"no column {', '.join(map(repr, missing))}; not a packed shard of this output"))
         return CheckedShard(None, found)
     tokens_expected = entry.get("tokens")
-    count_tokens = isinstance(tokens_expected, int) and "num_tokens" in names
-    read = wanted + (["num_tokens"] if count_tokens and "num_tokens" not in wanted else [])
+    count_tokens = isinstance(tokens_expected, int) and NUM_TOKENS in names
+    read = wanted + ([NUM_TOKENS] if count_tokens and NUM_TOKENS not in wanted else [])
     try:
         table = parquet.read(columns=read)
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -134,14 +134,14 @@ def _parse_and_compare(data: bytes, entry: dict[str, Any], manifest: dict[str, A
         return CheckedShard(None, found)
     if count_tokens:
         try:
-            tokens = int(table.column("num_tokens").to_numpy().astype(np.int64).sum())
+            tokens = int(table.column(NUM_TOKENS).to_numpy().astype(np.int64).sum())
         except (pa.ArrowException, ValueError, TypeError) as exc:  # num_tokens of another type: rule `schema`
             tokens = f"unreadable ({_short(exc)})"
         if tokens != tokens_expected:
             found.append(Finding("manifest-shard", f"{tokens} tokens (sum of num_tokens), the manifest says "
                                  f"{tokens_expected}"))
-        if "num_tokens" not in wanted:
-            table = table.drop_columns(["num_tokens"])
+        if NUM_TOKENS not in wanted:
+            table = table.drop_columns([NUM_TOKENS])
     return CheckedShard(table, found)
 
 

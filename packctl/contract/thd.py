@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from packctl.arrays import Scratch, copy_segments, count_not_equal, offsets_of, row_cumsums, segment_positions
-from packctl.contract.schema import IGNORE_INDEX
+from packctl.contract.schema import IGNORE_INDEX, INPUT_IDS, LABELS, POSITION_IDS
 
 
 @dataclass
@@ -89,15 +89,15 @@ def lay_out_packs(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded: 
     total = int(token_offsets[-1])
 
     scratch = scratch or Scratch()
-    input_ids = scratch.take("input_ids", total, np.int32)
+    input_ids = scratch.take(INPUT_IDS, total, np.int32)
     input_ids.fill(pad_token_id)
-    out_labels = scratch.take("labels", total, np.int32)
+    out_labels = scratch.take(LABELS, total, np.int32)
     out_labels.fill(IGNORE_INDEX)
     place(input_ids, out_labels, piece_flat_start)
     # The first token of each sequence has no predecessor in that sequence: after the usual shift
     # its label would be predicted from the previous sequence's last token, so it is ignored.
     out_labels[piece_flat_start] = IGNORE_INDEX
-    position_ids = segment_positions(seq_lens_padded, out=scratch.take("position_ids", total, np.int32))
+    position_ids = segment_positions(seq_lens_padded, out=scratch.take(POSITION_IDS, total, np.int32))
 
     cu_offsets = bin_offsets + np.arange(rows + 1)
     cu_seqlens = row_cumsums(piece_len, bin_offsets, np.int32)

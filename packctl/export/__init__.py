@@ -22,6 +22,7 @@ import pyarrow as pa
 from packctl.config import as_python
 from packctl.contract.schema import INT32_MAX
 from packctl.contract.reader import PackedOutput, open_output
+from packctl.contract.schema import CU_SEQLENS_PADDED, INPUT_IDS, LABELS, SEQ_LENS
 from packctl.errors import PackctlError
 
 FORMATS = ("nemo", "nemo-npy", "olmo")
@@ -59,11 +60,11 @@ def read_packs(output: PackedOutput) -> Iterator[ShardPacks]:
     """The shards of a packed output, in manifest order, each read through the output's reader
     (checked against the manifest unless it was opened with verify=False)."""
     for k, entry in enumerate(output.shards):
-        table = output.read_shard(k, ["input_ids", "labels", "seq_lens", "cu_seqlens_padded"])
-        token_offsets, input_ids = _list(table, "input_ids")
-        _, labels = _list(table, "labels")
-        seq_offsets, seq_lens = _list(table, "seq_lens")
-        cu_offsets, cu = _list(table, "cu_seqlens_padded")
+        table = output.read_shard(k, [INPUT_IDS, LABELS, SEQ_LENS, CU_SEQLENS_PADDED])
+        token_offsets, input_ids = _list(table, INPUT_IDS)
+        _, labels = _list(table, LABELS)
+        seq_offsets, seq_lens = _list(table, SEQ_LENS)
+        cu_offsets, cu = _list(table, CU_SEQLENS_PADDED)
         # cu_seqlens_padded has one more entry per pack than seq_lens: drop each pack's last
         keep = np.ones(len(cu), dtype=bool)
         keep[cu_offsets[1:] - 1] = False

@@ -5,59 +5,61 @@ as a small Parquet file (`encode_table`), and a shard's row groups are joined (o
 """
 from __future__ import annotations
 
+from typing import Union
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.contract.arrow import arrow_array
-from packctl.contract.schema import LOSS_FIELDS, METADATA_KEY, PACK_SCHEMA, TRL_LENGTHS_FIELD
+from packctl.contract.schema import (COLUMN, CU_ENTRY, LOSS_COLUMNS, METADATA_KEY, PACK_COLUMNS, SEQ_LENGTHS, SEQUENCE,
+                                     TOKEN, Column, column_order)
 from packctl.contract.thd import PackRows, loss_columns
 
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, use_dictionary=False, write_statistics=False)
 
-
-def _list(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
-    return pa.ListArray.from_arrays(arrow_array(offsets, pa.int32()), arrow_array(values, value_type))
+Values = Union[np.ndarray, pa.Array, pa.ChunkedArray]
 
 
-def rows_to_table(rows: PackRows, metadata: bytes, extra: dict[str, np.ndarray] | None = None,
-                  per_piece: dict[str, pa.ChunkedArray] | None = None) -> pa.Table:
-    """PackRows -> an Arrow table with the contract's schema and the `packctl` metadata key, the
-    loss-normalization columns counted from its labels (`packctl.contract.thd.loss_columns`), plus
-    `extra` per-row columns (step, dp_rank, micro_batch as int32, lr_scale as float32,
-    step_loss_tokens and step_loss_sequences as int64) and
-    `per_piece` values (--keep-columns: one per piece, in row order), written as list columns
-    aligned with `sample_ids`."""
-    i32 = pa.int32()
-    padded_lengths = _list(rows.seq_offsets, rows.seq_lens_padded, i32)
-    columns = [
-        _list(rows.token_offsets, rows.input_ids, i32),
-        _list(rows.token_offsets, rows.labels, i32),
-        _list(rows.token_offsets, rows.position_ids, i32),
-        _list(rows.seq_offsets, rows.seq_lens, i32),
-        padded_lengths,
-        _list(rows.cu_offsets, rows.cu_seqlens, i32),
-        _list(rows.cu_offsets, rows.cu_seqlens_padded, i32),
-        _list(rows.seq_offsets, rows.sample_ids, pa.int64()),
-        arrow_array(rows.num_tokens, i32),
-        padded_lengths,
-    ]
+def rows_to_table(rows: PackRows, metadata: bytes, per_pack: dict[str, np.ndarray] | None = None,
+                  per_sequence: dict[str, Values] | None = None) -> pa.Table:
+    """PackRows -> an Arrow table of the contract (`packctl.contract.schema.COLUMNS`) with the
+    `packctl` metadata key: the columns of `rows`, `seq_lengths`, the loss columns counted from its
+    labels (`packctl.contract.thd.loss_columns`), then `per_pack` values (one per row: step,
+    dp_rank, lr_scale ...) and `per_sequence` values (one per sequence, aligned with `sample_ids`:
+    seq_weights, group_ids, and the --keep-columns as they are), in `column_order`.
+
+    Each declared column is written with its declared type, whatever the type of the values handed
+    over (numpy arrays are converted, input values from Arrow cast): `{"step": np.array([0, 0, 1])}`
+    becomes an int32 column.
+    """
     loss = loss_columns(rows)
-    columns += [arrow_array(loss.num_loss_tokens, i32), _list(rows.seq_offsets, loss.seq_loss_tokens, i32),
-                arrow_array(loss.sum_sq_seqlen, pa.int64())]
-    schema = pa.schema([*PACK_SCHEMA, TRL_LENGTHS_FIELD, *LOSS_FIELDS])
-    for name, values in (extra or {}).items():
-        values = np.asarray(values)
-        array = arrow_array(values, pa.from_numpy_dtype(values.dtype))
-        columns.append(array)
-        schema = schema.append(pa.field(name, array.type, nullable=False))
-    offsets = arrow_array(rows.seq_offsets, pa.int32())
-    for name, values in (per_piece or {}).items():
-        array = pa.ListArray.from_arrays(offsets, values.combine_chunks() if isinstance(values, pa.ChunkedArray)
-                                         else values)
-        columns.append(array)
-        schema = schema.append(pa.field(name, array.type, nullable=False))
-    return pa.Table.from_arrays(columns, schema=schema.with_metadata({METADATA_KEY: metadata}))
+    flat: dict[str, Values] = {name: getattr(rows, name) for name in PACK_COLUMNS}
+    flat[SEQ_LENGTHS] = rows.seq_lens_padded
+    flat.update({name: getattr(loss, name) for name in LOSS_COLUMNS})
+    flat.update(per_pack or {})
+    flat.update(per_sequence or {})
+    offsets = {per: arrow_array(values, pa.int32()) for per, values in (
+        (TOKEN, rows.token_offsets), (SEQUENCE, rows.seq_offsets), (CU_ENTRY, rows.cu_offsets))}
+    names = column_order(flat)
+    arrays = [_column_array(COLUMN.get(name), flat[name], offsets) for name in names]
+    schema = pa.schema([pa.field(name, array.type, nullable=False) for name, array in zip(names, arrays)])
+    return pa.Table.from_arrays(arrays, schema=schema.with_metadata({METADATA_KEY: metadata}))
+
+
+def _column_array(column: Column | None, values: Values, offsets: dict[str, pa.Array]) -> pa.Array:
+    """One column of the table; `column` None: a kept input column, one value per sequence as it is."""
+    if column is None:
+        return pa.ListArray.from_arrays(offsets[SEQUENCE], _combined(values))
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):  # input values (--weight-column): Arrow casts them
+        flat = _combined(values.cast(column.value_type))
+    else:
+        flat = arrow_array(values, column.value_type)
+    return pa.ListArray.from_arrays(offsets[column.per], flat) if column.is_list else flat
+
+
+def _combined(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
 
 
 def encode_table(table: pa.Table) -> pa.Buffer:

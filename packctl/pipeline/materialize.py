@@ -53,7 +53,7 @@ from packctl.output.fs import write_failed
 from packctl.output.outdir import OutputDir, StagedShard
 from packctl.plan.windows import PackPlan
 from packctl.plan.groups import group_ids
-from packctl.contract.schema import GROUP_IDS_COLUMN, WEIGHTS_COLUMN
+from packctl.contract.schema import GROUP_IDS, NUM_TOKENS, SEQ_WEIGHTS
 from packctl.contract.thd import lay_out_packs
 
 @dataclass
@@ -189,10 +189,10 @@ class ShardAssembler:
                  metadata: bytes, pad_token_id: int, budget: int,
                  held_elsewhere: Callable[[], int] = lambda: 0, progress: Callable[[int], None] = lambda n: None,
                  writers: int | None = None, columns: dict[str, np.ndarray] | None = None,
-                 kept: pa.Table | None = None):
+                 kept: dict[str, pa.ChunkedArray | np.ndarray] | None = None):
         self.plan, self.pack_lens, self.run = plan, pack_lens, run
         self.columns = columns or {}  # extra per-pack columns (step, dp_rank, ...), in this rank's pack order
-        self.kept = kept  # --keep-columns values, one row per piece of this rank's plan
+        self.kept = kept or {}  # per-piece columns (per_piece_columns), one value per piece of this rank's plan
         self.output, self.metadata = output, metadata
         self.pad_token_id = pad_token_id
         self.budget, self.held_elsewhere, self.progress = budget, held_elsewhere, progress
@@ -330,8 +330,7 @@ class ShardAssembler:
                              plan.piece_padded[p_lo:p_hi], plan.piece_gid[p_lo:p_hi], self.pack_lens[lo:hi],
                              place, pad_token_id=self.pad_token_id, scratch=scratch)
         extra = {name: values[lo:hi] for name, values in self.columns.items()}
-        per_piece = ({name: self.kept.column(name).slice(p_lo, p_hi - p_lo) for name in self.kept.column_names}
-                     if self.kept is not None else None)
+        per_piece = {name: values[p_lo:p_hi] for name, values in self.kept.items()}
         data = encode_table(rows_to_table(rows, self.metadata, extra, per_piece))
         tokens = int(plan.piece_len[p_lo:p_hi].sum())
         self.progress(hi - lo)
@@ -375,7 +374,7 @@ def join_shared_shards(run: WriteRun, output: OutputDir) -> dict[int, ShardEntry
         paths = [output.tmp / run_part_name(run.shard_path(shard), first) for first in runs]
         joined = stitch([p.read_bytes() for p in paths])
         meta = pq.ParquetFile(pa.BufferReader(joined)).metadata
-        tokens = int(pq.read_table(pa.BufferReader(joined), columns=["num_tokens"]).column(0).to_numpy().sum())
+        tokens = int(pq.read_table(pa.BufferReader(joined), columns=[NUM_TOKENS]).column(0).to_numpy().sum())
         staged = output.stage_bytes(run.shard_path(shard), joined, rows=meta.num_rows, tokens=tokens)
         results[shard] = output.commit_joined(staged, paths)
     return results
@@ -452,20 +451,20 @@ class ShardFormat:
     weight_column: str | None = None
 
 
-def per_piece_columns(index: SequenceIndex, piece_gid: np.ndarray, fmt: ShardFormat) -> pa.Table | None:
+def per_piece_columns(index: SequenceIndex, piece_gid: np.ndarray,
+                      fmt: ShardFormat) -> dict[str, pa.ChunkedArray | np.ndarray]:
     """The values carried per piece, in piece order: the --keep-columns as they are, the
-    --weight-column as float64 `seq_weights` (scan checked them: finite, no null), and with
-    --group-column each piece's int64 `group_ids` (the gid of its group's first row)."""
+    --weight-column's values as `seq_weights` (scan checked them: finite, no null), and with
+    --group-column each piece's `group_ids` (the gid of its group's first row). The writer gives
+    `seq_weights` and `group_ids` their declared types (output/encode.py)."""
     wanted = list(dict.fromkeys([*fmt.keep_columns, *([fmt.weight_column] if fmt.weight_column else [])]))
     table = read_kept_columns(index, piece_gid, wanted) if wanted else None
-    if table is not None and fmt.weight_column is not None:
-        weights = table.column(fmt.weight_column).cast(pa.float64())
-        table = table.select(list(fmt.keep_columns)).append_column(WEIGHTS_COLUMN, weights)
+    columns = {name: table.column(name) for name in fmt.keep_columns}
+    if fmt.weight_column is not None:
+        columns[SEQ_WEIGHTS] = table.column(fmt.weight_column)
     if index.group_starts is not None:
-        groups = pa.array(group_ids(piece_gid, index.group_starts), pa.int64())
-        table = pa.table({GROUP_IDS_COLUMN: groups}) if table is None else table.append_column(GROUP_IDS_COLUMN,
-                                                                                                 groups)
-    return table
+        columns[GROUP_IDS] = group_ids(piece_gid, index.group_starts)
+    return columns
 
 
 def materialize(comm, job: WriteJob, scanned: Scanned, output: OutputDir, fmt: ShardFormat, *,

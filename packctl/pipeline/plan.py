@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from packctl.contract.schema import BATCH_SIZE, DP_RANK, LR_SCALE, MICRO_BATCH, PADDED_LEN, STEP
 from packctl.errors import PackctlError
 from packctl.mpi.comm import Comm, SingleComm
 from packctl.pipeline.order import Ordered, check_groups_fit_everywhere, order_corpus, too_long_message
@@ -32,7 +33,7 @@ from packctl.specs import BalanceSpec, BatchUnit, LengthSpec, LrScaling, Mode, S
 @dataclass
 class Balanced:
     result: BalancedPlan
-    columns: dict[str, np.ndarray]  # per pack of this rank: step, dp_rank, micro_batch (lr_scale)
+    columns: dict[str, np.ndarray]  # per pack of this rank: step, dp_rank, micro_batch (lr_scale); encode types them
     figures: dict[str, Any]  # this rank's steps, for the report
 
 
@@ -92,7 +93,7 @@ def final_pack_lengths(comm: Comm, plan: PackPlan, spec: LengthSpec, item_bucket
     micro-batch (`padded_len`, `batch_size` columns)."""
     if spec.mode == Mode.BATCH:
         padded_len, rows = batch_shapes(plan, spec.max_tokens, item_buckets)
-        return padded_len * rows, {"padded_len": padded_len.astype(np.int32), "batch_size": rows.astype(np.int32)}, None
+        return padded_len * rows, {PADDED_LEN: padded_len, BATCH_SIZE: rows}, None
     pack_lens = pack_lengths_padded(plan.loads(padded=True), spec.capacity, spec.pad_to, spec.pack_multiple)
     if not spec.shape_buckets:
         return pack_lens, {}, None
@@ -170,10 +171,9 @@ def balance(comm: Comm, plan: PackPlan, spec: BalanceSpec, steps: StepSpec, leng
         num_steps = comm.allreduce_sum(result.num_steps)
         ref = comm.allreduce_sum(int(sizes.sum())) / max(num_steps, 1)
     scales = lr_scales(sizes, ref, steps.lr_scaling)
-    columns = {"step": (result.step + first_step).astype(np.int32), "dp_rank": result.dp_rank.astype(np.int32),
-               "micro_batch": result.micro_batch.astype(np.int32)}
+    columns = {STEP: result.step + first_step, DP_RANK: result.dp_rank, MICRO_BATCH: result.micro_batch}
     if steps.lr_scaling != LrScaling.NONE:
-        columns["lr_scale"] = scales[result.step].astype(np.float32)
+        columns[LR_SCALE] = scales[result.step]
     figures = {
         "before_tokens": result.before_tokens, "before_attention": result.before_attention,
         "after_tokens": result.after_tokens, "after_attention": result.after_attention,

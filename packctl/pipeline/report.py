@@ -17,7 +17,7 @@ from packctl.plan.balance import imbalance, imbalance_summary
 from packctl.plan.groups import group_ids
 from packctl.plan.windows import PackPlan, merge_plans
 from packctl.pipeline.runtime import peak_rss_bytes
-from packctl.contract.schema import FORMAT_VERSION
+from packctl.contract.schema import BATCH_SIZE, DP_RANK, FORMAT_VERSION, STEP
 from packctl.specs import Mode, ReportSpec
 from packctl.version import __version__
 
@@ -63,8 +63,8 @@ class RankShare:
         columns = planned.columns
         return cls(plan=planned.plan, pack_lens=planned.pack_lens, shards=shards,
                    balance_figures=planned.balanced.figures if planned.balanced is not None else None,
-                   batch_size=columns.get("batch_size"), buckets=planned.buckets, step=columns.get("step"),
-                   dp_rank=columns.get("dp_rank"))
+                   batch_size=columns.get(BATCH_SIZE), buckets=planned.buckets, step=columns.get(STEP),
+                   dp_rank=columns.get(DP_RANK))
 
 
 def plan_metrics(plan: PackPlan, pack_lens: np.ndarray, spec: ReportSpec, num_sequences: int,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from packctl.contract.schema import STEP_LOSS_SEQUENCES, STEP_LOSS_TOKENS
 from packctl.mpi.comm import Comm
 from packctl.source.parquet import SequenceIndex, TokenSource
 from packctl.plan.windows import PackPlan
@@ -24,7 +25,7 @@ from packctl.plan.windows import PackPlan
 
 def step_loss_columns(comm: Comm, plan: PackPlan, step: np.ndarray, index: SequenceIndex, source: TokenSource,
                       block_bounds: np.ndarray) -> dict[str, np.ndarray]:
-    """int64 `step_loss_tokens` and `step_loss_sequences` per pack of this rank's plan; `step` is each
+    """`step_loss_tokens` and `step_loss_sequences` per pack of this rank's plan; `step` is each
     pack's step (the steps of this rank's windows, any numbering)."""
     piece_loss = piece_loss_tokens(comm, plan, index, source, block_bounds)
     piece_pack = np.repeat(np.arange(plan.num_bins), np.diff(plan.bin_offsets))
@@ -32,7 +33,7 @@ def step_loss_columns(comm: Comm, plan: PackPlan, step: np.ndarray, index: Seque
     steps = int(piece_step.max()) + 1 if len(piece_step) else 0
     tokens = np.bincount(piece_step, weights=piece_loss, minlength=steps).astype(np.int64)
     sequences = np.bincount(piece_step, weights=piece_loss > 0, minlength=steps).astype(np.int64)
-    return {"step_loss_tokens": tokens[step], "step_loss_sequences": sequences[step]}
+    return {STEP_LOSS_TOKENS: tokens[step], STEP_LOSS_SEQUENCES: sequences[step]}
 
 
 def piece_loss_tokens(comm: Comm, plan: PackPlan, index: SequenceIndex, source: TokenSource,

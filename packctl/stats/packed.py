@@ -25,10 +25,11 @@ from packctl.plan.metrics import (attention_cost, batch_metrics, dp_balance, fil
                              pack_metrics)
 from packctl.contract.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST, manifest_path
 from packctl.contract.reader import PackedOutput, open_output
-from packctl.contract.schema import BALANCE_COLUMNS, METADATA_KEY
+from packctl.contract.schema import (BALANCE_COLUMNS, BATCH_COLUMNS, BATCH_SIZE, CU_SEQLENS_PADDED, DP_RANK,
+                                     METADATA_KEY, MICRO_BATCH, NUM_TOKENS, PADDED_LEN, SAMPLE_IDS, SEQ_LENS, STEP)
 
-READ_COLUMNS = ("seq_lens", "sample_ids", "num_tokens")
-LIST_COLUMNS = ("seq_lens", "sample_ids", "cu_seqlens_padded")
+READ_COLUMNS = (SEQ_LENS, SAMPLE_IDS, NUM_TOKENS)
+LIST_COLUMNS = (SEQ_LENS, SAMPLE_IDS, CU_SEQLENS_PADDED)
 
 
 @dataclass
@@ -74,11 +75,11 @@ def read_packed(output: PackedOutput) -> PackedArrays:
     for k, entry in enumerate(output.shards):
         path = output.shard_path(k)
         names = output.column_names(k)
-        missing = [c for c in (*READ_COLUMNS, "cu_seqlens_padded") if c not in names]
+        missing = [c for c in (*READ_COLUMNS, CU_SEQLENS_PADDED) if c not in names]
         if missing:
             raise PackctlError(f"{path}: no column {', '.join(repr(c) for c in missing)}; not a packed "
                                "shard of format version 1 (docs/format.md)")
-        present = tuple(c for c in BALANCE_COLUMNS + SHAPE_COLUMNS if c in names)
+        present = tuple(c for c in BALANCE_COLUMNS + BATCH_COLUMNS if c in names)
         if balance_columns is None:
             balance_columns = present
         elif present != balance_columns:
@@ -86,7 +87,7 @@ def read_packed(output: PackedOutput) -> PackedArrays:
                                f"{list(balance_columns)}; pack again")
         # a pack's length is the last entry of cu_seqlens_padded (len(input_ids) by the contract):
         # the token columns, most of a shard's bytes, are never decoded
-        table = output.read_shard(k, [*READ_COLUMNS, "cu_seqlens_padded", *present])
+        table = output.read_shard(k, [*READ_COLUMNS, CU_SEQLENS_PADDED, *present])
         parts.append(_shard_arrays(path, table, present, entry.rows))
 
     def cat(key: str) -> np.ndarray:
@@ -96,8 +97,8 @@ def read_packed(output: PackedOutput) -> PackedArrays:
     seq_offsets = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(counts, out=seq_offsets[1:])
     return PackedArrays(
-        seq_lens=cat("seq_lens"), seq_offsets=seq_offsets, sample_ids=cat("sample_ids"),
-        num_tokens=cat("num_tokens"), pack_lens=cat("pack_len"),
+        seq_lens=cat(SEQ_LENS), seq_offsets=seq_offsets, sample_ids=cat(SAMPLE_IDS),
+        num_tokens=cat(NUM_TOKENS), pack_lens=cat("pack_len"),
         balance={c: cat(c) for c in balance_columns} if balance_columns else None,
     )
 
@@ -117,26 +118,26 @@ def _shard_arrays(path: Path, table: pa.Table, balance: tuple[str, ...], rows: i
         if column.null_count or (pa.types.is_list(column.type) and column.values.null_count):
             raise PackctlError(f"{path} row {_first_null_row(column)} column '{name}': null; not a valid packed "
                                "shard: pack again")
-    seq_lens, seqs_per_pack = _flat_list(columns["seq_lens"])
-    sample_ids, ids_per_pack = _flat_list(columns["sample_ids"])
+    seq_lens, seqs_per_pack = _flat_list(columns[SEQ_LENS])
+    sample_ids, ids_per_pack = _flat_list(columns[SAMPLE_IDS])
     if not np.array_equal(seqs_per_pack, ids_per_pack):
         row = int(np.argmax(seqs_per_pack != ids_per_pack))
         raise PackctlError(f"{path} row {row}: {ids_per_pack[row]} sample_ids for {seqs_per_pack[row]} seq_lens; "
                            "not a valid packed shard: pack again")
-    cu_values, cu_per_pack = _flat_list(columns["cu_seqlens_padded"])
+    cu_values, cu_per_pack = _flat_list(columns[CU_SEQLENS_PADDED])
     if (cu_per_pack < 1).any():
         row = int(np.argmax(cu_per_pack < 1))
         raise PackctlError(f"{path} row {row}: an empty cu_seqlens_padded; not a valid packed shard: pack again")
     pack_len = cu_values[np.cumsum(cu_per_pack) - 1]
     offsets = np.concatenate([[0], np.cumsum(seqs_per_pack)])
-    num_tokens = columns["num_tokens"].to_numpy(zero_copy_only=False).astype(np.int64)
+    num_tokens = columns[NUM_TOKENS].to_numpy(zero_copy_only=False).astype(np.int64)
     sums = pack_loads(seq_lens, offsets)
     if not np.array_equal(sums, num_tokens):
         row = int(np.argmax(sums != num_tokens))
         raise PackctlError(f"{path} row {row}: num_tokens {num_tokens[row]} but seq_lens sum to {sums[row]}; "
                            "not a valid packed shard: pack again")
-    out = {"seq_lens": seq_lens, "seqs_per_pack": seqs_per_pack, "sample_ids": sample_ids,
-           "num_tokens": num_tokens, "pack_len": pack_len}
+    out = {SEQ_LENS: seq_lens, "seqs_per_pack": seqs_per_pack, SAMPLE_IDS: sample_ids,
+           NUM_TOKENS: num_tokens, "pack_len": pack_len}
     for column in balance:
         values = columns[column].to_numpy(zero_copy_only=False).astype(np.int64)
         if len(values) and values.min() < 0:
@@ -198,19 +199,19 @@ def packed_stats(path: str | Path, *, attn_coeff: float | None = None, verify: b
     })
     recorded = output.recorded_metrics() or {}
     extra = packed.balance or {}
-    batch = layout.get("pad_to") == "batch" and {"padded_len", "batch_size"} <= extra.keys()
+    batch = layout.get("pad_to") == "batch" and set(BATCH_COLUMNS) <= extra.keys()
     if batch:
         report["algorithm"] = "batch"
-        report["batching"] = batch_metrics(packed.seq_lens, packed.seq_offsets, extra["batch_size"], packed.pack_lens,
+        report["batching"] = batch_metrics(packed.seq_lens, packed.seq_offsets, extra[BATCH_SIZE], packed.pack_lens,
                                            max_tokens=capacity, input_order=input_order)
-    if {"step", "dp_rank"} <= extra.keys():
+    if {STEP, DP_RANK} <= extra.keys():
         a = float(attn_coeff if attn_coeff is not None else config.get("attn_coeff") or 0.0)
         # batch mode balances what the rows cost: every sequence as long as its micro-batch's padded_len
-        lengths = np.repeat(extra["padded_len"], np.diff(packed.seq_offsets)) if batch else packed.seq_lens
+        lengths = np.repeat(extra[PADDED_LEN], np.diff(packed.seq_offsets)) if batch else packed.seq_lens
         costs = pack_loads(attention_cost(lengths, a), packed.seq_offsets)
         tokens = pack_loads(lengths, packed.seq_offsets) if batch else packed.num_tokens
-        report["dp_balance"] = dp_balance(extra["step"], extra["dp_rank"], tokens,
-                                          costs, attn_coeff=a, micro_batch=extra.get("micro_batch"))
+        report["dp_balance"] = dp_balance(extra[STEP], extra[DP_RANK], tokens,
+                                          costs, attn_coeff=a, micro_batch=extra.get(MICRO_BATCH))
         balance = recorded.get("balance")
         if _fits(balance, BALANCE_SHAPE) and float(balance["attn_coeff"]) == a:
             report["dp_balance"]["round_robin"] = balance["before"]
@@ -222,7 +223,6 @@ def packed_stats(path: str | Path, *, attn_coeff: float | None = None, verify: b
     return report
 
 
-SHAPE_COLUMNS = ("padded_len", "batch_size")
 # What stats takes from _metrics.json, and the shape it must have to be shown (a garbled report
 # is left out, never a traceback): {key: shape}, "*" for every key of a mapping.
 NUMBER = (int, float)

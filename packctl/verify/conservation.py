@@ -27,13 +27,14 @@ import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of, positions_in_segments, ranges
 from packctl.config import FIELDS, PackConfig
-from packctl.contract.schema import IGNORE_INDEX
+from packctl.contract.schema import IGNORE_INDEX, INPUT_IDS, LABELS, SEQ_LENS, SEQ_LENS_PADDED
 from packctl.errors import PackctlError
 from packctl.source import parquet as reader
 from packctl.source.parquet import describe_gid
 from packctl.source.resolve import resolve
 from packctl.contract.thd import PackRows
-from packctl.verify.structure import Violation, tiled_starts
+from packctl.verify.pack_rules import tiled_starts
+from packctl.verify.violation import Violation
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -306,12 +307,12 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
 def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, sample: str, paths: list[str],
               file_offsets: np.ndarray, tokens_column: str, labels_column: str | None) -> Violation:
     """Read one differing sequence and its source slice again, and say at which token they part."""
-    table = pq.read_table(out / shard, columns=["input_ids", "labels", "seq_lens", "seq_lens_padded"]).slice(row, 1)
-    seq_lens = table.column("seq_lens")[0].as_py()
-    offset = int(sum(table.column("seq_lens_padded")[0].as_py()[:seq]))
+    table = pq.read_table(out / shard, columns=[INPUT_IDS, LABELS, SEQ_LENS, SEQ_LENS_PADDED]).slice(row, 1)
+    seq_lens = table.column(SEQ_LENS)[0].as_py()
+    offset = int(sum(table.column(SEQ_LENS_PADDED)[0].as_py()[:seq]))
     n = seq_lens[seq]
-    out_tokens = np.asarray(table.column("input_ids")[0].as_py()[offset:offset + n], dtype=np.int64)
-    out_labels = np.asarray(table.column("labels")[0].as_py()[offset:offset + n], dtype=np.int64)
+    out_tokens = np.asarray(table.column(INPUT_IDS)[0].as_py()[offset:offset + n], dtype=np.int64)
+    out_labels = np.asarray(table.column(LABELS)[0].as_py()[offset:offset + n], dtype=np.int64)
     f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
     columns = [tokens_column] + ([labels_column] if labels_column else [])
     src = pq.read_table(paths[f], columns=columns).slice(gid - int(file_offsets[f]), 1)
@@ -333,5 +334,5 @@ def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, s
         k = int(np.argmax(out_labels != src_labels))
         message = (f"{span}: label {k} of the sequence is {out_labels[k]}, expected {src_labels[k]} (the source "
                    f"label; {IGNORE_INDEX} at the first token of every sequence)")
-        rule = "labels"
+        rule = LABELS  # the rule is named after the column
     return Violation("conservation", rule, message, shard=shard, row=row, sequence=seq)

@@ -21,7 +21,8 @@ import numpy as np
 
 from packctl.arrays import positions_in_segments
 from packctl.contract.thd import PackRows, cp_partition_indices
-from packctl.verify.structure import Violation, tiled_starts
+from packctl.verify.pack_rules import tiled_starts
+from packctl.verify.violation import Violation
 
 
 @dataclass

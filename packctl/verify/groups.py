@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from packctl.contract.schema import GROUP_IDS_COLUMN
+from packctl.contract.schema import COLUMN, GROUP_IDS, STEP
 from packctl.contract.thd import PackRows
-from packctl.verify.structure import Violation
+from packctl.verify.violation import Violation
 
 
 @dataclass
@@ -44,26 +44,25 @@ class GroupRule:
 
     def add(self, table: pa.Table, rows: PackRows, shard: str) -> list[Violation]:
         """Keep one shard's group ids; returns what is wrong with the column itself."""
-        typ = table.schema.field(GROUP_IDS_COLUMN).type
-        arr = table.column(GROUP_IDS_COLUMN).combine_chunks()
-        if not (pa.types.is_list(typ) and typ.value_type == pa.int64()) or arr.null_count or arr.values.null_count:
-            return [Violation("structure", "schema", f"column {GROUP_IDS_COLUMN} is {typ} with "
-                              f"{arr.null_count} null rows, the contract says list<int64> without nulls", shard=shard)]
+        arr = table.column(GROUP_IDS).combine_chunks()  # of its declared type (rule `schema`)
+        if arr.null_count or arr.values.null_count:
+            return [Violation("structure", "schema", f"column {GROUP_IDS} is {arr.type} with {arr.null_count} null "
+                              f"rows, the contract says {COLUMN[GROUP_IDS].type_text} without nulls", shard=shard)]
         offsets = np.asarray(arr.offsets, dtype=np.int64)
         seq_offsets = np.asarray(rows.seq_offsets, dtype=np.int64)
         ragged = np.diff(offsets) != np.diff(seq_offsets)
         if ragged.any():
-            return [Violation("structure", "group-ids", f"{GROUP_IDS_COLUMN} does not hold one id per sequence",
+            return [Violation("structure", "group-ids", f"{GROUP_IDS} does not hold one id per sequence",
                               shard=shard, row=int(np.argmax(ragged)), count=int(ragged.sum()))]
         values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_numpy()
         row = np.repeat(np.arange(rows.num_rows, dtype=np.int64), np.diff(seq_offsets))
         position = np.arange(len(row), dtype=np.int64) - seq_offsets[row]
         self.parts.append((shard, row, position, np.asarray(rows.sample_ids, dtype=np.int64), values))
         if self.scope == "step":
-            if "step" not in table.schema.names:
+            if STEP not in table.schema.names:
                 return [Violation("structure", "group-step", "the run kept groups within steps (--group-scope step) "
-                                  "but the shard has no step column", shard=shard)]
-            self.steps.append(np.asarray(table.column("step").to_numpy(), dtype=np.int64)[row])
+                                  f"but the shard has no {STEP} column", shard=shard)]
+            self.steps.append(np.asarray(table.column(STEP).to_numpy(), dtype=np.int64)[row])
         return []
 
     def check(self) -> list[Violation]:

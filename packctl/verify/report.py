@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from packctl.errors import EXIT_OK, EXIT_VERIFY_FAILED
-from packctl.verify.structure import Violation
+from packctl.verify.violation import Violation
 
 CHECKS = ("structure", "conservation", "attention", "contamination", "cp", "bench")
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from packctl.arrays import offsets_of
 from packctl.config import as_python
+from packctl.contract.layout import Layout
 from packctl.contract.manifest import manifest_problems, read_manifest_json
 from packctl.errors import MissingExtraError, PackctlError
 from packctl.verify import backends
@@ -29,17 +30,10 @@ from packctl.verify.conservation import OutputPieces, check_conservation, match_
 from packctl.verify.cp import CpWork, check_cp
 from packctl.verify.groups import GroupRule
 from packctl.verify.report import CheckResult, VerifyReport
-from packctl.verify.structure import (
-    Layout,
-    StepLoss,
-    Totals,
-    Violation,
-    check_counts,
-    check_metrics,
-    check_shard,
-    manifest_violations,
-    unlisted_shards,
-)
+from packctl.verify.counts import Totals, check_counts, check_metrics
+from packctl.verify.shard_rules import StepLoss
+from packctl.verify.structure import check_shard, manifest_violations, unlisted_shards
+from packctl.verify.violation import Violation
 
 
 @dataclass

@@ -103,7 +103,8 @@ def test_batch_output_layout_verify_and_padding_report(tmp_path, sample_data):
 
 
 def test_batch_verify_catches_a_wrong_shape(tmp_path, sample_data):
-    from packctl.verify.structure import Layout, check_pack_rows, rows_from_table
+    from packctl.verify import Layout, check_pack_rows
+    from packctl.verify.shard_rules import rows_from_table
 
     _, out = pack_to(tmp_path, [sample_data], mode="batch", too_long="split", max_tokens=8192, seq_round=8)
     table = pq.read_table(sorted(out.glob("data/train-*.parquet"))[0])

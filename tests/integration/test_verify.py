@@ -26,7 +26,9 @@ from packctl.pipeline.manifest import layout_of
 from packctl.contract.manifest import sha256_file
 from packctl.verify import VerifyOptions, check_pack_rows, verify
 from packctl.contract.thd import loss_columns
-from packctl.verify.structure import Layout, rows_from_table, tiled_starts
+from packctl.contract.layout import Layout
+from packctl.verify.pack_rules import tiled_starts
+from packctl.verify.shard_rules import rows_from_table
 
 NO_ATTENTION = dict(attention=False)
 

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 
 from support.runs import pack_to  # noqa: E402
 from packctl import PackctlError  # noqa: E402
+from packctl.contract.schema import COLUMN  # noqa: E402
 from packctl.torch import (PackedDataset, apply_lr_scale, block_causal_mask, collate_flash_attn,  # noqa: E402
                            collate_hf, collate_thd, cp_slice, read_lr_scales, varlen_attention)
 
@@ -144,6 +145,27 @@ def test_dataset_reads_the_packs_of_the_manifest(packed):
     assert PackedDataset(packed / "_manifest.json")[5]["sample_ids"].tolist() == dataset[5]["sample_ids"].tolist()
     with pytest.raises(IndexError):
         dataset[len(dataset)]
+
+
+def test_an_item_carries_every_declared_column_the_output_has(tmp_path, sample_data):
+    """Per-pack columns as Python numbers, list columns as arrays of their declared type
+    (packctl.contract.schema.COLUMNS): here the batch shape and the learning-rate scale too."""
+    _, out = pack_to(tmp_path, [sample_data], mode="batch", too_long="truncate", dp_size=2, micro_batches=2,
+                     lr_scaling="sqrt")
+    (shard,) = sorted(out.glob("data/*.parquet"))
+    table = pq.read_table(shard)
+    assert {"padded_len", "batch_size", "lr_scale", "seq_lengths", "step_loss_tokens"} <= set(table.column_names)
+    item = PackedDataset(out)[3]
+    assert set(item) == {*table.column_names, "index"}
+    row = table.slice(item["index"], 1).to_pylist()[0]
+    for name in table.column_names:
+        column = COLUMN[name]
+        if column.is_list:
+            assert isinstance(item[name], np.ndarray) and item[name].dtype == np.dtype(column.value), name
+            assert item[name].tolist() == row[name], name
+        else:
+            assert type(item[name]) is (float if column.value.startswith("float") else int), name
+            assert item[name] == row[name], name
 
 
 def test_dataset_in_a_dataloader(packed):

@@ -35,7 +35,7 @@ from packctl.verify.backends import (  # noqa: E402
     TorchVarlenBackend,
     select_backends,
 )
-from packctl.verify.structure import rows_from_table  # noqa: E402
+from packctl.verify.shard_rules import rows_from_table  # noqa: E402
 
 EMBEDDING = ProbeEmbedding(seed=0, heads=2, head_dim=64)
 
