@@ -36,7 +36,7 @@ def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_ou
                  **options) -> None:
     from packctl.mpi.comm import get_comm
     from packctl.pipeline import Progress, pack
-    from packctl.cli.render import LogProgress, RichProgress, summary_table
+    from packctl.cli.render import LogProgress, RichProgress, pack_table
 
     try:
         comm = get_comm()
@@ -72,7 +72,7 @@ def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_ou
             print(json.dumps({"output": str(result.output), "counts": result.counts, "metrics": result.metrics,
                               "shards": len(result.shards)}, indent=2))
         elif not quiet:
-            Console().print(summary_table(result))
+            Console().print(pack_table(result))
         sys.stdout.flush()
     except StdoutFailed as exc:
         exc.note = f"{result.output} is complete"  # only the summary is lost: no need to pack again

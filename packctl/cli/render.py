@@ -147,7 +147,7 @@ def _groups_row(g: dict[str, Any]) -> tuple[str, str]:
                       f"packs per group {spread['mean']:.2f} / {spread['max']} (mean/max)")
 
 
-def summary_table(result: PackResult) -> Table:
+def pack_table(result: PackResult) -> Table:
     m: dict[str, Any] = result.metrics
     c = result.counts
     pad = m["padding"]
@@ -472,3 +472,34 @@ def stats_renderables(report: dict[str, Any]) -> list:
     if kind == "compare":
         return compare_renderables(report)
     return input_renderables(report)
+
+
+def verify_table(report, *, max_violations: int = 20):
+    """`packctl verify`: a table of the checks (packctl.verify.VerifyReport), then the first broken
+    rules and the verdict."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from packctl.verify.report import CHECKS
+
+    style = {"ok": "green", "failed": "bold red", "skipped": "dim"}
+    table = Table(title=f"packctl verify {report.output}", title_justify="left")
+    table.add_column("check", style="bold")
+    table.add_column("status")
+    table.add_column("result")
+    for name in CHECKS:
+        check = report.checks.get(name)
+        if check is None:
+            continue
+        lines = check.lines or [""]
+        for i, line in enumerate(lines):
+            table.add_row(name if i == 0 else "", Text(check.status if i == 0 else "", style=style[check.status]),
+                          Text(line))
+    parts: list[Any] = [table]
+    for v in report.violations[:max_violations]:
+        parts.append(Text(f"FAIL {v}", style="red"))
+    if len(report.violations) > max_violations:
+        parts.append(Text(f"... {len(report.violations) - max_violations} more (--json lists them all)", style="red"))
+    verdict = "ok" if report.ok else f"FAILED: {len(report.violations)} broken rule(s)"
+    parts.append(Text(f"verdict: {verdict}", style="bold green" if report.ok else "bold red"))
+    return Group(*parts)

@@ -46,7 +46,8 @@ def verify_command(
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     from packctl.contract.manifest import epoch_outputs
-    from packctl.verify import VerifyOptions, summary_table, verify
+    from packctl.cli.render import verify_table
+    from packctl.verify import VerifyOptions, verify
 
     try:
         options = VerifyOptions(source=source or [], attention=attention, sample=sample, seed=seed, backend=backend,
@@ -63,5 +64,5 @@ def verify_command(
                           "epochs": [r.to_dict() for r in reports]}, indent=2))
     else:
         for report in reports:
-            Console(soft_wrap=True).print(summary_table(report))
+            Console(soft_wrap=True).print(verify_table(report))
     raise typer.Exit(exit_code)

@@ -14,7 +14,7 @@ torch and flash-attn are imported only by the attention checks.
 """
 from __future__ import annotations
 
-from packctl.verify.report import CheckResult, VerifyReport, summary_table
+from packctl.verify.report import CheckResult, VerifyReport
 from packctl.verify.run import VerifyOptions, verify
 from packctl.contract.layout import Layout
 from packctl.verify.pack_rules import check_pack_rows
@@ -22,4 +22,4 @@ from packctl.verify.structure import load_manifest
 from packctl.verify.violation import Violation
 
 __all__ = ["CheckResult", "Layout", "VerifyOptions", "VerifyReport", "Violation", "check_pack_rows",
-           "load_manifest", "summary_table", "verify"]
+           "load_manifest", "verify"]

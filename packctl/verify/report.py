@@ -1,4 +1,5 @@
-"""The verify report: one status per check, the broken rules, a rich table and JSON.
+"""The verify report: one status per check, the broken rules, and its JSON (the terminal table is
+packctl/cli/render.py `verify_table`).
 
     check          status   result
     structure      ok       4 shards, 286 packs, 2,007 sequences, 1,170,955 tokens; sha256 match
@@ -57,32 +58,3 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
-
-
-def summary_table(report: VerifyReport, *, max_violations: int = 20):
-    """A rich Table of the checks followed by the first broken rules."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    style = {"ok": "green", "failed": "bold red", "skipped": "dim"}
-    table = Table(title=f"packctl verify {report.output}", title_justify="left")
-    table.add_column("check", style="bold")
-    table.add_column("status")
-    table.add_column("result")
-    for name in CHECKS:
-        check = report.checks.get(name)
-        if check is None:
-            continue
-        lines = check.lines or [""]
-        for i, line in enumerate(lines):
-            table.add_row(name if i == 0 else "", Text(check.status if i == 0 else "", style=style[check.status]),
-                          Text(line))
-    parts: list[Any] = [table]
-    for v in report.violations[:max_violations]:
-        parts.append(Text(f"FAIL {v}", style="red"))
-    if len(report.violations) > max_violations:
-        parts.append(Text(f"... {len(report.violations) - max_violations} more (--json lists them all)", style="red"))
-    verdict = "ok" if report.ok else f"FAILED: {len(report.violations)} broken rule(s)"
-    parts.append(Text(f"verdict: {verdict}", style="bold green" if report.ok else "bold red"))
-    return Group(*parts)
