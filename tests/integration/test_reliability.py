@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from support.contract import check_contract
+from support.adversary import packctl
 from support.paths import FAULTY_PACK, MPIEXEC
 from packctl import PackConfig, PackctlError, pack
 from packctl.sample import SampleSpec, write_sample
@@ -28,11 +29,16 @@ SHARDS = 19  # what OPTIONS make of the corpus below (checked by the reference f
 
 
 def run_pack(corpus: Path, out: Path, *extra: str, faults: list[str] | None = None,
-             mpi: int = 0) -> subprocess.CompletedProcess:
-    """`packctl pack` in a process of its own; `faults` are tests/support/faulty_pack.py options."""
-    launcher = [sys.executable, str(FAULTY_PACK), *faults] if faults else [
-        sys.executable, "-m", "packctl"]
-    cmd = [*launcher, "pack", str(corpus), "-o", str(out), *OPTIONS, *extra]
+             mpi: int = 0, own_process: bool = False) -> subprocess.CompletedProcess:
+    """`packctl pack`: in a process of its own with `faults` (tests/support/faulty_pack.py options, a
+    kill or a failed write) or `mpi` ranks; otherwise (the reruns) in this process, with the same
+    exit codes and messages."""
+    args = ["pack", str(corpus), "-o", str(out), *OPTIONS, *extra]
+    if not faults and not mpi and not own_process:
+        result = packctl(*args)
+        return subprocess.CompletedProcess(["packctl", *args], result.code, result.stdout, result.stderr)
+    launcher = [sys.executable, str(FAULTY_PACK), *faults] if faults else [sys.executable, "-m", "packctl"]
+    cmd = [*launcher, *args]
     if mpi:
         cmd = [MPIEXEC, "-n", str(mpi), *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
@@ -84,7 +90,11 @@ def assert_interrupted_and_consistent(out: Path, proc: subprocess.CompletedProce
     assert not (partial / "_manifest.json").exists()
 
 
-@pytest.mark.parametrize("kill_after", [1, 3, 7, 12, SHARDS])  # SHARDS: every shard done, killed before the manifest
+# SHARDS: every shard done, killed before the manifest. The quick loop kills once; every step of the
+# commit and of --resume is killed in tests/adversarial/test_crashes.py.
+@pytest.mark.parametrize("kill_after", [pytest.param(1, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow),
+                                        7, pytest.param(12, marks=pytest.mark.slow),
+                                        pytest.param(SHARDS, marks=pytest.mark.slow)])
 def test_sigkill_then_resume_is_byte_identical(tmp_path, corpus, reference, contract, kill_after):
     out = tmp_path / "out"
     killed = run_pack(corpus, out, faults=["--kill-after", str(kill_after)])
@@ -100,6 +110,7 @@ def test_sigkill_then_resume_is_byte_identical(tmp_path, corpus, reference, cont
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no partial directory, no lock
 
 
+@pytest.mark.slow
 def test_killed_twice(tmp_path, corpus, reference):
     out = tmp_path / "out"
     assert run_pack(corpus, out, faults=["--kill-after", "4"]).returncode == -signal.SIGKILL
@@ -110,7 +121,7 @@ def test_killed_twice(tmp_path, corpus, reference):
     assert snapshot(out) == reference
 
 
-@pytest.mark.parametrize("signame, code", [("SIGTERM", 143), ("SIGINT", 130)])
+@pytest.mark.parametrize("signame, code", [("SIGTERM", 143), pytest.param("SIGINT", 130, marks=pytest.mark.slow)])
 def test_signal_stops_cleanly_and_says_how_to_resume(tmp_path, corpus, reference, signame, code):
     out = tmp_path / "out"
     proc = run_pack(corpus, out, faults=["--kill-after", f"2:{signame}"])
@@ -225,7 +236,7 @@ def test_a_live_lock_stops_a_second_run(tmp_path, corpus):
 
     lock = tmp_path / ".out.packctl-lock"
     lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))  # this process is alive
-    proc = run_pack(corpus, tmp_path / "out")
+    proc = run_pack(corpus, tmp_path / "out", own_process=True)
     assert proc.returncode == 2
     assert f"another packctl run (pid {os.getpid()}" in " ".join(proc.stderr.split())
     assert lock.exists() and not (tmp_path / "out").exists() and not (tmp_path / ".out.packctl-partial").exists()
