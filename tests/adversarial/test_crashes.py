@@ -35,7 +35,7 @@ from packctl.output.commit import (COMMIT_STEPS, OPEN_STEPS, RESUME_STEPS, SHARD
 from packctl.output.journal import partial_dir, read_journal
 from packctl.output.lock import lock_path
 from packctl.output.outdir import Faults
-from packctl.sample import SampleSpec, write_sample
+from support.data import sample_corpus
 from support.adversary import (assert_clean_error, assert_complete, assert_every_sample_once, assert_nothing_left,
                                leftovers, packctl, packctl_process)
 from support.faulty_pack import fork_pack, run_forked
@@ -89,9 +89,8 @@ class Output:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus"
-    write_sample(path, SampleSpec(sequences=300, distribution="lognormal", shards=2, seed=0, max_length=1000))
-    return path
+    return sample_corpus(tmp_path_factory.mktemp("corpus") / "corpus", sequences=300, distribution="lognormal",
+                         shards=2, seed=0, max_length=1000)
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from support.data import sample_corpus
 from support.contract import check_contract
 from support.adversary import packctl
 from support.paths import FAULTY_PACK, MPIEXEC
 from packctl import PackConfig, PackctlError, pack
-from packctl.sample import SampleSpec, write_sample
 
 OPTIONS = ["--capacity", "2048", "--too-long", "split", "--shard-rows", "6", "--order", "shuffle", "-q"]
 SHARDS = 19  # what OPTIONS make of the corpus below (checked by the reference fixture)
@@ -63,9 +63,8 @@ def journal_lines(out: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus"
-    write_sample(path, SampleSpec(sequences=400, distribution="lognormal", shards=3, seed=0, max_length=3000))
-    return path
+    return sample_corpus(tmp_path_factory.mktemp("corpus") / "corpus", sequences=400, distribution="lognormal",
+                         shards=3, seed=0, max_length=3000)
 
 
 @pytest.fixture(scope="module")

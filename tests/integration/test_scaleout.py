@@ -18,6 +18,7 @@ from packctl.mpi.samplesort import _lex_order, merge_runs
 from packctl.output.stitch import encode_footer, parse_footer, stitch
 from packctl.output.encode import PARQUET_OPTIONS, encode_table
 
+from support.runs import assert_ranks_shared_the_run
 from support.threadcomm import run_ranks
 from support.profiles import examples
 
@@ -230,9 +231,4 @@ def test_any_number_of_in_process_ranks_writes_the_single_process_bytes(tmp_path
     for n in ranks:
         run_ranks(n, lambda comm: pack(PackConfig(**config), comm=comm))
         assert _fingerprint(out) == reference, f"{n} ranks"
-        metrics = json.loads((out / "_metrics.json").read_text())
-        if n > 1:
-            assert len(metrics["ranks"]) == n
-            assert sum(r["sequences_scanned"] for r in metrics["ranks"]) == 2000
-            assert sum(r["packs_written"] for r in metrics["ranks"]) == metrics["packs"]
-            assert metrics["scale_out"]["ranks"] == n
+        assert_ranks_shared_the_run(json.loads((out / "_metrics.json").read_text()), n, 2000)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from support.runs import assert_ranks_shared_the_run
 from support.paths import MPIEXEC, ROOT, SUPPORT
 
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec on PATH (pip install 'packctl[mpi]')")
@@ -74,12 +75,7 @@ def test_same_bytes_for_any_number_of_ranks(tmp_path, order, algorithm, extra, r
         proc = mpirun(n, *_pack_cmd(out, *options))
         assert proc.returncode == 0, proc.stderr
         assert _fingerprint(out) == reference, f"{n} ranks"
-        metrics = json.loads((out / "_metrics.json").read_text())
-        if n > 1:
-            assert len(metrics["ranks"]) == n
-            assert sum(r["sequences_scanned"] for r in metrics["ranks"]) == 2000
-            assert sum(r["packs_written"] for r in metrics["ranks"]) == metrics["packs"]
-            assert metrics["scale_out"]["ranks"] == n
+        assert_ranks_shared_the_run(json.loads((out / "_metrics.json").read_text()), n, 2000)
 
 
 def test_a_rank_that_fails_stops_all_ranks(tmp_path):

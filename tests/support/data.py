@@ -12,3 +12,11 @@ def write_table(path: Path, columns: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(columns), path)
     return path
+
+
+def sample_corpus(path: Path, **spec) -> Path:
+    """A synthetic corpus (packctl sample) at `path`: SampleSpec fields in `spec`."""
+    from packctl.sample import SampleSpec, write_sample
+
+    write_sample(path, SampleSpec(**spec))
+    return path

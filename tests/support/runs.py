@@ -39,3 +39,13 @@ def packed_on_ranks(tmp_path: Path, ranks: int, **options) -> Path:
                    for d in ("one", "many")]
         assert digests[0] == digests[1], name
     return tmp_path / "many"
+
+
+def assert_ranks_shared_the_run(metrics: dict, ranks: int, sequences: int) -> None:
+    """_metrics.json of a run on `ranks` ranks: every rank reported, the ranks scanned every sequence
+    and wrote every pack between them."""
+    if ranks > 1:
+        assert len(metrics["ranks"]) == ranks
+        assert sum(r["sequences_scanned"] for r in metrics["ranks"]) == sequences
+        assert sum(r["packs_written"] for r in metrics["ranks"]) == metrics["packs"]
+        assert metrics["scale_out"]["ranks"] == ranks

@@ -295,26 +295,19 @@ def _fake_output(tmp_path, num_packs: int, extra: dict | None = None, shard_rows
     """A small output directory by hand: pack i holds one sequence of 4 tokens [i, i, i, i]; a
     version-1 layout with the manifest and shard metadata every reader checks."""
     from packctl.contract.manifest import sha256_file
-    from packctl.contract.schema import METADATA_KEY, PACK_SCHEMA
+    from support.outputs import LAYOUT, tiny_packs
 
     tmp_path.mkdir(parents=True, exist_ok=True)
-    layout = {"capacity": 4, "align": 1, "pad_to": "capacity", "pack_multiple": 1, "pad_token_id": 0,
-              "ignore_index": IGNORE, "cp_size": 1, "tp_size": 1}
-    metadata = {METADATA_KEY: json.dumps({"format_version": 1, "layout": layout})}
+    layout = {k: v for k, v in LAYOUT.items() if k != "sequence_parallel"}
     shards = []
     for first in range(0, num_packs, shard_rows):
         rows = range(first, min(first + shard_rows, num_packs))
-        columns = {"input_ids": [[i] * 4 for i in rows], "labels": [[IGNORE, i, i, i] for i in rows],
-                   "position_ids": [[0, 1, 2, 3] for _ in rows], "seq_lens": [[4] for _ in rows],
-                   "seq_lens_padded": [[4] for _ in rows], "cu_seqlens": [[0, 4] for _ in rows],
-                   "cu_seqlens_padded": [[0, 4] for _ in rows], "sample_ids": [[i] for i in rows],
-                   "num_tokens": [4 for _ in rows]}
-        table = pa.table(columns, schema=PACK_SCHEMA)
+        table = tiny_packs(first, len(rows), layout, version=1)
         for name, values in (extra or {}).items():
             chunk = values[first:first + len(rows)]
             table = table.append_column(name, chunk if isinstance(chunk, pa.Array) else pa.array(chunk, pa.int32()))
         name = f"part-{len(shards):05d}.parquet"
-        pq.write_table(table.replace_schema_metadata(metadata), tmp_path / name)
+        pq.write_table(table, tmp_path / name)
         shards.append({"path": name, "rows": len(rows), "tokens": 4 * len(rows),
                        "sha256": sha256_file(tmp_path / name)})
     counts = {"sequences_in": num_packs, "sequences_packed": num_packs, "sequences_dropped": 0,

@@ -16,21 +16,7 @@ from packctl import PackctlError
 from packctl.contract.manifest import (ManifestProblem, epoch_outputs, manifest_problems, read_manifest,
                                        relative_path_problem, sha256_file)
 from packctl.contract.reader import check_shard_bytes, open_output
-from packctl.contract.schema import IGNORE_INDEX, METADATA_KEY, PACK_SCHEMA
-
-LAYOUT = {"capacity": 4, "align": 1, "pad_to": "capacity", "pack_multiple": 1, "pad_token_id": 0,
-          "ignore_index": IGNORE_INDEX, "cp_size": 1, "tp_size": 1, "sequence_parallel": True}
-
-
-def _table(first: int, count: int, layout: dict = LAYOUT, version: int = 2) -> pa.Table:
-    packs = range(first, first + count)
-    columns = {"input_ids": [[k] * 4 for k in packs], "labels": [[IGNORE_INDEX, k, k, k] for k in packs],
-               "position_ids": [[0, 1, 2, 3] for _ in packs], "seq_lens": [[4] for _ in packs],
-               "seq_lens_padded": [[4] for _ in packs], "cu_seqlens": [[0, 4] for _ in packs],
-               "cu_seqlens_padded": [[0, 4] for _ in packs], "sample_ids": [[k] for k in packs],
-               "num_tokens": [4 for _ in packs]}
-    table = pa.table(columns, schema=PACK_SCHEMA)
-    return table.replace_schema_metadata({METADATA_KEY: json.dumps({"format_version": version, "layout": layout})})
+from support.outputs import LAYOUT, tiny_packs as _table
 
 
 def _write_output(out: Path, shards: int = 3, rows: int = 2, version: int = 2) -> Path:
