@@ -13,17 +13,13 @@ sequence's group id is the gid of its group's first row (`packctl.plan.groups.gr
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from packctl.errors import PackctlError
-from packctl.source.parquet import SequenceIndex, _type_name, describe_gid, field_type, open_parquet
-
-if TYPE_CHECKING:
-    from packctl.stats.whatif import LengthIndex
+from packctl.source.files import open_parquet
+from packctl.source.parquet import RowsByGid, _type_name, describe_gid, field_type
 
 
 def _check_type(path: str, schema: pa.Schema, column: str, seen: list[pa.DataType]) -> None:
@@ -40,7 +36,7 @@ def _check_type(path: str, schema: pa.Schema, column: str, seen: list[pa.DataTyp
     seen.append(typ)
 
 
-def read_group_starts(index: SequenceIndex | LengthIndex, column: str) -> np.ndarray:
+def read_group_starts(index: RowsByGid, column: str) -> np.ndarray:
     """The gid where each group starts, plus the number of rows: [0, 2, 4, 5] above. Reads the
     one column of every file (a value per row) and checks nulls and adjacency; each file is
     checked against the fingerprint the run took of it (`index.fingerprints`)."""

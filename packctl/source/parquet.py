@@ -18,14 +18,10 @@ old and new content.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import os
-import stat
-import struct
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -36,27 +32,11 @@ from packctl.arrays import offsets_of
 from packctl.contract.schema import IGNORE_INDEX, INT32_MAX
 from packctl.errors import PackctlError
 from packctl.source.blocks import DecodedBlock, first_outside_int32
+from packctl.source.files import FileFingerprint, _short, open_parquet
 from packctl.contract.arrow import arrow_array, numpy_view
 
 if TYPE_CHECKING:
     from packctl.source.resolve import Resolution
-
-_MAGIC = b"PAR1"
-
-
-@dataclass(frozen=True)
-class FileFingerprint:
-    """What an input file was when the run first read it, to know it again: its size, modification
-    time and a digest of its Parquet footer (schema, row groups, column chunk offsets and sizes,
-    statistics). A file rewritten in place changes its footer even where size and mtime are kept.
-
-        FileFingerprint(size=706, mtime_ns=1732526040123456789, footer="5f0c...")   # 32 hex digits
-    """
-
-    size: int
-    mtime_ns: int
-    footer: str
-
 
 @dataclass(frozen=True)
 class InputFile:
@@ -127,120 +107,6 @@ def describe_gid(paths: list[str], file_offsets: np.ndarray, gid: int, column: s
     f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
     where = f"{paths[f]} row {gid - int(file_offsets[f])}"
     return f"{where} column '{column}'" if column is not None else where
-
-
-def _footer_bytes(path: str, size: int, read_at: Callable[[int, int], bytes]) -> bytes:
-    """The Parquet footer of a file of `size` bytes, with its length and magic (the last
-    `footer length + 8` bytes), read with `read_at(nbytes, offset)`."""
-    if size < 12:
-        raise PackctlError(f"{path}: not a readable Parquet file ({size} bytes, too small for Parquet)")
-    tail = read_at(8, size - 8)
-    if len(tail) != 8 or tail[4:] != _MAGIC:
-        raise PackctlError(f"{path}: not a readable Parquet file (Parquet magic bytes not found in footer)")
-    length = struct.unpack("<I", tail[:4])[0]
-    if length + 12 > size:
-        raise PackctlError(f"{path}: not a readable Parquet file (the footer claims {length} bytes of a "
-                           f"{size}-byte file); the file may be truncated or corrupt")
-    footer = read_at(length + 8, size - 8 - length)
-    if len(footer) != length + 8:
-        raise PackctlError(f"{path}: not a readable Parquet file (short read of the footer)")
-    return footer
-
-
-def _footer_digest(footer: bytes) -> str:
-    return hashlib.blake2b(footer, digest_size=16).hexdigest()
-
-
-def _parse_footer(path: str, footer: bytes) -> pq.FileMetaData:
-    try:
-        return pq.read_metadata(pa.BufferReader(footer))
-    except (pa.ArrowException, OSError) as exc:
-        raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
-
-
-def read_fingerprint(path: str) -> tuple[FileFingerprint, pq.FileMetaData, os.stat_result]:
-    """The first read of an input file (packctl.source.resolve): its fingerprint, its parsed
-    footer and its stat (device and inode: the file's identity), all from one open descriptor.
-
-    Errors name the file: it cannot be opened (permissions), is not a regular file, or is not
-    Parquet. `O_NONBLOCK` keeps a FIFO that replaced the file from blocking the run."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        raise PackctlError(f"{path}: cannot be read ({exc.strerror or _short(exc)}); make it readable, or leave it "
-                           "out of INPUT") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PackctlError(f"{path}: not a regular file ({file_kind(st)}); packctl reads Parquet files only: "
-                               "leave it out of INPUT")
-
-        def read_at(n: int, offset: int) -> bytes:
-            return os.pread(fd, n, offset)
-
-        try:
-            footer = _footer_bytes(path, st.st_size, read_at)
-        except OSError as exc:
-            raise PackctlError(f"{path}: cannot be read ({exc.strerror or _short(exc)}); make it readable, or leave "
-                               "it out of INPUT") from None
-    finally:
-        os.close(fd)
-    fingerprint = FileFingerprint(size=st.st_size, mtime_ns=st.st_mtime_ns, footer=_footer_digest(footer))
-    return fingerprint, _parse_footer(path, footer), st
-
-
-def file_kind(st: os.stat_result) -> str:
-    """What a non-regular file is, in words: 'a FIFO', 'a socket', 'a directory'..."""
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(st.st_mode):
-            return name
-    return "not a regular file"
-
-
-def changed_error(path: str, what: str) -> PackctlError:
-    """The error of an input that is not what the run first read: `what` says how it differs."""
-    return PackctlError(f"{path}: changed while packctl was reading it ({what}); rerun when the input is stable")
-
-
-def open_parquet(path: str, expected: FileFingerprint | None = None) -> pq.ParquetFile:
-    """Open a Parquet file; with `expected` (the fingerprint taken when the run resolved it),
-    first check that the file is still that file: same size, same footer (the footer is read
-    to open the file anyway, so the check costs a digest of it). Else exit 2 naming the file.
-
-        open_parquet("a.parquet", fp)  ->  error: a.parquet: changed while packctl was reading it
-                                           (its size went from 706 to 1412 bytes since the start of the run); ...
-    """
-    try:
-        handle = pa.OSFile(path)
-    except (pa.ArrowException, OSError) as exc:
-        if expected is not None and isinstance(exc, FileNotFoundError):
-            raise changed_error(path, "it was removed after the start of the run") from None
-        raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
-    try:
-        size = handle.size()
-    except (pa.ArrowException, OSError) as exc:
-        raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
-    if expected is not None and size != expected.size:
-        raise changed_error(path, f"its size went from {expected.size} to {size} bytes since the start of the run")
-    try:
-        footer = _footer_bytes(path, size, handle.read_at)
-    except (pa.ArrowException, OSError) as exc:
-        raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
-    except PackctlError:
-        if expected is not None:  # it was Parquet at the start of the run
-            raise changed_error(path, "its Parquet footer is no longer readable") from None
-        raise
-    if expected is not None and _footer_digest(footer) != expected.footer:
-        raise changed_error(path, "its Parquet footer differs from the one read at the start of the run")
-    try:
-        return pq.ParquetFile(handle, metadata=_parse_footer(path, footer))
-    except (pa.ArrowException, OSError) as exc:
-        raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
-
-
-def _short(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def check_list_column(path: str, schema: pa.Schema, column: str, role: str) -> None:

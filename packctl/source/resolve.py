@@ -3,7 +3,7 @@
 An INPUT is a file, a directory (every `*.parquet` below it, recursively) or a glob (`*`, `?`,
 `[...]` within a name, `**` for any number of directories). The result is the sorted list of
 distinct files, each with its identity (device, inode) and its fingerprint (size, mtime, digest of
-the Parquet footer: `packctl.source.parquet.FileFingerprint`), which every later open checks.
+the Parquet footer: `packctl.source.files.FileFingerprint`), which every later open checks.
 
     data/a.parquet  data/sub -> /mnt/b (a symlinked directory)  data/sub/b.parquet  data/README.md
     resolve(["./data/"])  ->  specs ["data"], files data/a.parquet, data/sub/b.parquet
@@ -41,7 +41,7 @@ from typing import Callable, Iterable
 from packctl.contract.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST
 from packctl.contract.schema import METADATA_KEY
 from packctl.errors import PackctlError
-from packctl.source.parquet import FileFingerprint, changed_error, file_kind, read_fingerprint
+from packctl.source.files import FileFingerprint, changed_error, file_kind, read_fingerprint
 
 _GLOB_CHARS = frozenset("*?[")
 # what packctl keeps beside an OUT it is writing or replacing: .OUT.packctl-partial, .OUT.packctl-old-PID

@@ -30,8 +30,8 @@ import polars as pl
 
 from packctl.config import PLANNING_OPTIONS, PackConfig  # noqa: F401  (PLANNING_OPTIONS re-exported)
 from packctl.errors import PackctlError
-from packctl.source.parquet import (FileFingerprint, InputFile, RowsByGid, check_list_column, is_plain_list,
-                                   list_lengths, open_parquet)
+from packctl.source.files import FileFingerprint, open_parquet
+from packctl.source.parquet import InputFile, RowsByGid, check_list_column, is_plain_list, list_lengths
 from packctl.source.resolve import resolve
 from packctl.source.groups import read_group_starts
 from packctl.plan.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2

@@ -30,6 +30,7 @@ from packctl.config import FIELDS, PackConfig
 from packctl.contract.schema import IGNORE_INDEX, INPUT_IDS, LABELS, SEQ_LENS, SEQ_LENS_PADDED
 from packctl.errors import PackctlError
 from packctl.source import parquet as reader
+from packctl.source.files import open_parquet
 from packctl.source.parquet import describe_gid
 from packctl.source.resolve import resolve
 from packctl.contract.thd import PackRows
@@ -188,7 +189,7 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
                                "its samples count as missing (see the structure failures)", shard=shard))
 
     # Source rows per file, in manifest order: the gid ranges.
-    file_rows = np.array([reader.open_parquet(p).metadata.num_rows for p in paths], dtype=np.int64)
+    file_rows = np.array([open_parquet(p).metadata.num_rows for p in paths], dtype=np.int64)
     for entry, path, rows in zip(manifest["inputs"], paths, file_rows):
         if "rows" in entry and int(entry["rows"]) != rows:
             raise PackctlError(f"--source {path}: {rows} rows, but the output was packed from {entry['rows']}; "

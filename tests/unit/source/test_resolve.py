@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packctl.errors import PackctlError
-from packctl.source.parquet import open_parquet, read_fingerprint
+from packctl.source.files import open_parquet, read_fingerprint
 from packctl.source.resolve import _directories_up_to, normalize_spec, pattern_reaching, resolve, respell
 from support.data import write_table
 
