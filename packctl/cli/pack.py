@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from packctl.cli.app import StdoutFailed, app, fail, ranks_stop_together
+from packctl.cli.app import Command, StdoutFailed, app, fail, ranks_stop_together
 from packctl.cli.options import JSON_OUTPUT, QUIET, config_options, with_signature
 from packctl.config import FIELDS, build_config, load_config
 from packctl.errors import PackctlError
@@ -30,13 +30,12 @@ _PACK_OWN = [
                       default=typer.Option(None, "--config", help="TOML file with any of these options.")),
 ]
 
-@app.command("pack", help=_PACK_EXAMPLE, no_args_is_help=True)
+@app.command("pack", cls=Command, help=_PACK_EXAMPLE, no_args_is_help=True)
 @with_signature(_PACK_OWN + config_options([n for n in FIELDS if n != "inputs"]) + [JSON_OUTPUT, QUIET])
 def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_output: bool, quiet: bool,
                  **options) -> None:
     from packctl.mpi.comm import get_comm
     from packctl.pipeline import Progress, pack
-    from packctl.cli.render import LogProgress, RichProgress, summary_table
 
     try:
         comm = get_comm()
@@ -49,9 +48,11 @@ def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_ou
         except PackctlError as exc:
             exc.everywhere = True  # every rank reads the same file and flags: rank 0 says it once
             raise
-    err = Console(stderr=True)
     shown = Progress()
     if comm.rank == 0 and not (json_output or quiet):  # on a terminal bars, elsewhere (Slurm logs) log lines
+        from packctl.cli.render import LogProgress, RichProgress  # rich's progress and tables: only when shown
+
+        err = Console(stderr=True)
         shown = RichProgress(err) if err.is_terminal else LogProgress()
     progress = _Stages(shown)
     with ranks_stop_together(comm):
@@ -72,6 +73,8 @@ def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_ou
             print(json.dumps({"output": str(result.output), "counts": result.counts, "metrics": result.metrics,
                               "shards": len(result.shards)}, indent=2))
         elif not quiet:
+            from packctl.cli.render import summary_table
+
             Console().print(summary_table(result))
         sys.stdout.flush()
     except StdoutFailed as exc:

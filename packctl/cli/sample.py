@@ -6,12 +6,12 @@ import json
 import typer
 from rich.console import Console
 
-from packctl.cli.app import app, fail
+from packctl.cli.app import Command, app, fail
 from packctl.cli.options import SAMPLE_DISTRIBUTIONS, SAMPLE_GROUPS, choice
 from packctl.errors import PackctlError
 
 
-@app.command("sample")
+@app.command("sample", cls=Command)
 def sample_command(
     output: str = typer.Option(..., "--output", "-o", help="Directory to write the shards into."),
     sequences: int = typer.Option(3000, help="Number of sequences."),

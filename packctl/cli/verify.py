@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from packctl.cli.app import app, fail
+from packctl.cli.app import Command, app, fail
 from packctl.cli.options import VERIFY_BACKENDS, choice
 from packctl.errors import PackctlError
 
@@ -24,7 +24,7 @@ Examples:
 """
 
 
-@app.command("verify", help=_VERIFY_EXAMPLE)
+@app.command("verify", cls=Command, help=_VERIFY_EXAMPLE)
 def verify_command(
     output: str = typer.Argument(..., metavar="OUT", help="Output directory of packctl pack."),
     source: Optional[List[str]] = typer.Option(None, "--source", help="The INPUT given to packctl pack (repeat for "
