@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from packctl.errors import PackctlError
 from packctl.source.parquet import SequenceIndex, _type_name, describe_gid, field_type, open_parquet
@@ -44,6 +43,8 @@ def read_group_starts(index: SequenceIndex | LengthIndex, column: str) -> np.nda
     """The gid where each group starts, plus the number of rows: [0, 2, 4, 5] above. Reads the
     one column of every file (a value per row) and checks nulls and adjacency; each file is
     checked against the fingerprint the run took of it (`index.fingerprints`)."""
+    import pyarrow.compute as pc  # here, not at the top: a pack without groups need not load it (0.03 s)
+
     paths = [f.path for f in index.files]
     seen: list[pa.DataType] = []
     chunks = []
