@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import re
 import sys
@@ -258,8 +259,32 @@ def _is(exc: BaseException, name: str) -> bool:
     return any(cls.__name__ == name for cls in type(exc).__mro__)
 
 
+@contextmanager
+def loading_modules() -> Iterator[None]:
+    """Where a command imports the modules it runs on (numpy, pyarrow, numba, packctl's pipeline):
+    Python's cyclic garbage collector is paused meanwhile. Importing them creates some 70,000
+    objects that live as long as the process, which the collector would otherwise scan again and
+    again (about 0.04 s of a pack of sample_data). In the `packctl` executable they are then left
+    out of every later collection (`gc.freeze`); a program calling `run` keeps its collector as it
+    was."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if _EXECUTABLE:
+            gc.freeze()
+        if paused:
+            gc.enable()
+
+
+_EXECUTABLE = False  # True in the `packctl` process (main)
+
+
 def main() -> None:
     """The `packctl` executable."""
+    global _EXECUTABLE
+    _EXECUTABLE = True
     _exit_now(SystemExit(run()))
 
 

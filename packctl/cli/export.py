@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from packctl.cli.app import Command, app, fail
+from packctl.cli.app import Command, app, fail, loading_modules
 from packctl.cli.options import EXPORT_FORMATS, choice
 from packctl.errors import PackctlError
 
@@ -36,7 +36,8 @@ def export_command(
     json_output: bool = typer.Option(False, "--json", help="Print what was written as JSON on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary."),
 ) -> None:
-    from packctl.export import export
+    with loading_modules():
+        from packctl.export import export
 
     try:
         result = export(output, target, fmt, overwrite=overwrite, eos_token_id=eos_token_id, verify=verify_checksums)

@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from packctl.cli.app import Command, StdoutFailed, app, fail, ranks_stop_together
+from packctl.cli.app import Command, StdoutFailed, app, fail, loading_modules, ranks_stop_together
 from packctl.cli.options import JSON_OUTPUT, QUIET, config_options, with_signature
 from packctl.config import FIELDS, build_config, load_config
 from packctl.errors import PackctlError
@@ -34,8 +34,9 @@ _PACK_OWN = [
 @with_signature(_PACK_OWN + config_options([n for n in FIELDS if n != "inputs"]) + [JSON_OUTPUT, QUIET])
 def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_output: bool, quiet: bool,
                  **options) -> None:
-    from packctl.mpi.comm import get_comm
-    from packctl.pipeline import Progress, pack
+    with loading_modules():
+        from packctl.mpi.comm import get_comm
+        from packctl.pipeline import Progress, pack
 
     try:
         comm = get_comm()
@@ -50,7 +51,8 @@ def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_ou
             raise
     shown = Progress()
     if comm.rank == 0 and not (json_output or quiet):  # on a terminal bars, elsewhere (Slurm logs) log lines
-        from packctl.cli.render import LogProgress, RichProgress  # rich's progress and tables: only when shown
+        # rich's progress bars and tables load only where they are shown
+        from packctl.cli.render import LogProgress, RichProgress
 
         err = Console(stderr=True)
         shown = RichProgress(err) if err.is_terminal else LogProgress()

@@ -6,7 +6,7 @@ import json
 import typer
 from rich.console import Console
 
-from packctl.cli.app import Command, app, fail
+from packctl.cli.app import Command, app, fail, loading_modules
 from packctl.cli.options import SAMPLE_DISTRIBUTIONS, SAMPLE_GROUPS, choice
 from packctl.errors import PackctlError
 
@@ -37,7 +37,8 @@ def sample_command(
 
         packctl sample -o pairs --sequences 50000 --groups preference
     """
-    from packctl.sample import SampleSpec, write_sample
+    with loading_modules():
+        from packctl.sample import SampleSpec, write_sample
 
     try:
         paths = write_sample(output, SampleSpec(sequences=sequences, distribution=distribution, shards=shards,

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from packctl.cli.app import Command, app, fail
+from packctl.cli.app import Command, app, fail, loading_modules
 from packctl.cli.options import config_options, with_signature
 from packctl.config import PLANNING_OPTIONS, load_config
 from packctl.errors import PackctlError
@@ -57,8 +57,9 @@ _STATS_REPORT = [
 @with_signature(_STATS_OWN + config_options(PLANNING_OPTIONS) + _STATS_REPORT)
 def stats_command(*, paths: Optional[List[str]], capacity: Optional[List[int]], config: Optional[Path],
                   json_output: bool, plot: Optional[Path], verify_checksums: bool, **planning) -> None:
-    from packctl.cli.render import stats_renderables
-    from packctl.stats import stats
+    with loading_modules():
+        from packctl.cli.render import stats_renderables
+        from packctl.stats import stats
 
     try:
         report = stats(paths or [], capacities=capacity or None,

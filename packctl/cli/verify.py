@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from packctl.cli.app import Command, app, fail
+from packctl.cli.app import Command, app, fail, loading_modules
 from packctl.cli.options import VERIFY_BACKENDS, choice
 from packctl.errors import PackctlError
 
@@ -45,8 +45,9 @@ def verify_command(
     bench: bool = typer.Option(False, "--bench", help="Time packed varlen vs padded-batch attention."),
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
-    from packctl.contract.manifest import epoch_outputs
-    from packctl.verify import VerifyOptions, summary_table, verify
+    with loading_modules():
+        from packctl.contract.manifest import epoch_outputs
+        from packctl.verify import VerifyOptions, summary_table, verify
 
     try:
         options = VerifyOptions(source=source or [], attention=attention, sample=sample, seed=seed, backend=backend,
