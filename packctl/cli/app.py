@@ -12,8 +12,6 @@ from contextlib import contextmanager
 from typing import Iterator, get_args, get_origin
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from packctl.errors import PackctlError
@@ -245,10 +243,20 @@ def _stdout_failed(exc: OSError, stream, note: str = "") -> int:
     return _fail_line(f"cannot write the result to stdout ({reason})" + (f"; {note}" if note else ""), 2)
 
 
+def console(**options):
+    """A rich Console (`options` as rich takes them), rich loaded on first use: a command that
+    prints nothing on the way (`pack -q`, `pack --json`) does not load it."""
+    from rich.console import Console
+
+    return Console(**options)
+
+
 def _fail_line(message: str, code: int) -> int:
     """Print `error: message` on stderr (if stderr can take it) and return `code`."""
+    from rich.markup import escape
+
     try:
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+        console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     except OSError:
         pass
     return code

@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
-from packctl.cli.app import Command, StdoutFailed, app, fail, loading_modules, ranks_stop_together
+from packctl.cli.app import Command, StdoutFailed, app, console, fail, loading_modules, ranks_stop_together
 from packctl.cli.options import JSON_OUTPUT, QUIET, config_options, with_signature
 from packctl.config import FIELDS, build_config, load_config
 from packctl.errors import PackctlError
@@ -54,7 +53,7 @@ def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_ou
         # rich's progress bars and tables load only where they are shown
         from packctl.cli.render import LogProgress, RichProgress
 
-        err = Console(stderr=True)
+        err = console(stderr=True)
         shown = RichProgress(err) if err.is_terminal else LogProgress()
     progress = _Stages(shown)
     with ranks_stop_together(comm):
@@ -65,10 +64,10 @@ def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_ou
     if comm.rank != 0:
         return
     if result.note:
-        Console(stderr=True, soft_wrap=True).print(result.note, highlight=False, markup=False)
+        console(stderr=True, soft_wrap=True).print(result.note, highlight=False, markup=False)
     pad_like = result.metrics.get("throughput", {}).get("tokens_equal_to_pad_id", 0)
     if pad_like and not quiet and not json_output:
-        Console(stderr=True).print(f"note: {pad_like:,} input tokens equal --pad-token-id {cfg.pad_token_id}; "
+        console(stderr=True).print(f"note: {pad_like:,} input tokens equal --pad-token-id {cfg.pad_token_id}; "
                                    "padding is told apart by seq_lens / cu_seqlens, not by its id", highlight=False)
     try:
         if json_output:
@@ -77,7 +76,7 @@ def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_ou
         elif not quiet:
             from packctl.cli.render import summary_table
 
-            Console().print(summary_table(result))
+            console().print(summary_table(result))
         sys.stdout.flush()
     except StdoutFailed as exc:
         exc.note = f"{result.output} is complete"  # only the summary is lost: no need to pack again

@@ -4,9 +4,8 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
 
-from packctl.cli.app import Command, app, fail, loading_modules
+from packctl.cli.app import Command, app, console, fail, loading_modules
 from packctl.cli.options import SAMPLE_DISTRIBUTIONS, SAMPLE_GROUPS, choice
 from packctl.errors import PackctlError
 
@@ -51,4 +50,4 @@ def sample_command(
         print(json.dumps({"output": str(output), "sequences": sequences, "distribution": distribution, "seed": seed,
                           "shards": [str(p) for p in paths]}, indent=2))
         return
-    Console(stderr=True).print(f"wrote {sequences:,} sequences in {len(paths)} shards to {output}")
+    console(stderr=True).print(f"wrote {sequences:,} sequences in {len(paths)} shards to {output}")

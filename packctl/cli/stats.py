@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
-from packctl.cli.app import Command, app, fail, loading_modules
+from packctl.cli.app import Command, app, console, fail, loading_modules
 from packctl.cli.options import config_options, with_signature
 from packctl.config import PLANNING_OPTIONS, load_config
 from packctl.errors import PackctlError
@@ -74,6 +73,6 @@ def stats_command(*, paths: Optional[List[str]], capacity: Optional[List[int]], 
     if json_output:
         print(json.dumps(report, indent=2))
     else:
-        console = Console()
+        screen = console()
         for renderable in stats_renderables(report):
-            console.print(renderable)
+            screen.print(renderable)

@@ -5,9 +5,8 @@ import json
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
-from packctl.cli.app import Command, app, fail, loading_modules
+from packctl.cli.app import Command, app, console, fail, loading_modules
 from packctl.cli.options import VERIFY_BACKENDS, choice
 from packctl.errors import PackctlError
 
@@ -64,5 +63,5 @@ def verify_command(
                           "epochs": [r.to_dict() for r in reports]}, indent=2))
     else:
         for report in reports:
-            Console(soft_wrap=True).print(summary_table(report))
+            console(soft_wrap=True).print(summary_table(report))
     raise typer.Exit(exit_code)
