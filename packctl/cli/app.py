@@ -27,7 +27,7 @@ class _PlainValues:
     types without a parser or bounds of their own, a string for a string option, strings for a list
     of strings, plain decimals (`4096`, `-1`, `0.25`) for numbers. Anything else (`1e3`, ` 5`,
     `5_000`, a path) goes to typer's own conversion, built then, so values and error messages stay
-    typer's (tests/cli/test_cli.py compares the two).
+    typer's (tests/cli/test_startup.py compares the two).
     """
 
     _INT = re.compile(r"-?[0-9]{1,18}")  # ASCII digits only: pydantic refuses other digits int() takes
