@@ -23,7 +23,7 @@ HOME is not writable):
 
 A kernel found in the cache is loaded with numba's runtime initialized and nothing more
 (`_KernelCache`): numba itself first initializes its whole CPU target, which only compiling needs
-(about 0.15 s of a 0.7 s `packctl pack sample_data`, docs/performance.md "Fixed cost").
+(about 0.15 s, docs/performance.md "Fixed cost").
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ class _PlainValues:
 
     typer converts every option's value with a pydantic validator it builds for the option on first
     use, options left unset included: importing pydantic and building the validators of `pack`'s
-    50 options cost about 0.06 s of a 0.7 s run. Values that need no conversion are taken as typer
+    50 options cost a pack about 0.06 s. Values that need no conversion are taken as typer
     would give them: None for an option not given (() for a repeated one), and, for options of these
     types without a parser or bounds of their own, a string for a string option, strings for a list
     of strings, plain decimals (`4096`, `-1`, `0.25`) for numbers. Anything else (`1e3`, ` 5`,
