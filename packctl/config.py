@@ -13,11 +13,6 @@ import dataclasses
 import json
 import math
 import os
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
-    import tomli as tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -636,6 +631,10 @@ def load_config(path: str | Path) -> dict[str, Any]:
                            "UTF-8") from None
     except OSError as exc:
         raise PackctlError(f"{path}: cannot read the config file ({exc.strerror or exc})") from None
+    try:  # imported here: the options and --help read no TOML
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+        import tomli as tomllib
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

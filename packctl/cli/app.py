@@ -3,19 +3,92 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
+import re
 import sys
 import traceback
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, get_args, get_origin
 
 import typer
-from rich.console import Console
-from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from packctl.errors import PackctlError
 
-app = typer.Typer(add_completion=True, no_args_is_help=True, rich_markup_mode=None,
+
+class _PlainValues:
+    """How typer converts the value of one option, skipped where converting changes nothing.
+
+    typer converts every option's value with a pydantic validator it builds for the option on first
+    use, options left unset included: importing pydantic and building the validators of `pack`'s
+    50 options cost a pack about 0.06 s. Values that need no conversion are taken as typer
+    would give them: None for an option not given (() for a repeated one), and, for options of these
+    types without a parser or bounds of their own, a string for a string option, strings for a list
+    of strings, plain decimals (`4096`, `-1`, `0.25`) for numbers. Anything else (`1e3`, ` 5`,
+    `5_000`, a path) goes to typer's own conversion, built then, so values and error messages stay
+    typer's (tests/cli/test_startup.py compares the two).
+    """
+
+    _INT = re.compile(r"-?[0-9]{1,18}")  # ASCII digits only: pydantic refuses other digits int() takes
+    _FLOAT = re.compile(r"-?[0-9]{1,15}(\.[0-9]{1,15})?")
+
+    def __init__(self, descriptor) -> None:
+        self._descriptor = descriptor
+        self._typer = None
+        info, annotation = descriptor.parameter_info, descriptor.annotation
+        own_rules = (descriptor.file_annotation is not None or info.parser is not None or info.min is not None
+                     or info.max is not None or info.clamp)
+        self._type = None if own_rules else (
+            annotation if annotation in (str, int, float) else
+            list if get_origin(annotation) is list and get_args(annotation) == (str,) else None)
+
+    @staticmethod
+    def applies_to(param) -> bool:
+        """Whether `param` is a typer parameter whose conversion typer has not built yet."""
+        return getattr(param, "type_descriptor", None) is not None and getattr(param, "_runtime_param", 0) is None
+
+    def coerce(self, value, param, ctx):
+        if value is None:
+            return () if param.multiple or param.nargs == -1 else None
+        if self._type is str and type(value) is str:
+            return value
+        if self._type is int and type(value) is str and self._INT.fullmatch(value):
+            return int(value)
+        if self._type is float and type(value) is str and self._FLOAT.fullmatch(value):
+            return float(value)
+        if self._type is list and isinstance(value, (list, tuple)) and all(type(v) is str for v in value):
+            return list(value)
+        if self._typer is None:
+            from typer._coercion import build_runtime_param
+
+            self._typer = build_runtime_param(self._descriptor)
+        return self._typer.coerce(value, param=param, ctx=ctx)
+
+
+def _take_plain_values(params: list) -> list:
+    for param in params:
+        if _PlainValues.applies_to(param):
+            param._runtime_param = _PlainValues(param.type_descriptor)
+    return params
+
+
+class Command(TyperCommand):
+    """A packctl command: typer's, taking plain option values as they are (`_PlainValues`).
+    Every command registers with `@app.command(NAME, cls=Command)`."""
+
+    def get_params(self, ctx):
+        return _take_plain_values(super().get_params(ctx))
+
+
+class _Group(TyperGroup):
+    """The `packctl` group (its own options: --version, --help, completion), as `Command`."""
+
+    def get_params(self, ctx):
+        return _take_plain_values(super().get_params(ctx))
+
+
+app = typer.Typer(cls=_Group, add_completion=True, no_args_is_help=True, rich_markup_mode=None,
                   help="Pack variable-length tokenized Parquet datasets into THD shards for LLM training.")
 
 
@@ -170,10 +243,20 @@ def _stdout_failed(exc: OSError, stream, note: str = "") -> int:
     return _fail_line(f"cannot write the result to stdout ({reason})" + (f"; {note}" if note else ""), 2)
 
 
+def console(**options):
+    """A rich Console (`options` as rich takes them), rich loaded on first use: a command that
+    prints nothing on the way (`pack -q`, `pack --json`) does not load it."""
+    from rich.console import Console
+
+    return Console(**options)
+
+
 def _fail_line(message: str, code: int) -> int:
     """Print `error: message` on stderr (if stderr can take it) and return `code`."""
+    from rich.markup import escape
+
     try:
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+        console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     except OSError:
         pass
     return code
@@ -184,8 +267,32 @@ def _is(exc: BaseException, name: str) -> bool:
     return any(cls.__name__ == name for cls in type(exc).__mro__)
 
 
+@contextmanager
+def loading_modules() -> Iterator[None]:
+    """Where a command imports the modules it runs on (numpy, pyarrow, numba, packctl's pipeline):
+    Python's cyclic garbage collector is paused meanwhile. Importing them creates some 70,000
+    objects that live as long as the process, which the collector would otherwise scan again and
+    again (about 0.04 s of a pack of sample_data). In the `packctl` executable they are then left
+    out of every later collection (`gc.freeze`); a program calling `run` keeps its collector as it
+    was."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if _EXECUTABLE:
+            gc.freeze()
+        if paused:
+            gc.enable()
+
+
+_EXECUTABLE = False  # True in the `packctl` process (main)
+
+
 def main() -> None:
     """The `packctl` executable."""
+    global _EXECUTABLE
+    _EXECUTABLE = True
     _exit_now(SystemExit(run()))
 
 

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from packctl.cli.app import app, fail
+from packctl.cli.app import Command, app, fail, loading_modules
 from packctl.cli.options import EXPORT_FORMATS, choice
 from packctl.errors import PackctlError
 
@@ -22,7 +22,7 @@ Example:
 """
 
 
-@app.command("export", help=_EXPORT_EXAMPLE)
+@app.command("export", cls=Command, help=_EXPORT_EXAMPLE)
 def export_command(
     output: str = typer.Argument(..., metavar="OUT", help="Output directory of packctl pack."),
     target: str = typer.Option(..., "--output", "-o", help="Directory to write the export into."),
@@ -36,7 +36,8 @@ def export_command(
     json_output: bool = typer.Option(False, "--json", help="Print what was written as JSON on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary."),
 ) -> None:
-    from packctl.export import export
+    with loading_modules():
+        from packctl.export import export
 
     try:
         result = export(output, target, fmt, overwrite=overwrite, eos_token_id=eos_token_id, verify=verify_checksums)

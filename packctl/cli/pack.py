@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
-from packctl.cli.app import StdoutFailed, app, fail, ranks_stop_together
+from packctl.cli.app import Command, StdoutFailed, app, console, fail, loading_modules, ranks_stop_together
 from packctl.cli.options import JSON_OUTPUT, QUIET, config_options, with_signature
 from packctl.config import FIELDS, build_config, load_config
 from packctl.errors import PackctlError
@@ -30,13 +29,13 @@ _PACK_OWN = [
                       default=typer.Option(None, "--config", help="TOML file with any of these options.")),
 ]
 
-@app.command("pack", help=_PACK_EXAMPLE, no_args_is_help=True)
+@app.command("pack", cls=Command, help=_PACK_EXAMPLE, no_args_is_help=True)
 @with_signature(_PACK_OWN + config_options([n for n in FIELDS if n != "inputs"]) + [JSON_OUTPUT, QUIET])
 def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_output: bool, quiet: bool,
                  **options) -> None:
-    from packctl.mpi.comm import get_comm
-    from packctl.pipeline import Progress, pack
-    from packctl.cli.render import LogProgress, RichProgress, pack_table
+    with loading_modules():
+        from packctl.mpi.comm import get_comm
+        from packctl.pipeline import Progress, pack
 
     try:
         comm = get_comm()
@@ -49,9 +48,12 @@ def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_ou
         except PackctlError as exc:
             exc.everywhere = True  # every rank reads the same file and flags: rank 0 says it once
             raise
-    err = Console(stderr=True)
     shown = Progress()
     if comm.rank == 0 and not (json_output or quiet):  # on a terminal bars, elsewhere (Slurm logs) log lines
+        # rich's progress bars and tables load only where they are shown
+        from packctl.cli.render import LogProgress, RichProgress
+
+        err = console(stderr=True)
         shown = RichProgress(err) if err.is_terminal else LogProgress()
     progress = _Stages(shown)
     with ranks_stop_together(comm):
@@ -62,17 +64,19 @@ def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_ou
     if comm.rank != 0:
         return
     if result.note:
-        Console(stderr=True, soft_wrap=True).print(result.note, highlight=False, markup=False)
+        console(stderr=True, soft_wrap=True).print(result.note, highlight=False, markup=False)
     pad_like = result.metrics.get("throughput", {}).get("tokens_equal_to_pad_id", 0)
     if pad_like and not quiet and not json_output:
-        Console(stderr=True).print(f"note: {pad_like:,} input tokens equal --pad-token-id {cfg.pad_token_id}; "
+        console(stderr=True).print(f"note: {pad_like:,} input tokens equal --pad-token-id {cfg.pad_token_id}; "
                                    "padding is told apart by seq_lens / cu_seqlens, not by its id", highlight=False)
     try:
         if json_output:
             print(json.dumps({"output": str(result.output), "counts": result.counts, "metrics": result.metrics,
                               "shards": len(result.shards)}, indent=2))
         elif not quiet:
-            Console().print(pack_table(result))
+            from packctl.cli.render import pack_table
+
+            console().print(pack_table(result))
         sys.stdout.flush()
     except StdoutFailed as exc:
         exc.note = f"{result.output} is complete"  # only the summary is lost: no need to pack again

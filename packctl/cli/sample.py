@@ -4,14 +4,13 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
 
-from packctl.cli.app import app, fail
+from packctl.cli.app import Command, app, console, fail, loading_modules
 from packctl.cli.options import SAMPLE_DISTRIBUTIONS, SAMPLE_GROUPS, choice
 from packctl.errors import PackctlError
 
 
-@app.command("sample")
+@app.command("sample", cls=Command)
 def sample_command(
     output: str = typer.Option(..., "--output", "-o", help="Directory to write the shards into."),
     sequences: int = typer.Option(3000, help="Number of sequences."),
@@ -37,7 +36,8 @@ def sample_command(
 
         packctl sample -o pairs --sequences 50000 --groups preference
     """
-    from packctl.sample import SampleSpec, write_sample
+    with loading_modules():
+        from packctl.sample import SampleSpec, write_sample
 
     try:
         paths = write_sample(output, SampleSpec(sequences=sequences, distribution=distribution, shards=shards,
@@ -50,4 +50,4 @@ def sample_command(
         print(json.dumps({"output": str(output), "sequences": sequences, "distribution": distribution, "seed": seed,
                           "shards": [str(p) for p in paths]}, indent=2))
         return
-    Console(stderr=True).print(f"wrote {sequences:,} sequences in {len(paths)} shards to {output}")
+    console(stderr=True).print(f"wrote {sequences:,} sequences in {len(paths)} shards to {output}")

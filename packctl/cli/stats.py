@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
-from packctl.cli.app import app, fail
+from packctl.cli.app import Command, app, console, fail, loading_modules
 from packctl.cli.options import config_options, with_signature
 from packctl.config import PLANNING_OPTIONS, load_config
 from packctl.errors import PackctlError
@@ -53,12 +52,13 @@ _STATS_REPORT = [
 ]
 
 
-@app.command("stats", help=_STATS_EXAMPLE)
+@app.command("stats", cls=Command, help=_STATS_EXAMPLE)
 @with_signature(_STATS_OWN + config_options(PLANNING_OPTIONS) + _STATS_REPORT)
 def stats_command(*, paths: Optional[List[str]], capacity: Optional[List[int]], config: Optional[Path],
                   json_output: bool, plot: Optional[Path], verify_checksums: bool, **planning) -> None:
-    from packctl.cli.render import stats_renderables
-    from packctl.stats import stats
+    with loading_modules():
+        from packctl.cli.render import stats_renderables
+        from packctl.stats import stats
 
     try:
         report = stats(paths or [], capacities=capacity or None,
@@ -73,6 +73,6 @@ def stats_command(*, paths: Optional[List[str]], capacity: Optional[List[int]], 
     if json_output:
         print(json.dumps(report, indent=2))
     else:
-        console = Console()
+        screen = console()
         for renderable in stats_renderables(report):
-            console.print(renderable)
+            screen.print(renderable)

@@ -5,9 +5,8 @@ import json
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
-from packctl.cli.app import app, fail
+from packctl.cli.app import Command, app, console, fail, loading_modules
 from packctl.cli.options import VERIFY_BACKENDS, choice
 from packctl.errors import PackctlError
 
@@ -24,7 +23,7 @@ Examples:
 """
 
 
-@app.command("verify", help=_VERIFY_EXAMPLE)
+@app.command("verify", cls=Command, help=_VERIFY_EXAMPLE)
 def verify_command(
     output: str = typer.Argument(..., metavar="OUT", help="Output directory of packctl pack."),
     source: Optional[List[str]] = typer.Option(None, "--source", help="The INPUT given to packctl pack (repeat for "
@@ -45,9 +44,9 @@ def verify_command(
     bench: bool = typer.Option(False, "--bench", help="Time packed varlen vs padded-batch attention."),
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
-    from packctl.contract.manifest import epoch_outputs
-    from packctl.cli.render import verify_table
-    from packctl.verify import VerifyOptions, verify
+    with loading_modules():
+        from packctl.contract.manifest import epoch_outputs
+        from packctl.verify import VerifyOptions, verify
 
     try:
         options = VerifyOptions(source=source or [], attention=attention, sample=sample, seed=seed, backend=backend,
@@ -64,5 +63,7 @@ def verify_command(
                           "epochs": [r.to_dict() for r in reports]}, indent=2))
     else:
         for report in reports:
-            Console(soft_wrap=True).print(verify_table(report))
+            from packctl.cli.render import verify_table
+
+            console(soft_wrap=True).print(verify_table(report))
     raise typer.Exit(exit_code)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from packctl.errors import PackctlError
 from packctl.source.files import open_parquet
@@ -40,6 +39,8 @@ def read_group_starts(index: RowsByGid, column: str) -> np.ndarray:
     """The gid where each group starts, plus the number of rows: [0, 2, 4, 5] above. Reads the
     one column of every file (a value per row) and checks nulls and adjacency; each file is
     checked against the fingerprint the run took of it (`index.fingerprints`)."""
+    import pyarrow.compute as pc  # here, not at the top: a pack without groups need not load it (0.03 s)
+
     paths = [f.path for f in index.files]
     seen: list[pa.DataType] = []
     chunks = []

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of
@@ -146,6 +145,8 @@ def list_lengths(path: str, column: str) -> pa.Table:
     except (pa.ArrowException, OSError) as exc:
         raise PackctlError(f"{path}: cannot read column '{column}' ({_short(exc)}); the file may be truncated or "
                            "corrupt") from None
+    import pyarrow.compute as pc  # here, not at the top: loading Arrow's compute functions costs a pack 0.03 s
+
     return pa.table({"length": pc.list_value_length(values).cast(pa.int64())})
 
 
@@ -333,6 +334,8 @@ def _one_array(column: pa.ChunkedArray) -> pa.Array:
     typ = array.type
     if pa.types.is_fixed_size_list(typ) or pa.types.is_list_view(typ) or pa.types.is_large_list_view(typ):
         # Not Arrow's cast: pyarrow 26 casts list_view to a list array whose offsets are invalid.
+        import pyarrow.compute as pc  # rare layouts only (see list_lengths)
+
         lengths = pc.list_value_length(array)
         offsets = offsets_of(numpy_view(lengths.fill_null(0)).astype(np.int64))
         return pa.LargeListArray.from_arrays(arrow_array(offsets, pa.int64()), pc.list_flatten(array),
