@@ -52,6 +52,8 @@ class SampleSpec:
     prompt_fraction: float = 0.5  # share of rows whose labels mask a prompt prefix
     groups: str = "none"  # GROUP_KINDS
     group_size: int = 4  # responses per prompt of `rollout` (`preference`: 2)
+    eos_id: int | None = None  # every row ends with it (its last token replaced), for EOS-delimited readers
+    bos_id: int | None = None  # every row starts with it (its first token replaced)
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():  # numpy scalars as their Python value (np.int64(8) -> 8)
@@ -62,6 +64,8 @@ class SampleSpec:
         cannot make a corpus, before anything is written."""
         for name, value in vars(self).items():
             wanted = _TYPES[name]
+            if value is None and name in _OPTIONAL:
+                continue
             if wanted == "a number":
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             elif wanted == "a whole number":
@@ -72,6 +76,8 @@ class SampleSpec:
                 raise PackctlError(f"--{name.replace('_', '-')} {value!r}: must be {wanted}")
         for name, (low, high, why) in _RANGES.items():
             value = getattr(self, name)
+            if value is None and name in _OPTIONAL:
+                continue
             if not low <= value <= high:
                 raise PackctlError(f"--{name.replace('_', '-')} {value}: must be in [{low:,}, {high:,}] ({why})")
         if self.shards > self.sequences:
@@ -85,6 +91,15 @@ class SampleSpec:
             raise PackctlError(f"--groups {self.groups!r}: choose one of {', '.join(GROUP_KINDS)}")
         if self.groups == "rollout" and self.group_size < 2:
             raise PackctlError(f"--group-size {self.group_size}: a rollout group holds 2 or more responses")
+        for name in _OPTIONAL:
+            value = getattr(self, name)
+            if value is not None and 1 <= value < self.vocab_size:
+                raise PackctlError(f"--{name.replace('_', '-')} {value}: ids inside sequences are drawn from "
+                                   f"[1, {self.vocab_size}) (--vocab-size), so it would appear inside them too; use "
+                                   f"{self.vocab_size} or more")
+        if self.eos_id is not None and self.bos_id is not None and self.max_length < 2:
+            raise PackctlError(f"--max-length {self.max_length}: a row that starts with --bos-id and ends with "
+                               "--eos-id holds 2 tokens or more")
         if self.groups != "none" and self.max_length < 2:
             raise PackctlError(f"--max-length {self.max_length}: a grouped row holds a prompt and a response, "
                                "2 tokens or more")
@@ -94,7 +109,9 @@ class SampleSpec:
 # What each option of SampleSpec is, and the range of the whole numbers (with why).
 _TYPES = {"sequences": "a whole number", "distribution": "a string", "shards": "a whole number",
           "seed": "a whole number", "vocab_size": "a whole number", "max_length": "a whole number",
-          "prompt_fraction": "a number", "groups": "a string", "group_size": "a whole number"}
+          "prompt_fraction": "a number", "groups": "a string", "group_size": "a whole number",
+          "eos_id": "a whole number", "bos_id": "a whole number"}
+_OPTIONAL = ("eos_id", "bos_id")
 _RANGES = {
     "sequences": (1, INT32_MAX, "the corpus is generated in memory"),
     "shards": (1, INT32_MAX, "one file each"),
@@ -102,6 +119,8 @@ _RANGES = {
     "vocab_size": (2, INT32_MAX + 1, "token ids are drawn from [1, vocab-size) and are int32"),
     "max_length": (1, INT32_MAX, "token offsets are int32"),
     "group_size": (1, INT32_MAX, "rows of a group"),
+    "eos_id": (0, INT32_MAX, "token ids are int32"),
+    "bos_id": (0, INT32_MAX, "token ids are int32"),
 }
 
 
@@ -133,9 +152,13 @@ def generate(spec: SampleSpec) -> list[pa.Table]:
         lengths, prompts, tokens, group = _grouped(rng, spec)
     else:
         lengths, prompts, tokens, group = (*_ungrouped(rng, spec), None)
+    offsets = offsets_of(lengths)
+    if spec.bos_id is not None:
+        tokens[offsets[:-1]] = spec.bos_id
+    if spec.eos_id is not None:
+        tokens[offsets[1:] - 1] = spec.eos_id
     labels = tokens.copy()
     labels[positions_in_segments(lengths) < np.repeat(prompts, lengths)] = IGNORE_INDEX
-    offsets = offsets_of(lengths)
     bounds = np.linspace(0, spec.sequences, spec.shards + 1).astype(np.int64)
     per_shard = np.diff(offsets[bounds])
     if per_shard.max() > INT32_MAX:  # the list offsets of a shard are int32

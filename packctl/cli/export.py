@@ -15,10 +15,11 @@ _EXPORT_EXAMPLE = """Rewrite a packed output in the packed format another traine
 Formats: nemo (NeMo / Megatron-Bridge packed SFT, *.idx.parquet and packing_metadata.json),
 nemo-npy (the same as NeMo's legacy .npy), olmo (OLMo-core numpy token and label-mask files).
 
-Example:
+Examples:
 
 \b
     packctl export packed -o packed-nemo --format nemo --eos-token-id 2
+    packctl export packed -o packed-olmo --format olmo --eos-token-id 32000 --bos-token-id 32001 --vocab-size 32002
 """
 
 
@@ -29,6 +30,11 @@ def export_command(
     fmt: str = typer.Option(..., "--format", **choice(EXPORT_FORMATS), help="Format to write."),
     eos_token_id: Optional[int] = typer.Option(None, help="The tokenizer's EOS id: NeMo pads sub-sequences with "
                                                           "it; OLMo-core finds document ends by it."),
+    bos_token_id: Optional[int] = typer.Option(None, help="olmo: the BOS id every sequence starts with (checked); "
+                                                          "leave out for sequences without BOS. Recorded in olmo.json "
+                                                          "for the reader's tokenizer."),
+    vocab_size: Optional[int] = typer.Option(None, help="olmo: the tokenizer's vocabulary size; sets the token dtype "
+                                                        "(uint16 up to 65,536 ids, else uint32) and refuses larger ids."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of an existing export directory."),
     verify_checksums: bool = typer.Option(True, "--verify-checksums/--no-verify-checksums",
                                           help="Check each shard against the manifest (sha256, rows, tokens, layout) "
@@ -40,11 +46,14 @@ def export_command(
         from packctl.export import export
 
     try:
-        result = export(output, target, fmt, overwrite=overwrite, eos_token_id=eos_token_id, verify=verify_checksums)
+        result = export(output, target, fmt, overwrite=overwrite, eos_token_id=eos_token_id,
+                        bos_token_id=bos_token_id, vocab_size=vocab_size, verify=verify_checksums)
     except PackctlError as exc:
         fail(exc)
     if json_output:
         print(json.dumps(result, indent=2))
     elif not quiet:
-        print(f"packctl export -> {result['output']}: {result['packs']:,} packs, {result['sequences']:,} sequences "
-              f"as {result['format']} ({len(result['files'])} file(s))")
+        padding = (f" + {result['padding_documents']:,} padding documents" if result.get("padding_documents")
+                   else "")
+        print(f"packctl export -> {result['output']}: {result['packs']:,} packs, {result['sequences']:,} sequences"
+              f"{padding} as {result['format']} ({len(result['files'])} file(s))")

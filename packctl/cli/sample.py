@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from typing import Optional
 
 import typer
 
@@ -25,6 +26,11 @@ def sample_command(
                                     "preference pairs (chosen, rejected) or rollouts (--group-size responses); "
                                     "pack them with --group-column group_id."),
     group_size: int = typer.Option(4, help="Responses per prompt of --groups rollout."),
+    eos_id: Optional[int] = typer.Option(None, help="Every sequence ends with this id (its last token replaced); "
+                                                    "vocab-size or more. For EOS-delimited trainers (export --format "
+                                                    "olmo)."),
+    bos_id: Optional[int] = typer.Option(None, help="Every sequence starts with this id (its first token replaced); "
+                                                    "vocab-size or more."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing directory."),
     json_output: bool = typer.Option(False, "--json", help="Print what was written as JSON on stdout."),
 ) -> None:
@@ -35,6 +41,8 @@ def sample_command(
         packctl sample -o corpus --sequences 100000 --distribution rl-longtail
 
         packctl sample -o pairs --sequences 50000 --groups preference
+
+        packctl sample -o corpus --sequences 2000 --eos-id 32000 --bos-id 32001
     """
     with loading_modules():
         from packctl.sample import SampleSpec, write_sample
@@ -43,7 +51,8 @@ def sample_command(
         paths = write_sample(output, SampleSpec(sequences=sequences, distribution=distribution, shards=shards,
                                                 seed=seed, vocab_size=vocab_size, max_length=max_length,
                                                 prompt_fraction=prompt_fraction, groups=groups,
-                                                group_size=group_size), overwrite=overwrite)
+                                                group_size=group_size, eos_id=eos_id, bos_id=bos_id),
+                             overwrite=overwrite)
     except PackctlError as exc:
         fail(exc)
     if json_output:

@@ -11,7 +11,10 @@ Every format is read back by an independent reader in tests/integration/test_exp
 """
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -72,71 +75,158 @@ def read_packs(output: PackedOutput) -> Iterator[ShardPacks]:
                          seq_lens.astype(np.int64), cu[keep].astype(np.int64))
 
 
-def check_options(fmt: str, *, overwrite: bool = False, eos_token_id: int | None = None) -> int | None:
-    """The options of an export, refused before anything is read or written; returns the EOS id as
-    a Python int (a numpy integer is taken too)."""
+@dataclass(frozen=True)
+class ExportOptions:
+    """The token ids and vocabulary an export is written for (checked, as Python ints)."""
+
+    eos_token_id: int | None = None
+    bos_token_id: int | None = None
+    vocab_size: int | None = None
+
+
+def _whole(name: str, value, low: int, high: int, why: str) -> int | None:
+    if value is None:
+        return None
+    value = as_python(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise PackctlError(f"{name} {value!r}: must be a whole number")
+    if not low <= value <= high:
+        raise PackctlError(f"{name} {value}: must be in [{low:,}, {high:,}] ({why})")
+    return value
+
+
+def check_options(fmt: str, *, overwrite: bool = False, eos_token_id: int | None = None,
+                  bos_token_id: int | None = None, vocab_size: int | None = None) -> ExportOptions:
+    """The options of an export, refused before anything is read or written (numpy integers are
+    taken as their Python value)."""
     if fmt not in FORMATS:
         raise PackctlError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if not isinstance(overwrite, bool):
         raise PackctlError(f"--overwrite {overwrite!r}: must be true or false")
-    if eos_token_id is not None:
-        eos_token_id = as_python(eos_token_id)
-        if not isinstance(eos_token_id, int) or isinstance(eos_token_id, bool):
-            raise PackctlError(f"--eos-token-id {eos_token_id!r}: must be a whole number")
-        if not 0 <= eos_token_id <= INT32_MAX:
-            raise PackctlError(f"--eos-token-id {eos_token_id}: must be in [0, {INT32_MAX:,}] (token ids are int32)")
-    return eos_token_id
+    options = ExportOptions(
+        eos_token_id=_whole("--eos-token-id", eos_token_id, 0, INT32_MAX, "token ids are int32"),
+        bos_token_id=_whole("--bos-token-id", bos_token_id, 0, INT32_MAX, "token ids are int32"),
+        vocab_size=_whole("--vocab-size", vocab_size, 1, INT32_MAX + 1, "token ids are int32"),
+    )
+    if fmt != "olmo":
+        for flag, value in (("--bos-token-id", options.bos_token_id), ("--vocab-size", options.vocab_size)):
+            if value is not None:
+                raise PackctlError(f"{flag}: applies to --format olmo only; {fmt} does not use it")
+    return options
 
 
 def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = False,
-           eos_token_id: int | None = None, verify: bool = True) -> dict:
+           eos_token_id: int | None = None, bos_token_id: int | None = None, vocab_size: int | None = None,
+           verify: bool = True) -> dict:
     """Write the packed output `out` to `target` in format `fmt`; returns what was written.
 
     Every shard is read checked against the manifest (sha256, rows, tokens, layout) unless
-    `verify=False` (`--no-verify-checksums`). A failure part-way removes what the export wrote,
-    so `target` never holds part of an export.
+    `verify=False` (`--no-verify-checksums`). The export is written into a directory of its own
+    beside `target` (`.TARGET.packctl-export-*`) and renamed to `target` when complete, so a
+    refusal, a failure or SIGINT/SIGTERM part-way leaves nothing: no `target`, no partial files,
+    and with --overwrite the previous export untouched.
     """
     from packctl.export import nemo, olmo
+    from packctl.pipeline.runtime import Interrupted, RunInterrupted, SignalGuard
 
-    eos_token_id = check_options(fmt, overwrite=overwrite, eos_token_id=eos_token_id)
+    options = check_options(fmt, overwrite=overwrite, eos_token_id=eos_token_id, bos_token_id=bos_token_id,
+                            vocab_size=vocab_size)
     output = open_output(out, verify=verify)
     out = output.root
     target = Path(target)
     if target.resolve() == out.resolve() or out.resolve() in target.resolve().parents:
         raise PackctlError(f"{target}: inside the packed output {out}; choose a -o outside it")
-    if target.exists():
+    if target.exists() or target.is_symlink():
         if not overwrite:
             raise PackctlError(f"{target}: exists; choose another -o or pass --overwrite")
-        if not target.is_dir():
-            raise PackctlError(f"{target}: exists and is not a directory")
-        for child in target.iterdir():
-            if child.is_dir():
-                raise PackctlError(f"{target}: holds the directory {child.name}; export writes files only, "
-                                   "choose an empty or new -o")
+        _check_replaceable(target)
     if output.layout.get("pad_to") == "batch":
         raise PackctlError(f"{out}: a batch-mode output (padded micro-batches); exports take packs: pack "
                            "without --mode batch")
-    created = not target.exists()
-    if not created:
-        for child in target.iterdir():
-            child.unlink()
-    target.mkdir(parents=True, exist_ok=True)
+    if fmt == "olmo":
+        olmo.check_layout(output, options)  # refusals that need no shard, before anything is created
+    guard = SignalGuard()
+    made = _make_parents(target.parent)
+    staging = None
     try:
-        if fmt in ("nemo", "nemo-npy"):
-            return nemo.write(output, target, npy=fmt == "nemo-npy", eos_token_id=eos_token_id)
-        return olmo.write(output, target, eos_token_id=eos_token_id)
+        with guard.installed():
+            try:
+                staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.packctl-export-", dir=target.parent))
+            except OSError as exc:
+                raise PackctlError(f"{target.parent}: cannot write there ({exc.strerror or exc}); "
+                                   "choose another -o") from None
+            if fmt in ("nemo", "nemo-npy"):
+                result = nemo.write(output, staging, npy=fmt == "nemo-npy", eos_token_id=options.eos_token_id)
+            else:
+                result = olmo.write(output, staging, options)
+            with guard.deferred():
+                _put_in_place(staging, target)
+    except Interrupted as exc:
+        _undo(staging, made)
+        name = signal.Signals(exc.signum).name
+        raise RunInterrupted(f"{target}: export interrupted by {name}; nothing was written", exc.signum) from None
+    except KeyboardInterrupt:
+        _undo(staging, made)
+        raise RunInterrupted(f"{target}: export interrupted by SIGINT; nothing was written",
+                             signal.SIGINT) from None
     except BaseException:
-        _remove_written(target, created)
+        _undo(staging, made)
         raise
+    result["output"] = str(target)
+    return result
 
 
-def _remove_written(target: Path, created: bool) -> None:
-    """Undo a failed export: `target` held nothing of anyone else's (new, or emptied by --overwrite)."""
-    if created:
-        shutil.rmtree(target, ignore_errors=True)
-        return
+def _check_replaceable(target: Path) -> None:
+    """--overwrite replaces a directory of what an export writes: files, and an olmo export's
+    `label_mask/` of files; never a directory holding anything else."""
+    if target.is_symlink() or not target.is_dir():
+        raise PackctlError(f"{target}: exists and is not a directory")
     for child in target.iterdir():
-        if child.is_dir():
-            shutil.rmtree(child, ignore_errors=True)
-        else:
-            child.unlink(missing_ok=True)
+        if child.is_dir() and not child.is_symlink():
+            inner = child.name == "label_mask" and all(c.is_file() and not c.is_symlink() for c in child.iterdir())
+            if not inner:
+                raise PackctlError(f"{target}: holds the directory {child.name}, which packctl export does not write; "
+                                   "choose an empty or new -o")
+
+
+def _make_parents(parent: Path) -> list[Path]:
+    """Create the missing directories above the export; returns them, deepest first, so a failed
+    export removes them again."""
+    missing = []
+    for p in [parent, *parent.parents]:
+        if p.exists():
+            break
+        missing.append(p)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PackctlError(f"{parent}: cannot be created ({exc.strerror or exc}); choose another -o") from None
+    return missing
+
+
+def _put_in_place(staging: Path, target: Path) -> None:
+    """The complete export becomes `target`; a previous one (--overwrite) is removed after."""
+    old = None
+    if target.exists() or target.is_symlink():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.packctl-export-old-", dir=target.parent))
+        os.rename(target, old / "previous")
+    try:
+        os.rename(staging, target)
+    except BaseException:
+        if old is not None:
+            os.rename(old / "previous", target)
+            old.rmdir()
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _undo(staging: Path | None, made: list[Path]) -> None:
+    """Remove what a failed export created: its staging directory and the parents it made."""
+    if staging is not None:
+        shutil.rmtree(staging, ignore_errors=True)
+    for p in made:
+        try:
+            p.rmdir()
+        except OSError:
+            break

@@ -462,8 +462,9 @@ def test_export_api_takes_a_numpy_eos_id(tmp_path):
                          {"input_ids": pa.array([[5, 6, 2], [7, 2], [8, 9, 4, 2]], pa.list_(pa.int32()))})
     packed = tmp_path / "packed"
     assert packctl("pack", corpus, "-o", packed, "--capacity", "8", "-q").code == 0
-    result = export(packed, tmp_path / "olmo", "olmo", eos_token_id=np.int32(2))
-    assert json.loads((tmp_path / "olmo" / "olmo.json").read_text())["eos_token_id"] == 2
+    result = export(packed, tmp_path / "olmo", "olmo", eos_token_id=np.int32(2), vocab_size=np.int64(16))
+    info = json.loads((tmp_path / "olmo" / "olmo.json").read_text())
+    assert info["eos_token_id"] == 2 and info["vocab_size"] == 16
     assert result["format"] == "olmo"
     with pytest.raises(PackctlError, match="--overwrite 'yes': must be true or false"):
         export(packed, tmp_path / "x", "nemo", overwrite="yes")

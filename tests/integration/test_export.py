@@ -193,7 +193,7 @@ def _olmo_documents(instance: np.ndarray, eos: int) -> list[int]:
 
 def test_olmo_export_round_trips(eos_corpus, tmp_path):
     _, out = pack_to(tmp_path, [eos_corpus], capacity=256, too_long="drop", shard_rows=30)
-    result = export(out, tmp_path / "olmo", "olmo", eos_token_id=EOS)
+    result = export(out, tmp_path / "olmo", "olmo", eos_token_id=EOS, vocab_size=70_000)
     info = json.loads((tmp_path / "olmo" / "olmo.json").read_text())
     assert info["token_dtype"] == "uint32" and info["sequence_length"] == 256
     source = {}
@@ -231,6 +231,9 @@ def test_olmo_export_round_trips(eos_corpus, tmp_path):
             assert next(flat_spans) == (p * 256 + at, p * 256 + at + n)
             at += n
         assert not mask[at:].any()
+        if at < 256:  # the tail padding: a document of its own in the index too, pad ... EOS
+            assert next(flat_spans) == (p * 256 + at, p * 256 + 256)
+            assert (instance[at:-1] == 0).all() and instance[-1] == EOS
     assert next(flat_spans, None) is None
 
 
@@ -242,4 +245,5 @@ def test_olmo_export_round_trips(eos_corpus, tmp_path):
 def test_olmo_export_refuses_what_olmo_would_read_otherwise(eos_corpus, tmp_path, options, fragment):
     _, out = pack_to(tmp_path, [eos_corpus], **options)
     with pytest.raises(PackctlError, match=fragment):
-        export(out, tmp_path / "olmo", "olmo", eos_token_id=EOS)
+        export(out, tmp_path / "olmo", "olmo", eos_token_id=EOS, vocab_size=70_000)
+    assert not (tmp_path / "olmo").exists()
