@@ -27,6 +27,7 @@ from packctl.contract.schema import INT32_MAX
 from packctl.contract.reader import PackedOutput, open_output
 from packctl.contract.schema import CU_SEQLENS_PADDED, INPUT_IDS, LABELS, SEQ_LENS
 from packctl.errors import PackctlError
+from packctl.output.fs import write_failed
 
 FORMATS = ("nemo", "nemo-npy", "olmo")
 
@@ -169,6 +170,9 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
         _undo(staging, made)
         raise RunInterrupted(f"{target}: export interrupted by SIGINT; nothing was written",
                              signal.SIGINT) from None
+    except OSError as exc:  # a full disk, a quota, a read-only place: said in one line, nothing left
+        _undo(staging, made)
+        raise write_failed(target, exc, "nothing was written: free space or choose another -o") from None
     except BaseException:
         _undo(staging, made)
         raise

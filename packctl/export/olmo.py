@@ -128,7 +128,7 @@ def _check(s: _Shard, eos: int, bos: int | None, vocab: int) -> None:
         seq = int(np.argmin(last_is_eos))
         raise PackctlError(f"{s.where(seq)}: does not end with the EOS id {eos}; OLMo-core finds documents by "
                            "their EOS, so every sequence must end with it: tokenize with EOS and pack with "
-                           "--too-long drop (pieces of --too-long split or truncate lose it)")
+                           "--too-long drop (a sequence cut by --too-long loses its EOS)")
     if bos is not None:
         first_is_bos = ids[s.starts] == bos
         if not first_is_bos.all():

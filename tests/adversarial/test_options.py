@@ -629,3 +629,126 @@ def test_under_mpi_a_bad_option_is_printed_once(corpus, tmp_path, config_text, m
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count(mention) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert_nothing_left(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# packctl export --format olmo: what OLMo-core would read otherwise is refused, and nothing is left
+
+def _olmo_packed(tmp_path: Path, rows: list[list[int]], *pack_args: str) -> Path:
+    corpus = write_table(tmp_path / "in" / "a.parquet", {"input_ids": pa.array(rows, pa.list_(pa.int32()))})
+    out = tmp_path / "packed"
+    result = packctl("pack", corpus, "-o", out, "-q", *pack_args)
+    assert result.code == 0, result.stderr
+    return out
+
+
+OLMO = ["--format", "olmo"]
+# EOS 2, BOS 1; capacity 8: packs [1 5 2 | 1 6 6 2 | pad] ...
+EOS_ROWS = [[5, 6, 2], [7, 2], [8, 9, 4, 2], [3, 3, 3, 3, 2]]
+BOS_ROWS = [[1, 5, 2], [1, 6, 6, 2], [1, 7, 7, 7, 7, 2]]
+OLMO_BAD = [
+    # (rows, pack args, export args, mentions)
+    (EOS_ROWS, [], ["--eos-token-id", "2"], ["--format olmo needs --vocab-size", "vocab_size"]),
+    (EOS_ROWS, [], ["--vocab-size", "16"], ["--format olmo needs --eos-token-id"]),
+    (EOS_ROWS, [], ["--eos-token-id", "2", "--vocab-size", "0"], ["--vocab-size 0: must be in [1, "]),
+    (EOS_ROWS, [], ["--eos-token-id", "2", "--vocab-size", "2147483649"], ["--vocab-size 2147483649"]),
+    (EOS_ROWS, [], ["--eos-token-id", "2", "--vocab-size", "8"], ["row 1 (pack 1 of the output), sequence 0",
+                                                                 "token id 8 is not below --vocab-size 8"]),
+    (EOS_ROWS, [], ["--eos-token-id", "20", "--vocab-size", "16"], ["--eos-token-id 20: not below --vocab-size 16"]),
+    (EOS_ROWS, [], ["--eos-token-id", "2", "--bos-token-id", "16", "--vocab-size", "16"], ["--bos-token-id 16"]),
+    (EOS_ROWS, ["--pad-token-id", "2"], ["--eos-token-id", "2", "--vocab-size", "16"],
+     ["packed with --pad-token-id 2, the EOS id", "pack with another --pad-token-id"]),
+    (EOS_ROWS, ["--pad-token-id", "20"], ["--eos-token-id", "2", "--vocab-size", "16"],
+     ["the output's --pad-token-id 20: not below --vocab-size 16"]),
+    # BOS-less data read with a BOS id would join documents: refused, naming the pack
+    (EOS_ROWS, [], ["--eos-token-id", "2", "--bos-token-id", "1", "--vocab-size", "16"],
+     ["row 0 (pack 0 of the output), sequence 0 of the pack: does not start with the BOS id 1"]),
+    (BOS_ROWS, [], ["--eos-token-id", "2", "--bos-token-id", "3", "--vocab-size", "16"],
+     ["sequence 0 of the pack: does not start with the BOS id 3"]),
+    (EOS_ROWS, [], ["--eos-token-id", "3", "--vocab-size", "16"], ["does not end with the EOS id 3",
+                                                                   "--too-long drop"]),
+    (EOS_ROWS + [[6, 2, 6, 2]], [], ["--eos-token-id", "2", "--vocab-size", "16"],
+     ["token 1 is the EOS id 2 inside the sequence"]),
+    ([[1, 5, 2, 1, 6, 2]], [], ["--eos-token-id", "2", "--bos-token-id", "1", "--vocab-size", "16"],
+     ["token 2 is the EOS id 2 followed by the BOS id 1 inside the sequence"]),
+    # a 1-token tail is a document only without the BOS id, and the EOS inside needs it
+    ([[1, 5, 2, 6, 2], [1, 2]], ["--capacity", "8"], ["--eos-token-id", "2", "--bos-token-id", "1", "--vocab-size",
+                                                      "16"],
+     ["row 0 (pack 0 of the output): 1 token of padding", "holds the EOS id 2 before its end",
+      "no pack ends with exactly 1 token of padding"]),
+    (EOS_ROWS, [], ["--eos-token-id", "2", "--vocab-size", "16", "--format", "nemo"], []),
+]
+
+
+@pytest.mark.parametrize("rows, pack_args, args, mentions", OLMO_BAD,
+                         ids=[" ".join(a)[:60] + str(i) for i, (_, _, a, _) in enumerate(OLMO_BAD)])
+def test_olmo_export_refusals_leave_nothing(tmp_path, rows, pack_args, args, mentions):
+    packed = _olmo_packed(tmp_path, rows, *(pack_args or ["--capacity", "8"]))
+    target = tmp_path / "deep" / "er" / "olmo"  # missing parents: removed again
+    result = packctl("export", packed, "-o", target, *OLMO, *args)
+    if "nemo" in args:
+        mentions = ["--vocab-size: applies to --format olmo only"]
+    line = assert_clean_error(result, 2, *mentions)
+    assert "truncate" not in line  # truncated pieces lose their EOS: never advised
+    assert_nothing_left(target)
+    assert not (tmp_path / "deep").exists()
+
+
+def test_olmo_export_of_sequences_without_eos_leaves_no_label_mask(tmp_path):
+    """The issue's case: data without EOS (sample_data) and --too-long truncate."""
+    rows = [[5, 6, 7], [7, 8], [8, 9, 4, 5, 6, 7, 8, 9, 9, 9]]
+    packed = _olmo_packed(tmp_path, rows, "--capacity", "8", "--too-long", "truncate")
+    target = tmp_path / "olmo"
+    line = assert_clean_error(packctl("export", packed, "-o", target, *OLMO, "--eos-token-id", "2", "--vocab-size",
+                                      "16"), 2, "does not end with the EOS id 2", "--too-long drop")
+    assert "truncate or" not in line and "--too-long truncate" not in line
+    assert_nothing_left(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "packed"]
+
+
+def test_olmo_export_with_bos_and_a_one_token_tail_reads_by_eos(tmp_path):
+    """Sequences BOS ... EOS with no EOS inside and a pack ending with 1 token of padding: written,
+    and olmo.json tells readers bos_token_id null (documents by EOS alone)."""
+    packed = _olmo_packed(tmp_path, [[1, 5, 6, 2], [1, 7, 2]], "--capacity", "8")
+    target = tmp_path / "olmo"
+    result = packctl("export", packed, "-o", target, *OLMO, "--eos-token-id", "2", "--bos-token-id", "1",
+                     "--vocab-size", "16", "--json")
+    assert result.code == 0, result.stderr
+    info = json.loads((target / "olmo.json").read_text())
+    assert info["bos_token_id"] == 1 and info["tokenizer"]["bos_token_id"] is None
+    assert info["token_dtype"] == "uint8"  # 16 ids
+    assert np.fromfile(target / "part-00000.npy", np.uint8).tolist() == [1, 5, 6, 2, 1, 7, 2, 2]
+    assert info["documents"] == 3 and info["padding_documents"] == 1
+    assert json.loads(result.stdout)["tokenizer"] == info["tokenizer"]
+
+
+def test_olmo_export_overwrite_replaces_a_previous_export(tmp_path):
+    packed = _olmo_packed(tmp_path, EOS_ROWS, "--capacity", "8")
+    target = tmp_path / "olmo"
+    args = ("export", packed, "-o", target, *OLMO, "--eos-token-id", "2", "--vocab-size", "16")
+    assert packctl(*args).code == 0
+    before = {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()}
+    assert Path("label_mask/part-00000.npy") in before
+    assert_clean_error(packctl(*args), 2, "exists; choose another -o or pass --overwrite")
+    # a refused --overwrite keeps the previous export as it was
+    assert_clean_error(packctl(*args[:-1], "8", "--overwrite"), 2, "not below --vocab-size 8")
+    assert {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()} == before
+    assert packctl(*args, "--overwrite").code == 0
+    assert {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "olmo", "packed"]
+    (target / "label_mask" / "other").mkdir()
+    assert_clean_error(packctl(*args, "--overwrite"), 2, "holds the directory label_mask")
+
+
+def test_olmo_export_vocabulary_sets_the_dtype(tmp_path):
+    packed = _olmo_packed(tmp_path, EOS_ROWS, "--capacity", "8")
+    written = []
+    for vocab, dtype in [(16, "uint8"), (257, "uint16"), (65536, "uint16"), (65537, "uint32")]:
+        target = tmp_path / f"olmo-{vocab}"
+        assert packctl("export", packed, "-o", target, *OLMO, "--eos-token-id", "2", "--vocab-size", str(vocab)).code == 0
+        info = json.loads((target / "olmo.json").read_text())
+        assert info["token_dtype"] == dtype and info["vocab_size"] == vocab
+        tokens = np.fromfile(target / "part-00000.npy", dtype)
+        assert len(tokens) == info["instances"] * 8
+        written.append(tokens.tolist())
+    assert written[0] == written[1] == written[2] == written[3]
