@@ -585,3 +585,33 @@ def test_sigterm_while_a_run_finishes_an_interrupted_commit_stops_it_after(tmp_p
     assert "interrupted by SIGTERM" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert snapshot(out) == reference.snapshot
     assert_complete(out)
+
+
+# ---- signals during an export ------------------------------------------------------------------
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_an_export_leaves_nothing(tmp_path, monkeypatch, signum, code):
+    """SIGINT or SIGTERM after the first file of an olmo export is written: exit 130 / 143, one
+    line, and no -o, no staging directory beside it (a real signal, delivered to this process)."""
+    from support.data import write_table
+    from packctl.export import olmo
+
+    write_table(tmp_path / "in" / "a.parquet", {"input_ids": [[5, 6, 2], [7, 2], [8, 9, 4, 2]] * 8})
+    packed = tmp_path / "packed"
+    assert packctl("pack", tmp_path / "in", "-o", packed, "--capacity", "8", "--shard-rows", "3", "-q").code == 0
+    real, calls = olmo.document_ends, {"n": 0}
+
+    def signalled(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signum)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(olmo, "document_ends", signalled)
+    target = tmp_path / "olmo"
+    assert_clean_error(packctl("export", packed, "-o", target, "--format", "olmo", "--eos-token-id", "2",
+                               "--vocab-size", "16"), code, f"export interrupted by {signal.Signals(signum).name}",
+                       "nothing was written")
+    assert calls["n"] == 2
+    assert_nothing_left(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "packed"]

@@ -330,6 +330,13 @@ SAMPLE_BAD = [
     (["--groups", "rollout", "--group-size", BIG], "--group-size"),
     (["--distribution", "pareto"], "--distribution 'pareto': choose one of zipf, lognormal, rl-longtail"),
     (["--groups", "triples"], "--groups 'triples': choose one of none, preference, rollout"),
+    (["--eos-id", "5"], "--eos-id 5: ids inside sequences are drawn from [1, 32000) (--vocab-size)"),
+    (["--bos-id", "31999"], "--bos-id 31999: ids inside sequences are drawn from [1, 32000)"),
+    (["--eos-id", "-1"], "--eos-id -1: must be in [0, 2,147,483,647]"),
+    (["--bos-id", BIG], "--bos-id"),
+    (["--eos-id", "x"], "Invalid value for '--eos-id'"),
+    (["--eos-id", "32000", "--bos-id", "32001", "--max-length", "1"],
+     "--max-length 1: a row that starts with --bos-id and ends with --eos-id holds 2 tokens or more"),
 ]
 
 

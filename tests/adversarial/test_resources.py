@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +31,7 @@ from support.adversary import (
     packctl,
 )
 
+from support.data import write_table
 from packctl.output.journal import partial_dir
 from packctl.sample import SampleSpec, write_sample
 
@@ -337,3 +339,30 @@ def test_a_tiny_corpus_on_the_spill_path_is_exact(tmp_path):
     assert result.code == 0, result.stderr
     assert json.loads(result.stdout)["metrics"]["throughput"]["spill_files"] > 0
     assert_every_sample_once(out, [source])
+
+
+@pytest.mark.parametrize("fmt", ["olmo", "nemo"])
+def test_export_on_a_full_disk_leaves_nothing(tmp_path, monkeypatch, fmt):
+    """A write that fails part-way (the second file of the export): one line, and neither -o nor
+    its staging directory is left; with --overwrite the previous export stays as it was."""
+    from packctl.export import nemo, olmo
+
+    write_table(tmp_path / "in" / "a.parquet", {"input_ids": [[5, 6, 2], [7, 2], [8, 9, 4, 2]] * 8})
+    packed = tmp_path / "packed"
+    assert packctl("pack", tmp_path / "in", "-o", packed, "--capacity", "8", "--shard-rows", "3", "-q").code == 0
+    args = ["export", packed, "-o", tmp_path / "export", "--format", fmt, "--eos-token-id", "2"]
+    args += ["--vocab-size", "16"] if fmt == "olmo" else []
+    assert packctl(*args).code == 0
+    before = sorted((p.relative_to(tmp_path), p.read_bytes()) for p in (tmp_path / "export").rglob("*") if p.is_file())
+    full = OSError(errno.ENOSPC, "No space left on device")
+    if fmt == "olmo":
+        monkeypatch.setattr(olmo, "gzip", SimpleNamespace(open=_failing_after(olmo.gzip.open, 1, full)))
+    else:
+        monkeypatch.setattr(nemo.pq, "write_table", _failing_after(nemo.pq.write_table, 1, full))
+    for target, extra in ((tmp_path / "new", []), (tmp_path / "export", ["--overwrite"])):
+        args[3] = target
+        assert_clean_error(packctl(*args, *extra), 2, f"{target}: write failed (No space left on device",
+                           "nothing was written")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "in", "packed"]
+    assert sorted((p.relative_to(tmp_path), p.read_bytes()) for p in (tmp_path / "export").rglob("*")
+                  if p.is_file()) == before

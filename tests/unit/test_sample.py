@@ -46,3 +46,39 @@ def test_refuses_existing_directory(tmp_path):
     with pytest.raises(PackctlError, match="--overwrite"):
         write_sample(tmp_path / "c", SampleSpec(sequences=10))
     assert len(write_sample(tmp_path / "c", SampleSpec(sequences=10, shards=2), overwrite=True)) == 2
+
+
+@pytest.mark.parametrize("groups", ["none", "rollout"])
+@pytest.mark.parametrize("eos, bos", [(32000, None), (32000, 32001), (None, 32001), (32000, 32000)])
+def test_eos_and_bos_ids_end_and_start_every_sequence(groups, eos, bos):
+    """--eos-id/--bos-id replace each row's last/first token; nothing else changes (same lengths,
+    same other tokens, labels follow the tokens), and they occur nowhere else."""
+    spec = dict(sequences=300, shards=2, seed=5, groups=groups, max_length=3000)
+    plain = generate(SampleSpec(**spec))
+    marked = generate(SampleSpec(**spec, eos_id=eos, bos_id=bos))
+    for a, b in zip(plain, marked):
+        ids_a, ids_b = (t.column("input_ids").combine_chunks() for t in (a, b))
+        assert np.array_equal(ids_a.offsets.to_numpy(), ids_b.offsets.to_numpy())
+        offsets = ids_b.offsets.to_numpy()
+        va, vb = ids_a.values.to_numpy(), ids_b.values.to_numpy()
+        special = np.zeros(len(vb), dtype=bool)
+        if bos is not None:
+            assert (vb[offsets[:-1]] == bos).all()
+            special[offsets[:-1]] = True
+        if eos is not None:
+            assert (vb[offsets[1:] - 1] == eos).all()
+            special[offsets[1:] - 1] = True
+        assert np.array_equal(va[~special], vb[~special]) and (vb[~special] < 32000).all()
+        labels = b.column("labels").combine_chunks().values.to_numpy()
+        assert ((labels == vb) | (labels == -100)).all()
+        if eos is not None:
+            assert (labels[offsets[1:] - 1] == eos).all()  # the EOS is a target
+        if groups != "none":
+            assert b.column("group_id").equals(a.column("group_id"))
+
+
+def test_default_corpus_is_unchanged_by_the_special_id_options():
+    """Without --eos-id/--bos-id a corpus is the one it was (sample_data and its hashes rely on it)."""
+    a = generate(SampleSpec(sequences=200, seed=2))
+    b = generate(SampleSpec(sequences=200, seed=2, eos_id=None, bos_id=None))
+    assert all(x.equals(y) for x, y in zip(a, b))
