@@ -286,3 +286,28 @@ def test_data_loader_follows_the_dp_plan(tmp_path, dp_size, micro_batches):
                              and batch["doc_lens"][row][batch["doc_lens"][row] > 0].tolist() == packs.doc_lens(p, info))
     assert total == len(packs.tokens) // per_step * per_step
     assert followed == total, f"{followed}/{total} packs where the plan puts them"
+
+
+def test_the_readme_export_runs_as_written(tmp_path, monkeypatch):
+    """The README's sample -> pack -> export commands, run as written; OLMo-core reads the result."""
+    import re
+    import shlex
+
+    from support.adversary import packctl
+    from support.paths import ROOT
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- test: olmo-export -->\s*```bash\n(.*?)```", text, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    commands = [shlex.split(line) for line in block.splitlines() if line.strip()]
+    assert [c[:2] for c in commands] == [["packctl", "sample"], ["packctl", "pack"], ["packctl", "export"]]
+    for command in commands:
+        result = packctl(*command[1:])
+        assert result.code == 0, (command, result.stderr)
+    info = json.loads((tmp_path / "packed-olmo" / "olmo.json").read_text())
+    assert info["sequences"] == 1937 and info["instances"] == 481 and info["bos_token_id"] == 32001
+    dataset = olmo_data.NumpyFSLDatasetConfig(
+        tokenizer=_tokenizer(info), paths=_paths(tmp_path / "packed-olmo", info["files"]),
+        sequence_length=info["sequence_length"], generate_doc_lengths=True, work_dir=str(tmp_path / "w")).build()
+    dataset.prepare()
+    assert sum(len(dataset[i]["doc_lens"]) for i in range(len(dataset))) == info["documents"]
