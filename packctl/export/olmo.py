@@ -24,8 +24,10 @@ sequence becomes a document of its own, never a target: the pad id closed by EOS
     no BOS id:   [pad ... pad EOS]          (1 token or more: a lone EOS)
     BOS id:      [BOS pad ... pad EOS]      (2 tokens or more; with BOS == EOS a lone EOS too)
 
-which costs nothing (the tail was padding already: 2 of its tokens change id). A tail of exactly 1
-token cannot be a document of its own with a BOS id other than the EOS id, and is refused.
+which costs no token (the tail was padding already; 1 or 2 of its tokens change id). With BOS ==
+EOS a tail of 2, [EOS EOS], is two documents of 1 token (olmo.json counts documents as the readers
+find them). A tail of exactly 1 token is a document only without the BOS id (a BOS document needs
+[BOS EOS]): see `reader_bos` for what the export then tells readers, or refuses.
 
     DIR/part-00000.npy               tokens of shard 0's packs, pack after pack
     DIR/part-00000.csv.gz            "start,end" of every document in that file, padding included
