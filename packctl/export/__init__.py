@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import secrets
 import signal
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -152,7 +152,7 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
     try:
         with guard.installed():
             try:
-                staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.packctl-export-", dir=target.parent))
+                staging = _fresh_dir(target, "export")
             except OSError as exc:
                 raise PackctlError(f"{target.parent}: cannot write there ({exc.strerror or exc}); "
                                    "choose another -o") from None
@@ -180,10 +180,21 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
     return result
 
 
+def _fresh_dir(target: Path, kind: str) -> Path:
+    """A new directory `.TARGET.packctl-<kind>-<pid>-<random>` beside `target`, made with the
+    process's umask (it becomes `target`: readable as any directory the user makes)."""
+    path = target.parent / f".{target.name}.packctl-{kind}-{os.getpid()}-{secrets.token_hex(4)}"
+    path.mkdir()
+    return path
+
+
 def _check_replaceable(target: Path) -> None:
     """--overwrite replaces a directory of what an export writes: files, and an olmo export's
     `label_mask/` of files; never a directory holding anything else."""
-    if target.is_symlink() or not target.is_dir():
+    if target.is_symlink():
+        raise PackctlError(f"{target}: a symbolic link; --overwrite replaces a directory an export wrote: choose "
+                           "another -o")
+    if not target.is_dir():
         raise PackctlError(f"{target}: exists and is not a directory")
     for child in target.iterdir():
         if child.is_dir() and not child.is_symlink():
@@ -212,7 +223,7 @@ def _put_in_place(staging: Path, target: Path) -> None:
     """The complete export becomes `target`; a previous one (--overwrite) is removed after."""
     old = None
     if target.exists() or target.is_symlink():
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.packctl-export-old-", dir=target.parent))
+        old = _fresh_dir(target, "export-old")
         os.rename(target, old / "previous")
     try:
         os.rename(staging, target)

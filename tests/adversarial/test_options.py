@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -759,3 +760,17 @@ def test_olmo_export_vocabulary_sets_the_dtype(tmp_path):
         assert len(tokens) == info["instances"] * 8
         written.append(tokens.tolist())
     assert written[0] == written[1] == written[2] == written[3]
+
+
+def test_export_directory_takes_the_umask_and_a_link_is_not_replaced(tmp_path):
+    packed = _olmo_packed(tmp_path, EOS_ROWS, "--capacity", "8")
+    target = tmp_path / "olmo"
+    assert packctl("export", packed, "-o", target, *OLMO, "--eos-token-id", "2", "--vocab-size", "16").code == 0
+    mask = os.umask(0)
+    os.umask(mask)
+    assert target.stat().st_mode & 0o777 == 0o777 & ~mask  # not a private temporary directory's 0700
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    assert_clean_error(packctl("export", packed, "-o", link, *OLMO, "--eos-token-id", "2", "--vocab-size", "16",
+                               "--overwrite"), 2, "a symbolic link; --overwrite replaces a directory")
+    assert (target / "olmo.json").is_file()
