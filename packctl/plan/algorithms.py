@@ -78,7 +78,8 @@ KERNELS: dict[str, Kernel] = {
 
 
 def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per_bin: int | None = None,
-                 seed: int = 0, align: int = 1, pool_size: int = 128, pool_strategy: str = "closest") -> Bins:
+                 seed: int = 0, align: int = 1, pool_size: int = 128, pool_strategy: str = "closest",
+                 tie_width: int = 1) -> Bins:
     """Pack items of the given lengths into bins of `capacity` tokens.
 
     Args:
@@ -90,6 +91,9 @@ def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per
         align: cut granularity of `split` (cuts fall at multiples of `align` inside a sequence);
             unused by the other algorithms, whose items are never cut.
         pool_size, pool_strategy: the pool of `pool` (items waiting, and how the next one is picked).
+        tie_width: ffd and bfd sort lengths by `length // tie_width` (ties by index), so lengths
+            this close count as equal and fall in the given order (under --order shuffle, the
+            epoch's own): each epoch then packs differently at little cost. 1: exact order.
 
     Returns:
         `Bins`, in creation order; pieces inside a bin in the order they were put there.
@@ -146,5 +150,6 @@ def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per
         return empty_bins()
     # A limit that can never be reached keeps the kernels free of None checks.
     max_seqs = max_seqs_per_bin if max_seqs_per_bin is not None else n + 1
-    options = KernelOptions(seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy)
+    options = KernelOptions(seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy,
+                            tie_width=positive_int(tie_width, "tie_width"))
     return kernel.run(lengths, capacity, max_seqs, options)

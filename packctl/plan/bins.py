@@ -61,6 +61,7 @@ class KernelOptions:
     align: int  # >= 1, cut granularity of split
     pool_size: int  # pool: items waiting (checked by the pool runner)
     pool_strategy: str  # pool: "closest" or "first" (checked by the pool runner)
+    tie_width: int = 1  # ffd, bfd: lengths within the same run of this many tokens sort as equal
 
 
 # --- validation -----------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from packctl.plan.bins import Bins, KernelOptions, whole_items_into_bins
 def pack_ffd(lengths: np.ndarray, capacity: int, max_seqs: int, options: KernelOptions) -> Bins:
     """First fit decreasing: longest first (ties: lower index first), each into the lowest-numbered
     bin with room. O(n log B)."""
-    return _first_fit_in_order(lengths, decreasing_order(lengths, capacity), capacity, max_seqs)
+    return _first_fit_in_order(lengths, decreasing_order(lengths, capacity, options.tie_width), capacity, max_seqs)
 
 
 def pack_ffs(lengths: np.ndarray, capacity: int, max_seqs: int, options: KernelOptions) -> Bins:
@@ -37,7 +37,7 @@ def pack_ffs(lengths: np.ndarray, capacity: int, max_seqs: int, options: KernelO
 def pack_bfd(lengths: np.ndarray, capacity: int, max_seqs: int, options: KernelOptions) -> Bins:
     """Best fit decreasing: the same order as ffd, each into the bin with the least room that still
     fits it; among bins with equal room, the one that has had that room the longest. O(n log C)."""
-    order = decreasing_order(lengths, capacity)
+    order = decreasing_order(lengths, capacity, options.tie_width)
     # Gathered once by numpy: inside the kernels, lengths[order[step]] would be a cache miss per
     # step stuck behind the tree walk, which made them about four times slower.
     sizes = lengths[order]
@@ -54,8 +54,12 @@ def _first_fit_in_order(lengths: np.ndarray, order: np.ndarray, capacity: int, m
 
 # --- ordering -------------------------------------------------------------------------------------
 
-def decreasing_order(lengths: np.ndarray, capacity: int) -> np.ndarray:
-    """Indices by length descending, ties by index ascending: [6, 5, 6, 2] -> [0, 2, 1, 3]."""
+def decreasing_order(lengths: np.ndarray, capacity: int, tie_width: int = 1) -> np.ndarray:
+    """Indices by length descending, ties by index ascending: [6, 5, 6, 2] -> [0, 2, 1, 3].
+
+    With `tie_width` w, by `length // w` descending: w = 4 gives [5, 6, 6, 2] -> [0, 1, 2, 3]."""
+    if tie_width > 1:
+        lengths, capacity = lengths // tie_width, capacity // tie_width
     # Lengths are bounded by capacity, so a counting sort is O(n + C) and beats a comparison sort
     # unless the capacity dwarfs the number of items.
     if capacity <= 4 * len(lengths) + 1024:

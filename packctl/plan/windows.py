@@ -111,6 +111,15 @@ class GroupTooBigForStep(ValueError):
                          f"packs, more than the {step_packs} of a step")
 
 
+NEAR_TIE_FRACTION = 32  # --order shuffle: ffd and bfd take lengths within capacity/32 tokens as equal
+
+
+def tie_width(options: WindowOptions) -> int:
+    """The `tie_width` of `pack_lengths` for these options: capacity / NEAR_TIE_FRACTION under
+    --order shuffle (`options.near_ties`), else 1 (the exact decreasing order)."""
+    return max(1, options.capacity // NEAR_TIE_FRACTION) if options.near_ties else 1
+
+
 def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, *, first_window: int = 0,
                  progress=None, new_group: np.ndarray | None = None) -> PackPlan:
     """Pack sequences given in order (`gids[i]` has true length `lengths[i]`), window by window.
@@ -149,7 +158,7 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
         kwargs = dict(capacity=capacity, align=align, algorithm=o.algorithm, too_long=too_long,
                       max_seqs_per_bin=o.max_seqs_per_bin, seed=window_seed(o.seed, first_window + w),
                       pool_size=o.pool_size, pool_strategy=o.pool_strategy, max_tokens=o.max_tokens,
-                      buckets=o.buckets)
+                      buckets=o.buckets, tie_width=tie_width(o))
         if o.step_scope and new_group is not None:
             result, steps = plan_window_steps(gids[lo:hi], lengths[lo:hi], new_group[lo:hi], o.step_packs,
                                               o.step_tokens, **kwargs)
@@ -321,7 +330,7 @@ def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tok
 
 
 def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max_seqs_per_bin, seed, pool_size=128,
-                     pool_strategy="closest", max_tokens=None, buckets=None, new_group=None):
+                     pool_strategy="closest", max_tokens=None, buckets=None, new_group=None, tie_width=1):
     """One window -> (bin_offsets, piece gid, start, len, padded). With `new_group`, the
     algorithm packs whole groups (only groups of one can be over-long: plan_windows checked)."""
     padded = round_up(lengths, align)
@@ -348,10 +357,11 @@ def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max
         size = np.diff(np.append(first, len(gids)))
         group_padded = np.add.reduceat(item_padded, first) if len(first) else item_padded
         bins = expand_items(pack_lengths(group_padded, capacity, algorithm, seed=seed, pool_size=pool_size,
-                                         pool_strategy=pool_strategy), first, size, item_padded)
+                                         pool_strategy=pool_strategy, tie_width=tie_width), first, size, item_padded)
     else:
         bins = pack_lengths(item_padded, capacity, algorithm, max_seqs_per_bin=max_seqs_per_bin,
-                            seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy)
+                            seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy,
+                            tie_width=tie_width)
     members = bins.members
     p_gid = gids[members]
     p_start = start[members] + bins.starts
