@@ -106,7 +106,8 @@ def keep_linked_order(perm: np.ndarray, linked: np.ndarray | None) -> np.ndarray
 
 def _decorrelate(perm: np.ndarray, ranks: np.ndarray, block_sizes: np.ndarray, fixed: np.ndarray | None) -> np.ndarray:
     """Swap items inside blocks until |Spearman(position, rank)| <= RHO_TARGET (or no swap helps);
-    positions `fixed` are left alone.
+    positions `fixed` are left alone. When swaps inside blocks cannot get there (heavy ties: one
+    odd item in a block at the end), swaps across the window may, up to GLOBAL_SWAPS_UPTO items.
 
     Swapping positions i < j changes sum((p - mean) * (r - mean)) by -(j - i) * (r_j - r_i): each
     round takes, over every block, the swap that leaves that sum nearest zero."""
@@ -116,11 +117,22 @@ def _decorrelate(perm: np.ndarray, ranks: np.ndarray, block_sizes: np.ndarray, f
     norm = math.sqrt(float((r * r).sum()) * float((p * p).sum()))
     if norm == 0:
         return perm
-    cov = float((p * r).sum())
-    bounds = np.concatenate([[0], np.cumsum(block_sizes)])
-    pairs = {}
     perm = perm.copy()
-    for _ in range(n):
+    cov = float((p * r).sum())
+    cov = _swap_within(perm, r, cov, norm, np.concatenate([[0], np.cumsum(block_sizes)]), fixed)
+    if abs(cov) > RHO_TARGET * norm and n <= GLOBAL_SWAPS_UPTO:
+        _swap_within(perm, r, cov, norm, np.array([0, n]), fixed)
+    return perm
+
+
+GLOBAL_SWAPS_UPTO = 2000
+
+
+def _swap_within(perm: np.ndarray, r: np.ndarray, cov: float, norm: float, bounds: np.ndarray,
+                 fixed: np.ndarray | None) -> float:
+    """The swaps of `_decorrelate` inside each [bounds[k], bounds[k+1]), in place; returns the sum left."""
+    pairs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for _ in range(len(perm)):
         if abs(cov) <= RHO_TARGET * norm:
             break
         best = (abs(cov), -1, -1, 0.0)
@@ -142,8 +154,10 @@ def _decorrelate(perm: np.ndarray, ranks: np.ndarray, block_sizes: np.ndarray, f
             break
         perm[[a, b]] = perm[[b, a]]
         r[[a, b]] = r[[b, a]]
+        if fixed is not None:
+            fixed[[a, b]] = fixed[[b, a]]
         cov -= change
-    return perm
+    return cov
 
 
 def window_permutation(keys: np.ndarray, pack_order: str, rng: np.random.Generator,
@@ -154,9 +168,9 @@ def window_permutation(keys: np.ndarray, pack_order: str, rng: np.random.Generat
     if pack_order == "planner" or n < 2:
         return np.arange(n, dtype=np.int64)
     if pack_order == "shuffle":
-        return stratified_permutation(keys, rng)
+        return stratified_permutation(keys, rng, linked)
     if pack_order in ("longest", "mean"):
-        return np.argsort(keys, kind="stable").astype(np.int64)
+        return keep_linked_order(np.argsort(keys, kind="stable").astype(np.int64), linked)
     raise ValueError(f"unknown pack order {pack_order!r}")
 
 
