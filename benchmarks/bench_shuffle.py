@@ -7,7 +7,7 @@ own seed), `--order shuffle --too-long split` at capacity 4096, twice:
 
     before   the packs in the order the algorithm opens them, exact decreasing sort
              (`--pack-order planner`, no near ties: what packctl wrote before)
-    after    the defaults: stratified pack order, near ties for ffd and bfd
+    after    the defaults: stratified pack order, near ties for ffd, bfd and mffd where they cost no pack
 
 and prints, per row: packs of epoch 0 and the extra packs of "after" (over all epochs); the worst
 |Spearman(position, longest sequence)| over windows of at least 20 packs, and over the whole
