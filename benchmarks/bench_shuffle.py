@@ -22,7 +22,6 @@ and rl-longtail of 40,000 sequences, zipf of 250,000: more than one --window).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -52,9 +51,8 @@ def default_corpora() -> list[Path]:
 
 def epoch_plans(index, config: PackConfig, epochs: int, before: bool):
     specs = config.specs()
-    if before:
-        specs = dataclasses.replace(specs, windows=dataclasses.replace(specs.windows, near_ties=False))
-    return [plan_corpus(index, specs.for_epoch(epoch_seed(config.seed, e))).plan for e in range(epochs)]
+    return [plan_corpus(index, specs.for_epoch(epoch_seed(config.seed, e), exchanges=e > 0 and not before)).plan
+            for e in range(epochs)]
 
 
 def measure(plans) -> dict:

@@ -447,7 +447,6 @@ class PackConfig:
             too_long=TooLong(self.too_long), window=self.window, max_seqs_per_bin=self.max_seqs_per_bin,
             seed=self.seed, pool_size=self.pool_size, pool_strategy=PoolStrategy(self.pool_strategy),
             max_tokens=self.resolved_max_tokens if batch else None, pack_order=self.resolved_pack_order,
-            near_ties=self.order == Order.SHUFFLE,
             step_packs=self.dp_size * self.micro_batches if step_scope and self.micro_batches is not None else None,
             step_tokens=self.step_tokens if step_scope else None)
         balance = steps = None

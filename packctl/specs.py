@@ -133,9 +133,9 @@ class WindowOptions:
     step_tokens: int | None = None
     # the order of each window's packs once planned (plan/pack_order.py; with --dp-size, of its steps)
     pack_order: str = "planner"
-    # --order shuffle: the decreasing algorithms take lengths within a few tokens as equal, so
-    # their ties fall in the shuffled order and epochs differ pack by pack (plan/fit.py)
-    near_ties: bool = False
+    # epochs 1.. of --epochs: seeded exchanges of sequences between a window's packs at equal cost
+    # (plan/exchange.py), so they differ pack by pack from epoch 0 in as many packs
+    exchanges: bool = False
 
     @property
     def step_scope(self) -> bool:
@@ -236,10 +236,12 @@ class Specs:
     write: WriteSpec
     report: ReportSpec
 
-    def for_epoch(self, seed: int) -> "Specs":
-        """The same specs with `seed` in every stage that draws random numbers."""
-        if seed == self.order.seed:
+    def for_epoch(self, seed: int, exchanges: bool = True) -> "Specs":
+        """The same specs with `seed` in every stage that draws random numbers, and for an epoch
+        after the first (`exchanges`) the windows' packs exchanging sequences (plan/exchange.py)."""
+        if seed == self.order.seed and exchanges == self.windows.exchanges:
             return self
         replace = dataclasses.replace
-        return replace(self, order=replace(self.order, seed=seed), windows=replace(self.windows, seed=seed),
+        return replace(self, order=replace(self.order, seed=seed),
+                       windows=replace(self.windows, seed=seed, exchanges=exchanges),
                        balance=replace(self.balance, seed=seed) if self.balance is not None else None)

@@ -29,7 +29,6 @@ See docs/algorithms.md for drawings, complexities and when to use each one. The 
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -79,8 +78,7 @@ KERNELS: dict[str, Kernel] = {
 
 
 def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per_bin: int | None = None,
-                 seed: int = 0, align: int = 1, pool_size: int = 128, pool_strategy: str = "closest",
-                 tie_width: int = 1) -> Bins:
+                 seed: int = 0, align: int = 1, pool_size: int = 128, pool_strategy: str = "closest") -> Bins:
     """Pack items of the given lengths into bins of `capacity` tokens.
 
     Args:
@@ -92,10 +90,6 @@ def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per
         align: cut granularity of `split` (cuts fall at multiples of `align` inside a sequence);
             unused by the other algorithms, whose items are never cut.
         pool_size, pool_strategy: the pool of `pool` (items waiting, and how the next one is picked).
-        tie_width: ffd, bfd and mffd sort lengths by `length // tie_width`, so lengths this close
-            count as equal and fall in the given order (under --order shuffle, the epoch's own) or
-            a seeded draw's: each epoch then packs differently, and never into more bins than the
-            exact order gives (`_near_ties_at_no_cost`). 1: the exact order.
 
     Returns:
         `Bins`, in creation order; pieces inside a bin in the order they were put there.
@@ -152,35 +146,5 @@ def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per
         return empty_bins()
     # A limit that can never be reached keeps the kernels free of None checks.
     max_seqs = max_seqs_per_bin if max_seqs_per_bin is not None else n + 1
-    options = KernelOptions(seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy,
-                            tie_width=positive_int(tie_width, "tie_width"))
-    if options.tie_width > 1 and algorithm in NEAR_TIE_ALGORITHMS:
-        return _near_ties_at_no_cost(kernel, lengths, capacity, max_seqs, options)
+    options = KernelOptions(seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy)
     return kernel.run(lengths, capacity, max_seqs, options)
-
-
-NEAR_TIE_ALGORITHMS = ("ffd", "bfd", "mffd")  # the algorithms that sort, and so honour tie_width
-TIE_DRAWS = 2  # orders of near ties tried before the exact order (docs/algorithms.md: more were never taken)
-
-
-def _near_ties_at_no_cost(kernel: Kernel, lengths: np.ndarray, capacity: int, max_seqs: int,
-                          options: KernelOptions) -> Bins:
-    """The first of the near-tie orders 0 .. TIE_DRAWS-1 (`fit.near_tie_order`) whose packing needs
-    no more bins than the exact order's; the exact order's packing when none does. So near ties
-    never cost a bin, and only a window where no draw manages falls back to the same packs in
-    every epoch. A packing at the lower bound ceil(sum / capacity) (and n / max_seqs) is taken
-    without planning the exact order: nothing packs tighter.
-
-        draw 0: 101 bins, exact: 100 -> draw 1: 100 bins: taken
-    """
-    lower = max(-(-int(lengths.sum()) // capacity), -(-len(lengths) // max_seqs))
-    exact = None
-    for draw in range(TIE_DRAWS):
-        bins = kernel.run(lengths, capacity, max_seqs, dataclasses.replace(options, tie_draw=draw))
-        if bins.num_bins <= lower:
-            return bins
-        if exact is None:
-            exact = kernel.run(lengths, capacity, max_seqs, dataclasses.replace(options, tie_width=1))
-        if bins.num_bins <= exact.num_bins:
-            return bins
-    return exact

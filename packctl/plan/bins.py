@@ -61,8 +61,6 @@ class KernelOptions:
     align: int  # >= 1, cut granularity of split
     pool_size: int  # pool: items waiting (checked by the pool runner)
     pool_strategy: str  # pool: "closest" or "first" (checked by the pool runner)
-    tie_width: int = 1  # ffd, bfd, mffd: lengths within the same run of this many tokens sort as equal
-    tie_draw: int = 0  # which order near ties fall in: 0 the items' own order, d >= 1 a seeded draw (fit.near_tie_order)
 
 
 # --- validation -----------------------------------------------------------------------------------

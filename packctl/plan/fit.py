@@ -25,7 +25,7 @@ from packctl.plan.bins import Bins, KernelOptions, whole_items_into_bins
 def pack_ffd(lengths: np.ndarray, capacity: int, max_seqs: int, options: KernelOptions) -> Bins:
     """First fit decreasing: longest first (ties: lower index first), each into the lowest-numbered
     bin with room. O(n log B)."""
-    return _first_fit_in_order(lengths, near_tie_order(lengths, capacity, options), capacity, max_seqs)
+    return _first_fit_in_order(lengths, decreasing_order(lengths, capacity), capacity, max_seqs)
 
 
 def pack_ffs(lengths: np.ndarray, capacity: int, max_seqs: int, options: KernelOptions) -> Bins:
@@ -37,7 +37,7 @@ def pack_ffs(lengths: np.ndarray, capacity: int, max_seqs: int, options: KernelO
 def pack_bfd(lengths: np.ndarray, capacity: int, max_seqs: int, options: KernelOptions) -> Bins:
     """Best fit decreasing: the same order as ffd, each into the bin with the least room that still
     fits it; among bins with equal room, the one that has had that room the longest. O(n log C)."""
-    order = near_tie_order(lengths, capacity, options)
+    order = decreasing_order(lengths, capacity)
     # Gathered once by numpy: inside the kernels, lengths[order[step]] would be a cache miss per
     # step stuck behind the tree walk, which made them about four times slower.
     sizes = lengths[order]
@@ -54,33 +54,13 @@ def _first_fit_in_order(lengths: np.ndarray, order: np.ndarray, capacity: int, m
 
 # --- ordering -------------------------------------------------------------------------------------
 
-def decreasing_order(lengths: np.ndarray, capacity: int, tie_width: int = 1) -> np.ndarray:
-    """Indices by length descending, ties by index ascending: [6, 5, 6, 2] -> [0, 2, 1, 3].
-
-    With `tie_width` w, by `length // w` descending: w = 4 gives [5, 6, 6, 2] -> [0, 1, 2, 3]."""
-    if tie_width > 1:
-        lengths, capacity = lengths // tie_width, capacity // tie_width
+def decreasing_order(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    """Indices by length descending, ties by index ascending: [6, 5, 6, 2] -> [0, 2, 1, 3]."""
     # Lengths are bounded by capacity, so a counting sort is O(n + C) and beats a comparison sort
     # unless the capacity dwarfs the number of items.
     if capacity <= 4 * len(lengths) + 1024:
         return _counting_sort_descending(lengths, capacity)
     return np.argsort(-lengths, kind="stable").astype(np.int64)
-
-
-TIE_DRAW_WORD = 0x7153  # keeps the near-tie draws apart from every other draw seeded by the window
-
-
-def near_tie_order(lengths: np.ndarray, capacity: int, options: KernelOptions) -> np.ndarray:
-    """The decreasing order of ffd, bfd and mffd: exact (`tie_width` 1), or by `length // tie_width`
-    with near ties in the items' own order (`tie_draw` 0) or in the order of a permutation drawn
-    from (options.seed, tie_draw) (`tie_draw` d >= 1; `pack_lengths` tries draws 0, 1, ...).
-
-        lengths [5, 6, 6, 2], tie_width 4: draw 0 -> [0, 1, 2, 3]; a draw may give [2, 0, 1, 3]
-    """
-    if options.tie_width <= 1 or options.tie_draw == 0:
-        return decreasing_order(lengths, capacity, options.tie_width)
-    shuffled = np.random.default_rng([options.seed, options.tie_draw, TIE_DRAW_WORD]).permutation(len(lengths))
-    return shuffled[decreasing_order(lengths[shuffled], capacity, options.tie_width)]
 
 
 @njit(cache=True)

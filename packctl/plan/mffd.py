@@ -20,22 +20,14 @@ import numpy as np
 
 from packctl.jit import njit
 from packctl.plan.bins import Bins, KernelOptions, whole_items_into_bins
-from packctl.plan.fit import decreasing_order, first_fit_bin_bound, first_fit_kernel, near_tie_order
+from packctl.plan.fit import decreasing_order, first_fit_bin_bound, first_fit_kernel
 
 
 def pack_mffd(lengths: np.ndarray, capacity: int, max_seqs: int, options: KernelOptions) -> Bins:
     """Modified first fit decreasing (see `_mffd_kernel` for the phases). O(n log n)."""
     order = decreasing_order(lengths, capacity)
-    if options.tie_width > 1:
-        # Near ties where the phases allow them: the large items (bins in that order take their
-        # partners) and phase 5's first fit; phases 2 to 4 search sizes sorted exactly.
-        end_large = int(np.count_nonzero(2 * lengths > capacity))
-        order[:end_large] = _near_ties(order[:end_large], lengths, capacity, options)
     sizes = lengths[order]  # gathered once by numpy, as in fit.pack_bfd
     step_item, bin_of_step, steps, num_bins, leftover_sizes = _mffd_kernel(sizes, order, capacity, max_seqs)
-    if options.tie_width > 1 and leftover_sizes.size > 0:
-        step_item[steps:] = _near_ties(step_item[steps:], lengths, capacity, options)
-        leftover_sizes = lengths[step_item[steps:]]
     if leftover_sizes.size > 0:
         # Phase 5: first fit decreasing for what is left, in new bins after the large ones.
         ffd_bins, ffd_count = first_fit_kernel(leftover_sizes, capacity, max_seqs,
@@ -88,12 +80,6 @@ def _place(position, b, sizes, order, room, count, next_alive, previous_alive, s
     step_item[steps] = order[position]
     bin_of_step[steps] = b
     return steps + 1
-
-
-def _near_ties(items: np.ndarray, lengths: np.ndarray, capacity: int, options: KernelOptions) -> np.ndarray:
-    """`items` (indices into lengths) in fit.near_tie_order: near ties in index order or a draw's."""
-    items = np.sort(items)
-    return items[near_tie_order(lengths[items], capacity, options)]
 
 
 @njit(cache=True)

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from packctl.plan.algorithms import pack_lengths
 from packctl.plan.balance import balance_plan
 from packctl.plan.order import epoch_seed, order_sequences
 from packctl.plan.pack_order import (TINY_WINDOW, average_ranks, keep_linked_order, pack_keys, reorder_packs, spearman,
@@ -59,8 +58,7 @@ def test_shuffled_packs_of_every_algorithm_and_window(algorithm, window):
     capacity = 4096
     lengths = _lengths(5000, 1, capacity)
     gids = order_sequences(lengths, "shuffle", seed=3)
-    options = WindowOptions(capacity=capacity, align=1, algorithm=algorithm, too_long="split", window=window,
-                            near_ties=True)
+    options = WindowOptions(capacity=capacity, align=1, algorithm=algorithm, too_long="split", window=window)
     planner = plan_windows(gids, lengths[gids], options)
     plan = reorder_packs(planner, "shuffle", seed=3)
     assert np.array_equal(plan.window_bins, planner.window_bins)
@@ -104,64 +102,6 @@ def test_longest_order_is_ascending_but_for_split_sequences():
         assert np.all(np.diff(keys[free]) >= 0)
 
 
-@settings(max_examples=120, deadline=None)
-@given(lengths=st.lists(st.integers(1, 4096), min_size=1, max_size=400), seed=st.integers(0, 2**32),
-       algorithm=st.sampled_from(["ffd", "bfd", "mffd"]), tie_width=st.sampled_from([2, 16, 128]),
-       max_seqs=st.sampled_from([None, 3]))
-def test_near_ties_never_cost_a_pack(lengths, seed, algorithm, tie_width, max_seqs):
-    """Whatever the lengths: the near-tie packing is a valid packing of every item once, in no more
-    bins than the exact order's (the draws fall back to it)."""
-    lengths = np.asarray(lengths, np.int64)
-    exact = pack_lengths(lengths, 4096, algorithm, max_seqs_per_bin=max_seqs, seed=seed)
-    near = pack_lengths(lengths, 4096, algorithm, max_seqs_per_bin=max_seqs, seed=seed, tie_width=tie_width)
-    assert near.num_bins <= exact.num_bins
-    assert sorted(near.members.tolist()) == list(range(len(lengths)))
-    assert (near.loads() <= 4096).all()
-    if max_seqs is not None:
-        assert (np.diff(near.offsets) <= max_seqs).all()
-
-
-@pytest.mark.parametrize("algorithm", ["ffd", "bfd", "mffd"])
-def test_every_window_of_every_epoch_has_no_more_packs_than_the_exact_order(algorithm):
-    capacity = 4096
-    lengths = _lengths(6000, 4, capacity)
-    for e in range(3):
-        seed = epoch_seed(0, e)
-        gids = order_sequences(lengths, "shuffle", seed=seed)
-        plans = [plan_windows(gids, lengths[gids], WindowOptions(capacity=capacity, align=1, algorithm=algorithm,
-                                                                 too_long="split", window=1500, near_ties=near,
-                                                                 seed=seed))
-                 for near in (False, True)]
-        exact, near = (np.diff(p.window_bins) for p in plans)
-        assert len(exact) == 4 and (near <= exact).all()
-
-
-def test_a_draw_is_taken_only_when_it_costs_nothing(monkeypatch):
-    """The guard itself: a draw that needs a bin more than the exact order is refused, one that does
-    not is taken; so an algorithm that could always pack tighter with near ties would use them."""
-    from packctl.plan import algorithms
-
-    lengths = np.minimum(_lengths(800, 6, 4096), 4096)
-    exact = pack_lengths(lengths, 4096, "bfd")
-    calls = []
-    real = algorithms.KERNELS["bfd"].run
-
-    def counted(lengths, capacity, max_seqs, options):
-        calls.append((options.tie_width, options.tie_draw))
-        return real(lengths, capacity, max_seqs, options)
-
-    monkeypatch.setitem(algorithms.KERNELS, "bfd", algorithms.Kernel(counted))
-    got = pack_lengths(lengths, 4096, "bfd", tie_width=128, seed=1)
-    assert got.num_bins <= exact.num_bins
-    if got.num_bins == exact.num_bins and calls[-1][0] == 1:  # fell back: every draw was tried first
-        assert [c for c in calls if c[0] > 1] == [(128, d) for d in range(algorithms.TIE_DRAWS)]
-        assert np.array_equal(got.members, exact.members)
-    # a capacity with room to spare: the first draw reaches the lower bound and is taken at once
-    calls.clear()
-    loose = pack_lengths(np.full(64, 1000), 4096, "bfd", tie_width=128, seed=1)
-    assert loose.num_bins == 16 and calls == [(128, 0)]
-
-
 @pytest.mark.parametrize("algorithm", ["ffs", "concat", "pool"])
 def test_epochs_of_the_order_following_algorithms_differ_pack_by_pack(algorithm):
     """One window holds the whole corpus; these algorithms follow the epoch's shuffled order, so at
@@ -173,7 +113,7 @@ def test_epochs_of_the_order_following_algorithms_differ_pack_by_pack(algorithm)
         seed = epoch_seed(0, e)
         gids = order_sequences(lengths, "shuffle", seed=seed)
         plan = plan_windows(gids, lengths[gids], WindowOptions(capacity=capacity, align=1, algorithm=algorithm,
-                                                               too_long="split", window=100_000, near_ties=True,
+                                                               too_long="split", window=100_000,
                                                                seed=seed))
         return {tuple(sorted(plan.piece_gid[a:b].tolist())) for a, b in zip(plan.bin_offsets[:-1],
                                                                              plan.bin_offsets[1:]) if b - a > 1}, plan
@@ -189,7 +129,7 @@ def test_steps_are_ordered_whole_under_dp_size():
     lengths = np.minimum(_lengths(4000, 5, capacity), capacity)  # no split: its steps keep their order
     gids = order_sequences(lengths, "shuffle", seed=1)
     plan = plan_windows(gids, lengths[gids], WindowOptions(capacity=capacity, align=1, algorithm="bfd",
-                                                          too_long="split", window=100_000, near_ties=True))
+                                                          too_long="split", window=100_000))
     results = {}
     for order in ("planner", "shuffle", "longest"):
         spec = BalanceSpec(dp_size=4, micro_batches=2, capacity=capacity, seed=1, step_order=order)
