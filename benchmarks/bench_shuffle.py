@@ -1,4 +1,4 @@
-"""Pack order and epochs under --order shuffle, before and after stratified pack order and near ties.
+"""Pack order and epochs under --order shuffle, before and after stratified pack order and exchanges.
 
     python benchmarks/bench_shuffle.py [--corpus DIR ...] [--algorithms bfd ffd ...] [--epochs 3]
 
@@ -6,8 +6,8 @@ For every corpus and algorithm it plans, exactly as `pack` does (`plan_corpus`, 
 own seed), `--order shuffle --too-long split` at capacity 4096, twice:
 
     before   the packs in the order the algorithm opens them, exact decreasing sort
-             (`--pack-order planner`, no near ties: what packctl wrote before)
-    after    the defaults: stratified pack order, near ties for ffd, bfd and mffd where they cost no pack
+             (`--pack-order planner`, no exchanges: what packctl wrote before)
+    after    the defaults: stratified pack order, epochs 1.. exchanging sequences at equal cost
 
 and prints, per row: packs of epoch 0 and the extra packs of "after" (over all epochs); the worst
 |Spearman(position, longest sequence)| over windows of at least 20 packs, and over the whole
