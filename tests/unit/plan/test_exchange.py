@@ -32,8 +32,8 @@ def test_exchanges_keep_every_rule_of_the_plan(lengths, seed, algorithm, align, 
     new_group = None
     if groups and algorithm not in ("split",):
         new_group = np.random.default_rng(seed + 1).random(len(lengths)) < 0.6
-        new_group[0] = True
-        lengths = np.minimum(lengths, 4096 // 4)  # every group fits a pack
+        new_group[::3] = True  # groups of at most 3 sequences of at most 1,024 tokens: every group fits a pack
+        lengths = np.minimum(lengths, 4096 // 4)
         max_seqs = None
     capacity = 4096
     kw = dict(capacity=capacity, align=align, algorithm=algorithm, too_long=too_long, window=window,
