@@ -21,7 +21,7 @@ from packctl.contract.schema import INT32_MAX, RESERVED_COLUMNS
 from packctl.errors import PackctlError
 from packctl.plan.names import ALGORITHMS
 from packctl.specs import (BalanceScope, BalanceSpec, BatchUnit, Cost, CurriculumOrder, GroupScope, GroupSpec,
-                           LengthSpec, LrScaling, Mode, Order, OrderSpec, PadTo, PoolStrategy, ReportSpec,
+                           LengthSpec, LrScaling, Mode, Order, OrderSpec, PackOrder, PadTo, PoolStrategy, ReportSpec,
                            ScanSpec, Specs, StepGrouping, StepSpec, TokenTransfer, TooLong, WindowOptions,
                            WriteSpec)
 
@@ -119,6 +119,10 @@ class PackConfig:
     order: str = option("input", planning=True, choices=Order.values(),
                         help="Sequence order: as read, seeded shuffle, or by padded length (ties by global id).")
     curriculum_order: str = option("asc", planning=True, choices=CurriculumOrder.values(), help="Direction of --order curriculum.")
+    pack_order: str = option("auto", planning=True, choices=PackOrder.values(),
+                             help="Order of each window's packs (with --dp-size, steps): auto (shuffle with --order "
+                                  "shuffle, else planner), planner (as the algorithm opens them), shuffle (stratified, "
+                                  "seeded), longest or mean (ascending by the longest or mean sequence).")
     seed: int = option(0, planning=True, help="Seed of --order shuffle, of --algorithm ffs and of step grouping.")
     epochs: int = option(1, help="Epochs to write, each a full pass in its own shuffled order and packing, one "
                                  "output each (OUT/epoch-00000, ...; docs/training.md); needs --order shuffle.")
@@ -424,6 +428,13 @@ class PackConfig:
         if self.ref_batch_size is not None and not 0 < self.ref_batch_size < float("inf"):
             raise PackctlError(f"--ref-batch-size {self.ref_batch_size!r}: must be a number > 0")
 
+    @property
+    def resolved_pack_order(self) -> str:
+        """--pack-order with `auto` resolved: shuffle under --order shuffle, else planner."""
+        if self.pack_order == PackOrder.AUTO:
+            return "shuffle" if self.order == Order.SHUFFLE else "planner"
+        return self.pack_order
+
     def specs(self, labels_column: str | None = None) -> Specs:
         """The frozen spec of every stage (packctl/specs.py), built once per run from the options,
         which must be valid (`validate`). `labels_column`: the one scan resolved (the option may be
@@ -435,7 +446,7 @@ class PackConfig:
             capacity=plan_capacity, align=align, algorithm="batch" if batch else self.algorithm,
             too_long=TooLong(self.too_long), window=self.window, max_seqs_per_bin=self.max_seqs_per_bin,
             seed=self.seed, pool_size=self.pool_size, pool_strategy=PoolStrategy(self.pool_strategy),
-            max_tokens=self.resolved_max_tokens if batch else None,
+            max_tokens=self.resolved_max_tokens if batch else None, pack_order=self.resolved_pack_order,
             step_packs=self.dp_size * self.micro_batches if step_scope and self.micro_batches is not None else None,
             step_tokens=self.step_tokens if step_scope else None)
         balance = steps = None
@@ -446,7 +457,7 @@ class PackConfig:
                 # a micro-batch's shape is its own: in batch mode sequences never move between them
                 scope=BalanceScope.PACKS if batch else BalanceScope(self.balance_scope), padded_cost=batch,
                 equal_counts=self.equal_counts, capacity=plan_capacity, max_seqs_per_bin=self.max_seqs_per_bin,
-                grouping=StepGrouping(self.step_grouping), seed=self.seed)
+                grouping=StepGrouping(self.step_grouping), seed=self.seed, step_order=self.resolved_pack_order)
             steps = StepSpec(lr_scaling=LrScaling(self.lr_scaling), ref_batch_size=self.ref_batch_size,
                              batch_unit=BatchUnit(self.batch_unit), warmup_shapes=self.warmup_shapes,
                              pin_groups=self.group_column is not None and self.group_scope == GroupScope.PACK)
@@ -495,6 +506,9 @@ class PackConfig:
         out["memory_budget"] = self.resolved_memory_budget
         if self.epochs == 1:  # one epoch is the output packctl wrote before --epochs: the same bytes
             del out["epochs"]
+        out["pack_order"] = self.resolved_pack_order
+        if out["pack_order"] == "planner":  # the order every output had before --pack-order: the same bytes
+            del out["pack_order"]
         if self.group_scope == "pack":  # the scope every output had before --group-scope: the same bytes
             del out["group_scope"]
         return out

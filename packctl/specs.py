@@ -54,6 +54,7 @@ def _choice(name: str, *values: str) -> type[Choice]:
 
 Order = _choice("Order", "input", "shuffle", "curriculum")
 CurriculumOrder = _choice("CurriculumOrder", "asc", "desc")
+PackOrder = _choice("PackOrder", "auto", "planner", "shuffle", "longest", "mean")
 TooLong = _choice("TooLong", "error", "drop", "truncate", "split")
 Mode = _choice("Mode", "pack", "batch")
 PadTo = _choice("PadTo", "capacity", "multiple")
@@ -130,6 +131,11 @@ class WindowOptions:
     # hold `step_tokens` padded tokens; groups are then kept whole within a step, not a pack
     step_packs: int | None = None
     step_tokens: int | None = None
+    # the order of each window's packs once planned (plan/pack_order.py; with --dp-size, of its steps)
+    pack_order: str = "planner"
+    # epochs 1.. of --epochs: seeded exchanges of sequences between a window's packs at equal cost
+    # (plan/exchange.py), so they differ pack by pack from epoch 0 in as many packs
+    exchanges: bool = False
 
     @property
     def step_scope(self) -> bool:
@@ -152,7 +158,10 @@ class BalanceSpec:
     max_iterations: int | None = None  # local-search moves per step (None: 16 x dp_size)
     grouping: str = "cost"  # how a window's packs are cut into steps: "cost" or "order"
     padded_cost: bool = False  # costs of the aligned lengths (batch mode: every row's padded length)
-    seed: int = 0  # order of the steps inside a window, with grouping "cost"
+    seed: int = 0  # order of the steps inside a window
+    # "planner": with grouping "cost" a seeded random order, the short last step last; with
+    # "order" the planner's; else a window's steps in that --pack-order (plan/pack_order.py)
+    step_order: str = "planner"
 
 
 @dataclass(frozen=True)
@@ -227,10 +236,12 @@ class Specs:
     write: WriteSpec
     report: ReportSpec
 
-    def for_epoch(self, seed: int) -> "Specs":
-        """The same specs with `seed` in every stage that draws random numbers."""
-        if seed == self.order.seed:
+    def for_epoch(self, seed: int, exchanges: bool = True) -> "Specs":
+        """The same specs with `seed` in every stage that draws random numbers, and for an epoch
+        after the first (`exchanges`) the windows' packs exchanging sequences (plan/exchange.py)."""
+        if seed == self.order.seed and exchanges == self.windows.exchanges:
             return self
         replace = dataclasses.replace
-        return replace(self, order=replace(self.order, seed=seed), windows=replace(self.windows, seed=seed),
+        return replace(self, order=replace(self.order, seed=seed),
+                       windows=replace(self.windows, seed=seed, exchanges=exchanges),
                        balance=replace(self.balance, seed=seed) if self.balance is not None else None)

@@ -301,6 +301,39 @@ def _gain_line(pb: dict[str, Any]) -> str:
             f"vs {pb['packed_tokens']:,} packed)")
 
 
+def _order_line(q: dict[str, Any] | None) -> str:
+    """Spearman(position, longest sequence): overall and the worst window (docs/stats.md)."""
+    if not q:
+        return "n/a"
+    line = f"Spearman(position, longest sequence) {q['spearman_overall']:+.3f} overall"
+    if not q["windows_recorded"]:
+        return line + " (windows not recorded)"
+    sized = q["windows"] - q["tiny_windows"]
+    if q["worst_abs_spearman"] is not None:
+        line += (f"; worst window |rho| {q['worst_abs_spearman']:.3f} (window {q['worst_window']}), "
+                 f"{q['windows_over_bound']} of {sized} window(s) over {q['bound']:g}")
+    if q["tiny_windows"]:
+        line += f"; {q['tiny_windows']} window(s) under {q['tiny_window_packs']} packs"
+    return line
+
+
+def epochs_renderables(r: dict[str, Any]) -> list:
+    """The OUT of `pack --epochs K`: one row per epoch, then how much each epoch repeats epoch 0."""
+    table = Table(title=f"packctl stats {r['path']}: {len(r['epochs'])} epochs", title_justify="left")
+    for column in ("epoch", "packs", "utilization", "Spearman overall", "worst window |rho|",
+                   "same packs as epoch 0", "of 2+ sequences", "packs of 1 sequence"):
+        table.add_column(column, justify="left" if column == "epoch" else "right")
+    for report, o in zip(r["epochs"], r["overlap"]):
+        q = report.get("pack_order") or {}
+        worst = q.get("worst_abs_spearman")
+        table.add_row(str(o["epoch"]), f"{o['packs']:,}", _pct(report["utilization"]),
+                      f"{q.get('spearman_overall', 0.0):+.3f}", "n/a" if worst is None else f"{worst:.3f}",
+                      "-" if o["epoch"] == 0 else _pct(o["same_as_epoch_0"]),
+                      "-" if o["epoch"] == 0 else _pct(o["same_as_epoch_0_two_or_more"]),
+                      _pct(o["packs_of_one_sequence"]))
+    return [table]
+
+
 def packed_overview_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) rows of a packed output's overview, shared by the single and side-by-side views."""
     c, lay, spp = r["counts"], r["layout"], r["sequences_per_pack"]
@@ -320,6 +353,7 @@ def packed_overview_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         ("dropped / truncated / split", f"{c['sequences_dropped']:,} / {c['sequences_truncated']:,} / "
                                         f"{c['sequences_split']:,}  (of {c['sequences_in']:,} in)"),
         ("vs padded batching", _gain_line(r["padded_batching"])),
+        ("pack order", _order_line(r.get("pack_order"))),
     ]
     bt = r.get("batching")
     if bt:
@@ -471,6 +505,8 @@ def stats_renderables(report: dict[str, Any]) -> list:
         return packed_renderables(report)
     if kind == "compare":
         return compare_renderables(report)
+    if kind == "epochs":
+        return epochs_renderables(report)
     return input_renderables(report)
 
 

@@ -48,6 +48,7 @@ class Units:
     first_of_shard: np.ndarray
     tokens: np.ndarray
     epoch: np.ndarray | None = None  # epoch of each unit (--epochs > 1)
+    opens_window: np.ndarray | None = None  # whether a unit's first pack is the first of a window
 
 
 def units_of(window_bins: np.ndarray, pack_lens: np.ndarray, shard_rows: int,
@@ -65,7 +66,8 @@ def units_of(window_bins: np.ndarray, pack_lens: np.ndarray, shard_rows: int,
     sums = np.concatenate([[0], np.cumsum(pack_lens, dtype=np.int64)])
     return Units(bounds=bounds, first_of_shard=np.concatenate(first) if first else np.zeros(0, bool),
                  tokens=sums[bounds[1:]] - sums[bounds[:-1]],
-                 epoch=np.asarray(pack_epoch, np.int64)[bounds[:-1]] if pack_epoch is not None else None)
+                 epoch=np.asarray(pack_epoch, np.int64)[bounds[:-1]] if pack_epoch is not None else None,
+                 opens_window=np.isin(bounds[:-1], window_bins[:-1]))
 
 
 def writer_cuts(unit_tokens: np.ndarray, writers: int) -> np.ndarray:
@@ -95,6 +97,9 @@ class Assignment:
     shard_units: np.ndarray  # units of each shard
     cuts: np.ndarray  # first unit of each writer (+ end)
     shard_epoch: np.ndarray | None = None  # epoch of each shard (--epochs > 1)
+    # whether each shard opens a planning window (shards never straddle windows): the manifest's
+    # `window_starts`, from which `packctl stats` measures order quality window by window
+    shard_opens_window: np.ndarray | None = None
 
     @property
     def pack_cuts(self) -> np.ndarray:
@@ -117,9 +122,12 @@ def assign(per_rank_units: list[Units], writers: int) -> Assignment:
     shard_epoch = None
     if per_rank_units and per_rank_units[0].epoch is not None:
         shard_epoch = np.concatenate([u.epoch for u in per_rank_units])[first_unit].astype(np.int64)
+    opens_window = None
+    if per_rank_units and all(u.opens_window is not None for u in per_rank_units):
+        opens_window = np.concatenate([u.opens_window for u in per_rank_units])[first_unit].astype(bool)
     return Assignment(unit_packs=packs.astype(np.int64), unit_tokens=tokens, unit_shard=shard.astype(np.int64),
                       unit_part=np.arange(len(shard)) - first_unit[shard], shard_units=shard_units,
-                      cuts=writer_cuts(tokens, writers), shard_epoch=shard_epoch)
+                      cuts=writer_cuts(tokens, writers), shard_epoch=shard_epoch, shard_opens_window=opens_window)
 
 
 def shard_path(shard: int, shard_epoch: np.ndarray | None) -> str:

@@ -4,7 +4,8 @@ data-parallel ranks and each pack's written length.
 Used by `pack` and by the what-if of `packctl stats` (`plan_corpus`), through the same functions, so
 the what-if shows exactly the packs `pack` writes:
 
-    plan_stage             plan_windows -> batch shapes -> balance -> final_pack_lengths
+    plan_stage             plan_windows -> batch shapes -> pack order (or balance, which orders
+                           whole steps) -> final_pack_lengths
     final_pack_lengths     each pack's written length: --pad-to, --pack-multiple, --shape-buckets
                            (batch mode: rows x padded length)
 """
@@ -22,6 +23,7 @@ from packctl.mpi.comm import Comm, SingleComm
 from packctl.pipeline.order import Ordered, check_groups_fit_everywhere, order_corpus, too_long_message
 from packctl.plan.align import pack_lengths_padded
 from packctl.plan.balance import BalancedPlan, balance_plan, lr_scales
+from packctl.plan.pack_order import reorder_packs
 from packctl.plan.groups import group_sizes
 from packctl.plan.shapes import (batch_shapes, buckets_from_histogram, length_histogram, planned_item_lengths,
                                  with_row_length)
@@ -72,6 +74,8 @@ def plan_stage(comm: Comm, ordered: Ordered, specs: Specs,
                         first_window=ordered.first_window, progress=progress, new_group=ordered.new_group)
     if batch:
         plan = with_row_length(plan, batch_shapes(plan, lengths.max_tokens, item_buckets)[0])
+    if specs.balance is None:  # with --dp-size the balancer orders whole steps instead
+        plan = reorder_packs(plan, windows.pack_order, windows.seed, ordered.first_window)
     balanced = (balance(comm, plan, specs.balance, specs.steps, lengths, ordered.first_window, item_buckets,
                         ordered.group_starts) if specs.balance is not None else None)
     if balanced is not None:

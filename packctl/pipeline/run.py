@@ -168,13 +168,15 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     if specs.order.epochs == 1:
         metrics, shards, manifest = _report(config, specs, index, [s[0] for s in shares], ranks, corpus, whole_run,
                                             timings,
-                                            early_metrics.result() if early_metrics is not None else None)
+                                            early_metrics.result() if early_metrics is not None else None,
+                                            opens_window=job.assignment.shard_opens_window)
         reports, manifests = [(METRICS, metrics)], [(MANIFEST, manifest)]
     else:  # each epoch is an output of its own; OUT/_metrics.json is of them all, _epochs.json lists them
         reports, manifests, shards = [], [], []
         for e in range(specs.order.epochs):
             epoch_metrics, epoch_shards, manifest = _report(config, specs, index, [s[e] for s in shares], [], corpus,
-                                                            whole_run, timings, None, epoch=e)
+                                                            whole_run, timings, None, epoch=e,
+                                                            opens_window=job.assignment.shard_opens_window)
             reports.append((f"{epoch_dir(e)}/{METRICS}", epoch_metrics))
             manifests.append((f"{epoch_dir(e)}/{MANIFEST}", manifest))
             shards += epoch_shards
@@ -209,16 +211,20 @@ def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, specs: Specs, epoc
 def _report(config: PackConfig, specs: Specs, index: SequenceIndex, shares: list[RankShare], ranks: list[dict],
             corpus: Corpus,
             whole_run: dict, timings: dict[str, float], plan_figures: dict | None,
-            epoch: int | None = None) -> tuple[dict, list[ShardEntry], dict]:
+            epoch: int | None = None, opens_window: np.ndarray | None = None) -> tuple[dict, list[ShardEntry], dict]:
     """Rank 0: the metrics, shards and manifest of one output: all of OUT, or the folder of one
-    epoch (its manifest lists the shards relative to the folder, its `epoch` says which)."""
+    epoch (its manifest lists the shards relative to the folder, its `epoch` says which).
+    `opens_window`: whether each global shard opens a planning window (the manifest's `window_starts`)."""
     metrics, _ = assemble_metrics(specs.report, shares, ranks, corpus, plan_figures=plan_figures,
                                   group_starts=index.group_starts)
     metrics["throughput"] = whole_run
     metrics["timings"] = timings
-    shards = [info for _, info in sorted((n, i) for s in shares for n, i in s.shards.items())]
+    numbered = sorted((n, i) for s in shares for n, i in s.shards.items())
+    shards = [info for _, info in numbered]
     listed = shards if epoch is None else [dataclasses.replace(i, path=i.path.split("/", 1)[1]) for i in shards]
     manifest = build_manifest(config, index.labels_column, index.files, listed, metrics["counts"], timings)
+    if opens_window is not None:
+        manifest["window_starts"] = [k for k, (n, _) in enumerate(numbered) if opens_window[n]]
     if epoch is not None:
         manifest["epoch"] = metrics["epoch"] = {"index": epoch, "of": specs.order.epochs,
                                                 "seed": epoch_seed(specs.order.seed, epoch)}

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from packctl.plan.pack_order import order_seed, pack_keys, window_permutation
 from packctl.plan.windows import PackPlan
 from packctl.specs import BalanceSpec
 
@@ -408,13 +409,15 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
         else:
             bounds = step_bounds(pack_tokens[packs], np.array([0, hi - lo]), spec)
         num = len(bounds) - 1
-        if spec.grouping == "cost" and num > 2:
+        step_of_pack = np.empty(plan.num_bins, dtype=np.int64)
+        step_of_pack[packs] = np.repeat(np.arange(num), np.diff(bounds))
+        if spec.step_order != "planner" and num > 1:
+            priority = _step_priority(plan, packs, bounds, spec, first_window + w, warm_steps)
+        elif spec.grouping == "cost" and num > 2:
             priority = np.concatenate([np.random.default_rng([spec.seed, first_window + w]).permutation(num - 1),
                                        [num - 1]])
         else:
             priority = np.arange(num)
-        step_of_pack = np.empty(plan.num_bins, dtype=np.int64)
-        step_of_pack[packs] = np.repeat(np.arange(num), np.diff(bounds))
         if warm_steps:
             priority = priority.copy()
             priority[:warm_steps] = np.arange(warm_steps) - warm_steps - num  # before every other step
@@ -479,6 +482,31 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
         after_attention=grid(after_cell, attention[take], num_steps),
         unequal_steps=unequal, packs_added=balanced.num_bins - plan.num_bins,
     )
+
+
+def _step_priority(plan: PackPlan, packs: np.ndarray, bounds: np.ndarray, spec: BalanceSpec, window: int,
+                   warm_steps: int) -> np.ndarray:
+    """The run position of each of a window's steps for `spec.step_order` (plan/pack_order.py),
+    keyed by the step's longest sequence (or mean sequence length): a step is kept whole, and the
+    window's short step (fewer than D x M packs) runs wherever the order puts it. Warm-up steps
+    stay first."""
+    num = len(bounds) - 1
+    keys = pack_keys(plan, "mean" if spec.step_order == "mean" else "longest")
+    step = np.repeat(np.arange(num), np.diff(bounds))
+    pieces = np.bincount(step, weights=np.diff(plan.bin_offsets)[packs], minlength=num)
+    if spec.step_order == "mean":
+        tokens = np.bincount(step, weights=keys[packs] * np.diff(plan.bin_offsets)[packs], minlength=num)
+        step_keys = tokens / np.maximum(pieces, 1)
+    else:
+        step_keys = np.full(num, -np.inf)
+        np.maximum.at(step_keys, step, keys[packs])
+    first = warm_steps
+    rest = first + window_permutation(step_keys[first:], spec.step_order,
+                                      np.random.default_rng(order_seed(spec.seed, window)))
+    run = np.concatenate([np.arange(first), rest])
+    priority = np.empty(num, dtype=np.int64)
+    priority[run] = np.arange(num)
+    return priority
 
 
 def _steps_in_split_order(priority: np.ndarray, step_of_pack: np.ndarray, plan: PackPlan, lo: int, hi: int,

@@ -22,6 +22,7 @@ import numpy as np
 from packctl.arrays import ranges
 from packctl.plan.algorithms import batch_lengths, pack_lengths
 from packctl.plan.align import round_up
+from packctl.plan.exchange import exchange_pieces
 from packctl.plan.groups import GroupTooLong, check_groups_fit, expand_items
 from packctl.plan.order import window_seed
 from packctl.specs import WindowOptions
@@ -155,8 +156,13 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
                                               o.step_tokens, **kwargs)
             step_bins.append(steps[1:] + window_bins[-1])
         else:
+            steps = None
             result = _plan_one_window(gids[lo:hi], lengths[lo:hi],
                                       new_group=None if new_group is None else new_group[lo:hi], **kwargs)
+        if o.exchanges and o.algorithm != "batch":
+            result = _exchanged(result, o, kwargs["seed"], steps,
+                                None if new_group is None or o.step_scope else new_group[lo:hi], gids[lo:hi],
+                                lengths[lo:hi])
         parts.append(result)
         window_bins.append(window_bins[-1] + len(result[0]) - 1)
         if progress is not None:
@@ -177,6 +183,37 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
         tokens_truncated=int((lengths[over] - capacity).sum()) if too_long == "truncate" else 0,
         step_bins=np.concatenate(step_bins) if o.step_scope and new_group is not None else None,
     )
+
+
+def _exchanged(result: tuple[np.ndarray, ...], options: WindowOptions, seed: int, steps: np.ndarray | None,
+               new_group: np.ndarray | None, gids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, ...]:
+    """One window's planned pieces (`_plan_one_window`) after the seeded exchanges of
+    plan/exchange.py: inside each step of --group-scope step (`steps`: its pack offsets), else
+    across the window. Pieces of a split sequence never move, nor (pack scope, `new_group`) the
+    members of a group of two or more, which share their pack."""
+    offsets, p_gid, p_start, p_len, p_padded = result
+    if options.algorithm == "split":  # any sequence may be cut
+        unique, counts = np.unique(p_gid, return_counts=True)
+        movable = ~np.isin(p_gid, unique[counts > 1])
+    elif options.too_long == "split":  # only the over-long ones are
+        movable = ~np.isin(p_gid, gids[round_up(lengths, options.align) > options.capacity])
+    else:
+        movable = np.ones(len(p_gid), dtype=bool)
+    if new_group is not None:
+        first = np.flatnonzero(new_group)
+        size = np.diff(np.append(first, len(gids)))
+        movable &= ~np.isin(p_gid, gids[np.repeat(size, size) > 1])
+    max_seqs = options.max_seqs_per_bin if options.max_seqs_per_bin is not None else len(p_gid) + 1
+    segments = steps if steps is not None else np.array([0, len(offsets) - 1])
+    takes, new_offsets = [], [np.zeros(1, np.int64)]
+    for k, (lo, hi) in enumerate(zip(segments[:-1].tolist(), segments[1:].tolist())):
+        a, b = int(offsets[lo]), int(offsets[hi])
+        take, cut = exchange_pieces(offsets[lo:hi + 1] - a, p_padded[a:b], movable[a:b], options.capacity,
+                                    max_seqs, window_seed(seed, k))
+        takes.append(take + a)
+        new_offsets.append(cut[1:] + a)
+    take = np.concatenate(takes)
+    return np.concatenate(new_offsets), p_gid[take], p_start[take], p_len[take], p_padded[take]
 
 
 def check_groups_fit_step(gids: np.ndarray, lengths: np.ndarray, new_group: np.ndarray, options: WindowOptions) -> None:

@@ -13,9 +13,11 @@ terminal and `packctl.stats.plot` draws it as a PNG. The metric formulas live in
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from packctl.config import as_python, build_config
+from packctl.contract.manifest import epoch_dir, epoch_outputs
 from packctl.errors import PackctlError
 from packctl.stats.packed import compare_stats, is_packed_output, looks_like_unfinished_output, packed_stats
 from packctl.stats.whatif import PLANNING_OPTIONS, input_stats, read_lengths, what_if_row
@@ -69,6 +71,10 @@ def stats(paths: list[str], *, capacities: list[int] | None = None, attn_coeff: 
             raise PackctlError(f"{paths[0]} is a packed output, whose settings are in its _manifest.json: {flags} "
                                "only apply to raw input; drop them, or point stats at the tokenized input")
         a = attn_coeff
+        several = [p for p in paths if Path(p).is_dir() and epoch_outputs(p) is not None]
+        if len(paths) > 1 and several:
+            raise PackctlError(f"{several[0]}: the output of packctl pack --epochs holds one output per epoch: "
+                               f"compare its epochs with packctl stats {several[0]}, or pass {Path(several[0]) / epoch_dir(0)}")
         if len(paths) == 1:
             return packed_stats(paths[0], attn_coeff=a, verify=verify)
         return compare_stats(paths, attn_coeff=a, verify=verify)

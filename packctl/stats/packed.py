@@ -166,6 +166,16 @@ def _flat_list(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 def packed_stats(path: str | Path, *, attn_coeff: float | None = None, verify: bool = True) -> dict[str, Any]:
+    """The report of one packed output (`_packed_report`); the OUT of `pack --epochs K`: `epochs_stats`."""
+    from packctl.contract.manifest import epoch_outputs
+
+    if Path(path).is_dir() and epoch_outputs(path) is not None:
+        return epochs_stats(path, attn_coeff=attn_coeff, verify=verify)
+    return _packed_report(path, attn_coeff=attn_coeff, verify=verify)[0]
+
+
+def _packed_report(path: str | Path, *, attn_coeff: float | None = None,
+                   verify: bool = True) -> tuple[dict[str, Any], PackedArrays]:
     """The report of one packed output (keys in docs/stats.md): every key of its metrics.json
     except `throughput` and `timings`, recomputed from the shards, plus `path`, `layout`,
     `lengths`, `fill_histogram` and `dp_balance` (None without balancing columns; `a` defaults
@@ -218,9 +228,112 @@ def packed_stats(path: str | Path, *, attn_coeff: float | None = None, verify: b
     # how the ranks of an MPI run shared it: a fact of the run, not of the shards
     if _fits(recorded.get("scale_out"), SCALE_OUT_SHAPE):
         report["scale_out"] = recorded["scale_out"]
+    report["pack_order"] = order_quality(longest_per_pack(packed), window_of_pack(manifest, output.shards))
     t2 = time.perf_counter()
     report["stats_seconds"] = {"read": t1 - t0, "compute": t2 - t1, "total": t2 - t0}
-    return report
+    return report, packed
+
+
+def longest_per_pack(packed: PackedArrays) -> np.ndarray:
+    """The longest sequence (true tokens) of each pack, in output order."""
+    if len(packed.seq_offsets) < 2:
+        return np.zeros(0, np.int64)
+    return np.maximum.reduceat(packed.seq_lens, packed.seq_offsets[:-1]) if len(packed.seq_lens) else \
+        np.zeros(len(packed.seq_offsets) - 1, np.int64)
+
+
+def window_of_pack(manifest: dict[str, Any], shards: list) -> np.ndarray | None:
+    """The planning window of each pack, from the manifest's `window_starts` (the shards that open
+    a window; shards never straddle one); None when the manifest does not record them (outputs of
+    packctl before it did, or of another writer)."""
+    starts = manifest.get("window_starts")
+    if not isinstance(starts, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in starts):
+        return None
+    opens = np.zeros(len(shards), bool)
+    opens[[k for k in starts if 0 <= k < len(shards)]] = True
+    if len(shards):
+        opens[0] = True
+    window_of_shard = np.cumsum(opens) - 1
+    return np.repeat(window_of_shard, [s.rows for s in shards]).astype(np.int64)
+
+
+ORDER_BOUND = 0.05  # the |Spearman| a window of --pack-order shuffle stays within (docs/cli.md)
+
+
+def order_quality(longest: np.ndarray, window: np.ndarray | None) -> dict[str, Any]:
+    """How much pack position says about pack length: Spearman's rank correlation of position and
+    longest sequence, over the whole output and in each planning window (`window`: each pack's;
+    None: not recorded, the whole output counts as one). Windows under TINY_WINDOW packs are
+    counted apart: a correlation over so few packs means nothing. Packs longest first give -1,
+    ascending +1, a shuffle about 0.
+
+        longest [900 500 300 100], one window -> overall -1.0, worst_abs 1.0
+    """
+    from packctl.plan.pack_order import TINY_WINDOW, spearman
+
+    if window is None:
+        window = np.zeros(len(longest), np.int64)
+        recorded = False
+    else:
+        recorded = True
+    bounds = np.flatnonzero(np.diff(window)) + 1
+    starts = np.concatenate([[0], bounds]) if len(longest) else np.zeros(0, np.int64)
+    ends = np.concatenate([bounds, [len(longest)]]) if len(longest) else np.zeros(0, np.int64)
+    rhos = [spearman(longest[lo:hi]) for lo, hi in zip(starts.tolist(), ends.tolist())]
+    sized = [(abs(r), k) for k, (r, lo, hi) in enumerate(zip(rhos, starts.tolist(), ends.tolist()))
+             if hi - lo >= TINY_WINDOW]
+    worst = max(sized) if sized else None
+    return {
+        "spearman_overall": spearman(longest),
+        "windows": len(rhos),
+        "windows_recorded": recorded,
+        "tiny_windows": len(rhos) - len(sized),
+        "tiny_window_packs": TINY_WINDOW,
+        "worst_abs_spearman": worst[0] if worst else None,
+        "worst_window": worst[1] if worst else None,
+        "windows_over_bound": sum(1 for r, _ in sized if r > ORDER_BOUND),
+        "bound": ORDER_BOUND,
+        "spearman_by_window": [round(r, 4) for r in rhos],
+    }
+
+
+def pack_fingerprints(packed: PackedArrays) -> np.ndarray:
+    """One uint64 per pack that depends only on the set of its sample ids (a sum of mixed ids, so
+    the order inside a pack does not matter): equal packs of two outputs have equal fingerprints."""
+    ids = packed.sample_ids.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        z = ids + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+        if len(packed.seq_offsets) < 2:
+            return np.zeros(0, np.uint64)
+        return np.add.reduceat(z, packed.seq_offsets[:-1]) if len(z) else np.zeros(len(packed.seq_offsets) - 1,
+                                                                                      np.uint64)
+
+
+def epochs_stats(path: str | Path, *, attn_coeff: float | None = None, verify: bool = True) -> dict[str, Any]:
+    """The report of the OUT of `pack --epochs K`: every epoch's packed report (`epochs`), and how
+    much each epoch repeats epoch 0 (`overlap`: the share of its packs whose set of sample ids is
+    that of a pack of epoch 0, over all packs and over packs of two or more sequences; a pack of
+    one sequence is that sequence alone in every epoch, whatever the order)."""
+    from packctl.contract.manifest import epoch_outputs
+
+    folders = epoch_outputs(path) or []
+    reports, overlap, first = [], [], None
+    for e, folder in enumerate(folders):
+        report, packed = _packed_report(folder, attn_coeff=attn_coeff, verify=verify)
+        reports.append(report)
+        prints = pack_fingerprints(packed)
+        multi = np.diff(packed.seq_offsets) > 1
+        if first is None:
+            first = np.unique(prints)
+        same = np.isin(prints, first)
+        overlap.append({"epoch": e, "packs": int(len(prints)),
+                        "same_as_epoch_0": float(same.mean()) if len(prints) else 0.0,
+                        "same_as_epoch_0_two_or_more": float((same & multi).sum() / len(prints)) if len(prints) else 0.0,
+                        "packs_of_one_sequence": float((~multi).mean()) if len(prints) else 0.0})
+    return {"kind": "epochs", "path": str(path), "epochs": reports, "overlap": overlap}
 
 
 # What stats takes from _metrics.json, and the shape it must have to be shown (a garbled report

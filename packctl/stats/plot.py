@@ -41,6 +41,8 @@ def write_plot(report: dict[str, Any], path: str | Path) -> Path:
         _input(fig, axes, report)
     elif kind == "packed":
         _packed(fig, axes, report)
+    elif kind == "epochs":  # the epochs of one OUT side by side
+        _compare(fig, axes, {"outputs": report["epochs"]})
     else:
         _compare(fig, axes, report)
     buffer = io.BytesIO()

@@ -206,6 +206,10 @@ ANY_RANKS = [
     (dict(order="shuffle", algorithm="ffs", **BALANCED), (2, 3)),
     # one shard of several row groups, cut between writers and joined; tokens read, not exchanged
     (dict(order="input", algorithm="bfd", shard_rows=1024, token_transfer="read"), (2, 3)),
+    # the stratified pack order and near ties of --order shuffle, packs and whole steps
+    (dict(order="shuffle", algorithm="bfd"), (1, 2, 3)),
+    (dict(order="shuffle", algorithm="bfd", **BALANCED), (2, 3)),
+    (dict(order="curriculum", algorithm="ffd", pack_order="longest"), (2, 3)),
 ]
 
 
@@ -217,7 +221,9 @@ def _fingerprint(out: Path) -> tuple[list[str], dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("options, ranks", ANY_RANKS, ids=["input-concat", "shuffle-ffs", "curriculum-bfd",
-                                                           "shuffle-ffs-balanced", "input-bfd-read"])
+                                                           "shuffle-ffs-balanced", "input-bfd-read",
+                                                           "shuffle-bfd", "shuffle-bfd-balanced",
+                                                           "curriculum-longest"])
 def test_any_number_of_in_process_ranks_writes_the_single_process_bytes(tmp_path, sample_data, contract, options,
                                                                         ranks):
     from support.contract import check_contract

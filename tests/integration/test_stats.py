@@ -496,3 +496,78 @@ def test_stats_takes_every_planning_option_of_pack():
     assert all(stats_flags[name] == pack_flags[name] for name in PLANNING_OPTIONS)
     # what pack writes, not what it plans, is not a stats option
     assert not {"output", "shard_rows", "memory_budget", "resume", "token_transfer", "keep_columns"} & set(stats_flags)
+
+
+# --- order quality and epochs ------------------------------------------------------------------------
+
+def _longest_by_pack(out: Path) -> np.ndarray:
+    lens = [p for f in sorted((out / "data").glob("*.parquet")) for p in pq.read_table(f, columns=["seq_lens"])
+            .column("seq_lens").to_pylist()]
+    return np.array([max(p) for p in lens])
+
+
+@pytest.mark.parametrize("pack_order, sign", [("longest", 1), ("planner", -1), ("shuffle", 0)])
+def test_stats_reports_the_order_of_packs_window_by_window(sample_data, tmp_path, pack_order, sign):
+    """bfd opens packs longest first (rho near -1), --pack-order longest ascends (near +1), the
+    stratified shuffle stays within 0.05 in every window the manifest records."""
+    _, out = pack_to(tmp_path, [sample_data], too_long="split", order="shuffle", window=700, shard_rows=40,
+                     pack_order=pack_order)
+    q = packed_stats(out)["pack_order"]
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert q["windows_recorded"] and q["windows"] == len(manifest["window_starts"]) == 3
+    assert q["tiny_windows"] == 0
+    rhos = np.array(q["spearman_by_window"])
+    if sign:
+        # overall a sawtooth over three windows: weaker than within each, which is why windows count
+        assert (sign * rhos > 0.8).all() and sign * q["spearman_overall"] > 0.2
+        assert q["windows_over_bound"] == 3
+    else:
+        assert q["worst_abs_spearman"] <= 0.05 and q["windows_over_bound"] == 0
+    # the figure is the rank correlation of the packs as written: recomputed here from the shards
+    longest = _longest_by_pack(out).tolist()
+    ordered = sorted(longest)
+    rank = {v: statistics.mean(i for i, w in enumerate(ordered) if w == v) for v in set(longest)}  # ties: mean rank
+    ranks = [rank[v] for v in longest]
+    assert q["spearman_overall"] == pytest.approx(statistics.correlation(list(range(len(ranks))), ranks), abs=1e-9)
+    proc = packctl("stats", str(out))
+    assert proc.code == 0 and "Spearman(position, longest sequence)" in proc.stdout
+
+
+def test_stats_of_an_output_without_recorded_windows_counts_it_as_one(tiny_output, tmp_path):
+    import shutil
+
+    copy = tmp_path / "old"
+    shutil.copytree(tiny_output, copy)
+    manifest = json.loads((copy / "_manifest.json").read_text())
+    manifest.pop("window_starts", None)
+    (copy / "_manifest.json").write_text(json.dumps(manifest))
+    q = packed_stats(copy)["pack_order"]
+    assert not q["windows_recorded"] and q["windows"] == 1 and q["tiny_windows"] == 1
+    assert q["worst_abs_spearman"] is None
+    assert "windows not recorded" in packctl("stats", str(copy)).stdout
+
+
+def test_stats_of_several_epochs_summarises_each_and_their_overlap(sample_data, tmp_path):
+    _, out = pack_to(tmp_path, [sample_data], too_long="split", order="shuffle", epochs=3, algorithm="ffs")
+    proc = packctl("stats", str(out), "--json")
+    assert proc.code == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["kind"] == "epochs" and len(report["epochs"]) == len(report["overlap"]) == 3
+    for e, (r, o) in enumerate(zip(report["epochs"], report["overlap"])):
+        assert o["epoch"] == e and o["packs"] == r["packs"]
+        assert r["pack_order"]["worst_abs_spearman"] <= 0.05
+    # by hand: packs of epoch e whose sample-id set is one of epoch 0's
+    def sets(e):
+        folder = out / f"epoch-{e:05d}" / "data"
+        return [frozenset(p) for f in sorted(folder.glob("*.parquet"))
+                for p in pq.read_table(f, columns=["sample_ids"]).column("sample_ids").to_pylist()]
+    first = set(sets(0))
+    for e in (1, 2):
+        packs = sets(e)
+        same = sum(p in first for p in packs) / len(packs)
+        multi = sum(p in first and len(p) > 1 for p in packs) / len(packs)
+        assert report["overlap"][e]["same_as_epoch_0"] == pytest.approx(same)
+        assert report["overlap"][e]["same_as_epoch_0_two_or_more"] == pytest.approx(multi) and multi <= 0.05
+    assert report["overlap"][0]["same_as_epoch_0"] == 1.0
+    table = packctl("stats", str(out))
+    assert table.code == 0 and "epochs" in table.stdout and "same" in table.stdout

@@ -59,6 +59,9 @@ BALANCED = ["--dp-size", "4", "--micro-batches", "2", "--lr-scaling", "sqrt"]
     ("shuffle", "ffs", BALANCED, (3,)),
     # one shard of several row groups, cut between writers and joined; tokens read, not exchanged
     ("input", "bfd", ["--shard-rows", "1024", "--token-transfer", "read"], (2,)),
+    # the stratified pack order and near ties of --order shuffle, packs and whole steps
+    ("shuffle", "bfd", [], (1, 2, 3)),
+    ("shuffle", "mffd", BALANCED, (2, 3)),
 ])
 def test_same_bytes_for_any_number_of_ranks(tmp_path, order, algorithm, extra, ranks, contract):
     from support.adversary import packctl

@@ -41,6 +41,28 @@ def test_toml_keys_in_either_spelling_and_flags_win(tmp_path):
     assert (cfg.capacity, cfg.too_long, cfg.cp_size, cfg.output) == (2048, "split", 4, "o")
 
 
+def test_pack_order_in_toml_follows_order_unless_given(tmp_path):
+    """`pack-order` (or `pack_order`) in a TOML file: auto resolves to shuffle under --order shuffle,
+    else planner; a value is kept; a flag wins; a value outside the choices is refused in one line."""
+    path = tmp_path / "pack.toml"
+    path.write_text('[pack]\ninputs = ["data"]\norder = "curriculum"\npack-order = "longest"\n')
+    values = load_config(path)
+    assert values["pack_order"] == "longest"
+    cfg = build_config(values, output="o")
+    assert cfg.resolved_pack_order == "longest" and cfg.specs().windows.pack_order == "longest"
+    assert cfg.to_dict()["pack_order"] == "longest"
+    assert build_config(values, output="o", pack_order="mean").resolved_pack_order == "mean"
+    path.write_text('[pack]\ninputs = ["data"]\norder = "shuffle"\n')
+    cfg = build_config(load_config(path), output="o")
+    assert cfg.pack_order == "auto" and cfg.resolved_pack_order == "shuffle"
+    assert build_config({"inputs": ["data"]}, output="o").resolved_pack_order == "planner"
+    assert "pack_order" not in build_config({"inputs": ["data"]}, output="o").to_dict()  # the bytes of before
+    path.write_text('[pack]\ninputs = ["data"]\npack_order = "sideways"\n')
+    with pytest.raises(PackctlError, match="pack.order") as err:
+        build_config(load_config(path), output="o").validate()
+    assert "\n" not in str(err.value)
+
+
 def test_wrong_types_in_config_are_reported(tmp_path):
     with pytest.raises(PackctlError, match="--capacity '4096': must be a whole number"):
         PackConfig(inputs=["x"], output="o", capacity="4096").validate()
