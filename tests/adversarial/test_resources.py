@@ -113,10 +113,26 @@ def test_a_failed_spill_leaves_no_partial_file(corpus, tmp_path, monkeypatch):
 
 
 def test_spilled_tokens_that_cannot_be_read_back(corpus, tmp_path, monkeypatch):
+    """The first read-back fails after shards that needed no spill were finished (the packs are
+    written in a shuffled order): those are kept, and --resume finishes the output."""
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        patch.setattr(np, "load", _failing_after(np.load, 0, OSError(errno.EIO, "Input/output error")))
+        assert_clean_error(packctl("pack", corpus, "-o", out, *SPILLING), 2, ".spill-00000/",
+                           "cannot read back tokens spilled by this run (Input/output error)",
+                           "finished shard(s) are kept in", "--resume")
+    assert not out.exists() and partial_dir(out).is_dir()
+    result = packctl("pack", corpus, "-o", out, *SPILLING, "--resume")
+    assert result.code == 0, result.stderr
+    assert_every_sample_once(out, [corpus])
+
+
+def test_spilled_tokens_that_cannot_be_read_back_before_any_shard_is_finished(corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(np, "load", _failing_after(np.load, 0, OSError(errno.EIO, "Input/output error")))
     out = tmp_path / "out"
-    assert_clean_error(packctl("pack", corpus, "-o", out, *SPILLING), 2, ".spill-00000/",
-                       "cannot read back tokens spilled by this run (Input/output error)")
+    line = assert_clean_error(packctl("pack", corpus, "-o", out, *SPILLING[:-1], "--pack-order", "planner", "-q"),
+                              2, ".spill-00000/", "cannot read back tokens spilled by this run (Input/output error)")
+    assert "--resume" not in line
     assert_nothing_left(out)
 
 
