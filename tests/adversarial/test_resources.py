@@ -84,6 +84,14 @@ def test_a_spill_that_fails_before_any_shard_is_finished(corpus, tmp_path, monke
     assert_nothing_left(out)
 
 
+def _resume_finishes(corpus: Path, out: Path) -> None:
+    """The failed run left its finished shards (and no OUT); --resume writes the rest."""
+    assert not out.exists() and partial_dir(out).is_dir()
+    result = packctl("pack", corpus, "-o", out, *SPILLING, "--resume")
+    assert result.code == 0, result.stderr
+    assert_every_sample_once(out, [corpus])
+
+
 def test_a_spill_that_fails_later_keeps_the_finished_shards_for_resume(corpus, tmp_path, monkeypatch):
     out = tmp_path / "out"
     with monkeypatch.context() as patch:
@@ -91,10 +99,7 @@ def test_a_spill_that_fails_later_keeps_the_finished_shards_for_resume(corpus, t
         assert_clean_error(packctl("pack", corpus, "-o", out, *SPILLING), 2,
                            "write failed (No space left on device", "raise --memory-budget (less is spilled)",
                            "finished shard(s) are kept in", "--resume")
-    assert not out.exists() and partial_dir(out).is_dir()
-    result = packctl("pack", corpus, "-o", out, *SPILLING, "--resume")
-    assert result.code == 0, result.stderr
-    assert_every_sample_once(out, [corpus])
+    _resume_finishes(corpus, out)
 
 
 def test_a_failed_spill_leaves_no_partial_file(corpus, tmp_path, monkeypatch):
@@ -121,10 +126,7 @@ def test_spilled_tokens_that_cannot_be_read_back(corpus, tmp_path, monkeypatch):
         assert_clean_error(packctl("pack", corpus, "-o", out, *SPILLING), 2, ".spill-00000/",
                            "cannot read back tokens spilled by this run (Input/output error)",
                            "finished shard(s) are kept in", "--resume")
-    assert not out.exists() and partial_dir(out).is_dir()
-    result = packctl("pack", corpus, "-o", out, *SPILLING, "--resume")
-    assert result.code == 0, result.stderr
-    assert_every_sample_once(out, [corpus])
+    _resume_finishes(corpus, out)
 
 
 def test_spilled_tokens_that_cannot_be_read_back_before_any_shard_is_finished(corpus, tmp_path, monkeypatch):
