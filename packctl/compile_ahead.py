@@ -73,8 +73,8 @@ class CompileAhead:
         self._changed = threading.Condition()
         self._finished = False  # the child's output has ended
         self.process = subprocess.Popen(
-            command or [sys.executable, "-P", "-m", "packctl.compile_ahead", *names],  # -P: no module from the cwd
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            command or _child_command(names), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, cwd=_PACKAGE_ROOT)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -118,6 +118,15 @@ class CompileAhead:
         self.process.wait()
         self._reader.join(timeout=1.0)
         self.process.stdout.close()
+
+
+# The folder packctl is imported from: the child runs there, so `-m` finds this packctl and no
+# module of the user's working directory (Python 3.11's -P says the same; 3.10 lacks it).
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _child_command(names: list[str]) -> list[str]:
+    return [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-m", "packctl.compile_ahead", *names]
 
 
 def _die_with_parent() -> None:
