@@ -38,6 +38,7 @@ from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
 from packctl.contract.manifest import DATA_DIR, EPOCHS, MANIFEST, METRICS, epoch_dir
 from packctl.errors import PackctlError
 from packctl.pipeline.manifest import build_manifest, shard_metadata
+from packctl.compile_ahead import CompileAhead
 from packctl.jit import CompileClock
 from packctl.source.parquet import SequenceIndex, index_inputs, scan_blocks, split_blocks
 from packctl.source.resolve import Resolution, normalize_spec, pattern_reaching, resolve, respell
@@ -107,6 +108,7 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
     run = _Run()
     try:
         with guard.installed():
+            run.ahead = CompileAhead.start(comm.size)
             return _pack(config, comm, progress, out, lock, guard, run, faults)
     except BaseException as exc:
         failure = after_failure(comm, run.output, exc)
@@ -114,6 +116,8 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
             raise
         raise failure from None
     finally:
+        if run.ahead is not None:
+            run.ahead.stop()
         lock.release()
         progress.close()
 
@@ -121,6 +125,7 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
 @dataclass
 class _Run:
     output: OutputDir | None = None
+    ahead: CompileAhead | None = None  # the first run after an install: kernels compiled beside it
 
 
 def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: OutputLock, guard: SignalGuard,
@@ -147,6 +152,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     early_metrics = in_background(plan_metrics, planned.plan, planned.pack_lens, specs.report, corpus.sequences,
                                   corpus.tokens, skipped_empty=corpus.skipped_empty) if (
         comm.size == 1 and specs.order.epochs == 1) else None
+    if run.ahead is not None:
+        run.ahead.wait()  # compiled meanwhile: materialize loads them from the cache
     with timed(timings, "materialize"):
         written = materialize(comm, job, scanned, output, _shard_format(config, specs, scanned.index),
                               read_own=transfer.read_own, progress=progress.stage("materialize", job.plan.num_bins))

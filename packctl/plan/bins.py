@@ -115,24 +115,25 @@ def empty_bins() -> Bins:
 # --- placement log -> Bins ------------------------------------------------------------------------
 
 @njit(cache=True)
-def _group_steps_by_bin(bin_of_step, num_bins):
-    """Bin offsets, and the steps reordered bin by bin (stable, so insertion order is kept)."""
-    offsets = np.zeros(num_bins + 1, np.int64)
+def _group_steps_by_bin(bin_of_step, num_bins, offsets, next_slot, steps_by_bin):
+    """Bin `offsets` (zeroed, num_bins + 1), and the steps reordered bin by bin into
+    `steps_by_bin` (stable, so insertion order is kept). The caller allocates (packctl/plan/fit.py)."""
     for step in range(bin_of_step.size):
         offsets[bin_of_step[step] + 1] += 1
     for b in range(num_bins):
         offsets[b + 1] += offsets[b]
-    next_slot = offsets[:-1].copy()
-    steps_by_bin = np.empty(bin_of_step.size, np.int64)
+    for b in range(num_bins):  # an element loop: a slice assignment compiles numba's shape checks (1.7 s)
+        next_slot[b] = offsets[b]
     for step in range(bin_of_step.size):
         b = bin_of_step[step]
         steps_by_bin[next_slot[b]] = step
         next_slot[b] += 1
-    return offsets, steps_by_bin
 
 
 def whole_items_into_bins(lengths, step_item, bin_of_step, num_bins) -> Bins:
     """Bins from a placement log: at step k, item step_item[k] went into bin bin_of_step[k]."""
-    offsets, steps_by_bin = _group_steps_by_bin(bin_of_step, num_bins)
+    offsets = np.zeros(num_bins + 1, np.int64)
+    steps_by_bin = np.empty(bin_of_step.size, np.int64)
+    _group_steps_by_bin(bin_of_step, num_bins, offsets, np.empty(num_bins, np.int64), steps_by_bin)
     members = step_item[steps_by_bin]
     return Bins(offsets, members, np.zeros(len(members), dtype=np.int64), lengths[members])

@@ -41,14 +41,18 @@ def pack_bfd(lengths: np.ndarray, capacity: int, max_seqs: int, options: KernelO
     # Gathered once by numpy: inside the kernels, lengths[order[step]] would be a cache miss per
     # step stuck behind the tree walk, which made them about four times slower.
     sizes = lengths[order]
-    bin_of_step, num_bins = _best_fit_kernel(sizes, capacity, max_seqs)
+    n = len(sizes)
+    leaves = 1 << int(capacity).bit_length()  # the least power of two > capacity
+    bin_of_step = np.empty(n, np.int64)
+    num_bins = _best_fit_kernel(sizes, capacity, max_seqs, np.zeros(2 * leaves, np.uint8),
+                                np.full(capacity + 1, -1, np.int64), np.full(capacity + 1, -1, np.int64),
+                                np.empty(n, np.int64), np.zeros(n, np.int64), bin_of_step)
     return whole_items_into_bins(lengths, order, bin_of_step, num_bins)
 
 
 def _first_fit_in_order(lengths: np.ndarray, order: np.ndarray, capacity: int, max_seqs: int) -> Bins:
     sizes = lengths[order]  # gathered once by numpy, as in pack_bfd
-    bin_of_step, num_bins = first_fit_kernel(sizes, capacity, max_seqs,
-                                             first_fit_bin_bound(lengths, capacity, max_seqs), 0)
+    bin_of_step, num_bins = first_fit(sizes, capacity, max_seqs, first_fit_bin_bound(lengths, capacity, max_seqs), 0)
     return whole_items_into_bins(lengths, order, bin_of_step, num_bins)
 
 
@@ -59,25 +63,29 @@ def decreasing_order(lengths: np.ndarray, capacity: int) -> np.ndarray:
     # Lengths are bounded by capacity, so a counting sort is O(n + C) and beats a comparison sort
     # unless the capacity dwarfs the number of items.
     if capacity <= 4 * len(lengths) + 1024:
-        return _counting_sort_descending(lengths, capacity)
+        order = np.empty(lengths.size, np.int64)
+        _counting_sort_descending(lengths, capacity, np.zeros(capacity + 1, np.int64),
+                                  np.empty(capacity + 1, np.int64), order)
+        return order
     return np.argsort(-lengths, kind="stable").astype(np.int64)
 
 
+# The kernels allocate nothing: their callers pass numpy arrays in (zeroed where the kernel counts
+# into them). numba compiles its own np.empty, np.zeros and np.full for each dtype the first time a
+# process uses them, about 0.35 s of a first run after an install; numpy allocates as fast.
+
 @njit(cache=True)
-def _counting_sort_descending(lengths, capacity):
-    count_of_length = np.zeros(capacity + 1, np.int64)
+def _counting_sort_descending(lengths, capacity, count_of_length, next_slot, order):
+    """`order` = indices by length descending; `count_of_length` zeroed, both capacity + 1 long."""
     for i in range(lengths.size):
         count_of_length[lengths[i]] += 1
-    next_slot = np.empty(capacity + 1, np.int64)
     slots_used = 0
     for length in range(capacity, -1, -1):
         next_slot[length] = slots_used
         slots_used += count_of_length[length]
-    order = np.empty(lengths.size, np.int64)
     for i in range(lengths.size):  # ascending i keeps equal lengths in index order
         order[next_slot[lengths[i]]] = i
         next_slot[lengths[i]] += 1
-    return order
 
 
 def first_fit_bin_bound(lengths: np.ndarray, capacity: int, max_seqs: int) -> int:
@@ -96,8 +104,8 @@ def first_fit_bin_bound(lengths: np.ndarray, capacity: int, max_seqs: int) -> in
 
 # --- first fit (ffd, ffs; and the last phase of mffd) ---------------------------------------------
 
-@njit(cache=True)
-def first_fit_kernel(sizes, capacity, max_seqs, max_bins, first_bin):
+def first_fit(sizes: np.ndarray, capacity: int, max_seqs: int, max_bins: int, first_bin: int
+              ) -> tuple[np.ndarray, int]:
     """First fit of items with `sizes`, in that order; returns the bin of each step and the number
     of bins.
 
@@ -107,15 +115,21 @@ def first_fit_kernel(sizes, capacity, max_seqs, max_bins, first_bin):
     bin fits. A bin at max_seqs gets room 0 (lengths are >= 1), which takes it out of the search.
     Bins are numbered from `first_bin`.
     """
-    leaves = 1
-    while leaves < max_bins:
-        leaves *= 2
+    leaves = 1 << max(int(max_bins) - 1, 0).bit_length()  # the least power of two >= max_bins
     room = np.zeros(2 * leaves, np.int64)
     room[leaves: leaves + max_bins] = capacity
+    bin_of_step = np.empty(sizes.size, np.int64)
+    num_bins = _first_fit_kernel(sizes, max_seqs, first_bin, leaves, room, np.zeros(max_bins, np.int64),
+                                 bin_of_step)
+    return bin_of_step, num_bins
+
+
+@njit(cache=True)
+def _first_fit_kernel(sizes, max_seqs, first_bin, leaves, room, count, bin_of_step):
+    """`first_fit`'s loop: `room` holds the leaves (zeroed, `capacity` for the first max_bins),
+    `count` zeroed."""
     for node in range(leaves - 1, 0, -1):
         room[node] = max(room[2 * node], room[2 * node + 1])
-    count = np.zeros(max_bins, np.int64)
-    bin_of_step = np.empty(sizes.size, np.int64)
     num_bins = 0
     for step in range(sizes.size):
         length = sizes[step]
@@ -139,7 +153,7 @@ def first_fit_kernel(sizes, capacity, max_seqs, max_bins, first_bin):
                 break  # ancestors already hold the right maximum
             room[node] = larger
             node //= 2
-    return bin_of_step, num_bins
+    return num_bins
 
 
 # --- best fit (bfd) -------------------------------------------------------------------------------
@@ -188,9 +202,11 @@ def _smallest_room_at_least(present, leaves, length):
 
 
 @njit(cache=True)
-def _best_fit_kernel(sizes, capacity, max_seqs):
-    """Best fit of items with `sizes`, in that order; returns the bin of each step and the number
-    of bins.
+def _best_fit_kernel(sizes, capacity, max_seqs, present, queue_head, queue_tail, queue_next, count,
+                     bin_of_step):
+    """Best fit of items with `sizes`, in that order, into `bin_of_step`; returns the number of
+    bins. `present` (zeroed, twice the least power of two > capacity), `queue_head`/`queue_tail`
+    (-1, capacity + 1), `queue_next`, `count` (zeroed) and `bin_of_step` (n each) from the caller.
 
     Open bins are filed by the room they have left: a FIFO queue of bins per room value
     (`queue_head`/`queue_tail` per room, `queue_next` per bin), and a presence tree over room values
@@ -199,15 +215,7 @@ def _best_fit_kernel(sizes, capacity, max_seqs):
     Full bins (room 0) and bins at max_seqs are never filed, so they are never offered again.
     """
     n = sizes.size
-    leaves = 1
-    while leaves < capacity + 1:
-        leaves *= 2
-    present = np.zeros(2 * leaves, np.uint8)
-    queue_head = np.full(capacity + 1, -1, np.int64)
-    queue_tail = np.full(capacity + 1, -1, np.int64)
-    queue_next = np.empty(n, np.int64)
-    count = np.zeros(n, np.int64)
-    bin_of_step = np.empty(n, np.int64)
+    leaves = present.size // 2
     num_bins = 0
     for step in range(n):
         length = sizes[step]
@@ -233,4 +241,4 @@ def _best_fit_kernel(sizes, capacity, max_seqs):
             else:
                 queue_next[queue_tail[room]] = b
             queue_tail[room] = b
-    return bin_of_step, num_bins
+    return num_bins

@@ -20,7 +20,7 @@ import numpy as np
 
 from packctl.jit import njit
 from packctl.plan.bins import Bins, KernelOptions, whole_items_into_bins
-from packctl.plan.fit import decreasing_order, first_fit_bin_bound, first_fit_kernel
+from packctl.plan.fit import decreasing_order, first_fit, first_fit_bin_bound
 
 
 def pack_mffd(lengths: np.ndarray, capacity: int, max_seqs: int, options: KernelOptions) -> Bins:
@@ -30,8 +30,8 @@ def pack_mffd(lengths: np.ndarray, capacity: int, max_seqs: int, options: Kernel
     step_item, bin_of_step, steps, num_bins, leftover_sizes = _mffd_kernel(sizes, order, capacity, max_seqs)
     if leftover_sizes.size > 0:
         # Phase 5: first fit decreasing for what is left, in new bins after the large ones.
-        ffd_bins, ffd_count = first_fit_kernel(leftover_sizes, capacity, max_seqs,
-                                               first_fit_bin_bound(lengths, capacity, max_seqs), num_bins)
+        ffd_bins, ffd_count = first_fit(leftover_sizes, capacity, max_seqs,
+                                        first_fit_bin_bound(lengths, capacity, max_seqs), num_bins)
         bin_of_step[steps:] = ffd_bins
         num_bins += ffd_count
     return whole_items_into_bins(lengths, step_item, bin_of_step, num_bins)
