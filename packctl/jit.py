@@ -7,7 +7,7 @@ milliseconds) from the seconds spent packing:
 
     jit = CompileClock()
     ...                # a kernel compiles on its first call
-    jit.seconds        # about 0.7 on a fresh install (sample_data), 0.0 once cached
+    jit.seconds        # under 1 on a fresh install (sample_data), 0.0 once cached
 
 Throughputs divide by the run time less `jit.seconds`, never by compilation.
 

@@ -205,6 +205,7 @@ def _dev_full() -> bool:
         return False
 
 
+@pytest.mark.slow  # the real executable, twice: the in-process cases above cover every command quickly
 @pytest.mark.skipif(not _dev_full(), reason="no /dev/full here")
 @pytest.mark.parametrize("json_output", [True, False])
 def test_the_executable_with_stdout_on_dev_full(corpus, packed, tmp_path, json_output):

@@ -335,6 +335,7 @@ def test_two_outputs_side_by_side(tiny_input, tiny_output, tmp_path):
     assert [o["algorithm"] for o in r["outputs"]] == ["concat", "ffd"]
 
 
+@pytest.mark.slow  # matplotlib: the report alone is checked quickly by the tests around it
 def test_terminal_report_and_plot(tiny_input, tiny_output, tmp_path):
     from rich.console import Console
 

@@ -16,6 +16,7 @@ def test_regenerates_the_committed_sample_data(sample_data):
         assert pq.read_table(path).equals(table)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("distribution", ["zipf", "lognormal", "rl-longtail"])
 def test_distributions(distribution):
     tables = generate(SampleSpec(sequences=5_000, distribution=distribution, shards=3, seed=1))

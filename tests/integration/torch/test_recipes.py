@@ -153,6 +153,7 @@ def loss_func(loss_mask, output):
     return (output.reshape(-1).float() * mask).sum(), mask.sum()
 
 
+@pytest.mark.slow
 def test_megatron_forward_step_with_context_parallel_slices(in_run_dir, monkeypatch):
     pytest.importorskip("megatron.core")
     from megatron.core import parallel_state as ps
