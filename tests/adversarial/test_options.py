@@ -131,6 +131,7 @@ PACK_BAD = [
     (["--algorithm", "magic"], "--algorithm 'magic': choose one of"),
     (["--too-long", "sometimes"], "--too-long 'sometimes': choose one of error, drop, truncate, split"),
     (["--order", "random"], "--order 'random': choose one of input, shuffle, curriculum"),
+    (["--pack-order", "sideways"], "--pack-order 'sideways': choose one of auto, planner, shuffle, longest, mean"),
     (["--mode", "thd"], "--mode 'thd': choose one of pack, batch"),
     (["--token-transfer", "rsync"], "--token-transfer 'rsync': choose one of auto, exchange, read"),
     # names that cannot be
