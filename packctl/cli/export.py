@@ -13,13 +13,15 @@ from packctl.errors import PackctlError
 _EXPORT_EXAMPLE = """Rewrite a packed output in the packed format another trainer reads itself.
 
 Formats: nemo (NeMo / Megatron-Bridge packed SFT, *.idx.parquet and packing_metadata.json),
-nemo-npy (the same as NeMo's legacy .npy), olmo (OLMo-core numpy token and label-mask files).
+nemo-npy (the same as NeMo's legacy .npy), olmo (OLMo-core numpy token and label-mask files),
+megatron (megatron-core indexed datasets: tokens, loss_mask and cu_seqlens .bin/.idx).
 
 Examples:
 
 \b
     packctl export packed -o packed-nemo --format nemo --eos-token-id 2
     packctl export packed -o packed-olmo --format olmo --eos-token-id 32000 --bos-token-id 32001 --vocab-size 32002
+    packctl export packed -o packed-megatron --format megatron --vocab-size 32000
 """
 
 
@@ -33,8 +35,10 @@ def export_command(
     bos_token_id: Optional[int] = typer.Option(None, help="olmo: the BOS id every sequence starts with (checked); "
                                                           "leave out for sequences without BOS. Recorded in olmo.json "
                                                           "for the reader's tokenizer."),
-    vocab_size: Optional[int] = typer.Option(None, help="olmo: the tokenizer's vocabulary size; sets the token dtype "
-                                                        "(uint16 up to 65,536 ids, else uint32) and refuses larger ids."),
+    vocab_size: Optional[int] = typer.Option(None, help="olmo, megatron: the tokenizer's vocabulary size; sets the "
+                                                        "token dtype (olmo: uint16 up to 65,536 ids, else uint32; "
+                                                        "megatron: uint16 below 65,500, else int32; without it, from "
+                                                        "the data) and refuses larger ids."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of an existing export directory."),
     verify_checksums: bool = typer.Option(True, "--verify-checksums/--no-verify-checksums",
                                           help="Check each shard against the manifest (sha256, rows, tokens, layout) "

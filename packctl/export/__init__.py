@@ -6,6 +6,9 @@ trainer reads itself, pack for pack, in output order (docs/training.md "Exports"
     nemo-npy   the same rows as NeMo's legacy DIR/train.npy (an array of dicts)
     olmo       OLMo-core numpy token files: DIR/part-00000.npy ... (flat tokens), label masks and
                document boundaries
+    megatron   megatron-core indexed datasets: DIR/tokens.bin/.idx (one document per pack, one
+               sequence per packed sequence), DIR/loss_mask.bin/.idx, DIR/cu_seqlens.bin/.idx and
+               DIR/megatron.json
 
 Every format is read back by an independent reader in tests/integration/test_export.py.
 """
@@ -29,7 +32,7 @@ from packctl.contract.schema import CU_SEQLENS_PADDED, INPUT_IDS, LABELS, SEQ_LE
 from packctl.errors import PackctlError
 from packctl.output.fs import write_failed
 
-FORMATS = ("nemo", "nemo-npy", "olmo")
+FORMATS = ("nemo", "nemo-npy", "olmo", "megatron")
 
 
 @dataclass
@@ -109,10 +112,12 @@ def check_options(fmt: str, *, overwrite: bool = False, eos_token_id: int | None
         bos_token_id=_whole("--bos-token-id", bos_token_id, 0, INT32_MAX, "token ids are int32"),
         vocab_size=_whole("--vocab-size", vocab_size, 1, INT32_MAX + 1, "token ids are int32"),
     )
-    if fmt != "olmo":
-        for flag, value in (("--bos-token-id", options.bos_token_id), ("--vocab-size", options.vocab_size)):
-            if value is not None:
-                raise PackctlError(f"{flag}: applies to --format olmo only; {fmt} does not use it")
+    uses = {"--eos-token-id": ("nemo", "nemo-npy", "olmo"), "--bos-token-id": ("olmo",),
+            "--vocab-size": ("olmo", "megatron")}
+    for flag, value in (("--eos-token-id", options.eos_token_id), ("--bos-token-id", options.bos_token_id),
+                        ("--vocab-size", options.vocab_size)):
+        if value is not None and fmt not in uses[flag]:
+            raise PackctlError(f"{flag}: applies to --format {' and '.join(uses[flag])} only; {fmt} does not use it")
     return options
 
 
@@ -127,7 +132,7 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
     refusal, a failure or SIGINT/SIGTERM part-way leaves nothing: no `target`, no partial files,
     and with --overwrite the previous export untouched.
     """
-    from packctl.export import nemo, olmo
+    from packctl.export import megatron, nemo, olmo
     from packctl.pipeline.runtime import Interrupted, RunInterrupted, SignalGuard
 
     options = check_options(fmt, overwrite=overwrite, eos_token_id=eos_token_id, bos_token_id=bos_token_id,
@@ -146,6 +151,8 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
                            "without --mode batch")
     if fmt == "olmo":
         olmo.check_layout(output, options)  # refusals that need no shard, before anything is created
+    elif fmt == "megatron":
+        megatron.check_layout(output, options)
     guard = SignalGuard()
     made = _make_parents(target.parent)
     staging = None
@@ -158,8 +165,10 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
                                    "choose another -o") from None
             if fmt in ("nemo", "nemo-npy"):
                 result = nemo.write(output, staging, npy=fmt == "nemo-npy", eos_token_id=options.eos_token_id)
-            else:
+            elif fmt == "olmo":
                 result = olmo.write(output, staging, options)
+            else:
+                result = megatron.write(output, staging, options)
             with guard.deferred():
                 _put_in_place(staging, target)
     except Interrupted as exc:

@@ -696,7 +696,7 @@ def test_olmo_export_refusals_leave_nothing(tmp_path, rows, pack_args, args, men
     target = tmp_path / "deep" / "er" / "olmo"  # missing parents: removed again
     result = packctl("export", packed, "-o", target, *OLMO, *args)
     if "nemo" in args:
-        mentions = ["--vocab-size: applies to --format olmo only"]
+        mentions = ["--vocab-size: applies to --format olmo and megatron only"]
     line = assert_clean_error(result, 2, *mentions)
     assert "truncate" not in line  # truncated pieces lose their EOS: never advised
     assert_nothing_left(target)

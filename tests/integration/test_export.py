@@ -154,8 +154,8 @@ def test_export_cli(packed, tmp_path):
     assert json.loads(proc.stdout)["files"][0] == "train-00000.idx.parquet"
     again = packctl("export", str(out), "-o", str(tmp_path / "e"), "--format", "nemo", "--eos-token-id", str(EOS))
     assert again.code == 2 and "exists; choose another -o or pass --overwrite" in " ".join(again.stderr.split())
-    bad = packctl("export", str(out), "-o", str(tmp_path / "f"), "--format", "megatron")
-    assert bad.code == 2 and "--format 'megatron': choose one of" in bad.stderr
+    bad = packctl("export", str(out), "-o", str(tmp_path / "f"), "--format", "megatron-lm")
+    assert bad.code == 2 and "--format 'megatron-lm': choose one of" in bad.stderr
     inside = packctl("export", str(out), "-o", str(out), "--format", "nemo", "--overwrite")
     assert inside.code == 2 and "inside the packed output" in inside.stderr
     assert (out / "_manifest.json").exists()  # nothing of the output was touched
