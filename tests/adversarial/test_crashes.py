@@ -615,3 +615,47 @@ def test_a_signal_during_an_export_leaves_nothing(tmp_path, monkeypatch, signum,
     assert calls["n"] == 2
     assert_nothing_left(target)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "packed"]
+
+
+@pytest.mark.parametrize("step, count", [("add", 4), ("finalize", 2)])
+def test_a_kill_during_a_megatron_export_leaves_nothing_that_looks_complete(tmp_path, step, count):
+    """SIGKILL (nothing can clean up) when shard 1 arrives, or after tokens.bin/.idx are complete:
+    there is no -o, so nothing a reader given DIR could open; what is left is the staging directory,
+    named as packctl's (.DIR.packctl-export-*) and without megatron.json (written last); the same
+    export run again beside it completes with the bytes of an export never interrupted."""
+    from support.data import write_table
+
+    write_table(tmp_path / "in" / "a.parquet", {"input_ids": [[5, 6, 2], [7, 2], [8, 9, 4, 2]] * 8})
+    packed = tmp_path / "packed"
+    assert packctl("pack", tmp_path / "in", "-o", packed, "--capacity", "8", "--shard-rows", "3", "-q").code == 0
+    target = tmp_path / "megatron"
+    argv = ["export", str(packed), "-o", str(target), "--format", "megatron"]
+    pid = os.fork()
+    if pid == 0:  # the child: the export, killed at the count-th call of IndexedWriter.<step>
+        try:
+            from packctl.cli.app import run
+            from packctl.export import megatron
+
+            real, calls = getattr(megatron.IndexedWriter, step), {"n": 0}
+
+            def killed(writer, *args, **kwargs):
+                calls["n"] += 1
+                if calls["n"] == count:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real(writer, *args, **kwargs)
+
+            setattr(megatron.IndexedWriter, step, killed)
+            run(argv)
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    assert not os.path.lexists(target)
+    left = leftovers(target)
+    assert len(left) == 1 and left[0].name.startswith(".megatron.packctl-export-"), left
+    assert (left[0] / "tokens.bin").exists() and not (left[0] / "megatron.json").exists()
+    assert (left[0] / "tokens.idx").exists() == (step == "finalize")
+    assert packctl(*argv).code == 0  # beside the stale staging directory
+    assert packctl("export", packed, "-o", tmp_path / "clean", "--format", "megatron").code == 0
+    assert ({p.name: p.read_bytes() for p in target.iterdir()} ==
+            {p.name: p.read_bytes() for p in (tmp_path / "clean").iterdir()})

@@ -749,6 +749,32 @@ def test_olmo_export_overwrite_replaces_a_previous_export(tmp_path):
     assert_clean_error(packctl(*args, "--overwrite"), 2, "holds the directory label_mask")
 
 
+def test_megatron_export_into_an_existing_directory(tmp_path):
+    """Without --overwrite an existing -o (a previous export, or any directory) is refused and left as
+    it was; a refused --overwrite keeps the previous export; --overwrite replaces it when complete."""
+    packed = _olmo_packed(tmp_path, EOS_ROWS, "--capacity", "8")
+    target = tmp_path / "megatron"
+    args = ("export", packed, "-o", target, "--format", "megatron")
+    assert packctl(*args).code == 0
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    assert sorted(before) == ["cu_seqlens.bin", "cu_seqlens.idx", "loss_mask.bin", "loss_mask.idx", "megatron.json",
+                              "tokens.bin", "tokens.idx"]
+    assert_clean_error(packctl(*args), 2, f"{target}: exists; choose another -o or pass --overwrite")
+    assert_clean_error(packctl(*args, "--vocab-size", "8", "--overwrite"), 2,
+                       "row 1 (pack 1 of the output)", "token id 8 is not in [0, 8)")
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert packctl(*args, "--vocab-size", "100000", "--overwrite").code == 0  # int32 tokens now
+    assert json.loads((target / "megatron.json").read_text())["token_dtype"] == "int32"
+    assert (target / "tokens.bin").stat().st_size == 2 * len(before["tokens.bin"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "megatron", "packed"]
+    other = tmp_path / "other"
+    (other / "keep").mkdir(parents=True)
+    assert_clean_error(packctl("export", packed, "-o", other, "--format", "megatron"), 2, "exists")
+    assert_clean_error(packctl("export", packed, "-o", other, "--format", "megatron", "--overwrite"), 2,
+                       "holds the directory keep, which packctl export does not write")
+    assert [p.name for p in other.iterdir()] == ["keep"]
+
+
 def test_olmo_export_vocabulary_sets_the_dtype(tmp_path):
     packed = _olmo_packed(tmp_path, EOS_ROWS, "--capacity", "8")
     written = []

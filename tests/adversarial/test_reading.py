@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from support.adversary import Result, assert_clean_error, assert_every_sample_once, packctl
+from support.adversary import Result, assert_clean_error, assert_every_sample_once, assert_nothing_left, packctl
 from support.data import write_table
 from packctl import PackctlError
 
@@ -192,6 +192,18 @@ def test_shard_bytes_that_differ_from_the_manifest(out, case):
     change, shard = SHARD_CASES[case]
     change(out)
     assert_refused(out, (shard,), "checksum", loader_mentions=("sha256 differs",))
+
+
+@pytest.mark.parametrize("case", list(SHARD_CASES))
+def test_a_megatron_export_stops_at_the_shard_that_differs(out, case):
+    """`export --format megatron` has written the packs of the shards before into its staging
+    directory when it reads the damaged one: one line naming it, and neither -o nor the staging
+    directory (with its .bin files and the side files of the .idx) is left."""
+    change, shard = SHARD_CASES[case]
+    change(out)
+    target = out.parent / "megatron"
+    assert_clean_error(packctl("export", out, "-o", target, "--format", "megatron"), 2, shard)
+    assert_nothing_left(target)
 
 
 def test_a_shard_replaced_by_another_outputs_shard_of_the_same_layout(out, built):

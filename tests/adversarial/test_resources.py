@@ -360,6 +360,57 @@ def test_a_tiny_corpus_on_the_spill_path_is_exact(tmp_path):
     assert_every_sample_once(out, [source])
 
 
+class _FillingDisk:
+    """Files opened for writing on a disk with `budget["left"]` bytes free: a write that does not fit
+    fails with ENOSPC, as on a full disk (reads pass)."""
+
+    def __init__(self, fh, budget: dict):
+        self._fh, self._budget = fh, budget
+
+    def write(self, data):
+        size = memoryview(data).nbytes
+        if "w" in self._fh.mode or "a" in self._fh.mode:
+            if size > self._budget["left"]:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self._budget["left"] -= size
+        return self._fh.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._fh, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._fh.close()
+
+
+@pytest.mark.parametrize("free", [0, 64, "half", "all but 1"])
+def test_megatron_export_on_a_disk_that_fills_leaves_nothing(tmp_path, monkeypatch, free):
+    """The disk fills at the first .bin write, part-way through the .bin files, or while the last
+    .idx is written from its side files: one line, neither -o nor its staging directory is left,
+    and with --overwrite the previous export stays as it was."""
+    from packctl.export import megatron
+
+    write_table(tmp_path / "in" / "a.parquet", {"input_ids": [[5, 6, 2], [7, 2], [8, 9, 4, 2]] * 8})
+    packed = tmp_path / "packed"
+    assert packctl("pack", tmp_path / "in", "-o", packed, "--capacity", "8", "--shard-rows", "3", "-q").code == 0
+    args = ["export", packed, "-o", tmp_path / "export", "--format", "megatron"]
+    budget = {"left": 1 << 40}
+    monkeypatch.setattr(megatron, "open", lambda *a, **k: _FillingDisk(open(*a, **k), budget), raising=False)
+    assert packctl(*args).code == 0
+    written = (1 << 40) - budget["left"]  # the bytes the export writes through its files
+    before = sorted((p.name, p.read_bytes()) for p in (tmp_path / "export").iterdir())
+    assert written > sum(len(b) for n, b in before if n != "megatron.json")  # side files and .idx copies too
+    for target, extra in ((tmp_path / "new", []), (tmp_path / "export", ["--overwrite"])):
+        budget["left"] = {"half": written // 2, "all but 1": written - 1}.get(free, free)
+        args[3] = target
+        assert_clean_error(packctl(*args, *extra), 2, f"{target}: write failed (No space left on device",
+                           "nothing was written")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "in", "packed"]
+    assert sorted((p.name, p.read_bytes()) for p in (tmp_path / "export").iterdir()) == before
+
+
 @pytest.mark.parametrize("fmt", ["olmo", "nemo"])
 def test_export_on_a_full_disk_leaves_nothing(tmp_path, monkeypatch, fmt):
     """A write that fails part-way (the second file of the export): one line, and neither -o nor
