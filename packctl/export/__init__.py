@@ -10,7 +10,8 @@ trainer reads itself, pack for pack, in output order (docs/training.md "Exports"
                sequence per packed sequence), DIR/loss_mask.bin/.idx, DIR/cu_seqlens.bin/.idx and
                DIR/megatron.json
 
-Every format is read back by an independent reader in tests/integration/test_export.py.
+Every format is read back by an independent reader: tests/integration/test_export.py,
+test_olmo_core.py (OLMo-core's own) and test_megatron_export.py (megatron-core's IndexedDataset).
 """
 from __future__ import annotations
 
@@ -117,7 +118,8 @@ def check_options(fmt: str, *, overwrite: bool = False, eos_token_id: int | None
     for flag, value in (("--eos-token-id", options.eos_token_id), ("--bos-token-id", options.bos_token_id),
                         ("--vocab-size", options.vocab_size)):
         if value is not None and fmt not in uses[flag]:
-            raise PackctlError(f"{flag}: applies to --format {' and '.join(uses[flag])} only; {fmt} does not use it")
+            names = ", ".join(uses[flag][:-1]) + " and " * (len(uses[flag]) > 1) + uses[flag][-1]
+            raise PackctlError(f"{flag}: applies to --format {names} only; {fmt} does not use it")
     return options
 
 
