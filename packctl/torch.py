@@ -38,11 +38,10 @@ from packctl.errors import PackctlError, require
 from packctl.contract.reader import open_output
 from packctl.contract.schema import (BALANCE_COLUMNS, COLUMN, COLUMNS, CU_SEQLENS, CU_SEQLENS_PADDED, DP_RANK,
                                      GROUP_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, LR_SCALE, MICRO_BATCH,
-                                     NUM_LOSS_TOKENS, POSITION_IDS, SAMPLE_IDS, SEQ_LENS, SEQ_LENS_PADDED,
-                                     SEQ_LOSS_TOKENS, SEQ_STARTS, SEQ_WEIGHTS, STEP, STEP_LOSS_COLUMNS,
+                                     NUM_LOSS_TOKENS, POSITION_IDS, SEQ_LENS, SEQ_LOSS_TOKENS, SEQ_STARTS, SEQ_WEIGHTS, STEP, STEP_LOSS_COLUMNS,
                                      STEP_LOSS_SEQUENCES, STEP_LOSS_TOKENS, TOKEN_COLUMNS)
 from packctl.contract.thd import cp_partition_indices
-from packctl.source.pieces import BlockCache, build_from_source, plan_source
+from packctl.source.pieces import BlockCache, plan_rows, plan_source
 
 torch = require("torch", "torch", "packctl.torch")
 
@@ -201,17 +200,8 @@ class PackedDataset(torch.utils.data.Dataset):
 
     def _plan_tokens(self, table) -> dict[str, Any]:
         """The token columns of a plan's shard, gathered from the source by the build `packctl
-        materialize` writes them with (`packctl.source.pieces.build_from_source`)."""
-        lens = table.column(SEQ_LENS).combine_chunks()
-        bin_offsets = lens.offsets.to_numpy().astype(np.int64)
-        flat = {name: table.column(name).combine_chunks().values.to_numpy().astype(np.int64)
-                for name in (SEQ_LENS, SEQ_LENS_PADDED, SAMPLE_IDS, SEQ_STARTS)}
-        padded = flat[SEQ_LENS_PADDED]
-        sums = np.concatenate([[0], np.cumsum(padded)])
-        rows = build_from_source(self._blocks.index, bin_offsets - bin_offsets[0], flat[SAMPLE_IDS],
-                                 flat[SEQ_STARTS], flat[SEQ_LENS], padded,
-                                 sums[bin_offsets[1:]] - sums[bin_offsets[:-1]], self._blocks,
-                                 pad_token_id=int(self.layout["pad_token_id"]))
+        materialize` writes them with (`packctl.source.pieces`)."""
+        rows = plan_rows(table, self._blocks, int(self.layout["pad_token_id"]))
         offsets = rows.token_offsets.astype(np.int32)
         offsets.setflags(write=False)
         columns = {}

@@ -18,8 +18,12 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
 
 from packctl.arrays import Scratch
+from packctl.contract.arrow import arrow_array
+from packctl.contract.schema import (SAMPLE_IDS, SEQ_LENS, SEQ_LENS_PADDED, SEQ_STARTS, TOKEN_COLUMNS,
+                                     column_order)
 from packctl.contract.thd import PackRows, lay_out_packs
 from packctl.errors import PackctlError
 from packctl.source.blocks import DecodedBlock
@@ -57,6 +61,33 @@ def build_from_source(index: SequenceIndex, bin_offsets: np.ndarray, piece_gid: 
     return lay_out_packs(bin_offsets, piece_len, piece_padded, piece_gid, pack_lens,
                          place_from_blocks(index, piece_gid, piece_start, piece_len, block),
                          pad_token_id=pad_token_id, scratch=scratch)
+
+
+def plan_rows(table: pa.Table, block: "BlockCache", pad_token_id: int) -> PackRows:
+    """The packs of a plan's table (its rows: seq_lens, seq_lens_padded, sample_ids, seq_starts)
+    with their token columns gathered from the source."""
+    lens = table.column(SEQ_LENS).combine_chunks()
+    bin_offsets = lens.offsets.to_numpy().astype(np.int64)
+    flat = {name: table.column(name).combine_chunks().flatten().to_numpy().astype(np.int64)
+            for name in (SEQ_LENS, SEQ_LENS_PADDED, SAMPLE_IDS, SEQ_STARTS)}
+    padded = flat[SEQ_LENS_PADDED]
+    sums = np.concatenate([[0], np.cumsum(padded)])
+    return build_from_source(block.index, bin_offsets - bin_offsets[0], flat[SAMPLE_IDS], flat[SEQ_STARTS],
+                             flat[SEQ_LENS], padded, sums[bin_offsets[1:]] - sums[bin_offsets[:-1]], block,
+                             pad_token_id=pad_token_id)
+
+
+def with_tokens(table: pa.Table, block: "BlockCache", pad_token_id: int) -> pa.Table:
+    """A plan's table as the materialized shard holds it: the token columns in their place, no
+    seq_starts (what `packctl verify` checks a plan as)."""
+    rows = plan_rows(table, block, pad_token_id)
+    offsets = arrow_array(rows.token_offsets, pa.int32())
+    columns = {name: table.column(name) for name in table.column_names if name != SEQ_STARTS}
+    for name in TOKEN_COLUMNS:
+        columns[name] = pa.ListArray.from_arrays(offsets, arrow_array(getattr(rows, name), pa.int32()))
+    names = column_order(columns)
+    fields = [pa.field(n, columns[n].type, nullable=False) for n in names]
+    return pa.Table.from_arrays([columns[n] for n in names], schema=pa.schema(fields, metadata=table.schema.metadata))
 
 
 class BlockCache:
