@@ -3,7 +3,8 @@ wrote of it, on one rank or many. Its shards are those of `pack` without --plan-
 byte: a plan's shards carry that output's `packctl` metadata, and its row groups are the units
 that output is written in (mpi/assign.py), so the same machinery writes them:
 
-    rank r:  units of its share of the plan's shards (footers, seq_lens_padded)
+    rank r:  its share of the source's blocks decoded, kept within --memory-budget  (as pack's scan)
+             units of its share of the plan's shards (footers, seq_lens_padded)
              assign: its run of units, equal tokens on every rank          mpi/assign.py
              its packs read from the plan (checked against its manifest)
              materialize: tokens from the source into the packs           pipeline/materialize.py
@@ -47,7 +48,7 @@ from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, 
 from packctl.pipeline.run import PackResult, _completed, _open_output
 from packctl.pipeline.runtime import Progress, SignalGuard, after_failure, timed
 from packctl.plan.windows import PackPlan
-from packctl.source.parquet import split_blocks
+from packctl.source.parquet import scan_blocks, split_blocks
 from packctl.source.pieces import plan_source
 
 # What a plan's shards hold besides the per-pack and per-sequence values the writer computes again
@@ -138,7 +139,13 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
     index, source = plan_source(plan.manifest, plan.outputs[0].manifest_file, budget=budget)
     with timed(timings, "assign"):
         job, kept = _job(comm, plan)
-    scanned = Scanned(index, source, split_blocks(index.blocks, comm.size))
+    # Each rank decodes its share of the blocks once, kept within the budget, as pack's scan does:
+    # with one rank and a source that fits, every unit is then gathered straight from the blocks.
+    block_bounds = split_blocks(index.blocks, comm.size)
+    lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
+    with timed(timings, "scan"):
+        index, source = scan_blocks(index, lo, hi, budget, skip_empty=source.skip_empty)
+    scanned = Scanned(index, source, block_bounds)
     amplification = read_amplification(comm, job.plan, index) if comm.size > 1 else 1.0
     config = plan.manifest.get("config", {})
     read_own = choose_read_own(token_transfer, amplification, config.get("order", "input"), comm.size)

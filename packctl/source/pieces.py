@@ -152,7 +152,7 @@ def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
         if rows != entry.get("rows"):
             raise PackctlError(f"{path}: {rows} rows, the plan {manifest_file} read {entry.get('rows')}; restore "
                                "that file, or make a new plan with packctl pack --plan-only")
-        files.append(InputFile(path=entry["path"], rows=rows, bytes=size))
+        files.append(InputFile(path=path, rows=rows, bytes=size))
         blocks += file_blocks
         fingerprints.append(fingerprint)
     tokens_column, labels_column = config.get("tokens_column"), config.get("labels_column")
@@ -165,6 +165,6 @@ def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
         block_offsets=np.concatenate([[0], np.cumsum([b.rows for b in blocks])]).astype(np.int64),
         lengths=np.zeros(0, np.int64), tokens_column=tokens_column,
         labels_column=labels_column if isinstance(labels_column, str) else None, fingerprints=fingerprints)
-    source = TokenSource([entry["absolute_path"] for entry in inputs], tokens_column, index.labels_column, budget,
+    source = TokenSource([f.path for f in files], tokens_column, index.labels_column, budget,
                          skip_empty=bool(config.get("skip_empty", False)), fingerprints=fingerprints)
     return index, source

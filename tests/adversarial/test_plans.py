@@ -111,18 +111,19 @@ def test_source_changed_under_materialize_is_refused(tmp_path, corpus, monkeypat
     the two stops the run with the error of an input changed under a run."""
     source, plan = own_plan(tmp_path, corpus)
     first = sorted(source.glob("*.parquet"))[0]
-    import packctl.pipeline.materialize as materialize
+    import packctl.pipeline.from_plan as from_plan
 
-    real = materialize.materialize
+    real = from_plan.scan_blocks
 
-    def replace_then_write(*args, **kwargs):
+    def replace_then_read(*args, **kwargs):
         table = pq.read_table(first)
         pq.write_table(table.slice(0, table.num_rows - 1), first)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("packctl.pipeline.from_plan.materialize", replace_then_write)
+    monkeypatch.setattr(from_plan, "scan_blocks", replace_then_read)
     out = tmp_path / "out"
-    assert_clean_error(packctl("materialize", plan, "-o", out, "-q"), 2, str(first), "changed while packctl was reading")
+    assert_clean_error(packctl("materialize", plan, "-o", out, "-q"), 2, str(first),
+                       "changed while packctl was reading")
     assert_nothing_left(out)
 
 
