@@ -143,3 +143,23 @@ def test_pack_resume_takes_a_materialized_output_as_its_own(tmp_path, corpus):
     assert_clean_error(other, 2, "already exists", "plan_only")
     rematerialized = packctl("materialize", plan, "-o", made, "--resume")
     assert rematerialized.code == 0 and "already complete" in rematerialized.stderr
+
+
+def test_kept_columns_weights_and_groups_travel_through_a_plan(tmp_path):
+    """--keep-columns, --weight-column and --group-column values are the plan's to write: the
+    materialized shards hold them as pack writes them."""
+    import pyarrow as pa
+
+    corpus = sample_corpus(tmp_path / "corpus", sequences=200, distribution="lognormal", shards=2, seed=4,
+                           max_length=100, groups="preference")
+    for path in sorted(corpus.glob("*.parquet")):
+        table = pq.read_table(path)
+        n = table.num_rows
+        table = table.append_column("doc", pa.array([f"{path.stem}-{i}" for i in range(n)]))
+        table = table.append_column("w", pa.array([0.5 + (i % 3) for i in range(n)], pa.float32()))
+        pq.write_table(table, path)
+    options = ["--keep-columns", "doc", "--weight-column", "w", "--group-column", "group_id"]
+    full, plan, made = three_ways(tmp_path, corpus, options)
+    assert digests(made) == digests(full)
+    names = pq.read_schema(next((plan / "data").glob("*.parquet"))).names
+    assert {"doc", "seq_weights", "group_ids", "seq_starts"} <= set(names)
