@@ -165,6 +165,11 @@ class PackConfig:
                                    "one optimizer step (members in any packs of the step: groups larger than a "
                                    "pack; needs --dp-size).")
     shard_rows: int = option(1024, help="Packs per output Parquet shard.")
+    plan_only: bool = option(False, switch=True,
+                             help="Write a plan: every column but the token columns, and where each piece's "
+                                  "tokens are in the source (seq_starts), a few percent of the bytes. The loader reads "
+                                  "its tokens from the source; packctl materialize writes the full output "
+                                  "(docs/format.md#plans).")
     skip_empty: bool = option(False, planning=True, switch=True, help="Leave empty sequences out instead of refusing them; they "
                               "are counted in the manifest (sequences_skipped_empty, among sequences_dropped).")
     overwrite: bool = option(False, switch=True, help="Replace an existing OUT.")
@@ -511,6 +516,8 @@ class PackConfig:
             del out["pack_order"]
         if self.group_scope == "pack":  # the scope every output had before --group-scope: the same bytes
             del out["group_scope"]
+        if not self.plan_only:  # the packs themselves, as every output was before --plan-only
+            del out["plan_only"]
         return out
 
 

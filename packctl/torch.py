@@ -38,9 +38,10 @@ from packctl.errors import PackctlError, require
 from packctl.contract.reader import open_output
 from packctl.contract.schema import (BALANCE_COLUMNS, COLUMN, COLUMNS, CU_SEQLENS, CU_SEQLENS_PADDED, DP_RANK,
                                      GROUP_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, LR_SCALE, MICRO_BATCH,
-                                     NUM_LOSS_TOKENS, POSITION_IDS, SEQ_LENS, SEQ_LOSS_TOKENS, SEQ_WEIGHTS, STEP,
-                                     STEP_LOSS_COLUMNS, STEP_LOSS_SEQUENCES, STEP_LOSS_TOKENS)
+                                     NUM_LOSS_TOKENS, POSITION_IDS, SEQ_LENS, SEQ_LOSS_TOKENS, SEQ_STARTS, SEQ_WEIGHTS, STEP, STEP_LOSS_COLUMNS,
+                                     STEP_LOSS_SEQUENCES, STEP_LOSS_TOKENS, TOKEN_COLUMNS)
 from packctl.contract.thd import cp_partition_indices
+from packctl.source.pieces import BlockCache, plan_rows, plan_source
 
 torch = require("torch", "torch", "packctl.torch")
 
@@ -91,8 +92,15 @@ class PackedDataset(torch.utils.data.Dataset):
     order). Kept input columns (--keep-columns) are not carried. The arrays are read-only views of
     the decoded shard; the collate functions copy them.
 
+    A plan (`packctl pack --plan-only`) is read the same way, its token columns gathered from the
+    source it was made from (`packctl.source.pieces`), so an item holds exactly what it holds in the
+    output `packctl materialize` writes of the plan: the same keys, the same arrays byte for byte.
+    The source must be the files the plan read: a file missing, or whose size or Parquet footer
+    differ from what the plan recorded, raises PackctlError naming it when the dataset is built.
+    Decoded source blocks are kept up to `source_cache_bytes` (per process), the most recently used.
+
     Args:
-        path: the output directory OUT (or its `_manifest.json`).
+        path: the output directory OUT (or its `_manifest.json`), or a plan.
         epoch: with the OUT of `packctl pack --epochs K`, the epoch to read (0 to K-1: one full
             pass, in that epoch's order; docs/training.md); None for an output of one epoch.
         dp_rank: this process's data-parallel rank (None: all packs).
@@ -101,10 +109,12 @@ class PackedDataset(torch.utils.data.Dataset):
         cache_shards: decoded shards kept in memory.
         verify: check each shard against the manifest when it is loaded (sha256, rows, tokens,
             layout); False reads faster, trusting the files (docs/training.md).
+        source_cache_bytes: with a plan, the decoded source blocks kept in memory.
     """
 
     def __init__(self, path: str | Path, dp_rank: int | None = None, dp_size: int | None = None, *,
-                 drop_last: bool = False, cache_shards: int = 2, epoch: int | None = None, verify: bool = True):
+                 drop_last: bool = False, cache_shards: int = 2, epoch: int | None = None, verify: bool = True,
+                 source_cache_bytes: int = 1 << 30):
         self.output = open_output(path, epoch, verify=verify)
         self.root, self.manifest = self.output.root, self.output.manifest
         self.manifest_path = self.output.manifest_file
@@ -119,6 +129,12 @@ class PackedDataset(torch.utils.data.Dataset):
 
         names = self.output.column_names(0) if self.shard_paths else []
         self.balanced = all(name in names for name in BALANCE_COLUMNS)
+        self.is_plan = self.manifest.get("kind") == "plan"
+        self._blocks: BlockCache | None = None
+        if self.is_plan:  # the token columns come from the source, the rest from the plan
+            index, source = plan_source(self.manifest, self.manifest_path)
+            self._blocks = BlockCache(index, source, budget=source_cache_bytes)
+            names = [n for n in names if n != SEQ_STARTS] + list(TOKEN_COLUMNS)
         self._columns = [c.name for c in COLUMNS if c.name in names]  # what an item carries
         self._planned_balance: np.ndarray | None = None  # the balance columns the order was planned from
         if self.balanced:
@@ -161,9 +177,15 @@ class PackedDataset(torch.utils.data.Dataset):
         if shard in self._cache:
             self._cache.move_to_end(shard)
             return self._cache[shard]
-        table = self.output.read_shard(shard, self._columns)
-        columns: dict[str, Any] = {}
+        if self.is_plan:
+            read = [n for n in self._columns if n not in TOKEN_COLUMNS] + [SEQ_STARTS]
+            table = self.output.read_shard(shard, read)
+        else:
+            table = self.output.read_shard(shard, self._columns)
+        columns: dict[str, Any] = self._plan_tokens(table) if self.is_plan else {}
         for name in self._columns:
+            if name in columns:
+                continue
             if COLUMN[name].is_list:
                 array = table.column(name).combine_chunks()
                 columns[name] = (array.offsets.to_numpy(), array.values.to_numpy())
@@ -174,6 +196,19 @@ class PackedDataset(torch.utils.data.Dataset):
         self._cache[shard] = columns
         while len(self._cache) > self.cache_shards:
             self._cache.popitem(last=False)
+        return columns
+
+    def _plan_tokens(self, table) -> dict[str, Any]:
+        """The token columns of a plan's shard, gathered from the source by the build `packctl
+        materialize` writes them with (`packctl.source.pieces`)."""
+        rows = plan_rows(table, self._blocks, int(self.layout["pad_token_id"]))
+        offsets = rows.token_offsets.astype(np.int32)
+        offsets.setflags(write=False)
+        columns = {}
+        for name in TOKEN_COLUMNS:
+            values = getattr(rows, name)
+            values.setflags(write=False)  # as the arrays of a decoded shard: read-only views
+            columns[name] = (offsets, values)
         return columns
 
     def _check_planned_balance(self, shard: int, columns: dict[str, Any]) -> None:

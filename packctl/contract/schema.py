@@ -41,6 +41,7 @@ WITH_LR_SCALING = "--lr-scaling"
 BATCH_MODE = "--mode batch"
 WITH_WEIGHTS = "--weight-column"
 WITH_GROUPS = "--group-column"
+PLAN_ONLY = "--plan-only"
 
 INPUT_IDS = "input_ids"
 LABELS = "labels"
@@ -65,6 +66,7 @@ STEP_LOSS_TOKENS = "step_loss_tokens"
 STEP_LOSS_SEQUENCES = "step_loss_sequences"
 SEQ_WEIGHTS = "seq_weights"
 GROUP_IDS = "group_ids"
+SEQ_STARTS = "seq_starts"
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,9 @@ COLUMNS = (
     Column(SEQ_WEIGHTS, "float64", SEQUENCE, WITH_WEIGHTS, None, "the input column's weight of each sequence"),
     Column(GROUP_IDS, "int64", SEQUENCE, WITH_GROUPS, None,
            "the sample id of the first input row of the sequence's group"),
+    Column(SEQ_STARTS, "int64", SEQUENCE, PLAN_ONLY, None,
+           "a plan's only column of its own: the first token of each piece inside its sample (0 unless split); "
+           "a plan has no token columns"),
 )
 # Beyond these, --keep-columns C writes the input column C as it is, one value per sequence
 # (`list<its input type>`), after the per-pack columns of the options (`column_order`).
@@ -148,6 +153,9 @@ BATCH_COLUMNS = tuple(c.name for c in COLUMNS if c.written == BATCH_MODE)  # the
 # --dp-size. Older version-2 outputs lack them, so readers treat them as optional.
 LOSS_COLUMNS = (NUM_LOSS_TOKENS, SEQ_LOSS_TOKENS, SUM_SQ_SEQLEN)
 STEP_LOSS_COLUMNS = (STEP_LOSS_TOKENS, STEP_LOSS_SEQUENCES)
+# The columns a plan (`pack --plan-only`) leaves out: every column of one value per token, rebuilt
+# from the source by `packctl.source.pieces` (the loader, `packctl materialize`).
+TOKEN_COLUMNS = tuple(c.name for c in COLUMNS if c.per == TOKEN)
 # Every column packctl itself may write (kept input columns must not reuse these names).
 RESERVED_COLUMNS = tuple(COLUMN)
 

@@ -141,6 +141,9 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
                             vocab_size=vocab_size)
     output = open_output(out, verify=verify)
     out = output.root
+    if output.manifest.get("kind") == "plan":  # no tokens to export: they are in its source
+        raise PackctlError(f"{out}: a plan (packctl pack --plan-only) holds no tokens; run packctl materialize "
+                           f"{out} -o OUT first, and export OUT")
     target = Path(target)
     if target.resolve() == out.resolve() or out.resolve() in target.resolve().parents:
         raise PackctlError(f"{target}: inside the packed output {out}; choose a -o outside it")

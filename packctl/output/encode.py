@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from packctl.contract.arrow import arrow_array
 from packctl.contract.schema import (COLUMN, CU_ENTRY, LOSS_COLUMNS, METADATA_KEY, PACK_COLUMNS, SEQ_LENGTHS, SEQUENCE,
-                                     TOKEN, Column, column_order)
+                                     TOKEN, TOKEN_COLUMNS, Column, column_order)
 from packctl.contract.thd import PackRows, loss_columns
 
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, use_dictionary=False, write_statistics=False)
@@ -22,12 +22,15 @@ Values = Union[np.ndarray, pa.Array, pa.ChunkedArray]
 
 
 def rows_to_table(rows: PackRows, metadata: bytes, per_pack: dict[str, np.ndarray] | None = None,
-                  per_sequence: dict[str, Values] | None = None) -> pa.Table:
+                  per_sequence: dict[str, Values] | None = None, *, plan: bool = False) -> pa.Table:
     """PackRows -> an Arrow table of the contract (`packctl.contract.schema.COLUMNS`) with the
     `packctl` metadata key: the columns of `rows`, `seq_lengths`, the loss columns counted from its
     labels (`packctl.contract.thd.loss_columns`), then `per_pack` values (one per row: step,
     dp_rank, lr_scale ...) and `per_sequence` values (one per sequence, aligned with `sample_ids`:
     seq_weights, group_ids, and the --keep-columns as they are), in `column_order`.
+
+    With `plan` (`pack --plan-only`) the token columns are left out: what else the table holds
+    is what it holds without (the loss columns are counted from the labels all the same).
 
     Each declared column is written with its declared type, whatever the type of the values handed
     over (numpy arrays are converted, input values from Arrow cast): `{"step": np.array([0, 0, 1])}`
@@ -39,6 +42,9 @@ def rows_to_table(rows: PackRows, metadata: bytes, per_pack: dict[str, np.ndarra
     flat.update({name: getattr(loss, name) for name in LOSS_COLUMNS})
     flat.update(per_pack or {})
     flat.update(per_sequence or {})
+    if plan:
+        for name in TOKEN_COLUMNS:
+            del flat[name]
     offsets = {per: arrow_array(values, pa.int32()) for per, values in (
         (TOKEN, rows.token_offsets), (SEQUENCE, rows.seq_offsets), (CU_ENTRY, rows.cu_offsets))}
     names = column_order(flat)

@@ -8,9 +8,12 @@
     assign      writing dealt out to ranks by tokens                                 mpi/assign.py
     materialize tokens moved into packs, shards encoded and journaled                materialize.py
     report      metrics and manifest, then the commit                                report.py
+
+`packctl materialize PLAN` writes a plan's output with the same assign and materialize (from_plan.py).
 """
 from __future__ import annotations
 
 from packctl.pipeline.run import PackResult, Progress, RunInterrupted, pack, run_fingerprint
+from packctl.pipeline.from_plan import materialize_plan
 
-__all__ = ["PackResult", "Progress", "RunInterrupted", "pack", "run_fingerprint"]
+__all__ = ["PackResult", "Progress", "RunInterrupted", "materialize_plan", "pack", "run_fingerprint"]

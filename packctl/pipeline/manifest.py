@@ -4,6 +4,7 @@ file names, are in packctl/contract/manifest.py."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,11 @@ if TYPE_CHECKING:
 # Options that say where and how a run executes, never what it writes: kept out of the shards'
 # metadata so the same packing has the same bytes wherever it is written.
 EXECUTION_ONLY = ("output", "overwrite", "memory_budget", "token_transfer")
+# The shards of a plan carry the metadata of the output `packctl materialize` makes of it, so that
+# its shards are those `pack` writes without --plan-only, byte for byte: a plan says it is one in its
+# manifest (`kind`), and its shards by their columns (seq_starts, no input_ids).
+NOT_IN_SHARDS = EXECUTION_ONLY + ("plan_only",)
+PLAN_KIND = "plan"
 
 
 def layout_of(config: PackConfig) -> dict[str, Any]:
@@ -59,8 +65,8 @@ def resolved_config(config: PackConfig, labels_column: str | None) -> dict[str, 
 def shard_metadata(config: PackConfig, labels_column: str | None, inputs: list[InputFile]) -> bytes:
     """JSON for every shard's `packctl` key: what produced it, without execution-only options."""
     cfg = resolved_config(config, labels_column)
-    for key in EXECUTION_ONLY:
-        cfg.pop(key)
+    for key in NOT_IN_SHARDS:
+        cfg.pop(key, None)
     return json.dumps({
         "format_version": FORMAT_VERSION,
         "packctl_version": __version__,
@@ -71,8 +77,12 @@ def shard_metadata(config: PackConfig, labels_column: str | None, inputs: list[I
 
 
 def build_manifest(config: PackConfig, labels_column: str | None, inputs: list[InputFile],
-                   shards: list[ShardEntry], counts: dict[str, int], timings: dict[str, float]) -> dict[str, Any]:
-    return {
+                   shards: list[ShardEntry], counts: dict[str, int], timings: dict[str, float],
+                   fingerprints: list | None = None) -> dict[str, Any]:
+    """`_manifest.json`. A plan's (`config.plan_only`) also says `"kind": "plan"` and records each
+    input's fingerprint (`mtime_ns`, `footer`: source/files.py), which the readers of a plan check
+    before they read a token from it, and where it is from any folder (`absolute_path`)."""
+    manifest = {
         "format_version": FORMAT_VERSION,
         "packctl_version": __version__,
         "config": resolved_config(config, labels_column),
@@ -82,3 +92,10 @@ def build_manifest(config: PackConfig, labels_column: str | None, inputs: list[I
         "counts": counts,
         "timings": timings,
     }
+    if config.plan_only:
+        manifest["kind"] = PLAN_KIND
+        for entry, read in zip(manifest["inputs"], fingerprints or []):
+            entry["absolute_path"] = os.path.abspath(entry["path"])  # where its readers find it, from any folder
+            entry["mtime_ns"] = read.mtime_ns
+            entry["footer"] = read.footer
+    return manifest

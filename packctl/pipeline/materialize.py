@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 from packctl.arrays import Scratch, copy_segments, offsets_of
 from packctl.mpi.assign import WriteJob, WriteRun, write_run
 from packctl.source.parquet import SequenceIndex, TokenSource, read_kept_columns
+from packctl.source.pieces import place_from_blocks
 from packctl.output.stitch import stitch, stitch_chunks
 from packctl.output.encode import encode_table, rows_to_table
 from packctl.contract.manifest import ShardEntry
@@ -53,7 +54,7 @@ from packctl.output.fs import write_failed
 from packctl.output.outdir import OutputDir, StagedShard
 from packctl.plan.windows import PackPlan
 from packctl.plan.groups import group_ids
-from packctl.contract.schema import GROUP_IDS, NUM_TOKENS, SEQ_WEIGHTS
+from packctl.contract.schema import GROUP_IDS, NUM_TOKENS, SEQ_STARTS, SEQ_WEIGHTS
 from packctl.contract.thd import lay_out_packs
 
 @dataclass
@@ -189,12 +190,13 @@ class ShardAssembler:
                  metadata: bytes, pad_token_id: int, budget: int,
                  held_elsewhere: Callable[[], int] = lambda: 0, progress: Callable[[int], None] = lambda n: None,
                  writers: int | None = None, columns: dict[str, np.ndarray] | None = None,
-                 kept: dict[str, pa.ChunkedArray | np.ndarray] | None = None):
+                 kept: dict[str, pa.ChunkedArray | np.ndarray] | None = None, plan_only: bool = False):
         self.plan, self.pack_lens, self.run = plan, pack_lens, run
         self.columns = columns or {}  # extra per-pack columns (step, dp_rank, ...), in this rank's pack order
         self.kept = kept or {}  # per-piece columns (per_piece_columns), one value per piece of this rank's plan
         self.output, self.metadata = output, metadata
         self.pad_token_id = pad_token_id
+        self.plan_only = plan_only  # --plan-only: the shards leave the token columns out
         self.budget, self.held_elsewhere, self.progress = budget, held_elsewhere, progress
         self.bounds = run.unit_bounds
         self.unit_piece_offsets = plan.bin_offsets[self.bounds]
@@ -276,20 +278,8 @@ class ShardAssembler:
         """Unit u with each piece gathered from its decoded block straight into its place in the pack."""
         plan = self.plan
         p_lo, p_hi = int(self.unit_piece_offsets[u]), int(self.unit_piece_offsets[u + 1])
-        gids, starts, lens = plan.piece_gid[p_lo:p_hi], plan.piece_start[p_lo:p_hi], plan.piece_len[p_lo:p_hi]
-        block_of = np.searchsorted(index.block_offsets, gids, side="right") - 1
-        order = np.argsort(block_of, kind="stable")
-        blocks, first = np.unique(block_of[order], return_index=True)
-        cuts = np.append(first, len(order))
-
-        def place(input_ids: np.ndarray, labels: np.ndarray, piece_flat_start: np.ndarray) -> None:
-            for k, b in enumerate(blocks.tolist()):
-                sel = order[cuts[k]:cuts[k + 1]]
-                decoded = source.peek(b)
-                src_starts = decoded.offsets[gids[sel] - index.block_offsets[b]] + starts[sel]
-                decoded.gather_into(src_starts, lens[sel], input_ids, labels, piece_flat_start[sel])
-
-        return self._write(u, place)
+        return self._write(u, place_from_blocks(index, plan.piece_gid[p_lo:p_hi], plan.piece_start[p_lo:p_hi],
+                                                plan.piece_len[p_lo:p_hi], source.peek))
 
     def _keep_within_budget(self) -> None:
         """Over budget: spill the largest buckets until half the budget is free for what comes."""
@@ -331,7 +321,7 @@ class ShardAssembler:
                              place, pad_token_id=self.pad_token_id, scratch=scratch)
         extra = {name: values[lo:hi] for name, values in self.columns.items()}
         per_piece = {name: values[p_lo:p_hi] for name, values in self.kept.items()}
-        data = encode_table(rows_to_table(rows, self.metadata, extra, per_piece))
+        data = encode_table(rows_to_table(rows, self.metadata, extra, per_piece, plan=self.plan_only))
         tokens = int(plan.piece_len[p_lo:p_hi].sum())
         self.progress(hi - lo)
         shard, part = int(self.run.unit_shard[u]), int(self.run.unit_part[u])
@@ -449,6 +439,7 @@ class ShardFormat:
     budget: int
     keep_columns: tuple[str, ...] = ()
     weight_column: str | None = None
+    plan_only: bool = False  # --plan-only: no token columns; each piece's start in its sample (seq_starts)
 
 
 def per_piece_columns(index: SequenceIndex, piece_gid: np.ndarray,
@@ -468,16 +459,20 @@ def per_piece_columns(index: SequenceIndex, piece_gid: np.ndarray,
 
 
 def materialize(comm, job: WriteJob, scanned: Scanned, output: OutputDir, fmt: ShardFormat, *,
-                read_own: bool = False, progress: Callable[[int], None] = lambda n: None) -> MaterializeResult:
+                read_own: bool = False, progress: Callable[[int], None] = lambda n: None,
+                kept: dict[str, pa.ChunkedArray | np.ndarray] | None = None) -> MaterializeResult:
     """Write this rank's run of units (module docstring); `job` holds this rank's packs
-    (`dist.assign.hand_over`). With `read_own`, tokens are read from the input blocks, not exchanged."""
+    (`dist.assign.hand_over`). With `read_own`, tokens are read from the input blocks, not exchanged.
+    `kept`: the per-piece values to write (`per_piece_columns`), when they are known already (a plan's)."""
     plan, index, source, block_bounds = job.plan, scanned.index, scanned.source, scanned.block_bounds
     run = write_run(job.assignment, comm.rank)
-    kept = per_piece_columns(index, plan.piece_gid, fmt)
+    kept = per_piece_columns(index, plan.piece_gid, fmt) if kept is None else kept
+    if fmt.plan_only:
+        kept[SEQ_STARTS] = plan.piece_start
     assembler = ShardAssembler(plan, job.pack_lens, run, output=output, metadata=fmt.metadata,
                                pad_token_id=fmt.pad_token_id, budget=fmt.budget,
                                held_elsewhere=lambda: source.held, progress=progress, columns=job.columns,
-                               kept=kept)
+                               kept=kept, plan_only=fmt.plan_only)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     rounds = blocks_read = 0
     try:

@@ -37,7 +37,7 @@ from packctl.mpi.assign import WriteJob, assign, hand_over, units_of
 from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
 from packctl.contract.manifest import DATA_DIR, EPOCHS, MANIFEST, METRICS, epoch_dir
 from packctl.errors import PackctlError
-from packctl.pipeline.manifest import build_manifest, shard_metadata
+from packctl.pipeline.manifest import PLAN_KIND, build_manifest, shard_metadata
 from packctl.compile_ahead import CompileAhead
 from packctl.jit import CompileClock
 from packctl.source.parquet import SequenceIndex, index_inputs, scan_blocks, split_blocks
@@ -229,7 +229,8 @@ def _report(config: PackConfig, specs: Specs, index: SequenceIndex, shares: list
     numbered = sorted((n, i) for s in shares for n, i in s.shards.items())
     shards = [info for _, info in numbered]
     listed = shards if epoch is None else [dataclasses.replace(i, path=i.path.split("/", 1)[1]) for i in shards]
-    manifest = build_manifest(config, index.labels_column, index.files, listed, metrics["counts"], timings)
+    manifest = build_manifest(config, index.labels_column, index.files, listed, metrics["counts"], timings,
+                              index.fingerprints)
     if opens_window is not None:
         manifest["window_starts"] = [k for k, (n, _) in enumerate(numbered) if opens_window[n]]
     if epoch is not None:
@@ -272,7 +273,8 @@ def _shard_format(config: PackConfig, specs: Specs, index: SequenceIndex) -> Sha
     content = dataclasses.replace(config, resume=False)
     return ShardFormat(metadata=shard_metadata(content, index.labels_column, index.files),
                        pad_token_id=specs.write.pad_token_id, budget=specs.write.memory_budget,
-                       keep_columns=specs.write.keep_columns, weight_column=specs.write.weight_column)
+                       keep_columns=specs.write.keep_columns, weight_column=specs.write.weight_column,
+                       plan_only=config.plan_only)
 
 
 def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGuard, faults: Faults | None
@@ -360,6 +362,11 @@ def run_fingerprint(config: PackConfig, index: SequenceIndex) -> dict[str, Any]:
     for entry, read in zip(fingerprint["inputs"], index.fingerprints):
         entry["mtime_ns"] = read.mtime_ns
         entry["footer"] = read.footer
+    # A plan and the packs of the same options are two outputs (the shards' metadata leaves
+    # --plan-only out): neither is taken for the other by --resume.
+    fingerprint["kind"] = PLAN_KIND if config.plan_only else "packs"
+    if config.plan_only:
+        fingerprint["config"]["plan_only"] = True
     return fingerprint
 
 

@@ -440,7 +440,7 @@ class TokenSource:
                             expected=self.fingerprints[block.file] if self.fingerprints else None)
 
 
-def _blocks_of(meta: pq.FileMetaData, f: int) -> tuple[list[Block], int]:
+def blocks_of(meta: pq.FileMetaData, f: int) -> tuple[list[Block], int]:
     blocks, first = [], 0
     for g in range(meta.num_row_groups):
         rg = meta.row_group(g)
@@ -461,7 +461,7 @@ def index_inputs(resolution: "Resolution", tokens_column: str, labels_column: st
     kept_types: dict[str, pa.DataType] = {}
     for f, resolved in enumerate(resolution.files):
         path, pf = resolved.path, opened[resolved.path]
-        file_blocks, rows = _blocks_of(pf.metadata, f)
+        file_blocks, rows = blocks_of(pf.metadata, f)
         schema = pf.schema_arrow
         check_list_column(path, schema, tokens_column, "tokens")
         for column in keep_columns:

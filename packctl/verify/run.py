@@ -22,7 +22,8 @@ import numpy as np
 from packctl.arrays import offsets_of
 from packctl.config import as_python
 from packctl.contract.layout import Layout
-from packctl.contract.manifest import manifest_problems, read_manifest_json
+from packctl.contract.manifest import MANIFEST, manifest_problems, read_manifest_json
+from packctl.source.pieces import BlockCache, plan_source
 from packctl.errors import MissingExtraError, PackctlError
 from packctl.verify import backends
 from packctl.verify.attention import Pack, ProbeEmbedding, run_attention
@@ -220,10 +221,13 @@ def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyRepor
     groups = GroupRule.from_manifest(manifest)
     packs: list[Pack] = []
     complete = len(readable) == len(shards)
+    plan_blocks = None
+    if manifest.get("kind") == "plan":  # a plan is checked with its tokens read from its source
+        plan_blocks = BlockCache(*plan_source(manifest, out / MANIFEST))
     for i, entry in readable:
         name = entry["path"]
         rows, found = check_shard(out, entry, manifest, layout, sequences_in=sequences_in, steps=steps,
-                                   groups=groups)
+                                   groups=groups, plan_blocks=plan_blocks)
         structure += found
         if pieces is not None:
             pieces.add(name, rows)

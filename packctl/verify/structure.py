@@ -22,7 +22,9 @@ from typing import Any
 from packctl.contract.layout import Layout
 from packctl.contract.manifest import ManifestProblem, inside, read_manifest
 from packctl.contract.reader import check_shard_bytes, read_shard_file, unlisted_parquet
+from packctl.contract.schema import SAMPLE_IDS, SEQ_LENS, SEQ_LENS_PADDED, SEQ_STARTS
 from packctl.contract.thd import PackRows
+from packctl.source.pieces import with_tokens
 from packctl.verify.pack_rules import PACK_RULES
 from packctl.verify.shard_rules import (SHARD_RULES, Shard, StepLoss, check_shard_rules, readable_as_packs,
                                         rows_from_table, schema_violations)
@@ -49,7 +51,7 @@ def load_manifest(out: str | Path) -> dict[str, Any]:
 
 def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layout: Layout | None, *,
                 sequences_in: int | None, steps: StepLoss | None = None,
-                groups: Any = None) -> tuple[PackRows | None, list[Violation]]:
+                groups: Any = None, plan_blocks: Any = None) -> tuple[PackRows | None, list[Violation]]:
     """Checksum, schema, metadata, counts and every pack rule of one shard listed in the manifest;
     with `steps`, what the step rule (`StepLoss.check`, after the last shard) needs; with `groups`
     (a `packctl.verify.groups.GroupRule`), the shard's `group_ids` when it has them. `layout`
@@ -58,6 +60,9 @@ def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layo
     The shard is read as every reader reads it (`packctl.contract.reader.check_shard_bytes`: one
     read, hashed while parsed), and its findings become rules (`checksum`, `readable`, `metadata`,
     `manifest-shard`). `entry["path"]` must have passed `manifest_problems` (relative, inside OUT).
+
+    A plan's shard (`plan_blocks`: the source's `packctl.source.pieces.BlockCache`) is checked
+    as the shard `packctl materialize` writes of it: its token columns gathered from the source.
 
     Returns the shard's rows (None when it cannot be read as packs) and the broken rules.
     """
@@ -78,6 +83,8 @@ def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layo
     table = checked.table
     if table is None:
         return None, found
+    if plan_blocks is not None and not found and readable_as_plan(table.schema):
+        table = with_tokens(table, plan_blocks, int(manifest["layout"]["pad_token_id"]))
     found += schema_violations(table.schema, manifest.get("format_version", 1), name)
     if not readable_as_packs(table.schema):
         return None, found
@@ -88,6 +95,11 @@ def check_shard(out: Path, entry: dict[str, Any], manifest: dict[str, Any], layo
     found += check_shard_rules(Shard(name, table, rows, layout, sequences_in=sequences_in, steps=steps,
                                      groups=groups))
     return rows, found
+
+
+def readable_as_plan(schema) -> bool:
+    """Whether a plan's shard holds what its token columns are rebuilt from."""
+    return all(name in schema.names for name in (SEQ_LENS, SEQ_LENS_PADDED, SAMPLE_IDS, SEQ_STARTS))
 
 
 def manifest_violations(problems: list[ManifestProblem]) -> list[Violation]:

@@ -1,4 +1,5 @@
-"""`packctl pack` as a user runs it, with a failure at a chosen point (tests of crashes and resume).
+"""`packctl pack` (or `packctl materialize`) as a user runs it, with a failure at a chosen point
+(tests of crashes and resume).
 
     python tests/support/faulty_pack.py --kill-at commit:manifest-written pack CORPUS -o OUT ...   # also under mpiexec
     python tests/support/faulty_pack.py --kill-at shard:renamed --kill-count 3 --kill-rank 1 pack ...
@@ -61,6 +62,7 @@ def main(argv: list[str]) -> None:
 
     faults, argv = faults_of(argv)
     pipeline.pack = functools.partial(pipeline.pack, faults=faults)
+    pipeline.materialize_plan = functools.partial(pipeline.materialize_plan, faults=faults)
     sys.argv = ["packctl", *argv]
     cli_main()
 
@@ -83,6 +85,7 @@ class Forked:
                 from packctl.cli.app import run
 
                 pipeline.pack = functools.partial(pipeline.pack, faults=faults)
+                pipeline.materialize_plan = functools.partial(pipeline.materialize_plan, faults=faults)
                 code = run([str(a) for a in argv])
             except BaseException:  # the test must see it, never a second pytest
                 import traceback

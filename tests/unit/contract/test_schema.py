@@ -12,7 +12,7 @@ import pyarrow as pa
 
 import packctl
 from packctl.contract.schema import (ALWAYS, COLUMN, COLUMNS, CU_ENTRY, PACK, PACK_COLUMNS, PACK_SCHEMA,
-                                     RESERVED_COLUMNS, SEQUENCE, TOKEN, column_order)
+                                     RESERVED_COLUMNS, SEQUENCE, TOKEN, TOKEN_COLUMNS, column_order)
 from packctl.contract.thd import build_pack_rows
 from packctl.output.encode import rows_to_table
 from support.paths import DOCS
@@ -21,7 +21,7 @@ PACKCTL = Path(packctl.__file__).resolve().parent
 
 
 def test_the_table_declares_each_column_once_with_a_type_a_level_and_an_option():
-    assert len(COLUMN) == len(COLUMNS) == len(RESERVED_COLUMNS) == 23
+    assert len(COLUMN) == len(COLUMNS) == len(RESERVED_COLUMNS) == 24
     assert set(RESERVED_COLUMNS) == {c.name for c in COLUMNS}
     for column in COLUMNS:
         assert column.value in ("int32", "int64", "float32", "float64"), column
@@ -64,7 +64,7 @@ def test_the_writer_gives_every_declared_column_its_type_whatever_it_is_handed()
     assert table.schema.field("doc").type == pa.list_(pa.string())  # a kept column as it is
     assert table.column_names == column_order(table.column_names)
     assert table.column_names[-3:] == ["doc", "seq_weights", "group_ids"]
-    assert set(COLUMN) <= set(table.column_names)
+    assert set(COLUMN) - {"seq_starts"} <= set(table.column_names)  # seq_starts: a plan's alone
     assert table.column("lr_scale").to_pylist() == [1.0, np.float32(1 / 3)]
     assert table.column("seq_weights").to_pylist() == [[0.5, 1.5], [2.0]]
     assert table.column("group_ids").to_pylist() == [[7, 3], [4]]
@@ -82,6 +82,17 @@ def _format_table() -> dict[str, list[str]]:
         if line.startswith("|") and name:
             rows[name.group(1)] = [c.replace("`", "").replace("\\", "") for c in cells[1:]]
     return rows
+
+
+def test_a_plan_table_holds_every_column_but_the_token_ones_and_seq_starts():
+    packed = rows_to_table(_rows(), b"{}")
+    plan = rows_to_table(_rows(), b"{}", None, {"seq_starts": np.array([0, 5, 0], np.int32)}, plan=True)
+    assert plan.column_names == [n for n in packed.column_names if n not in TOKEN_COLUMNS] + ["seq_starts"]
+    assert set(TOKEN_COLUMNS) == {"input_ids", "labels", "position_ids"}
+    assert plan.schema.field("seq_starts").type == pa.list_(pa.int64())
+    assert plan.column("seq_starts").to_pylist() == [[0, 5], [0]]
+    for name in plan.column_names[:-1]:  # the loss columns too: counted from the labels all the same
+        assert plan.column(name).equals(packed.column(name)), name
 
 
 def test_docs_format_lists_every_column_as_the_table_declares_it():

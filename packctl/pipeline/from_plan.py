@@ -1,0 +1,330 @@
+"""`packctl materialize PLAN -o OUT`: the output `pack` writes, from the plan `pack --plan-only`
+wrote of it, on one rank or many. Its shards are those of `pack` without --plan-only, byte for
+byte: a plan's shards carry that output's `packctl` metadata, and its row groups are the units
+that output is written in (mpi/assign.py), so the same machinery writes them:
+
+    rank r:  its share of the source's blocks decoded, kept within --memory-budget  (as pack's scan)
+             units of its share of the plan's shards (footers, seq_lens_padded)
+             assign: its run of units, equal tokens on every rank          mpi/assign.py
+             its packs read from the plan (checked against its manifest)
+             materialize: tokens from the source into the packs           pipeline/materialize.py
+    rank 0:  the plan's reports and manifests, with the shards written and
+             this run's timings, then the commit                          output/commit.py -> OUT
+
+The source must be the files the plan read (size and Parquet footer as its manifest records:
+source/pieces.py `plan_source`). OUT takes the lock, the commit protocol and `--resume` of `pack`:
+a materialize killed at any step resumes, and `pack ... --resume` of the same options on the OUT
+it wrote finds it "already complete" (and the other way round).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packctl.config import default_memory_budget, parse_bytes
+from packctl.contract.manifest import EPOCHS, MANIFEST, METRICS, epoch_dir, epoch_outputs, read_json_object
+from packctl.contract.reader import PackedOutput, open_output
+from packctl.contract.schema import (COLUMN, METADATA_KEY, PACK, PACK_COLUMNS, SAMPLE_IDS, SEQ_LENS,
+                                     SEQ_LENS_PADDED, SEQ_STARTS, SEQUENCE, LOSS_COLUMNS, SEQ_LENGTHS)
+from packctl.errors import PackctlError
+from packctl.mpi.assign import Units, WriteJob, assign
+from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
+from packctl.output import commit as protocol
+from packctl.output.lock import OutputLock
+from packctl.output.outdir import Faults
+from packctl.output.paths import check_output_location
+from packctl.output.resume import inspect_output
+from packctl.pipeline.manifest import PLAN_KIND
+from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
+from packctl.pipeline.run import PackResult, _completed, _open_output
+from packctl.pipeline.runtime import Progress, SignalGuard, after_failure, timed
+from packctl.plan.windows import PackPlan
+from packctl.source.parquet import scan_blocks, split_blocks
+from packctl.source.pieces import plan_source
+
+# What a plan's shards hold besides the per-pack and per-sequence values the writer computes again
+# from the pieces (PACK_COLUMNS, seq_lengths and the loss columns): read back, they are written as
+# they are (step, dp_rank, ..., seq_weights, group_ids, --keep-columns).
+_REBUILT = set(PACK_COLUMNS) | {SEQ_LENGTHS, SEQ_STARTS, *LOSS_COLUMNS}
+
+
+@dataclass
+class Plan:
+    """A plan as its readers see it: its outputs (one, or one per epoch), their manifests, the
+    shards of all of them in write order (global shard k: `outputs[epoch_of[k]]`, local number)."""
+
+    root: Path
+    outputs: list[PackedOutput]
+    shard_epoch: np.ndarray | None  # epoch of each global shard (None: one output)
+    shard_output: list[tuple[int, int]]  # global shard -> (output, shard in it)
+    metadata: bytes  # the `packctl` metadata every shard carries: that of the materialized output
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return self.outputs[0].manifest
+
+
+def open_plan(path: str | Path) -> Plan:
+    """The plan at `path` (the OUT of `pack --plan-only`), its manifests validated; one PackctlError
+    line when it is not a plan."""
+    root = Path(path)
+    epochs = epoch_outputs(root)
+    outputs = [open_output(p) for p in epochs] if epochs is not None else [open_output(root)]
+    for output in outputs:
+        if output.manifest.get("kind") != PLAN_KIND:
+            raise PackctlError(f"{output.manifest_file}: not a plan (packctl pack --plan-only writes one); this "
+                               "output holds its tokens already: read it as it is")
+    shard_output = [(o, k) for o, output in enumerate(outputs) for k in range(len(output.shards))]
+    shard_epoch = np.array([o for o, _ in shard_output], np.int64) if epochs is not None else None
+    first = outputs[0]
+    try:
+        metadata = (pq.read_schema(first.shard_path(0)).metadata or {}).get(METADATA_KEY)
+    except (pa.ArrowException, OSError) as exc:
+        raise PackctlError(f"{first.shard_path(0)}: not a readable Parquet file ({exc}); make the plan again") from None
+    if metadata is None:
+        raise PackctlError(f"{first.shard_path(0)}: no 'packctl' Parquet metadata; make the plan again")
+    return Plan(root, outputs, shard_epoch, shard_output, metadata)
+
+
+def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bool = False, resume: bool = False,
+                     memory_budget: int | str | None = None, token_transfer: str = "auto",
+                     progress: Progress | None = None, comm: Comm | None = None,
+                     faults: Faults | None = None) -> PackResult:
+    """Write the output of the plan at `plan_path` into `output` (module docstring); every rank
+    calls it with the same arguments under `mpiexec -n N`.
+
+    >>> materialize_plan("plan", "out")          # doctest: +SKIP
+    """
+    comm = comm or get_comm()
+    progress = progress if (progress is not None and comm.rank == 0) else Progress()
+    out = Path(output)
+    lock = OutputLock(out)
+    guard = SignalGuard()
+    opened: dict[str, Any] = {}
+    try:
+        with guard.installed():
+            return _materialize(Path(plan_path), out, overwrite, resume, memory_budget, token_transfer, comm,
+                                progress, lock, guard, opened, faults)
+    except BaseException as exc:
+        failure = after_failure(comm, opened.get("output"), exc)
+        if failure is exc:
+            raise
+        raise failure from None
+    finally:
+        lock.release()
+        progress.close()
+
+
+def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memory_budget, token_transfer: str,
+                 comm: Comm, progress: Progress, lock: OutputLock, guard: SignalGuard, opened: dict,
+                 faults: Faults | None) -> PackResult:
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    budget = parse_bytes(memory_budget) if memory_budget is not None else default_memory_budget()
+    fingerprint, done, note = broadcast_outcome(comm, lambda: _preflight(plan_path, out, lock, guard, faults,
+                                                                          overwrite=overwrite, resume=resume))
+    if note is not None:
+        return _completed(out, note) if comm.rank == 0 else PackResult(output=out, counts={}, metrics={},
+                                                                        timings={}, note=note)
+    plan = open_plan(plan_path)
+    index, source = plan_source(plan.manifest, plan.outputs[0].manifest_file, budget=budget)
+    with timed(timings, "assign"):
+        job, kept = _job(comm, plan)
+    # Each rank decodes its share of the blocks once, kept within the budget, as pack's scan does:
+    # with one rank and a source that fits, every unit is then gathered straight from the blocks.
+    block_bounds = split_blocks(index.blocks, comm.size)
+    lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
+    with timed(timings, "scan"):
+        index, source = scan_blocks(index, lo, hi, budget, skip_empty=source.skip_empty)
+    scanned = Scanned(index, source, block_bounds)
+    amplification = read_amplification(comm, job.plan, index) if comm.size > 1 else 1.0
+    config = plan.manifest.get("config", {})
+    read_own = choose_read_own(token_transfer, amplification, config.get("order", "input"), comm.size)
+    output = opened["output"] = _open_output(comm, out, overwrite, fingerprint, done, faults)
+    fmt = ShardFormat(metadata=plan.metadata, pad_token_id=int(plan.manifest["layout"]["pad_token_id"]),
+                      budget=budget)
+    with timed(timings, "materialize"):
+        written = materialize(comm, job, scanned, output, fmt, read_own=read_own, kept=kept,
+                              progress=progress.stage("materialize", job.plan.num_bins))
+    shards = comm.gather(written.shards)
+    timings["total"] = time.perf_counter() - started
+    if comm.rank != 0:
+        comm.barrier()
+        return PackResult(output=out, counts={}, metrics={}, timings=timings)
+    by_number = {n: info for part in shards for n, info in part.items()}
+    execution = {"output": str(out), "overwrite": overwrite, "memory_budget": budget, "resume": resume,
+                 "token_transfer": token_transfer}
+    reports, manifests, entries = _reports(plan, by_number, timings, execution)
+    with guard.deferred():  # a signal now waits: the output is moments from complete
+        output.commit(reports=reports, manifests=manifests, shards=entries, overwrite=overwrite)
+    comm.barrier()
+    metrics = reports[0][1]
+    return PackResult(output=out, counts=metrics.get("counts", {}), metrics=metrics, timings=timings, shards=entries)
+
+
+def _preflight(plan_path: Path, out: Path, lock: OutputLock, guard: SignalGuard, faults: Faults | None, *,
+               overwrite: bool, resume: bool) -> tuple[dict | None, dict | None, str | None]:
+    """The plan read and its source checked, OUT's place checked, the lock taken, an interrupted
+    commit finished or undone, and what earlier runs left decided (as `pack`'s preflight).
+    Returns (fingerprint, the shards --resume keeps, None) or (None, None, note)."""
+    reached = (faults or Faults()).reached
+    out_real, plan_real = os.path.realpath(out), os.path.realpath(plan_path)
+    if out_real == plan_real or plan_real.startswith(out_real + os.sep) or out_real.startswith(plan_real + os.sep):
+        raise PackctlError(f"{out}: is the plan {plan_path} or holds it, or lies inside it; write the materialized "
+                           "output to another -o")
+    plan = open_plan(plan_path)
+    index, _ = plan_source(plan.manifest, plan.outputs[0].manifest_file)
+    check_output_location(out, inputs=[str(plan.root), *(e["absolute_path"] for e in plan.manifest["inputs"])])
+    lock.acquire()
+    reached("lock:taken")
+    with guard.deferred(stop_after=True):
+        protocol.recover(out, reached)
+    fingerprint = materialized_fingerprint(plan)
+    found = inspect_output(out, fingerprint, resume=resume, overwrite=overwrite)
+    if found.publish:
+        with guard.deferred():
+            protocol.publish(out, overwrite=overwrite, reached=reached)
+        return None, None, (f"{out}: already complete: the interrupted run had written all of it; it is now in "
+                            "place")
+    if found.complete:
+        return None, None, f"{out}: already complete: it holds the output of this plan"
+    return fingerprint, found.done, None
+
+
+def materialized_fingerprint(plan: Plan) -> dict[str, Any]:
+    """The run fingerprint (pipeline/run.py `run_fingerprint`) of `pack` writing the plan's output
+    itself: what the shards record, each input's modification time and footer as the plan read
+    them, and kind "packs". So `--resume` of either command continues what the other left."""
+    fingerprint = json.loads(plan.metadata)
+    for entry, recorded in zip(fingerprint["inputs"], plan.manifest["inputs"]):
+        entry["mtime_ns"] = recorded.get("mtime_ns")
+        entry["footer"] = recorded.get("footer")
+    fingerprint["kind"] = "packs"
+    return fingerprint
+
+
+def _units(plan: Plan, shards: range, window_starts: set[int]) -> Units:
+    """The units (row groups) of global shards `shards` of the plan: the units the output is
+    written in, with their written tokens (sum of seq_lens_padded)."""
+    bounds, first, tokens, epoch, opens = [0], [], [], [], []
+    for g in shards:
+        o, k = plan.shard_output[g]
+        output = plan.outputs[o]
+        table = output.read_shard(k, [SEQ_LENS_PADDED])
+        parquet = pq.ParquetFile(output.shard_path(k))  # the row groups; the bytes were checked just now
+        at = 0
+        offsets = table.column(SEQ_LENS_PADDED).combine_chunks()
+        sums = np.concatenate([[0], np.cumsum(offsets.values.to_numpy(), dtype=np.int64)])
+        row_offsets = offsets.offsets.to_numpy().astype(np.int64)
+        for rg in range(parquet.metadata.num_row_groups):
+            rows = parquet.metadata.row_group(rg).num_rows
+            bounds.append(bounds[-1] + rows)
+            first.append(rg == 0)
+            tokens.append(int(sums[row_offsets[at + rows]] - sums[row_offsets[at]]))
+            epoch.append(o)
+            opens.append(rg == 0 and (o, k) in window_starts)
+            at += rows
+    return Units(bounds=np.array(bounds, np.int64), first_of_shard=np.array(first, bool),
+                 tokens=np.array(tokens, np.int64),
+                 epoch=np.array(epoch, np.int64) if plan.shard_epoch is not None else None,
+                 opens_window=np.array(opens, bool))
+
+
+def _job(comm: Comm, plan: Plan) -> tuple[WriteJob, dict[str, Any]]:
+    """Every rank reads the units of an equal share of the shards; the writing is dealt out by
+    tokens (as `pack` deals it); each rank then reads the packs it writes from the plan."""
+    total = len(plan.shard_output)
+    lo, hi = total * comm.rank // comm.size, total * (comm.rank + 1) // comm.size
+    window_starts = {(o, k) for o, output in enumerate(plan.outputs)
+                     for k in output.manifest.get("window_starts", [])}
+    assignment = assign(comm.allgather(_units(plan, range(lo, hi), window_starts)), comm.size)
+    first_pack, last_pack = (int(v) for v in assignment.pack_cuts[comm.rank:comm.rank + 2])
+    rows = np.array([plan.outputs[o].shards[k].rows for o, k in plan.shard_output], np.int64)
+    shard_first = np.concatenate([[0], np.cumsum(rows)])
+    tables = []
+    for g in range(total):
+        a, z = max(first_pack, int(shard_first[g])), min(last_pack, int(shard_first[g + 1]))
+        if a < z:
+            o, k = plan.shard_output[g]
+            table = plan.outputs[o].read_shard(k)
+            tables.append(table.slice(a - int(shard_first[g]), z - a))
+    return _plan_of(tables, assignment)
+
+
+def _plan_of(tables: list[pa.Table], assignment) -> tuple[WriteJob, dict[str, Any]]:
+    """The packs of `tables` (a plan's rows, in order) as a WriteJob, and their per-piece values."""
+    names = [n for n in tables[0].column_names if n not in _REBUILT] if tables else []
+    if tables:
+        whole = pa.concat_tables(tables)
+        lens = whole.column(SEQ_LENS).combine_chunks()
+        bin_offsets = lens.offsets.to_numpy().astype(np.int64)
+        bin_offsets -= bin_offsets[0]
+        flat = {n: _values(whole.column(n)) for n in (SEQ_LENS, SEQ_LENS_PADDED, SAMPLE_IDS, SEQ_STARTS)}
+    else:
+        whole = None
+        bin_offsets = np.zeros(1, np.int64)
+        flat = {n: np.zeros(0, np.int64) for n in (SEQ_LENS, SEQ_LENS_PADDED, SAMPLE_IDS, SEQ_STARTS)}
+    padded = flat[SEQ_LENS_PADDED].astype(np.int64)
+    sums = np.concatenate([[0], np.cumsum(padded)])
+    pack_lens = sums[bin_offsets[1:]] - sums[bin_offsets[:-1]]
+    empty = np.zeros(0, np.int64)
+    plan = PackPlan(window_bins=np.array([0, len(pack_lens)], np.int64), bin_offsets=bin_offsets,
+                    piece_gid=flat[SAMPLE_IDS].astype(np.int64), piece_start=flat[SEQ_STARTS].astype(np.int64),
+                    piece_len=flat[SEQ_LENS].astype(np.int64), piece_padded=padded,
+                    dropped=empty, truncated=empty, tokens_dropped=0, tokens_truncated=0)
+    columns, kept = {}, {}
+    for name in names:
+        column = COLUMN.get(name)
+        if column is not None and column.per == PACK:
+            columns[name] = whole.column(name).to_numpy()
+        elif column is None or column.per == SEQUENCE:
+            kept[name] = whole.column(name).combine_chunks().flatten()  # one value per piece, as the input had it
+    return WriteJob(plan, pack_lens, columns, assignment), kept
+
+
+def _values(column: pa.ChunkedArray) -> np.ndarray:
+    return column.combine_chunks().flatten().to_numpy()
+
+
+def _reports(plan: Plan, shards: dict, timings: dict[str, float],
+             execution: dict[str, Any]) -> tuple[list, list, list]:
+    """The plan's reports and manifests as the materialized output's: no `kind`, no plan_only, the
+    inputs as `pack` records them, the options of where and how this run executes (`execution`),
+    the shards written, this run's timings: the manifest `pack` writes without --plan-only."""
+    entries = [shards[n] for n in sorted(shards)]
+    reports, manifests = [], []
+    epochs = plan.shard_epoch is not None
+    for o, output in enumerate(plan.outputs):
+        manifest = copy.deepcopy(output.manifest)
+        manifest.pop("kind", None)
+        manifest["config"].pop("plan_only", None)
+        manifest["config"].update(execution)
+        for entry in manifest["inputs"]:
+            for key in ("absolute_path", "mtime_ns", "footer"):
+                entry.pop(key, None)
+        mine = [shards[g] for g, (oo, _) in enumerate(plan.shard_output) if oo == o]
+        manifest["shards"] = [{"path": s.path.split("/", 1)[1] if epochs else s.path, "rows": s.rows,
+                               "tokens": s.tokens, "sha256": s.sha256} for s in mine]
+        manifest["timings"] = timings
+        prefix = f"{epoch_dir(o)}/" if epochs else ""
+        metrics = output.recorded_metrics() or {}
+        metrics["timings"] = timings
+        reports.append((f"{prefix}{METRICS}", metrics))
+        manifests.append((f"{prefix}{MANIFEST}", manifest))
+    if epochs:
+        top = read_json_object(plan.root / METRICS, "make the plan again")
+        top["timings"] = timings
+        reports.insert(0, (METRICS, top))
+        index = read_json_object(plan.root / EPOCHS, "make the plan again")
+        index["timings"] = timings
+        manifests.append((EPOCHS, index))
+    return reports, manifests, entries
