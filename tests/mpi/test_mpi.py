@@ -110,3 +110,22 @@ def test_errors_found_before_reading_are_printed_once(tmp_path):
     assert proc.returncode != 0
     assert proc.stderr.count("is longer than the capacity 4096") == 1
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("extra", [[], BALANCED])
+def test_a_plan_and_its_materialization_are_the_same_for_any_number_of_ranks(tmp_path, extra):
+    """`pack --plan-only` under mpiexec writes the single-process plan, and `packctl materialize`
+    under mpiexec writes the shards `pack` writes in one process."""
+    from support.adversary import packctl
+
+    options = [*OPTIONS, "--order", "shuffle", *extra]
+    direct, plan, materialized = tmp_path / "direct", tmp_path / "plan", tmp_path / "materialized"
+    assert packctl(*_pack_cmd(direct, *options)[3:]).code == 0
+    assert packctl(*_pack_cmd(plan, *options, "--plan-only")[3:]).code == 0
+    plan_shards = _fingerprint(plan)[0]
+    proc = mpirun(3, *_pack_cmd(plan, *options, "--plan-only"))
+    assert proc.returncode == 0, proc.stderr
+    assert _fingerprint(plan)[0] == plan_shards
+    proc = mpirun(3, sys.executable, "-m", "packctl", "materialize", str(plan), "-o", str(materialized), "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert _fingerprint(materialized)[0] == _fingerprint(direct)[0]
