@@ -267,12 +267,14 @@ def plan_counts(summary: RankSummary, num_sequences: int, tokens_in: int, *,
 
 
 def rank_report(comm, index, written_plan: PackPlan, written, timings: dict[str, float],
-                transfer: Transfer) -> dict[str, Any]:
-    """One rank's share of the work, for metrics.json's `ranks`: `written_plan` holds the packs it wrote."""
+                transfer: Transfer, *, sequences_planned: int) -> dict[str, Any]:
+    """One rank's share of the work, for metrics.json's `ranks`: `written_plan` holds the packs it
+    wrote; `sequences_planned`: the sequences of the windows it planned (of every epoch)."""
     return {
         "rank": comm.rank,
         "sequences_scanned": len(index.lengths),
         "tokens_scanned": int(index.lengths.sum()),
+        "sequences_planned": sequences_planned,
         "packs_written": written_plan.num_bins,
         "tokens_written": int(written_plan.piece_len.sum()),
         "token_transfer": "read" if transfer.read_own else "exchange",
@@ -298,11 +300,14 @@ def _max_mean(values: list[float]) -> dict[str, float]:
 
 def scale_out(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """metrics.json's `scale_out`: how evenly the ranks shared the run (max/mean over ranks of
-    tokens written and of each stage's seconds) and the bytes they exchanged."""
+    the sequences each planned, of tokens written and of each stage's seconds) and the bytes they
+    exchanged. Windows are planned whole: with fewer windows than ranks, or few windows per rank,
+    `sequences_planned` max/mean is above 1 (a smaller --window evens it out)."""
     return {
         "ranks": len(ranks),
         "token_transfer": ranks[0]["token_transfer"],
         "read_amplification": ranks[0]["read_amplification"],
+        "sequences_planned": _max_mean([r["sequences_planned"] for r in ranks]),
         "tokens_written": _max_mean([r["tokens_written"] for r in ranks]),
         "stage_seconds": {stage: _max_mean([r["timings"].get(stage, 0.0) for r in ranks])
                           for stage in STAGES if any(stage in r["timings"] for r in ranks)},

@@ -141,7 +141,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
 
     with timed(timings, "scan"):
         scanned, corpus = _scan(comm, index, specs, progress)
-    epochs = [_plan_epoch(comm, scanned, corpus, specs, epoch, config.inputs, timings, progress)
+    sequences_planned: list[int] = []
+    epochs = [_plan_epoch(comm, scanned, corpus, specs, epoch, config.inputs, timings, progress, sequences_planned)
               for epoch in range(specs.order.epochs)]
     planned = join_epochs(epochs)
     with timed(timings, "assign"):
@@ -166,7 +167,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
                               for e in range(len(epochs))])
     timings["total"] = time.perf_counter() - started
     timings["compile"] = jit.seconds  # inside the stages above; throughputs leave it out
-    ranks = comm.allgather(rank_report(comm, scanned.index, job.plan, written, timings, transfer))
+    ranks = comm.allgather(rank_report(comm, scanned.index, job.plan, written, timings, transfer,
+                                       sequences_planned=sum(sequences_planned)))
     if comm.rank != 0:
         comm.barrier()
         return PackResult(output=out, counts={}, metrics={"ranks": ranks}, timings=timings)
@@ -200,12 +202,14 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
 
 
 def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, specs: Specs, epoch: int, inputs: list[str],
-                timings: dict[str, float], progress: Progress) -> Planned:
+                timings: dict[str, float], progress: Progress, sequences_planned: list[int]) -> Planned:
     """Order and plan one epoch (this rank's windows of it), with the epoch's own seed (plan/order.py
-    `epoch_seed`), so its shuffle, ffs packing and step grouping are its own."""
+    `epoch_seed`), so its shuffle, ffs packing and step grouping are its own; appends the number
+    of sequences this rank planned to `sequences_planned`."""
     specs = specs.for_epoch(epoch_seed(specs.order.seed, epoch)) if epoch else specs
     with timed(timings, "order"):
         ordered = order_and_distribute(comm, scanned.index, specs.order, specs.groups, specs.windows, epoch)
+    sequences_planned.append(len(ordered.gids))
     with timed(timings, "plan"):
         planned = plan_stage(comm, ordered, specs, progress=progress.stage("plan", len(ordered.gids)))
         if epoch == 0:  # every epoch packs the same sequences
