@@ -5,12 +5,14 @@ with one rank. Only lengths travel through scan, order, plan and assign; tokens 
 materialize.
 
     rank r:  scan its blocks (by bytes)          source/parquet.py
-             order: sample-sort, whole windows   planning.py
-             plan its windows                    planning.py (plan/)
+             order: sample-sort, whole windows   order.py (dealt by their sequences)
+             plan its windows                    plan.py (plan/)
              assign: its run of packs to write,  mpi/assign.py
                      equal tokens on every rank
              materialize its packs' row groups   materialize.py
-    rank 0:  _metrics.json, _manifest.json (last)  run_report.py, contract/manifest.py -> OUT
+             summarize its plan; summaries       report.py (no rank gathers another's plan)
+             added up over ranks
+    rank 0:  _metrics.json, _manifest.json (last)  report.py, contract/manifest.py -> OUT
 
 With --epochs K, order and plan run once per epoch (each rank's windows of every epoch are one run
 of the global order: planning.py), and the joined plan is assigned and materialized as one, so
