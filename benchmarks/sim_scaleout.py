@@ -1,6 +1,8 @@
-"""Cluster-scale simulation of `mpiexec -n N packctl pack`: lengths only, N = 2..256 simulated ranks.
+"""Cluster-scale simulation of `mpiexec -n N packctl pack`: lengths only, N = 2..256 simulated ranks,
+and what each rank holds at 1B sequences over 64..1024 ranks (`--memory`).
 
     python benchmarks/sim_scaleout.py [--sequences 10000000] [--ranks 2 4 8 16 32 64 128 256]
+    python benchmarks/sim_scaleout.py --memory [--sequences 1000000000] [--ranks 64 128 256 512 1024]
 
 Runs the real scan split (`split_blocks`), order, planning (`plan_windows`, once: the plan never
 depends on N), the planning ranks' windows, their units (`units_of`) and the writer assignment
@@ -91,6 +93,148 @@ def simulate(lengths: np.ndarray, order: str, ranks: list[int], *, capacity: int
               flush=True)
 
 
+# What one rank holds, per sequence or piece, besides the plan arrays measured below (int64 columns):
+SCAN_BYTES = 8  # SequenceIndex.lengths of its scanned share (gids are implicit: gid_lo + position)
+SORT_BYTES = 2 * 3 * 8  # sample sort: (key, gid, length) sent and received
+PLANNED_BYTES = 2 * 8  # Ordered.gids, Ordered.lengths of the windows it plans
+BASELINE_BYTES = 2 * 3 * 8  # (gid, epoch, length) of its pieces sent, and of its gids' pieces received
+UNIT_BYTES = 3 * 8 + 2  # Units: bounds, tokens, epoch (int64), first_of_shard, opens_window (bool)
+SHARD_ENTRY_BYTES = 200  # one pickled ShardEntry (path, rows, tokens, sha256, ...) in rank 0's shard table
+RANK_REPORT_BYTES = 1500  # one pickled rank report (metrics.json's `ranks`), allgathered
+
+
+def window_lengths(seed: int, window: int, size: int, distribution: str) -> np.ndarray:
+    """The lengths of window `window` of the shuffled global order: a seeded stream of its own, so
+    any rank's windows are made without the 1B lengths ever being in memory together."""
+    lengths, _ = sample_lengths(np.random.default_rng([seed, window]), size, distribution, 32768)
+    return np.asarray(lengths, dtype=np.int64)
+
+
+def window_owners_table(sizes: np.ndarray, ranks: int) -> np.ndarray:
+    """`packctl.pipeline.order.window_owners` over a table of window sizes (one epoch): rank r plans
+    the windows whose middle sequence lies in the r-th of `ranks` equal parts of the sequences."""
+    start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    total = int(sizes.sum())
+    return np.minimum((2 * start + sizes) * ranks // (2 * total), ranks - 1)
+
+
+def check_owners_table() -> None:
+    """The table above is the dealing `pack` does (in-process ranks on a small uneven corpus)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from packctl.pipeline.order import window_owners
+    from support.threadcomm import run_ranks
+
+    sizes = np.array([7, 3, 9, 1, 4, 4, 8, 2, 6])
+    window = np.repeat(np.arange(len(sizes)), sizes)
+    opens = np.concatenate([[True] + [False] * (n - 1) for n in sizes])
+    cuts = [0, 10, 11, 30, len(window)]
+    owners = run_ranks(4, lambda comm: window_owners(comm, window[cuts[comm.rank]:cuts[comm.rank + 1]],
+                                                     opens[cuts[comm.rank]:cuts[comm.rank + 1]], 0, 1))
+    assert np.array_equal(np.concatenate(owners), np.repeat(window_owners_table(sizes, 4), sizes))
+
+
+def plan_rank(windows: np.ndarray, sizes: np.ndarray, config, *, seed: int, distribution: str,
+              chunk: int = 2_000_000) -> dict:
+    """Plan one simulated rank's windows with the real functions (`plan_windows`, final pack lengths,
+    its `RankSummary`, its `units_of`), a run of windows at a time so that at most `chunk`
+    sequences' plan is in memory here; returns what the rank would hold and how long planning took."""
+    import pickle
+
+    from packctl.mpi.assign import units_of
+    from packctl.pipeline.plan import Planned
+    from packctl.pipeline.report import RankSummary
+
+    specs = config.specs()
+    seconds, held, pieces, packs, units, summary, old_share = 0.0, 0, 0, 0, 0, None, 0
+    k = 0
+    while k < len(windows):
+        run = [int(windows[k])]
+        while k + len(run) < len(windows) and sum(int(sizes[w]) for w in run) < chunk:
+            run.append(int(windows[k + len(run)]))
+        k += len(run)
+        lengths = np.concatenate([window_lengths(seed, w, int(sizes[w]), distribution) for w in run])
+        gids = np.arange(len(lengths), dtype=np.int64)  # gids do not change how a window plans
+        # the run is planned window by window inside (windows of specs.windows.window sequences)
+        took = []
+        for _ in range(2):  # the faster of two: the machine is shared, planning is not
+            t0 = time.perf_counter()
+            plan = plan_windows(gids, lengths, specs.windows, first_window=run[0])
+            pack_lens = pack_lengths_padded(plan.loads(padded=True), config.capacity, "capacity", 1)
+            took.append(time.perf_counter() - t0)
+        seconds += min(took)
+        arrays = ("window_bins", "bin_offsets", "piece_gid", "piece_start", "piece_len", "piece_padded")
+        held += sum(getattr(plan, a).nbytes for a in arrays) + pack_lens.nbytes
+        pieces += len(plan.piece_gid)
+        packs += plan.num_bins
+        units += len(units_of(plan.window_bins, pack_lens, config.shard_rows).tokens)
+        part = RankSummary.of(Planned(plan=plan, pack_lens=pack_lens), specs.report, epoch=0, rank=0)
+        summary = part if summary is None else summary + part
+        old_share += len(pickle.dumps((plan, pack_lens), protocol=pickle.HIGHEST_PROTOCOL))  # what was gathered
+    return {"seconds": seconds, "plan_bytes": held, "pieces": pieces, "packs": packs, "units": units,
+            "summary_bytes": len(pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL)), "old_share": old_share}
+
+
+def simulate_memory(total: int, ranks: list[int], *, capacity: int, window: int, shard_rows: int, algorithm: str,
+                    seed: int, distribution: str) -> None:
+    """What every rank holds at `total` sequences (--order shuffle: each window a seeded sample of
+    the corpus) over each count of ranks, planning rank 0, the heaviest and the lightest for real."""
+    from packctl import PackConfig
+
+    check_owners_table()
+    config = PackConfig(inputs=["corpus"], output="out", capacity=capacity, algorithm=algorithm, too_long="split",
+                        window=window, shard_rows=shard_rows, order="shuffle", seed=seed)
+    num_windows = -(-total // window)
+    sizes = np.full(num_windows, window, dtype=np.int64)
+    sizes[-1] = total - window * (num_windows - 1)
+    plan_rank(np.array([0]), sizes, config, seed=seed, distribution=distribution)  # kernels compiled, warm
+    started = time.perf_counter()
+    print(f"{total:,} sequences ({distribution}), capacity {capacity}, {algorithm}, --window {window:,} "
+          f"({num_windows:,} windows), --shard-rows {shard_rows}\n")
+    print("| ranks | seq/rank | plan work max/mean (by count) | plan s: rank 0 / heaviest / lightest | "
+          "plan time max/mean | peak MiB per rank | unit table MiB | rank 0 beyond share: before | after |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    cache: dict[tuple, dict] = {}
+    for size in ranks:
+        owners = window_owners_table(sizes, size)
+        work = np.bincount(owners, weights=sizes, minlength=size)
+        by_count = np.bincount(np.arange(num_windows) * size // num_windows, weights=sizes, minlength=size)
+        sampled = sorted({0, int(np.argmax(work)), int(np.argmin(work))})
+        figures = {}
+        for r in sampled:
+            mine = np.flatnonzero(owners == r)
+            key = tuple(mine[[0, -1]].tolist()) if len(mine) else (r, -1, size)
+            if key not in cache:
+                cache[key] = plan_rank(mine, sizes, config, seed=seed, distribution=distribution) if len(mine) else {
+                    "seconds": 0.0, "plan_bytes": 0, "pieces": 0, "packs": 0, "units": 0, "summary_bytes": 0,
+                    "old_share": 0}
+            figures[r] = cache[key]
+        planned = [work[r] for r in sampled if work[r] > 0]
+        rate = sum(figures[r]["seconds"] for r in sampled) / max(sum(planned), 1)  # seconds per sequence
+        heavy = figures[int(np.argmax(work))]
+        per_seq = {k: sum(figures[r][k] for r in sampled) / max(sum(planned), 1)
+                   for k in ("plan_bytes", "pieces", "packs", "units", "old_share")}
+        total_units = per_seq["units"] * total
+        total_packs = per_seq["packs"] * total
+        unit_table = total_units * UNIT_BYTES  # allgathered: every rank holds every unit (mpi/assign.py)
+        share = total / size
+        peak_work = work.max()
+        plan_stage = PLANNED_BYTES * peak_work + heavy["plan_bytes"]
+        order_stage = SORT_BYTES * share
+        report_stage = heavy["plan_bytes"] + BASELINE_BYTES * per_seq["pieces"] * share + heavy["summary_bytes"]
+        peak = SCAN_BYTES * share + max(plan_stage, order_stage, report_stage) + unit_table
+        before = per_seq["old_share"] * total  # every rank's plan, pickled, gathered on rank 0 (then merged: x2)
+        after = heavy["summary_bytes"] + total_packs / shard_rows * SHARD_ENTRY_BYTES + size * RANK_REPORT_BYTES
+        mib = 2**20
+        print(f"| {size} | {share:,.0f} | {ratio(work):.3f} ({ratio(by_count):.3f}) | "
+              f"{figures[0]['seconds']:.1f} / {heavy['seconds']:.1f} / {figures[int(np.argmin(work))]['seconds']:.1f} | "
+              f"{heavy['seconds'] / (rate * work.mean()):.3f} | {peak / mib:,.0f} | {unit_table / mib:,.1f} | "
+              f"{before / 2**30:,.1f} GiB | {after / mib:,.1f} MiB |", flush=True)
+    print(f"\n{time.perf_counter() - started:.0f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sequences", type=int, default=10_000_000)
@@ -102,7 +246,15 @@ def main() -> None:
     ap.add_argument("--shard-rows", type=int, default=1024)
     ap.add_argument("--algorithm", default="bfd")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--memory", action="store_true", help="what each rank holds at --sequences (default 1B) "
+                    "over --ranks (default 64 .. 1024), planning a sample of ranks for real")
     args = ap.parse_args()
+    if args.memory:
+        simulate_memory(args.sequences if args.sequences != 10_000_000 else 1_000_000_000,
+                        args.ranks if args.ranks != [2, 4, 8, 16, 32, 64, 128, 256] else [64, 128, 256, 512, 1024],
+                        capacity=args.capacity, window=args.window, shard_rows=args.shard_rows,
+                        algorithm=args.algorithm, seed=args.seed, distribution=args.distribution)
+        return
     lengths, _ = sample_lengths(np.random.default_rng(args.seed), args.sequences, args.distribution, 32768)
     lengths = np.asarray(lengths, dtype=np.int64)
     print(f"{args.sequences:,} sequences ({int(lengths.sum()):,} tokens, {args.distribution}), capacity "

@@ -5,7 +5,8 @@ Used by `pack` and by the what-if of `packctl stats` (`order_corpus`), through t
 so the what-if orders exactly as `pack` does:
 
     order_and_distribute   sample sort of (key, gid) over every rank, then whole windows to ranks
-                           by position: rank r of R holds windows [ceil(r*W/R), ceil((r+1)*W/R))
+                           by cost (`window_owners`): rank r of R plans the windows whose middle
+                           sequence lies in the r-th of R equal parts of the sequences
     check_too_long         --too-long error: the over-long sequence with the smallest gid, named
 """
 from __future__ import annotations
@@ -64,11 +65,12 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
     """This rank's whole windows of the global order (of epoch `epoch`, ordered with `spec.seed`).
 
     The order is a sample sort of (key, gid) over all ranks (input order needs none: blocks are
-    already split in gid order); windows are then moved so each lives whole on one rank, rank r
-    holding windows [ceil(r*W/size), ceil((r+1)*W/size)) (planning is cheap: writing is dealt out
-    later by tokens, mpi/assign.py). With `spec.epochs` E the W windows of every epoch count as
-    windows e*W ... (e+1)*W - 1 of E*W, so each rank's windows of all epochs are one run of the
-    global order (epoch 0's packs, then epoch 1's, ...); `first_window` counts within the epoch.
+    already split in gid order); windows are then moved so each lives whole on one rank, dealt by
+    their sequences so every rank plans an equal share (`window_owners`; writing is dealt out
+    later by tokens, mpi/assign.py). With `spec.epochs` E the sequences of every epoch count after
+    those of the epochs before, so each rank's windows of all epochs are one run of the global
+    order (epoch 0's packs, then epoch 1's, ...); `first_window` counts within the epoch. Where a
+    window is planned never changes its plan: the output is the same for any number of ranks.
 
     With --group-column every member of a group gets the group's key (hash of its id, or its
     summed padded length), so ties broken by gid keep each group a run of the order, and windows
@@ -100,22 +102,55 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
         starts = run_starts(ids, next((x for x in reversed(last[:comm.rank]) if x is not None), None))
         total = comm.allreduce_sum(int(starts.sum()))
     num_windows = -(-total // spec.window)
-    before, all_windows = epoch * num_windows, spec.epochs * num_windows  # windows of earlier epochs, of all
+    first = 0
     if comm.size > 1:
         # the window of each sequence: by its position, or with groups by its group's
         counted = np.ones(len(gids), dtype=bool) if starts is None else starts
         unit = comm.exscan(int(counted.sum())) + np.cumsum(counted) - 1
-        owners = (before + unit // spec.window) * comm.size // all_windows
+        owners = window_owners(comm, unit // spec.window, counted & (unit % spec.window == 0), epoch, spec.epochs)
         columns = [gids, lengths] + ([starts.astype(np.int64)] if starts is not None else [])
         moved = redistribute(comm, columns, 0, lambda positions: owners[positions])
         gids, lengths = moved[0], moved[1]
         starts = moved[2].astype(bool) if starts is not None else None
-    first = -(-comm.rank * all_windows // comm.size) - before
-    ordered = Ordered(gids=gids, lengths=lengths, first_window=min(max(first, 0), num_windows),
+        # whole windows arrived: the units before this rank's are those of the windows before
+        units_before = comm.exscan(len(gids) if starts is None else int(starts.sum()))
+        first = -(-units_before // spec.window)
+    ordered = Ordered(gids=gids, lengths=lengths, first_window=min(first, num_windows),
                       new_group=starts, group_starts=group_starts)
     if index.group_starts is not None:
         check_groups_fit_everywhere(comm, ordered, index, groups, windows)
     return ordered
+
+
+def window_owners(comm: Comm, window: np.ndarray, opens: np.ndarray, epoch: int, epochs: int) -> np.ndarray:
+    """The planning rank of each of this rank's sequences (of the global order, cut into windows:
+    `window[i]` the window of sequence i, `opens[i]` whether it is its window's first): whole
+    windows, in order, dealt by cost, a window's sequences: rank r plans the windows whose middle
+    sequence lies in the r-th of `comm.size` equal parts of all the sequences of every epoch
+    (epoch e's sequences after those of epochs 0 .. e-1; every epoch packs the same number).
+
+        windows of 4, 4, 2 sequences over 2 ranks: middles 2, 6, 9 of 10 -> ranks 0, 1, 1 (4 and 6;
+        by count it would be windows 0, 1 on rank 0: 8 and 2)
+
+    A window is never cut (its plan would change), so a rank plans at most its share plus one
+    window: with fewer windows than ranks some plan nothing (a smaller --window evens it out).
+    Needs each rank's first and last window start only: O(ranks) travels, never a table of windows."""
+    n = len(window)
+    position = comm.exscan(n) + np.arange(n, dtype=np.int64)  # in the order of this epoch
+    total = comm.allreduce_sum(n)
+    opened_w, opened_at = window[opens], position[opens]
+    edges = comm.allgather((int(opened_w[0]), int(opened_at[0]), int(opened_w[-1]), int(opened_at[-1]))
+                           if len(opened_w) else None)
+    start = {w: at for edge in edges if edge is not None for w, at in ((edge[0], edge[1]), (edge[2], edge[3]))}
+    start.update(zip(opened_w.tolist(), opened_at.tolist()))
+    if n == 0:
+        return np.zeros(0, np.int64)
+    first, last = int(window[0]), int(window[-1])
+    lo = np.array([start[w] for w in range(first, last + 1)], dtype=np.int64)
+    hi = np.array([start.get(w + 1, total) for w in range(first, last + 1)], dtype=np.int64)
+    middle2 = 2 * epoch * total + lo + hi  # twice the middle, on the axis of every epoch's sequences
+    owner = np.minimum(middle2 * comm.size // (2 * epochs * max(total, 1)), comm.size - 1)
+    return owner[window - first]
 
 
 def group_too_long_message(where: str, members: int, padded: int, capacity: int) -> str:

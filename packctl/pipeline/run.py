@@ -5,12 +5,14 @@ with one rank. Only lengths travel through scan, order, plan and assign; tokens 
 materialize.
 
     rank r:  scan its blocks (by bytes)          source/parquet.py
-             order: sample-sort, whole windows   planning.py
-             plan its windows                    planning.py (plan/)
+             order: sample-sort, whole windows   order.py (dealt by their sequences)
+             plan its windows                    plan.py (plan/)
              assign: its run of packs to write,  mpi/assign.py
                      equal tokens on every rank
              materialize its packs' row groups   materialize.py
-    rank 0:  _metrics.json, _manifest.json (last)  run_report.py, contract/manifest.py -> OUT
+             summarize its plan; summaries       report.py (no rank gathers another's plan)
+             added up over ranks
+    rank 0:  _metrics.json, _manifest.json (last)  report.py, contract/manifest.py -> OUT
 
 With --epochs K, order and plan run once per epoch (each rank's windows of every epoch are one run
 of the global order: planning.py), and the joined plan is assigned and materialized as one, so
@@ -55,8 +57,8 @@ from packctl.plan.order import epoch_seed
 from packctl.pipeline.order import check_too_long, order_and_distribute
 from packctl.pipeline.plan import Planned, check_something_to_pack, join_epochs, plan_stage
 from packctl.pipeline.step_loss import step_loss_columns
-from packctl.pipeline.report import (Corpus, RankShare, Transfer, assemble_metrics, epochs_index, epochs_metrics,
-                                plan_metrics, rank_report, throughput)
+from packctl.pipeline.report import (Corpus, RankSummary, Transfer, epochs_index, epochs_metrics, input_order_lengths,
+                                     metrics_of, padded_batching_over_ranks, rank_report, throughput)
 from packctl.pipeline.runtime import Progress, RunInterrupted, SignalGuard, after_failure, in_background, timed
 
 __all__ = ["PackResult", "Progress", "RunInterrupted", "pack", "run_fingerprint"]
@@ -141,17 +143,18 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
 
     with timed(timings, "scan"):
         scanned, corpus = _scan(comm, index, specs, progress)
-    epochs = [_plan_epoch(comm, scanned, corpus, specs, epoch, config.inputs, timings, progress)
+    sequences_planned: list[int] = []
+    epochs = [_plan_epoch(comm, scanned, corpus, specs, epoch, config.inputs, timings, progress, sequences_planned)
               for epoch in range(specs.order.epochs)]
     planned = join_epochs(epochs)
     with timed(timings, "assign"):
         job, transfer = _assign(comm, planned, scanned, specs.write, [e.plan.num_bins for e in epochs])
 
     output = run.output = _open_output(comm, out, config.overwrite, fingerprint, done, faults)
-    # In one process the plan is the whole plan: its metrics are computed beside materialize.
-    early_metrics = in_background(plan_metrics, planned.plan, planned.pack_lens, specs.report, corpus.sequences,
-                                  corpus.tokens, skipped_empty=corpus.skipped_empty) if (
-        comm.size == 1 and specs.order.epochs == 1) else None
+    # each rank summarizes its own windows beside materialize; the summaries are added up in report
+    summaries = in_background(lambda: [RankSummary.of(p, specs.report, epoch=e, rank=comm.rank,
+                                                       group_starts=index.group_starts)
+                                        for e, p in enumerate(epochs)])
     if run.ahead is not None:
         run.ahead.wait()  # compiled meanwhile: materialize loads them from the cache
     with timed(timings, "materialize"):
@@ -159,52 +162,56 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
                               read_own=transfer.read_own, progress=progress.stage("materialize", job.plan.num_bins))
     with timed(timings, "report"):
         corpus.tokens_equal_to_pad_id = comm.allreduce_sum(scanned.source.tokens_equal_to_pad_id)
+        figures = _plan_figures(comm, epochs, summaries.result(), scanned.index)
         shard_epoch = job.assignment.shard_epoch
-        # rank 0 only: the plans are large
-        shares = comm.gather([RankShare.of(p, {n: i for n, i in written.shards.items()
-                                               if shard_epoch is None or shard_epoch[n] == e})
-                              for e, p in enumerate(epochs)])
+        # rank 0 only: one entry per shard
+        shards = comm.gather([{n: i for n, i in written.shards.items() if shard_epoch is None or shard_epoch[n] == e}
+                              for e in range(len(epochs))])
     timings["total"] = time.perf_counter() - started
     timings["compile"] = jit.seconds  # inside the stages above; throughputs leave it out
-    ranks = comm.allgather(rank_report(comm, scanned.index, job.plan, written, timings, transfer))
+    ranks = comm.allgather(rank_report(comm, scanned.index, job.plan, written, timings, transfer,
+                                       sequences_planned=sum(sequences_planned)))
     if comm.rank != 0:
         comm.barrier()
         return PackResult(output=out, counts={}, metrics={"ranks": ranks}, timings=timings)
 
     whole_run = throughput(corpus, ranks, timings, resumed_shards=len(done or {}))
+    epoch_shards = [{n: i for s in shards for n, i in s[e].items()} for e in range(specs.order.epochs)]
     if specs.order.epochs == 1:
-        metrics, shards, manifest = _report(config, specs, index, [s[0] for s in shares], ranks, corpus, whole_run,
-                                            timings,
-                                            early_metrics.result() if early_metrics is not None else None,
+        metrics, listed, manifest = _report(config, specs, index, figures[0], epoch_shards[0], ranks, corpus,
+                                            whole_run, timings, buckets=epochs[0].buckets,
                                             opens_window=job.assignment.shard_opens_window)
         reports, manifests = [(METRICS, metrics)], [(MANIFEST, manifest)]
     else:  # each epoch is an output of its own; OUT/_metrics.json is of them all, _epochs.json lists them
-        reports, manifests, shards = [], [], []
+        reports, manifests, listed = [], [], []
         for e in range(specs.order.epochs):
-            epoch_metrics, epoch_shards, manifest = _report(config, specs, index, [s[e] for s in shares], [], corpus,
-                                                            whole_run, timings, None, epoch=e,
-                                                            opens_window=job.assignment.shard_opens_window)
+            epoch_metrics, in_epoch, manifest = _report(config, specs, index, figures[e], epoch_shards[e], [], corpus,
+                                                        whole_run, timings, buckets=epochs[e].buckets, epoch=e,
+                                                        opens_window=job.assignment.shard_opens_window)
             reports.append((f"{epoch_dir(e)}/{METRICS}", epoch_metrics))
             manifests.append((f"{epoch_dir(e)}/{MANIFEST}", manifest))
-            shards += epoch_shards
-        every_epoch = [s[e] for e in range(specs.order.epochs) for s in shares]
-        metrics = epochs_metrics(specs.report, every_epoch, ranks, corpus, [m for _, m in reports])
+            listed += in_epoch
+        summary, baseline = figures[-1]
+        metrics = epochs_metrics(specs.report, summary, baseline, ranks, corpus, [m for _, m in reports],
+                                 buckets=epochs[0].buckets)
         metrics["throughput"], metrics["timings"] = whole_run, timings
         reports.insert(0, (METRICS, metrics))
         manifests.append((EPOCHS, epochs_index(specs.report, metrics, timings)))  # last: every epoch is complete
     with guard.deferred():  # a signal now waits: the output is moments from complete
-        output.commit(reports=reports, manifests=manifests, shards=shards, overwrite=config.overwrite)
+        output.commit(reports=reports, manifests=manifests, shards=listed, overwrite=config.overwrite)
     comm.barrier()
-    return PackResult(output=out, counts=metrics["counts"], metrics=metrics, timings=timings, shards=shards)
+    return PackResult(output=out, counts=metrics["counts"], metrics=metrics, timings=timings, shards=listed)
 
 
 def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, specs: Specs, epoch: int, inputs: list[str],
-                timings: dict[str, float], progress: Progress) -> Planned:
+                timings: dict[str, float], progress: Progress, sequences_planned: list[int]) -> Planned:
     """Order and plan one epoch (this rank's windows of it), with the epoch's own seed (plan/order.py
-    `epoch_seed`), so its shuffle, ffs packing and step grouping are its own."""
+    `epoch_seed`), so its shuffle, ffs packing and step grouping are its own; appends the number
+    of sequences this rank planned to `sequences_planned`."""
     specs = specs.for_epoch(epoch_seed(specs.order.seed, epoch)) if epoch else specs
     with timed(timings, "order"):
         ordered = order_and_distribute(comm, scanned.index, specs.order, specs.groups, specs.windows, epoch)
+    sequences_planned.append(len(ordered.gids))
     with timed(timings, "plan"):
         planned = plan_stage(comm, ordered, specs, progress=progress.stage("plan", len(ordered.gids)))
         if epoch == 0:  # every epoch packs the same sequences
@@ -215,20 +222,40 @@ def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, specs: Specs, epoc
     return planned
 
 
-def _report(config: PackConfig, specs: Specs, index: SequenceIndex, shares: list[RankShare], ranks: list[dict],
-            corpus: Corpus,
-            whole_run: dict, timings: dict[str, float], plan_figures: dict | None,
-            epoch: int | None = None, opens_window: np.ndarray | None = None) -> tuple[dict, list[ShardEntry], dict]:
+def _plan_figures(comm: Comm, epochs: list[Planned], summaries: list[RankSummary], scanned_index: SequenceIndex
+                  ) -> list[tuple[RankSummary, int]]:
+    """The summary of every rank's plan of each epoch, added up, with the padded-batching baseline
+    of its pieces in input order; with --epochs, then the same of all epochs together. Every rank
+    holds its own pieces and those of the sample ids it scanned, never all of them."""
+    merged = [comm.allreduce_sum(s) for s in summaries]
+    gid_starts = np.array(comm.allgather(int(scanned_index.gid_lo)), dtype=np.int64)
+    epoch_of, lengths = input_order_lengths(comm, [(p.plan.piece_gid, p.plan.piece_len) for p in epochs], gid_starts)
+    figures = [(m, padded_batching_over_ranks(comm, lengths[epoch_of == e], m.packs.baseline_batch_size))
+               for e, m in enumerate(merged)]
+    if len(epochs) > 1:
+        every = sum(merged[1:], merged[0])
+        figures.append((every, padded_batching_over_ranks(comm, lengths, every.packs.baseline_batch_size)))
+    return figures
+
+
+def _report(config: PackConfig, specs: Specs, index: SequenceIndex, figures: tuple[RankSummary, int],
+            shards: dict[int, ShardEntry], ranks: list[dict], corpus: Corpus, whole_run: dict,
+            timings: dict[str, float], *, buckets: np.ndarray | None, epoch: int | None = None,
+            opens_window: np.ndarray | None = None) -> tuple[dict, list[ShardEntry], dict]:
     """Rank 0: the metrics, shards and manifest of one output: all of OUT, or the folder of one
     epoch (its manifest lists the shards relative to the folder, its `epoch` says which).
-    `opens_window`: whether each global shard opens a planning window (the manifest's `window_starts`)."""
-    metrics, _ = assemble_metrics(specs.report, shares, ranks, corpus, plan_figures=plan_figures,
-                                  group_starts=index.group_starts)
+    `figures`: the summary of its plan and its baseline (`_plan_figures`); `shards`: its shards by
+    global number; `opens_window`: whether each global shard opens a planning window (the
+    manifest's `window_starts`)."""
+    summary, baseline = figures
+    metrics = metrics_of(specs.report, summary, baseline, ranks, corpus, buckets=buckets,
+                         groups=index.group_starts is not None)
     metrics["throughput"] = whole_run
     metrics["timings"] = timings
-    numbered = sorted((n, i) for s in shares for n, i in s.shards.items())
-    shards = [info for _, info in numbered]
-    listed = shards if epoch is None else [dataclasses.replace(i, path=i.path.split("/", 1)[1]) for i in shards]
+    numbered = sorted(shards.items())
+    listed_shards = [info for _, info in numbered]
+    listed = listed_shards if epoch is None else [dataclasses.replace(i, path=i.path.split("/", 1)[1])
+                                                  for i in listed_shards]
     manifest = build_manifest(config, index.labels_column, index.files, listed, metrics["counts"], timings,
                               index.fingerprints)
     if opens_window is not None:
@@ -236,7 +263,7 @@ def _report(config: PackConfig, specs: Specs, index: SequenceIndex, shares: list
     if epoch is not None:
         manifest["epoch"] = metrics["epoch"] = {"index": epoch, "of": specs.order.epochs,
                                                 "seed": epoch_seed(specs.order.seed, epoch)}
-    return metrics, shards, manifest
+    return metrics, listed_shards, manifest
 
 
 def _scan(comm: Comm, index: SequenceIndex, specs: Specs, progress: Progress) -> tuple[Scanned, Corpus]:

@@ -634,14 +634,27 @@ def imbalance_summary(grid: np.ndarray) -> dict:
     """Per-step max/mean summarized: mean and worst over steps, and `weighted` = sum over steps
     of the slowest rank / sum of the mean rank (the share of a run's time spent waiting is
     1 - 1/weighted)."""
-    per_step = imbalance(grid)
+    return imbalance_summary_of_steps(*step_figures(grid))
+
+
+def step_figures(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What `imbalance_summary` needs of each step (a row of `grid`, one cost per rank): its
+    imbalance, mean and max. Row by row, so the figures of consecutive runs of steps, laid end to
+    end, are those of all the steps."""
+    grid = np.asarray(grid, dtype=np.float64)
+    if grid.size == 0:
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    return imbalance(grid), grid.mean(axis=1), grid.max(axis=1)
+
+
+def imbalance_summary_of_steps(per_step: np.ndarray, step_mean: np.ndarray, step_max: np.ndarray) -> dict:
+    """`imbalance_summary` from `step_figures` (of every step, in step order)."""
     if len(per_step) == 0:
         return {"mean": 1.0, "max": 1.0, "weighted": 1.0, "worst_step": None}
-    grid = np.asarray(grid, dtype=np.float64)
-    mean_total = grid.mean(axis=1).sum()
+    mean_total = step_mean.sum()
     worst = int(np.argmax(per_step))
     return {"mean": float(per_step.mean()), "max": float(per_step[worst]),
-            "weighted": float(grid.max(axis=1).sum() / mean_total) if mean_total > 0 else 1.0,
+            "weighted": float(step_max.sum() / mean_total) if mean_total > 0 else 1.0,
             "worst_step": worst}
 
 

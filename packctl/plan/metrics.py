@@ -5,6 +5,7 @@ With true lengths L (one per packed sequence), B packs, capacity C and align a:
     utilization          sum(L) / (B * C)
     waste_ratio          1 - utilization
     bin_balance          1 - stdev(load_b / C) / utilization      (load_b = true tokens of pack b)
+                         = 1 - sqrt(B * sum(load_b^2) - sum(L)^2) / sum(L), from exact integer sums
     packing_efficiency   ceil(sum(round_up(L, a)) / C) / B          (1.0 = no pack more than needed)
     lower_bound_packs_l2 Martello-Toth L2 over the padded lengths (a tighter lower bound on B)
     padding_alignment    sum(round_up(L, a) - L)
@@ -14,6 +15,12 @@ Worked example: C = 8, a = 2, packs [3, 2] and [5] (pack lengths 8, 8):
     utilization 10/16 = 0.625, loads/C = [0.625, 0.625] -> bin_balance 1.0,
     padded lengths [4, 2] [6] -> ceil(12/8) = 2 bins needed, efficiency 2/2 = 1.0,
     padding_alignment 2 (3->4, 5->6), padding_tail 16 - 12 = 4.
+
+Every figure comes from a `PackSummary`: exact integer sums, exact histograms over bounded domains
+(padded lengths 0..C, sequences per pack, power-of-two length buckets), so the summaries of the
+packs of every rank merge (`+`) into the figures of all packs, the same to the last digit whatever
+the number of ranks. The one figure that needs the packs in input order, the padded-batching
+baseline, is computed apart (`padded_batching_tokens`; pipeline/report.py over ranks).
 
 `packctl stats` reports these same functions (docs/stats.md), plus:
 
@@ -26,6 +33,7 @@ Worked example: C = 8, a = 2, packs [3, 2] and [5] (pack lengths 8, 8):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,9 +55,18 @@ def martello_toth_l2(lengths: np.ndarray, capacity: int) -> int:
     w = np.asarray(lengths, dtype=np.int64)
     if len(w) == 0:
         return 0
-    if w.max() > capacity:
+    return martello_toth_l2_of_counts(np.bincount(w, minlength=capacity + 1), capacity)
+
+
+def martello_toth_l2_of_counts(counts: np.ndarray, capacity: int) -> int:
+    """`martello_toth_l2` from the histogram of the lengths (`counts[x]`: items of length x):
+    the histograms of several runs of packs add up to that of all of them."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if not counts.any():
+        return 0
+    if len(counts) > capacity + 1 and counts[capacity + 1:].any():
         raise ValueError("lengths above the capacity have no bin")
-    counts = np.bincount(w, minlength=capacity + 1)
+    counts = counts[:capacity + 1]
     # count_ge[x], sum_ge[x]: number and total size of items >= x, for x in [0, C + 1]
     count_ge = np.concatenate([np.cumsum(counts[::-1])[::-1], [0]])
     sum_ge = np.concatenate([np.cumsum((counts * np.arange(capacity + 1))[::-1])[::-1], [0]])
@@ -68,15 +85,32 @@ def length_histogram(lengths: np.ndarray) -> dict[str, list[int]]:
     """Sequences and their tokens in power-of-two buckets [1,2) [2,4) [4,8) ...:
     {"edges": [...], "counts": [...], "tokens": [...]}. Lengths [1, 3, 3] -> edges [1, 2, 4],
     counts [1, 2], tokens [1, 6]: few long sequences can hold most of the tokens."""
+    counts, tokens = length_buckets(lengths)
+    return length_histogram_of_buckets(counts, tokens)
+
+
+LENGTH_BUCKETS = 64  # [2^k, 2^(k+1)) for k < 64: every int64 length (0 counts in [1, 2))
+
+
+def length_buckets(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences and tokens in each of the LENGTH_BUCKETS power-of-two buckets: the histograms
+    of several runs add up to that of all of them. Lengths [1, 3, 3] -> counts [1, 2, 0, ...],
+    tokens [1, 6, 0, ...]."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    if len(lengths) == 0:
-        return {"edges": [1], "counts": [], "tokens": []}
-    top = int(np.ceil(np.log2(max(int(lengths.max()), 1) + 1)))
-    edges = [2**k for k in range(top + 1)]
     bucket = np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64)
-    counts = np.bincount(bucket, minlength=top)
-    tokens = np.bincount(bucket, weights=lengths, minlength=top).astype(np.int64)
-    return {"edges": edges, "counts": counts[:top].tolist(), "tokens": tokens[:top].tolist()}
+    counts = np.bincount(bucket, minlength=LENGTH_BUCKETS)
+    tokens = np.bincount(bucket, weights=lengths, minlength=LENGTH_BUCKETS).astype(np.int64)
+    return counts, tokens
+
+
+def length_histogram_of_buckets(counts: np.ndarray, tokens: np.ndarray) -> dict[str, list[int]]:
+    """`length_histogram` from `length_buckets`: buckets up to the longest length's."""
+    filled = np.flatnonzero(counts)
+    if len(filled) == 0:
+        return {"edges": [1], "counts": [], "tokens": []}
+    top = int(filled[-1]) + 1
+    return {"edges": [2**k for k in range(top + 1)], "counts": [int(c) for c in counts[:top]],
+            "tokens": [int(t) for t in tokens[:top]]}
 
 
 def padded_batching_tokens(lengths: np.ndarray, batch_size: int) -> int:
@@ -104,54 +138,173 @@ def pack_metrics(seq_lens: np.ndarray, seq_offsets: np.ndarray, pack_lens: np.nd
         input_order: permutation putting the sequences back in input (sample id) order, for the
             padded-batching baseline; None uses the packed order.
     """
+    summary = PackSummary.of(seq_lens, seq_offsets, pack_lens, capacity=capacity, align=align)
     seq_lens = np.asarray(seq_lens, dtype=np.int64)
-    seq_offsets = np.asarray(seq_offsets, dtype=np.int64)
-    pack_lens = np.asarray(pack_lens, dtype=np.int64)
-    packs = len(seq_offsets) - 1
-    sequences = len(seq_lens)
-    tokens = int(seq_lens.sum())
-    padded = round_up(seq_lens, align)
-    per_pack = np.diff(seq_offsets)
-    loads = pack_loads(seq_lens, seq_offsets)
-    utilization = tokens / (packs * capacity) if packs else 0.0
-    fill = loads / capacity
-    balance = 1.0 - float(fill.std()) / utilization if packs and utilization > 0 else 0.0
-    lower_bound = math.ceil(int(padded.sum()) / capacity)
-    written = int(pack_lens.sum())
-    mean_per_pack = sequences / packs if packs else 0.0
     baseline_lengths = seq_lens if input_order is None else seq_lens[input_order]
-    baseline = padded_batching_tokens(baseline_lengths, round(mean_per_pack) or 1)
-    return {
-        "packs": packs,
-        "sequences": sequences,
-        "tokens": tokens,
-        "capacity": capacity,
-        "utilization": utilization,
-        "waste_ratio": 1.0 - utilization if packs else 0.0,
-        "bin_balance": balance,
-        "packing_efficiency": lower_bound / packs if packs else 1.0,
-        "lower_bound_packs": lower_bound,
-        "lower_bound_packs_l2": martello_toth_l2(padded, capacity) if packs else 0,
-        "padding": {
-            "alignment_tokens": int((padded - seq_lens).sum()),
-            "tail_tokens": written - int(padded.sum()),
+    return summary.metrics(padded_batching_tokens(baseline_lengths, summary.baseline_batch_size))
+
+
+@dataclass
+class PackSummary:
+    """What `pack_metrics` (and `batch_metrics`) need of a run of packs, as exact integer sums and
+    histograms over bounded domains: the summaries of consecutive runs add up (`a + b`) to the
+    summary of all of them, so each rank summarizes its own packs and the sum gives the figures of
+    the whole output, to the last digit (`metrics`), without any rank holding every pack.
+
+        packs [3, 2] [5], capacity 8, align 2: packs 2, sequences 3, tokens 10, padded_tokens 12,
+        loads_squared 5^2 + 5^2 = 50, padded_counts[2] = padded_counts[4] = padded_counts[6] = 1
+    """
+
+    capacity: int
+    packs: int
+    sequences: int
+    tokens: int
+    padded_tokens: int
+    written_tokens: int
+    loads_squared: int  # sum over packs of (true tokens of the pack)^2: the spread of the fill
+    padded_counts: np.ndarray  # int64, capacity + 1 (or more): pieces of each padded length
+    per_pack_counts: np.ndarray  # int64: packs of each number of sequences
+    length_counts: np.ndarray  # int64, LENGTH_BUCKETS: `length_buckets` of the true lengths
+    length_tokens: np.ndarray
+    # --mode batch: rows of every micro-batch summed, and micro-batches of each (rows, padded_len)
+    rows: int = 0
+    shapes: dict[tuple[int, int], int] | None = None
+
+    @classmethod
+    def of(cls, seq_lens: np.ndarray, seq_offsets: np.ndarray, pack_lens: np.ndarray, *, capacity: int,
+           align: int, rows: np.ndarray | None = None) -> "PackSummary":
+        """The summary of these packs (arguments as for `pack_metrics`); `rows`: the rows of each
+        micro-batch (--mode batch), whose padded length is its written length / rows."""
+        seq_lens = np.asarray(seq_lens, dtype=np.int64)
+        seq_offsets = np.asarray(seq_offsets, dtype=np.int64)
+        pack_lens = np.asarray(pack_lens, dtype=np.int64)
+        padded = round_up(seq_lens, align)
+        loads = pack_loads(seq_lens, seq_offsets)
+        counts, tokens = length_buckets(seq_lens)
+        shapes = None
+        if rows is not None:
+            rows = np.asarray(rows, dtype=np.int64)
+            padded_len = np.where(rows > 0, pack_lens // np.maximum(rows, 1), 0)
+            shapes = {}
+            if len(rows):
+                pairs, times = np.unique(np.stack([rows, padded_len], axis=1), axis=0, return_counts=True)
+                shapes = {(int(r), int(p)): int(t) for (r, p), t in zip(pairs, times)}
+        return cls(capacity=capacity, packs=len(seq_offsets) - 1, sequences=len(seq_lens), tokens=int(seq_lens.sum()),
+                   padded_tokens=int(padded.sum()), written_tokens=int(pack_lens.sum()),
+                   loads_squared=exact_sum_of_squares(loads),
+                   padded_counts=np.bincount(padded, minlength=capacity + 1).astype(np.int64),
+                   per_pack_counts=np.bincount(np.diff(seq_offsets)).astype(np.int64) if len(seq_offsets) > 1
+                   else np.zeros(0, np.int64),
+                   length_counts=counts.astype(np.int64), length_tokens=tokens,
+                   rows=int(rows.sum()) if rows is not None else 0, shapes=shapes)
+
+    def __add__(self, other: "PackSummary") -> "PackSummary":
+        shapes = None
+        if self.shapes is not None or other.shapes is not None:
+            shapes = dict(self.shapes or {})
+            for shape, times in (other.shapes or {}).items():
+                shapes[shape] = shapes.get(shape, 0) + times
+        return PackSummary(
+            capacity=self.capacity, packs=self.packs + other.packs, sequences=self.sequences + other.sequences,
+            tokens=self.tokens + other.tokens, padded_tokens=self.padded_tokens + other.padded_tokens,
+            written_tokens=self.written_tokens + other.written_tokens,
+            loads_squared=self.loads_squared + other.loads_squared,
+            padded_counts=_add_counts(self.padded_counts, other.padded_counts),
+            per_pack_counts=_add_counts(self.per_pack_counts, other.per_pack_counts),
+            length_counts=self.length_counts + other.length_counts, length_tokens=self.length_tokens + other.length_tokens,
+            rows=self.rows + other.rows, shapes=shapes)
+
+    @property
+    def baseline_batch_size(self) -> int:
+        """Sequences per batch of the padded-batching baseline: the mean per pack, rounded."""
+        return round(self.sequences / self.packs if self.packs else 0.0) or 1
+
+    def metrics(self, baseline_tokens: int) -> dict[str, Any]:
+        """`pack_metrics` of the summarized packs; `baseline_tokens`: `padded_batching_tokens` of
+        their lengths in input order, in batches of `baseline_batch_size`."""
+        packs, sequences, tokens, capacity = self.packs, self.sequences, self.tokens, self.capacity
+        utilization = tokens / (packs * capacity) if packs else 0.0
+        # stdev(load / C) / utilization = sqrt(B * sum(load^2) - sum(load)^2) / sum(load), in integers
+        spread = packs * self.loads_squared - tokens * tokens
+        balance = 1.0 - math.sqrt(spread) / tokens if packs and tokens > 0 else 0.0
+        lower_bound = math.ceil(self.padded_tokens / capacity)
+        written = self.written_tokens
+        mean_per_pack = sequences / packs if packs else 0.0
+        filled = np.flatnonzero(self.per_pack_counts)
+        return {
+            "packs": packs,
+            "sequences": sequences,
+            "tokens": tokens,
+            "capacity": capacity,
+            "utilization": utilization,
+            "waste_ratio": 1.0 - utilization if packs else 0.0,
+            "bin_balance": balance,
+            "packing_efficiency": lower_bound / packs if packs else 1.0,
+            "lower_bound_packs": lower_bound,
+            "lower_bound_packs_l2": martello_toth_l2_of_counts(self.padded_counts, capacity) if packs else 0,
+            "padding": {
+                "alignment_tokens": self.padded_tokens - tokens,
+                "tail_tokens": written - self.padded_tokens,
+                "written_tokens": written,
+                "fraction_of_written": (written - tokens) / written if written else 0.0,
+            },
+            "sequences_per_pack": {
+                "min": int(filled[0]) if packs else 0,
+                "mean": mean_per_pack,
+                "max": int(filled[-1]) if packs else 0,
+                "histogram": [int(c) for c in self.per_pack_counts[:filled[-1] + 1]] if packs else [],
+            },
+            "length_histogram": length_histogram_of_buckets(self.length_counts, self.length_tokens),
+            "padded_batching": {
+                "batch_size": self.baseline_batch_size,
+                "tokens": baseline_tokens,
+                "packed_tokens": written,
+                "estimated_gain": baseline_tokens / written if written else 0.0,
+            },
+        }
+
+    def batch_metrics(self, baseline_tokens: int, max_tokens: int) -> dict[str, Any]:
+        """`batch_metrics` of the summarized micro-batches (made `of(..., rows=...)`)."""
+        from packctl.plan.shapes import shape_rows
+
+        batches, tokens, written = self.packs, self.tokens, self.written_tokens
+        mean_seqs = self.sequences / batches if batches else 0.0
+        naive = baseline_tokens
+        filled = np.flatnonzero(self.per_pack_counts)
+        shapes = shape_rows(self.shapes or {})
+        return {
+            "micro_batches": batches,
+            "max_tokens": max_tokens,
+            "sequences_per_batch": {"min": int(filled[0]) if batches else 0, "mean": mean_seqs,
+                                    "max": int(filled[-1]) if batches else 0},
+            "distinct_shapes": len(shapes),
+            "shapes": shapes,
             "written_tokens": written,
-            "fraction_of_written": (written - tokens) / written if written else 0.0,
-        },
-        "sequences_per_pack": {
-            "min": int(per_pack.min()) if packs else 0,
-            "mean": mean_per_pack,
-            "max": int(per_pack.max()) if packs else 0,
-            "histogram": np.bincount(per_pack).tolist() if packs else [],
-        },
-        "length_histogram": length_histogram(seq_lens),
-        "padded_batching": {
-            "batch_size": round(mean_per_pack) or 1,
-            "tokens": baseline,
-            "packed_tokens": written,
-            "estimated_gain": baseline / written if written else 0.0,
-        },
-    }
+            "padding_tokens": written - tokens,
+            "padding_fraction": (written - tokens) / written if written else 0.0,
+            "empty_rows": self.rows - self.sequences,
+            "naive": {"batch_size": self.baseline_batch_size, "written_tokens": naive,
+                      "padding_fraction": (naive - tokens) / naive if naive else 0.0},
+            "padding_saved_vs_naive": 1.0 - (written - tokens) / (naive - tokens) if naive > tokens else 0.0,
+        }
+
+
+def _add_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two histograms over 0, 1, 2, ... of any lengths, added."""
+    if len(a) < len(b):
+        a, b = b, a
+    out = a.copy()
+    out[:len(b)] += b
+    return out
+
+
+def exact_sum_of_squares(values: np.ndarray) -> int:
+    """sum(v^2) of non-negative int64 values below 2^31, exactly (a Python int): each square fits
+    int64, and their high and low 32-bit halves are summed apart so no sum overflows.
+    [3, 4] -> 25."""
+    values = np.asarray(values, dtype=np.int64)
+    squares = values * values
+    return (int((squares >> 32).sum()) << 32) + int((squares & 0xFFFFFFFF).sum())
 
 
 def pack_loads(values: np.ndarray, seq_offsets: np.ndarray) -> np.ndarray:
@@ -265,31 +418,7 @@ def batch_metrics(seq_lens: np.ndarray, seq_offsets: np.ndarray, rows: np.ndarra
     rows [2, 1], batch_lens [10, 8] (padded_len 5 and 8), seq_lens [5, 4, 8]
     -> 18 tokens written for 17: padding 1 (5.6%).
     """
-    from packctl.plan.shapes import shape_table
-
+    summary = PackSummary.of(seq_lens, seq_offsets, batch_lens, capacity=max_tokens, align=1, rows=rows)
     seq_lens = np.asarray(seq_lens, dtype=np.int64)
-    rows = np.asarray(rows, dtype=np.int64)
-    batch_lens = np.asarray(batch_lens, dtype=np.int64)
-    batches = len(rows)
-    written = int(batch_lens.sum())
-    tokens = int(seq_lens.sum())
-    padded_len = np.where(rows > 0, batch_lens // np.maximum(rows, 1), 0)
-    mean_seqs = len(seq_lens) / batches if batches else 0.0
     naive_lengths = seq_lens if input_order is None else seq_lens[input_order]
-    naive = padded_batching_tokens(naive_lengths, round(mean_seqs) or 1)
-    shapes = shape_table(rows, padded_len)
-    return {
-        "micro_batches": batches,
-        "max_tokens": max_tokens,
-        "sequences_per_batch": {"min": int(np.diff(seq_offsets).min()) if batches else 0, "mean": mean_seqs,
-                                "max": int(np.diff(seq_offsets).max()) if batches else 0},
-        "distinct_shapes": len(shapes),
-        "shapes": shapes,
-        "written_tokens": written,
-        "padding_tokens": written - tokens,
-        "padding_fraction": (written - tokens) / written if written else 0.0,
-        "empty_rows": int(rows.sum() - len(seq_lens)),
-        "naive": {"batch_size": round(mean_seqs) or 1, "written_tokens": naive,
-                  "padding_fraction": (naive - tokens) / naive if naive else 0.0},
-        "padding_saved_vs_naive": 1.0 - (written - tokens) / (naive - tokens) if naive > tokens else 0.0,
-    }
+    return summary.batch_metrics(padded_batching_tokens(naive_lengths, summary.baseline_batch_size), max_tokens)

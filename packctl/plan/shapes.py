@@ -79,6 +79,11 @@ def shape_table(rows: np.ndarray, padded_len: np.ndarray) -> list[dict[str, int]
     if len(rows) == 0:
         return []
     pairs, counts = np.unique(np.stack([rows, padded_len], axis=1), axis=0, return_counts=True)
-    order = np.lexsort((pairs[:, 1], -counts))
-    return [{"rows": int(pairs[i, 0]), "padded_len": int(pairs[i, 1]), "micro_batches": int(counts[i])}
-            for i in order]
+    return shape_rows({(int(r), int(p)): int(c) for (r, p), c in zip(pairs, counts)})
+
+
+def shape_rows(counts: dict[tuple[int, int], int]) -> list[dict[str, int]]:
+    """`shape_table` from {(rows, padded_len): micro-batches}: most frequent first, then by padded
+    length, then by rows. {(2, 5): 1, (1, 8): 3} -> (1, 8) x3, then (2, 5) x1."""
+    order = sorted(counts, key=lambda shape: (-counts[shape], shape[1], shape[0]))
+    return [{"rows": r, "padded_len": p, "micro_batches": counts[(r, p)]} for r, p in order]

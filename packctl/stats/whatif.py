@@ -3,7 +3,7 @@
 Only the list lengths of the tokens column are kept (polars, lazy streamed scan of that one
 column; labels are never read). Each (capacity, algorithm) is planned with the code `pack` runs
 (`packctl.pipeline.plan.plan_corpus`: order, windows, the over-long policy, pack lengths) and measured
-with `packctl.pipeline.report.plan_metrics`, so a what-if row predicts exactly the packs `pack` would
+with `packctl.pipeline.report.assemble_metrics` (the summaries `pack` adds up over ranks), so a what-if row predicts exactly the packs `pack` would
 write with the same
 options, and equals the metrics.json it would write (but for `throughput` and `timings`).
 

@@ -238,3 +238,72 @@ def test_any_number_of_in_process_ranks_writes_the_single_process_bytes(tmp_path
         run_ranks(n, lambda comm: pack(PackConfig(**config), comm=comm))
         assert _fingerprint(out) == reference, f"{n} ranks"
         assert_ranks_shared_the_run(json.loads((out / "_metrics.json").read_text()), n, 2000)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=25), ranks=st.integers(1, 9),
+       held=st.lists(st.integers(0, 400), max_size=8), epochs=st.integers(1, 3), data=st.data())
+def test_windows_are_dealt_whole_in_order_by_their_sequences(sizes, ranks, held, epochs, data):
+    """Whatever the windows' sizes and however the order is spread over the ranks: every window goes
+    whole to one rank, in order, and no rank plans more than its equal share plus one window."""
+    from packctl.pipeline.order import window_owners
+
+    epoch = data.draw(st.integers(0, epochs - 1))
+    window = np.repeat(np.arange(len(sizes)), sizes)
+    opens = np.concatenate([[True] + [False] * (s - 1) for s in sizes])
+    total = len(window)
+    cuts = sorted({0, total, *(min(h, total) for h in held)})
+    cuts = (cuts + [total] * ranks)[:ranks + 1] if len(cuts) < ranks + 1 else cuts[:ranks] + [total]
+    parts = [(window[lo:hi], opens[lo:hi]) for lo, hi in zip(cuts[:-1], cuts[1:])]
+    owners = np.concatenate(run_ranks(ranks, lambda comm: window_owners(comm, *parts[comm.rank], epoch, epochs)))
+    assert len(owners) == total and (np.diff(owners) >= 0).all() and (owners < ranks).all()
+    assert all(len(set(owners[window == w].tolist())) == 1 for w in range(len(sizes)))
+    # epoch e's sequences are the e-th of `epochs` equal runs of the axis dealt over the ranks
+    share = total * epochs / ranks
+    planned = np.bincount(owners, minlength=ranks)
+    assert planned.max() <= share + max(sizes)
+    if epochs == 1 and len(set(sizes)) == 1 and ranks <= len(sizes):  # equal windows: at most one window over
+        assert planned.max() <= -(-len(sizes) // ranks) * sizes[0]
+
+
+def test_a_short_last_window_goes_where_it_evens_the_work():
+    from packctl.pipeline.order import window_owners
+
+    window = np.repeat(np.arange(3), [4, 4, 2])
+    opens = np.array([1, 0, 0, 0, 1, 0, 0, 0, 1, 0], dtype=bool)
+    owners = run_ranks(2, lambda comm: window_owners(comm, window[comm.rank * 5:(comm.rank + 1) * 5],
+                                                     opens[comm.rank * 5:(comm.rank + 1) * 5], 0, 1))
+    assert np.concatenate(owners).tolist() == [0] * 4 + [1] * 6  # 4 and 6 sequences; by count 8 and 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks, window, grouped", [(4, 1000, False), (5, 2000, False), (3, None, True),
+                                                    (6, None, True)])
+def test_more_ranks_than_windows_or_uneven_windows_write_the_single_process_bytes(tmp_path, sample_data, ranks,
+                                                                                window, grouped):
+    """4 ranks for 2 windows, 5 for 1 (ranks that plan nothing), and 7 windows of groups of uneven
+    sizes over 3 and 6 ranks: the bytes of one process, and the planning share reported."""
+    from support.data import write_table
+    from support.runs import packed_on_ranks
+
+    if grouped:  # 70 groups of 1 to 12 sequences, 10 groups a window: windows of 23 to 75 sequences
+        rng = np.random.default_rng(5)
+        sizes = rng.integers(1, 13, 70)
+        group = np.repeat(np.arange(70), sizes)
+        rows = [[int(t) for t in rng.integers(1, 1000, n)] for n in rng.integers(5, 300, len(group))]
+        half = len(rows) // 2
+        inputs = [write_table(tmp_path / f"g{k}.parquet", {"input_ids": rows[lo:hi], "g": group[lo:hi].tolist()})
+                  for k, (lo, hi) in enumerate([(0, half), (half, len(rows))])]
+        options = dict(inputs=[str(p) for p in inputs], group_column="g", capacity=8192, window=10,
+                       order="shuffle", shard_rows=20)
+    else:
+        options = dict(inputs=[str(sample_data)], capacity=4096, too_long="split", window=window, shard_rows=100)
+    many = packed_on_ranks(tmp_path, ranks, **options)
+    metrics = json.loads((many / "_metrics.json").read_text())
+    planned = [r["sequences_planned"] for r in metrics["ranks"]]
+    assert sum(planned) == metrics["counts"]["sequences_in"] - metrics["counts"]["sequences_skipped_empty"]
+    assert metrics["scale_out"]["sequences_planned"]["max"] == max(planned)
+    if grouped:
+        assert len(json.loads((many / "_manifest.json").read_text())["window_starts"]) == 7
+    else:
+        assert planned.count(0) == ranks - -(-2000 // window)  # ranks without a window plan nothing

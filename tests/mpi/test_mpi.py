@@ -129,3 +129,64 @@ def test_a_plan_and_its_materialization_are_the_same_for_any_number_of_ranks(tmp
     proc = mpirun(3, sys.executable, "-m", "packctl", "materialize", str(plan), "-o", str(materialized), "-q")
     assert proc.returncode == 0, proc.stderr
     assert _fingerprint(materialized)[0] == _fingerprint(direct)[0]
+
+
+# Options that add to _metrics.json, each packed by 3 MPI processes: the figures of the whole plan
+# (tests/integration/test_metrics_summaries.py runs many more in one process and in-process ranks).
+METRIC_CASES = {
+    "balance-sqrt": ["--order", "shuffle", "--too-long", "split", "--window", "300", *BALANCED],
+    "batch-buckets": ["--mode", "batch", "--too-long", "truncate", "--window", "400", "--shape-buckets", "3"],
+    "epochs": ["--order", "shuffle", "--too-long", "split", "--window", "500", "--epochs", "2",
+               "--algorithm", "ffs"],
+    "groups-step": ["--group-column", "group_id", "--group-scope", "step", "--dp-size", "2",
+                    "--micro-batches", "2", "--window", "40", "--capacity", "8192"],
+}
+
+
+@pytest.mark.parametrize("name", list(METRIC_CASES))
+def test_metrics_of_three_processes_are_those_of_the_whole_plan(tmp_path, name):
+    from packctl.sample import SampleSpec, write_sample
+    from support.whole_plan_metrics import assert_same_report, manifest_config, reference_metrics, written_metrics
+
+    options = METRIC_CASES[name]
+    source = ROOT / "sample_data"
+    if "--group-column" in options:
+        source = tmp_path / "grouped"
+        write_sample(source, SampleSpec(sequences=600, shards=3, seed=6, max_length=900, groups="rollout"))
+    out = tmp_path / "out"
+    proc = mpirun(3, sys.executable, "-m", "packctl", "pack", str(source), "-o", str(out), "-q", *options)
+    assert proc.returncode == 0, proc.stderr
+    assert_same_report(written_metrics(out), reference_metrics(manifest_config(out)))
+
+
+def test_more_ranks_than_windows_and_uneven_group_windows_write_the_same_bytes(tmp_path):
+    """4 processes for 2 windows (two plan nothing); 3 for 7 windows of groups of 1 to 12 sequences."""
+    import numpy as np
+
+    from support.adversary import packctl
+    from support.data import write_table
+
+    rng = np.random.default_rng(5)
+    group = np.repeat(np.arange(70), rng.integers(1, 13, 70))
+    rows = [[int(t) for t in rng.integers(1, 1000, n)] for n in rng.integers(5, 300, len(group))]
+    grouped = tmp_path / "grouped"
+    grouped.mkdir()
+    half = len(rows) // 2
+    for k, (lo, hi) in enumerate([(0, half), (half, len(rows))]):
+        write_table(grouped / f"g{k}.parquet", {"input_ids": rows[lo:hi], "g": group[lo:hi].tolist()})
+    for source, options, n in [
+        (ROOT / "sample_data", ["--too-long", "split", "--window", "1000", "--shard-rows", "100"], 4),
+        (grouped, ["--group-column", "g", "--capacity", "8192", "--window", "10", "--order", "shuffle",
+                   "--shard-rows", "20"], 3),
+    ]:
+        out = tmp_path / "out"
+        args = ["pack", str(source), "-o", str(out), "--overwrite", "-q", *options]
+        single = packctl(*args)
+        assert single.code == 0, single.stderr
+        reference = _fingerprint(out)
+        proc = mpirun(n, sys.executable, "-m", "packctl", *args)
+        assert proc.returncode == 0, proc.stderr
+        assert _fingerprint(out) == reference, f"{n} ranks"
+        planned = [r["sequences_planned"] for r in json.loads((out / "_metrics.json").read_text())["ranks"]]
+        assert len(planned) == n and sum(planned) == json.loads((out / "_manifest.json").read_text())["counts"][
+            "sequences_in"]
