@@ -115,6 +115,7 @@ NOT_COLUMNS = {
     "stats/whatif.py": {"input_ids",  # the input's default tokens column
                         "batch_size"},  # a metrics key
     "export/nemo.py": {"input_ids"},  # NeMo's own column
+    "export/megatron.py": {"cu_seqlens"},  # the name of one of the export's indexed datasets
     "contract/manifest.py": {"lr_scale"},  # the manifest's field
     "plan/metrics.py": {"batch_size", "step"},  # metrics keys
     "plan/shapes.py": {"padded_len"},  # a metrics key
