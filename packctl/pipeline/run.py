@@ -40,6 +40,7 @@ from packctl.errors import PackctlError
 from packctl.pipeline.manifest import build_manifest, shard_metadata
 from packctl.compile_ahead import CompileAhead
 from packctl.jit import CompileClock
+from packctl.source.megatron import check_options as check_megatron_options
 from packctl.source.parquet import SequenceIndex, index_inputs, scan_blocks, split_blocks
 from packctl.source.resolve import Resolution, normalize_spec, pattern_reaching, resolve, respell
 from packctl.source.groups import read_group_starts
@@ -292,6 +293,9 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
     if config.resume:
         resolution = _spelled_as_earlier_run(out, resolution)
     config = dataclasses.replace(config, inputs=resolution.specs)
+    check_megatron_options(resolution, tokens_column=config.tokens_column, labels_column=config.labels_column,
+                           keep_columns=config.keep_columns, weight_column=config.weight_column,
+                           group_column=config.group_column)
     index = index_inputs(resolution, config.tokens_column, config.labels_column, tuple(config.keep_columns),
                          config.weight_column)
     if config.group_column is not None:
