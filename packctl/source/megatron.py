@@ -341,9 +341,9 @@ def _documents(pair: IndexedPair, first: int, count: int) -> Documents:
     document index, lengths >= 0, each sequence starting where the one before ends)."""
     h, idx = pair.header, pair.idx_path
     bounds = pair.document_index(first, count + 1)
-    steps = np.diff(bounds)
-    if (steps < 0).any() or bounds[0] < 0 or bounds[-1] > h.sequences:
-        d = int(np.argmax(steps < 0)) if (steps < 0).any() else (0 if bounds[0] < 0 else count - 1)
+    bad = (np.diff(bounds) < 0) | (bounds[1:] > h.sequences) | (bounds[:-1] < 0)
+    if bad.any():
+        d = int(np.argmax(bad))
         raise PackctlError(f"{describe_document(idx, first + d)}: the document index goes from sequence "
                            f"{bounds[d]} to {bounds[d + 1]}; it must not decrease nor pass the {h.sequences} "
                            "sequences: the file is corrupt, write it again")
