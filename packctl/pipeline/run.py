@@ -41,6 +41,7 @@ from packctl.pipeline.manifest import build_manifest, shard_metadata
 from packctl.compile_ahead import CompileAhead
 from packctl.jit import CompileClock
 from packctl.source.megatron import check_options as check_megatron_options
+from packctl.source.megatron import input_files
 from packctl.source.parquet import SequenceIndex, index_inputs, scan_blocks, split_blocks
 from packctl.source.resolve import Resolution, normalize_spec, pattern_reaching, resolve, respell
 from packctl.source.groups import read_group_starts
@@ -300,7 +301,8 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
                          config.weight_column)
     if config.group_column is not None:
         index.group_starts = read_group_starts(index, config.group_column)
-    check_output_location(out, inputs=[f.path for f in index.files], input_dirs=[str(i) for i in config.inputs])
+    check_output_location(out, inputs=[p for f in index.files for p in input_files(f.path)],
+                          input_dirs=[str(i) for i in config.inputs])
     lock.acquire()
     reached("lock:taken")
     with guard.deferred(stop_after=True):  # finishing an interrupted commit: a signal waits for it

@@ -91,6 +91,11 @@ def bin_of(idx_path: str) -> str:
     return idx_path[:-len(IDX)] + BIN
 
 
+def input_files(path: str) -> tuple[str, ...]:
+    """The files a resolved input path stands for: a pair's `.idx` and `.bin`, else the path."""
+    return (path, bin_of(path)) if is_indexed(path) else (path,)
+
+
 def describe_document(idx_path: str, document: int) -> str:
     """How messages name a document: 'data/c.idx document 7'."""
     return f"{idx_path} document {document}"

@@ -808,3 +808,12 @@ def test_a_megatron_bin_that_is_a_fifo(tmp_path):
     os.mkfifo(idx.with_suffix(".bin"))
     result = packctl_process("pack", str(idx), "-o", str(tmp_path / "out"), *PACK, timeout=120)
     assert_clean_error(result, 2, "c.bin", "not a regular file (a FIFO)")
+
+
+@pytest.mark.parametrize("half", [".bin", ".idx"])
+def test_an_output_over_a_half_of_the_megatron_input(tmp_path, half):
+    idx = megatron_pair(tmp_path / "data/c")
+    before = idx.with_suffix(half).read_bytes()
+    result = packctl("pack", str(idx), "-o", str(idx.with_suffix(half)), *PACK, "--overwrite")
+    assert_clean_error(result, 2, f"the output would replace the input {idx.with_suffix(half)}")
+    assert idx.with_suffix(half).read_bytes() == before
