@@ -129,8 +129,8 @@ def _inputs_differ(earlier: object, now: list[dict]) -> str:
         return f"{gone[0]}{more(gone)} no longer among them" + (f"; {new[0]}{more(new)} is new" if new else "")
     if new:
         return f"{new[0]}{more(new)} is new"
-    changed = [(p, [_field_name(p, key, name) for key, name in _INPUT_FIELDS.items() if before[p].get(key) != e.get(key)])
-               for p, e in zip(paths, now)]
+    changed = [(p, [_field_name(p, key, name) for key, name in _INPUT_FIELDS.items()
+                    if before[p].get(key) != e.get(key)]) for p, e in zip(paths, now)]
     changed = [(p, fields) for p, fields in changed if fields]
     if not changed:
         return "the same files in another order"

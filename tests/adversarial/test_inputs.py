@@ -704,7 +704,7 @@ def test_a_lone_half_of_a_megatron_pair(tmp_path, present, missing):
     megatron_pair(tmp_path / "data/c")
     (tmp_path / "data" / missing).unlink()
     for spec in (tmp_path / "data" / present, tmp_path / "data"):
-        refused(tmp_path, spec, mentions=[f"data/{present}: a Megatron", f"without its", f"data/{missing}",
+        refused(tmp_path, spec, mentions=[f"data/{present}: a Megatron", "without its", f"data/{missing}",
                                           "restore"])
 
 
