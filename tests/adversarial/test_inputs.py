@@ -817,3 +817,18 @@ def test_an_output_over_a_half_of_the_megatron_input(tmp_path, half):
     result = packctl("pack", str(idx), "-o", str(idx.with_suffix(half)), *PACK, "--overwrite")
     assert_clean_error(result, 2, f"the output would replace the input {idx.with_suffix(half)}")
     assert idx.with_suffix(half).read_bytes() == before
+
+
+@pytest.mark.parametrize("half", [".bin", ".idx"])
+def test_an_unreadable_megatron_half_as_another_user(shared_tmp, half):
+    launcher = _as_nobody()
+    if launcher is None:
+        pytest.skip("needs root and setpriv to run packctl as another user")
+    idx = megatron_pair(shared_tmp / "data/c")
+    _world_readable(shared_tmp / "data")
+    idx.with_suffix(half).chmod(0)
+    out = shared_tmp / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NUMBA_CACHE_DIR": str(shared_tmp / "numba")}
+    result = packctl_process("pack", str(shared_tmp / "data"), "-o", str(out), *PACK, launcher=launcher, env=env)
+    assert_clean_error(result, 2, str(idx.with_suffix(half)), "Permission denied", "make it readable")
+    assert_nothing_left(out)
