@@ -111,6 +111,12 @@ _MISSING = object()
 _INPUT_FIELDS = {"rows": "rows", "bytes": "size", "mtime_ns": "modification time", "footer": "Parquet footer"}
 
 
+def _field_name(path: str, key: str, name: str) -> str:
+    """A Megatron pair (recorded by its .idx) has no Parquet footer: its digest is of the .idx
+    header and array ends (packctl.source.megatron.PairFingerprint)."""
+    return ".idx header and ends" if key == "footer" and path.endswith(".idx") else name
+
+
 def _inputs_differ(earlier: object, now: list[dict]) -> str:
     """Which input file differs from what the interrupted run read, named:
     'data/a.parquet changed since that run read it (Parquet footer, modification time)'."""
@@ -123,8 +129,8 @@ def _inputs_differ(earlier: object, now: list[dict]) -> str:
         return f"{gone[0]}{more(gone)} no longer among them" + (f"; {new[0]}{more(new)} is new" if new else "")
     if new:
         return f"{new[0]}{more(new)} is new"
-    changed = [(p, [name for key, name in _INPUT_FIELDS.items() if before[p].get(key) != e.get(key)])
-               for p, e in zip(paths, now)]
+    changed = [(p, [_field_name(p, key, name) for key, name in _INPUT_FIELDS.items()
+                    if before[p].get(key) != e.get(key)]) for p, e in zip(paths, now)]
     changed = [(p, fields) for p, fields in changed if fields]
     if not changed:
         return "the same files in another order"

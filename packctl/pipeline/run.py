@@ -42,6 +42,8 @@ from packctl.errors import PackctlError
 from packctl.pipeline.manifest import PLAN_KIND, build_manifest, shard_metadata
 from packctl.compile_ahead import CompileAhead
 from packctl.jit import CompileClock
+from packctl.source.megatron import check_options as check_megatron_options
+from packctl.source.megatron import input_files
 from packctl.source.parquet import SequenceIndex, index_inputs, scan_blocks, split_blocks
 from packctl.source.resolve import Resolution, normalize_spec, pattern_reaching, resolve, respell
 from packctl.source.groups import read_group_starts
@@ -321,11 +323,15 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
     if config.resume:
         resolution = _spelled_as_earlier_run(out, resolution)
     config = dataclasses.replace(config, inputs=resolution.specs)
+    check_megatron_options(resolution, tokens_column=config.tokens_column, labels_column=config.labels_column,
+                           keep_columns=config.keep_columns, weight_column=config.weight_column,
+                           group_column=config.group_column)
     index = index_inputs(resolution, config.tokens_column, config.labels_column, tuple(config.keep_columns),
                          config.weight_column)
     if config.group_column is not None:
         index.group_starts = read_group_starts(index, config.group_column)
-    check_output_location(out, inputs=[f.path for f in index.files], input_dirs=[str(i) for i in config.inputs])
+    check_output_location(out, inputs=[p for f in index.files for p in input_files(f.path)],
+                          input_dirs=[str(i) for i in config.inputs])
     lock.acquire()
     reached("lock:taken")
     with guard.deferred(stop_after=True):  # finishing an interrupted commit: a signal waits for it

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from packctl.arrays import offsets_of
 from packctl.contract.schema import IGNORE_INDEX, INT32_MAX
 from packctl.errors import PackctlError
+from packctl.source import megatron
 from packctl.source.blocks import DecodedBlock, first_outside_int32
 from packctl.source.files import FileFingerprint, _short, open_parquet
 from packctl.contract.arrow import arrow_array, numpy_view
@@ -104,6 +105,8 @@ def describe_gid(paths: list[str], file_offsets: np.ndarray, gid: int, column: s
     """Where a global sample id comes from, as every message names a row: 'FILE row R column C'.
     Files a (3 rows), b: gid 4 -> 'b row 1'."""
     f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
+    if megatron.is_indexed(paths[f]):  # a Megatron dataset has documents, no columns
+        return megatron.describe_document(paths[f], gid - int(file_offsets[f]))
     where = f"{paths[f]} row {gid - int(file_offsets[f])}"
     return f"{where} column '{column}'" if column is not None else where
 
@@ -435,6 +438,10 @@ class TokenSource:
         return self.decode(block)
 
     def decode(self, block: Block, check_values: bool = True) -> DecodedBlock:
+        expected = self.fingerprints[block.file] if self.fingerprints else None
+        if megatron.is_indexed(self.paths[block.file]):  # token values are always checked as they are read
+            return megatron.decode_documents(self.paths[block.file], block.first_row, block.rows,
+                                             skip_empty=self.skip_empty, expected=expected)
         return decode_block(self.paths[block.file], block.row_group, block.first_row, self.tokens_column,
                             self.labels_column, skip_empty=self.skip_empty, check_values=check_values,
                             expected=self.fingerprints[block.file] if self.fingerprints else None)
@@ -453,7 +460,10 @@ def index_inputs(resolution: "Resolution", tokens_column: str, labels_column: st
                  keep_columns: tuple[str, ...] = (), weight_column: str | None = None) -> SequenceIndex:
     """Read the footers and schemas of the resolved INPUT (`packctl.source.resolve.resolve`):
     files, blocks and gids, no lengths yet. Each file is opened once, checked against the
-    fingerprint the resolver took, and that fingerprint is kept for every later open."""
+    fingerprint the resolver took, and that fingerprint is kept for every later open. Megatron
+    pairs are indexed by `packctl.source.megatron.index_inputs`."""
+    if resolution.files and megatron.is_indexed(resolution.files[0].path):
+        return megatron.index_inputs(resolution, tokens_column, labels_column)
     opened = {r.path: open_parquet(r.path, r.fingerprint) for r in resolution.files}
     labels = resolve_labels_column({p: pf.schema_arrow for p, pf in opened.items()}, labels_column)
     files: list[InputFile] = []

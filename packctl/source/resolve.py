@@ -1,9 +1,11 @@
 """INPUT -> the files a run reads: the one resolver of pack, stats (what-if), verify --source and groups.
 
-An INPUT is a file, a directory (every `*.parquet` below it, recursively) or a glob (`*`, `?`,
-`[...]` within a name, `**` for any number of directories). The result is the sorted list of
-distinct files, each with its identity (device, inode) and its fingerprint (size, mtime, digest of
-the Parquet footer: `packctl.source.files.FileFingerprint`), which every later open checks.
+An INPUT is a file, a directory (every `*.parquet` and every `.bin/.idx` pair below it,
+recursively), a glob (`*`, `?`, `[...]` within a name, `**` for any number of directories), or the
+PREFIX of a Megatron indexed dataset (`PREFIX.bin` + `PREFIX.idx`). The result is the sorted list
+of distinct inputs, each with its identity (device, inode) and its fingerprint (size, mtime, digest
+of the Parquet footer: `packctl.source.files.FileFingerprint`; for a pair
+`packctl.source.megatron.PairFingerprint`), which every later open checks.
 
     data/a.parquet  data/sub -> /mnt/b (a symlinked directory)  data/sub/b.parquet  data/README.md
     resolve(["./data/"])  ->  specs ["data"], files data/a.parquet, data/sub/b.parquet
@@ -23,6 +25,10 @@ The rules (docs/errors.md, "Input resolution"); nothing is ever skipped silently
   (unlike the shell's `*`): every file read is listed in the manifest's `inputs`.
 - A pattern that matches a directory walks it, as a directory INPUT does; files it matches are
   read whatever their name.
+- Megatron pairs: `PREFIX.idx`, `PREFIX.bin` or a bare `PREFIX` names the pair, which is one input
+  (recorded by its `.idx` path, sorted among the others by it). A `.bin` or `.idx` found without
+  its partner is refused naming the missing file. One run reads Parquet or Megatron input, not
+  both: the two kinds are refused together.
 - packctl outputs are never input: a file whose Parquet metadata has the `packctl` key (a shard),
   a file in a directory holding packctl's `_manifest.json` or `_epochs.json` (a complete output),
   or in `.OUT.packctl-partial` (a run in progress or interrupted) is refused naming the output.
@@ -41,6 +47,7 @@ from typing import Callable, Iterable
 from packctl.contract.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST
 from packctl.contract.schema import METADATA_KEY
 from packctl.errors import PackctlError
+from packctl.source import megatron
 from packctl.source.files import FileFingerprint, changed_error, file_kind, read_fingerprint
 
 _GLOB_CHARS = frozenset("*?[")
@@ -98,9 +105,18 @@ def resolve(inputs: Iterable[str | os.PathLike]) -> Resolution:
     found: list[_Found] = []
     for spec in specs:
         found += _expand(spec)
+    found = _with_partners(found)
     _refuse_outputs(found)
     files = []
-    for item in sorted(_distinct(found), key=lambda f: f.path):
+    distinct = _distinct(found)
+    by_path = {item.path: item for item in distinct}
+    inputs = sorted((item for item in distinct if megatron.prefix_of(item.path) is None or megatron.is_indexed(
+        item.path)), key=lambda f: f.path)
+    _refuse_mixed(inputs)
+    for item in inputs:
+        if megatron.is_indexed(item.path):
+            files.append(_resolve_pair(item, by_path[megatron.bin_of(item.path)]))
+            continue
         fingerprint, metadata, st = read_fingerprint(item.path)
         if (st.st_dev, st.st_ino) != (item.st.st_dev, item.st.st_ino):
             raise changed_error(item.path, "replaced by another file while packctl listed the input")
@@ -111,6 +127,51 @@ def resolve(inputs: Iterable[str | os.PathLike]) -> Resolution:
         files.append(ResolvedFile(path=item.path, spec=item.spec, device=st.st_dev, inode=st.st_ino,
                                   fingerprint=fingerprint))
     return Resolution(specs=specs, files=files)
+
+
+def _with_partners(found: list[_Found]) -> list[_Found]:
+    """`found` with the partner of every `.bin` and `.idx` in it (`data/*.idx` names the pairs too);
+    a partner that does not exist is refused naming it."""
+    paths = {item.path for item in found}
+    more = []
+    for item in found:
+        prefix = megatron.prefix_of(item.path)
+        if prefix is None:
+            continue
+        partner = prefix + (megatron.BIN if megatron.is_indexed(item.path) else megatron.IDX)
+        if partner in paths:
+            continue
+        st = _stat(partner, named=True)
+        if st is None:
+            this, missing = ("index", "data file") if megatron.is_indexed(item.path) else ("data file", "index")
+            raise PackctlError(f"{item.path}: a Megatron {this} without its {missing} {partner}; packctl reads "
+                               f".bin/.idx pairs: restore {partner}, or leave {item.path} out of INPUT")
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(partner, st)
+        paths.add(partner)
+        more.append(_Found(partner, item.spec, item.root, st))
+    return found + more
+
+
+def _refuse_mixed(inputs: list[_Found]) -> None:
+    """One kind of input a run: Parquet files or Megatron pairs."""
+    pairs = [item for item in inputs if megatron.is_indexed(item.path)]
+    if pairs and len(pairs) != len(inputs):
+        other = next(item for item in inputs if not megatron.is_indexed(item.path))
+        raise PackctlError(f"{other.path}: a Parquet input beside the Megatron dataset {pairs[0].path}; one run packs "
+                           "one kind of input: pack them in two runs, or narrow INPUT")
+
+
+def _resolve_pair(idx: _Found, bin_: _Found) -> ResolvedFile:
+    """A Megatron pair, read once for its fingerprint (`megatron.open_pair` checks its layout)."""
+    with megatron.open_pair(idx.path) as pair:
+        fingerprint = pair.fingerprint
+        for item in (idx, bin_):
+            st = os.stat(item.path)
+            if (st.st_dev, st.st_ino) != (item.st.st_dev, item.st.st_ino):
+                raise changed_error(item.path, "replaced by another file while packctl listed the input")
+    return ResolvedFile(path=idx.path, spec=idx.spec, device=idx.st.st_dev, inode=idx.st.st_ino,
+                        fingerprint=fingerprint)
 
 
 def respell(resolution: Resolution, specs: list[str], paths: list[str]) -> Resolution:
@@ -180,11 +241,17 @@ def _expand(spec: str) -> list[_Found]:
         return list(found.values())
     st = _stat(spec, named=True)
     if st is None:
+        for suffix in (megatron.IDX, megatron.BIN):  # a Megatron PREFIX: its partner is found after
+            pair_st = _stat(spec + suffix, named=True)
+            if pair_st is not None:
+                if not stat.S_ISREG(pair_st.st_mode):
+                    raise _not_regular(spec + suffix, pair_st)
+                return [_Found(spec + suffix, spec, os.path.dirname(spec) or ".", pair_st)]
         raise PackctlError(f"{spec}: no such file or directory")
     if stat.S_ISDIR(st.st_mode):
         _walk(spec, spec, spec, ((st.st_dev, st.st_ino),), add)
         if not found:
-            raise PackctlError(f"{spec}: the directory holds no *.parquet file")
+            raise PackctlError(f"{spec}: the directory holds no *.parquet file and no Megatron .bin/.idx pair")
     elif stat.S_ISREG(st.st_mode):
         add(_Found(spec, spec, os.path.dirname(spec) or ".", st))
     else:
@@ -221,8 +288,8 @@ def _link_target(path: str) -> str:
 
 
 def _not_regular(path: str, st: os.stat_result) -> PackctlError:
-    return PackctlError(f"{path}: not a regular file ({file_kind(st)}); packctl reads Parquet files only: remove it "
-                        "or leave it out of INPUT")
+    return PackctlError(f"{path}: not a regular file ({file_kind(st)}); packctl reads Parquet files and Megatron "
+                        ".bin/.idx pairs: remove it or leave it out of INPUT")
 
 
 def _list(directory: str) -> list[str]:
@@ -252,13 +319,13 @@ def _into(path: str, st: os.stat_result, ancestors: tuple[tuple[int, int], ...])
 
 def _walk(directory: str, spec: str, root: str, ancestors: tuple[tuple[int, int], ...],
           add: Callable[[_Found], None]) -> None:
-    """Every `*.parquet` below `directory`, symbolic links followed."""
+    """Every `*.parquet`, `*.bin` and `*.idx` below `directory`, symbolic links followed."""
     for name in _list(directory):
         path = _join(directory, name)
         st = _stat(path, named=False)
         if stat.S_ISDIR(st.st_mode):
             _walk(path, spec, root, _into(path, st, ancestors), add)
-        elif name.endswith(".parquet"):
+        elif name.endswith(".parquet") or megatron.prefix_of(name) is not None:
             if not stat.S_ISREG(st.st_mode):
                 raise _not_regular(path, st)
             add(_Found(path, spec, root, st))

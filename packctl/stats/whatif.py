@@ -30,7 +30,9 @@ import polars as pl
 
 from packctl.config import PLANNING_OPTIONS, PackConfig  # noqa: F401  (PLANNING_OPTIONS re-exported)
 from packctl.errors import PackctlError
+from packctl.source import megatron
 from packctl.source.files import FileFingerprint, open_parquet
+from packctl.source.megatron import check_options as check_megatron_options
 from packctl.source.parquet import InputFile, RowsByGid, check_list_column, is_plain_list, list_lengths
 from packctl.source.resolve import resolve
 from packctl.source.groups import read_group_starts
@@ -75,6 +77,9 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     (`pack` checks them as it reads them).
     """
     resolution = resolve(inputs)
+    check_megatron_options(resolution, tokens_column=tokens_column, group_column=group_column)
+    if resolution.files and megatron.is_indexed(resolution.files[0].path):
+        return _megatron_lengths(inputs, resolution, tokens_column, skip_empty)
     paths = resolution.paths
     files = []
     for resolved in resolution.files:
@@ -120,6 +125,26 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     if not skip_empty and (index.lengths == 0).any():
         gid = int(np.argmax(index.lengths == 0))
         raise PackctlError(f"{index.describe(gid)}: empty sequence; remove empty rows or pass --skip-empty")
+    return index
+
+
+def _megatron_lengths(inputs: list[str], resolution, tokens_column: str, skip_empty: bool) -> LengthIndex:
+    """`read_lengths` of Megatron pairs: each document's length from its `.idx` (sequence lengths
+    and document index), no token read; empty documents refused as `pack` refuses them."""
+    files, lengths = [], []
+    for resolved in resolution.files:
+        doc_lengths = megatron.document_lengths(resolved.path, resolved.fingerprint)
+        files.append(InputFile(path=resolved.path, rows=len(doc_lengths), bytes=resolved.fingerprint.size))
+        lengths.append(doc_lengths)
+    rows = np.array([f.rows for f in files], dtype=np.int64)
+    index = LengthIndex(files=files, file_offsets=np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
+                        lengths=np.concatenate(lengths), tokens_column=tokens_column,
+                        fingerprints=[r.fingerprint for r in resolution.files])
+    if index.num_sequences == 0:
+        raise PackctlError(f"{', '.join(inputs)}: the input holds no documents")
+    if not skip_empty and (index.lengths == 0).any():
+        gid = int(np.argmax(index.lengths == 0))
+        raise PackctlError(f"{index.describe(gid)}: empty document (no tokens); remove it or pass --skip-empty")
     return index
 
 

@@ -29,6 +29,7 @@ from packctl.arrays import offsets_of, positions_in_segments, ranges
 from packctl.config import FIELDS, PackConfig
 from packctl.contract.schema import IGNORE_INDEX, INPUT_IDS, LABELS, SEQ_LENS, SEQ_LENS_PADDED
 from packctl.errors import PackctlError
+from packctl.source import megatron
 from packctl.source import parquet as reader
 from packctl.source.files import open_parquet
 from packctl.source.parquet import describe_gid
@@ -189,7 +190,7 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
                                "its samples count as missing (see the structure failures)", shard=shard))
 
     # Source rows per file, in manifest order: the gid ranges.
-    file_rows = np.array([open_parquet(p).metadata.num_rows for p in paths], dtype=np.int64)
+    file_rows = np.array([_source_rows(p) for p in paths], dtype=np.int64)
     for entry, path, rows in zip(manifest["inputs"], paths, file_rows):
         if "rows" in entry and int(entry["rows"]) != rows:
             raise PackctlError(f"--source {path}: {rows} rows, but the output was packed from {entry['rows']}; "
@@ -217,8 +218,7 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
     src_label_fp = np.zeros(len(sample_ids), dtype=np.uint64)
     for f, path in enumerate(paths):
         # The whole file, validated; an output packed with --skip-empty left its empty rows out.
-        decoded = reader.decode_block(path, None, 0, tokens_column, labels_column,
-                                      **({"skip_empty": True} if skip_empty else {}))
+        decoded = _decode_source(path, int(file_rows[f]), tokens_column, labels_column, skip_empty)
         src_len[file_offsets[f]:file_offsets[f + 1]] = np.diff(decoded.offsets)
         lo, hi = np.searchsorted(sorted_ids, [file_offsets[f], file_offsets[f + 1]])
         sel = order[lo:hi]
@@ -305,6 +305,23 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
     return ConservationResult(found, summary)
 
 
+def _source_rows(path: str) -> int:
+    """The samples of one source input: a Parquet file's rows, a Megatron pair's documents."""
+    if megatron.is_indexed(path):
+        with megatron.open_pair(path) as pair:
+            return pair.header.documents
+    return open_parquet(path).metadata.num_rows
+
+
+def _decode_source(path: str, rows: int, tokens_column: str, labels_column: str | None, skip_empty: bool):
+    """A whole source input, validated as pack validates it (a Parquet file, or a Megatron pair's
+    documents); an output packed with --skip-empty left its empty samples out."""
+    if megatron.is_indexed(path):
+        return megatron.decode_documents(path, 0, rows, skip_empty=skip_empty)
+    return reader.decode_block(path, None, 0, tokens_column, labels_column,
+                               **({"skip_empty": True} if skip_empty else {}))
+
+
 def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, sample: str, paths: list[str],
               file_offsets: np.ndarray, tokens_column: str, labels_column: str | None) -> Violation:
     """Read one differing sequence and its source slice again, and say at which token they part."""
@@ -315,11 +332,15 @@ def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, s
     out_tokens = np.asarray(table.column(INPUT_IDS)[0].as_py()[offset:offset + n], dtype=np.int64)
     out_labels = np.asarray(table.column(LABELS)[0].as_py()[offset:offset + n], dtype=np.int64)
     f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
-    columns = [tokens_column] + ([labels_column] if labels_column else [])
-    src = pq.read_table(paths[f], columns=columns).slice(gid - int(file_offsets[f]), 1)
-    src_tokens = np.asarray(src.column(tokens_column)[0].as_py()[start:start + n], dtype=np.int64)
-    src_labels = (np.asarray(src.column(labels_column)[0].as_py()[start:start + n], dtype=np.int64)
-                  if labels_column else src_tokens.copy())
+    if megatron.is_indexed(paths[f]):
+        src_tokens = megatron.read_document(paths[f], gid - int(file_offsets[f]))[start:start + n]
+        src_labels = src_tokens.copy()
+    else:
+        columns = [tokens_column] + ([labels_column] if labels_column else [])
+        src = pq.read_table(paths[f], columns=columns).slice(gid - int(file_offsets[f]), 1)
+        src_tokens = np.asarray(src.column(tokens_column)[0].as_py()[start:start + n], dtype=np.int64)
+        src_labels = (np.asarray(src.column(labels_column)[0].as_py()[start:start + n], dtype=np.int64)
+                      if labels_column else src_tokens.copy())
     if len(src_labels):
         src_labels[0] = IGNORE_INDEX
     span = f"{sample}, tokens {start}..{start + n - 1} of the sample"

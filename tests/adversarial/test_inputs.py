@@ -14,20 +14,24 @@ import json
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from packctl import PackConfig, PackctlError, pack
 from packctl.output.outdir import Faults
-from support.adversary import (assert_clean_error, assert_every_sample_once, assert_nothing_left, packctl,
-                               packctl_process)
+from packctl.verify import VerifyOptions, verify
+from support.adversary import (assert_clean_error, assert_complete, assert_every_sample_once, assert_nothing_left,
+                               packctl, packctl_process)
 from support.data import write_table
+from support.megatron import data_columns, write_pair, write_twin
 from support.paths import ROOT
 from support.threadcomm import run_ranks
 
@@ -628,3 +632,203 @@ def test_fifo_check_does_not_block(tmp_path):
     assert stat.S_ISFIFO(os.stat(tmp_path / "x.parquet").st_mode)
     result = packctl_process("pack", str(tmp_path / "x.parquet"), "-o", str(tmp_path / "out"), *PACK, timeout=120)
     assert_clean_error(result, 2, "x.parquet", "FIFO")
+
+
+# --- Megatron indexed datasets (.bin + .idx) ------------------------------------------------------
+
+MEGATRON_DOCUMENTS = [[[5, 6, 7], [8, 9]], [[1, 2, 3, 4]], [[10], [11], [12]], [[13, 14]]]
+
+
+def megatron_pair(prefix: Path, documents=MEGATRON_DOCUMENTS, dtype=np.int32) -> Path:
+    return write_pair(prefix, documents, dtype)
+
+
+def megatron_ok(tmp_path: Path, *inputs, documents=MEGATRON_DOCUMENTS) -> Path:
+    """Packs INPUT; every document once (verify --source), the output's data columns those of the
+    same documents as Parquet, which the independent checker sees once each."""
+    out = tmp_path / "out"
+    result = packctl("pack", *map(str, inputs), "-o", str(out), *PACK)
+    assert result.code == 0, result.stderr
+    assert_complete(out)
+    report = verify(out, VerifyOptions(source=[str(i) for i in inputs], attention=False))
+    assert report.checks["conservation"].status == "ok" and report.ok, report.violations
+    twin = write_twin(tmp_path / "twin/t.parquet", documents)
+    assert packctl("pack", str(twin), "-o", str(tmp_path / "twin-out"), *PACK).code == 0
+    assert_every_sample_once(tmp_path / "twin-out", [twin])
+    assert data_columns(out) == data_columns(tmp_path / "twin-out")
+    return out
+
+
+def patched(path: Path, offset: int, data: bytes) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset:offset + len(data)] = data
+    path.write_bytes(bytes(raw))
+
+
+# offsets in the .idx of MEGATRON_DOCUMENTS: 7 sequences, 5 document index entries
+_POINTERS, _DOCUMENT_INDEX = 34 + 4 * 7, 34 + 12 * 7
+MEGATRON_DAMAGE = {
+    "truncated .idx": (lambda idx: idx.write_bytes(idx.read_bytes()[:-3]), "c.idx", "truncated or corrupt"),
+    "truncated .bin": (lambda idx: idx.with_suffix(".bin").write_bytes(idx.with_suffix(".bin").read_bytes()[:-2]),
+                       "c.bin: 54 bytes", "truncated"),
+    "wrong magic": (lambda idx: patched(idx, 0, b"PAR1"), "c.idx: not a Megatron index", "MMIDIDX"),
+    "unknown version": (lambda idx: patched(idx, 9, struct.pack("<Q", 3)), "c.idx: Megatron index version 3",
+                        "reads version 1"),
+    "unknown dtype": (lambda idx: patched(idx, 17, b"\x00"), "c.idx: unknown token dtype code 0", "write it again"),
+    "float tokens": (lambda idx: patched(idx, 17, b"\x06"), "c.idx: tokens are float64", "integer"),
+    "pointer past the end": (lambda idx: patched(idx, _POINTERS + 8 * 6, struct.pack("<q", 10**6)), "c.bin",
+                             "tokens end at byte 1000008"),
+    "pointers overlapping": (lambda idx: patched(idx, _POINTERS + 8 * 2, struct.pack("<q", 4)),
+                             "c.idx document 1: sequence 2 has length 4 at byte 4", "back to back"),
+    "document index past the sequences": (lambda idx: patched(idx, _DOCUMENT_INDEX + 8 * 2, struct.pack("<q", 99)),
+                                          "c.idx document 1: the document index goes from sequence 2 to 99",
+                                          "corrupt"),
+    "a token id above int32": (None, "c.bin document 1: token id 4294967296 at position 2", "outside"),
+}
+
+
+@pytest.mark.parametrize("case", MEGATRON_DAMAGE)
+def test_a_damaged_megatron_pair(tmp_path, case):
+    change, *mentions = MEGATRON_DAMAGE[case]
+    if change is None:
+        idx = megatron_pair(tmp_path / "data/c", [[[1]], [[2, 3, 2**32]]], np.int64)
+    else:
+        idx = megatron_pair(tmp_path / "data/c")
+        change(idx)
+    refused(tmp_path, idx, mentions=mentions)
+    refused(tmp_path, tmp_path / "data/c", mentions=mentions)
+
+
+@pytest.mark.parametrize("present, missing", [("c.bin", "c.idx"), ("c.idx", "c.bin")])
+def test_a_lone_half_of_a_megatron_pair(tmp_path, present, missing):
+    megatron_pair(tmp_path / "data/c")
+    (tmp_path / "data" / missing).unlink()
+    for spec in (tmp_path / "data" / present, tmp_path / "data"):
+        refused(tmp_path, spec, mentions=[f"data/{present}: a Megatron", "without its", f"data/{missing}",
+                                          "restore"])
+
+
+def test_a_hard_linked_megatron_pair(tmp_path):
+    megatron_pair(tmp_path / "data/c")
+    for suffix in (".bin", ".idx"):
+        os.link(tmp_path / f"data/c{suffix}", tmp_path / f"data/copy{suffix}")
+    refused(tmp_path, tmp_path / "data", mentions=["data/copy.bin: the same file as", "data/c.bin", "hard links"])
+
+
+def test_a_symlinked_megatron_prefix_is_read(tmp_path):
+    megatron_pair(tmp_path / "real/c")
+    (tmp_path / "data").mkdir()
+    for suffix in (".bin", ".idx"):
+        os.symlink(tmp_path / f"real/c{suffix}", tmp_path / f"data/alias{suffix}")
+    megatron_ok(tmp_path, tmp_path / "data/alias")
+    shutil.rmtree(tmp_path / "out")
+    refused(tmp_path, tmp_path / "data", tmp_path / "real", mentions=["the same file as", "symbolic links"])
+
+
+def test_a_megatron_pair_and_parquet_in_one_run(tmp_path):
+    megatron_pair(tmp_path / "data/c")
+    data_file(tmp_path / "data/a.parquet")
+    refused(tmp_path, tmp_path / "data", mentions=["data/a.parquet: a Parquet input beside the Megatron dataset",
+                                                   "two runs"])
+
+
+def test_a_megatron_pair_of_uint8_every_spelling(tmp_path):
+    idx = megatron_pair(tmp_path / "data/c", dtype=np.uint8)
+    for spec in (idx, idx.with_suffix(".bin"), tmp_path / "data/c", tmp_path / "data"):
+        out = megatron_ok(tmp_path, spec)
+        shutil.rmtree(out)
+        shutil.rmtree(tmp_path / "twin-out")
+
+
+def test_empty_megatron_documents(tmp_path):
+    documents = [[[1, 2]], [], [[3]], [[]]]
+    idx = megatron_pair(tmp_path / "data/c", documents)
+    refused(tmp_path, idx, mentions=["c.idx document 1: empty document", "--skip-empty"])
+    out = tmp_path / "out"
+    assert packctl("pack", str(idx), "-o", str(out), *PACK, "--skip-empty").code == 0
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["counts"]["sequences_skipped_empty"] == 2
+    assert verify(out, VerifyOptions(source=[str(idx)], attention=False)).ok
+
+
+def test_a_megatron_bin_rewritten_between_scan_and_materialize(tmp_path, monkeypatch):
+    idx = megatron_pair(tmp_path / "data/c")
+    bin_ = idx.with_suffix(".bin")
+
+    def rewrite():  # other tokens, the same size
+        raw = bytearray(bin_.read_bytes())
+        raw[0] ^= 1
+        bin_.write_bytes(bytes(raw))
+    change_before_materialize(monkeypatch, rewrite)
+    out = tmp_path / "out"
+    result = packctl("pack", str(idx), "-o", str(out), *REREAD, "--too-long", "split")
+    assert_clean_error(result, 2, f"{bin_}: changed while packctl was reading it", "modification time",
+                       "rerun when the input is stable")
+    assert_nothing_left(out)
+
+
+def test_a_megatron_bin_truncated_between_scan_and_materialize(tmp_path, monkeypatch):
+    idx = megatron_pair(tmp_path / "data/c")
+    bin_ = idx.with_suffix(".bin")
+    change_before_materialize(monkeypatch, lambda: os.truncate(bin_, 8))
+    out = tmp_path / "out"
+    result = packctl("pack", str(idx), "-o", str(out), *REREAD, "--too-long", "split")
+    assert_clean_error(result, 2, f"{bin_}: changed while packctl was reading it", "size went from 56 to 8")
+    assert_nothing_left(out)
+
+
+def test_a_megatron_idx_removed_between_scan_and_materialize(tmp_path, monkeypatch):
+    idx = megatron_pair(tmp_path / "data/c")
+    change_before_materialize(monkeypatch, idx.unlink)
+    out = tmp_path / "out"
+    result = packctl("pack", str(idx), "-o", str(out), *REREAD, "--too-long", "split")
+    assert_clean_error(result, 2, f"{idx}: changed while packctl was reading it", "removed")
+    assert_nothing_left(out)
+
+
+def test_a_megatron_pair_named_by_an_unreadable_idx(tmp_path, monkeypatch):
+    """Simulated (root reads everything): opening the .idx fails with EACCES."""
+    import packctl.source.megatron as megatron_module
+
+    idx = megatron_pair(tmp_path / "data/c")
+    original = os.open
+
+    def denied(path, *args, **kwargs):
+        if str(path).endswith("c.idx"):
+            raise PermissionError(13, "Permission denied")
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(megatron_module.os, "open", denied)
+    refused(tmp_path, idx, mentions=[f"{idx}: cannot be read (Permission denied)", "make it readable"])
+
+
+def test_a_megatron_bin_that_is_a_fifo(tmp_path):
+    idx = megatron_pair(tmp_path / "data/c")
+    idx.with_suffix(".bin").unlink()
+    os.mkfifo(idx.with_suffix(".bin"))
+    result = packctl_process("pack", str(idx), "-o", str(tmp_path / "out"), *PACK, timeout=120)
+    assert_clean_error(result, 2, "c.bin", "not a regular file (a FIFO)")
+
+
+@pytest.mark.parametrize("half", [".bin", ".idx"])
+def test_an_output_over_a_half_of_the_megatron_input(tmp_path, half):
+    idx = megatron_pair(tmp_path / "data/c")
+    before = idx.with_suffix(half).read_bytes()
+    result = packctl("pack", str(idx), "-o", str(idx.with_suffix(half)), *PACK, "--overwrite")
+    assert_clean_error(result, 2, f"the output would replace the input {idx.with_suffix(half)}")
+    assert idx.with_suffix(half).read_bytes() == before
+
+
+@pytest.mark.parametrize("half", [".bin", ".idx"])
+def test_an_unreadable_megatron_half_as_another_user(shared_tmp, half):
+    launcher = _as_nobody()
+    if launcher is None:
+        pytest.skip("needs root and setpriv to run packctl as another user")
+    idx = megatron_pair(shared_tmp / "data/c")
+    _world_readable(shared_tmp / "data")
+    idx.with_suffix(half).chmod(0)
+    out = shared_tmp / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NUMBA_CACHE_DIR": str(shared_tmp / "numba")}
+    result = packctl_process("pack", str(shared_tmp / "data"), "-o", str(out), *PACK, launcher=launcher, env=env)
+    assert_clean_error(result, 2, str(idx.with_suffix(half)), "Permission denied", "make it readable")
+    assert_nothing_left(out)

@@ -190,3 +190,30 @@ def test_more_ranks_than_windows_and_uneven_group_windows_write_the_same_bytes(t
         planned = [r["sequences_planned"] for r in json.loads((out / "_metrics.json").read_text())["ranks"]]
         assert len(planned) == n and sum(planned) == json.loads((out / "_manifest.json").read_text())["counts"][
             "sequences_in"]
+
+
+def test_a_megatron_input_under_mpi_writes_the_bytes_of_its_parquet_twin(tmp_path):
+    """Pairs written by megatron-core, 1 and 3 ranks under mpiexec: the shards' data columns are
+    those of the same documents packed from Parquet in one process, and 3 ranks write the bytes of
+    one."""
+    import numpy as np
+
+    from support.adversary import packctl
+    from support.megatron import build_with_megatron, data_columns, random_documents, write_twin
+
+    for k, name in enumerate(("a", "b", "c", "d")):
+        documents = random_documents(k, 150, high=60000, max_length=80)
+        build_with_megatron(tmp_path / "megatron" / name, documents, np.uint16)
+        write_twin(tmp_path / "parquet" / f"{name}.parquet", documents, row_group_size=40)
+    options = ["--capacity", "256", "--too-long", "split", "--order", "shuffle", "--algorithm", "ffs",
+               "--shard-rows", "30", "-q", "--overwrite"]
+    twin = packctl("pack", str(tmp_path / "parquet"), "-o", str(tmp_path / "twin"), *options)
+    assert twin.code == 0, twin.stderr
+    digests = {}
+    for n in (1, 3):
+        out = tmp_path / f"out-{n}"
+        proc = mpirun(n, sys.executable, "-m", "packctl", "pack", str(tmp_path / "megatron"), "-o", str(out), *options)
+        assert proc.returncode == 0, proc.stderr
+        assert data_columns(out) == data_columns(tmp_path / "twin")
+        digests[n] = _fingerprint(out)[0]
+    assert digests[1] == digests[3]
