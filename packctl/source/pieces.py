@@ -27,6 +27,7 @@ from packctl.contract.schema import (SAMPLE_IDS, SEQ_LENS, SEQ_LENS_PADDED, SEQ_
 from packctl.contract.thd import PackRows, lay_out_packs
 from packctl.errors import PackctlError
 from packctl.source.blocks import DecodedBlock
+from packctl.source import megatron
 from packctl.source.files import FileFingerprint, read_fingerprint
 from packctl.source.parquet import Block, InputFile, SequenceIndex, TokenSource, blocks_of
 
@@ -121,10 +122,21 @@ class BlockCache:
         return state
 
 
+def _read_source_file(path: str, f: int) -> tuple[FileFingerprint, list[Block], int]:
+    """A source file as it is now: its fingerprint, blocks and rows (a Parquet file's footer, or a
+    Megatron pair's `.idx`, documents as rows)."""
+    if megatron.is_indexed(path):
+        with megatron.open_pair(path) as pair:
+            return pair.fingerprint, megatron.blocks_of(pair, f), pair.header.documents
+    fingerprint, meta, _ = read_fingerprint(path)
+    file_blocks, rows = blocks_of(meta, f)
+    return fingerprint, file_blocks, rows
+
+
 def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
                 budget: int = 1 << 30) -> tuple[SequenceIndex, TokenSource]:
     """The source a plan was made from, as its manifest records it: every input file present and
-    the same file (size and Parquet footer as recorded), its blocks indexed from the footers. One
+    the same file (size and Parquet footer, or a Megatron pair's `.idx` fingerprint, as recorded), its blocks indexed from the footers. One
     PackctlError line naming the file otherwise. `budget` is unused by the source itself (nothing
     is cached in it); readers cache with `BlockCache`."""
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
@@ -142,13 +154,13 @@ def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
         if not os.path.exists(path):
             raise PackctlError(f"{path}: source of the plan {manifest_file} is missing; a plan reads its tokens from "
                                "the files it was made from: put the file back, or run packctl pack again")
-        fingerprint, meta, _ = read_fingerprint(path)
+        fingerprint, file_blocks, rows = _read_source_file(path, f)
         if fingerprint.size != size or fingerprint.footer != footer:
             what = (f"its size is {fingerprint.size} bytes, the plan read {size}" if fingerprint.size != size
-                    else "its Parquet footer differs from the one the plan read")
+                    else "its .idx header, ends or times differ from those the plan read"
+                    if megatron.is_indexed(path) else "its Parquet footer differs from the one the plan read")
             raise PackctlError(f"{path}: not the source the plan {manifest_file} was made from ({what}); restore "
                                "that file, or make a new plan of this one with packctl pack --plan-only")
-        file_blocks, rows = blocks_of(meta, f)
         if rows != entry.get("rows"):
             raise PackctlError(f"{path}: {rows} rows, the plan {manifest_file} read {entry.get('rows')}; restore "
                                "that file, or make a new plan with packctl pack --plan-only")

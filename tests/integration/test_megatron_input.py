@@ -154,3 +154,37 @@ def test_resume_refuses_a_pair_rewritten_after_the_crash(tmp_path, monkeypatch):
     result = packctl("pack", "data/c", "-o", "out", "--capacity", "8", "--shard-rows", "1", "--resume")
     assert_clean_error(result, 2, "--resume refused", "data/c.idx changed since that run read it",
                        "modification time, .idx header and ends")
+
+
+def test_a_plan_of_a_megatron_input_reads_its_tokens_from_the_pair(corpus, tmp_path):
+    """`--plan-only` on pairs: `packctl materialize` writes the shards a direct pack writes, the
+    loader on the plan yields the materialized packs, and a pair changed since refuses the plan."""
+    import shutil
+
+    from packctl.pipeline.from_plan import materialize_plan
+    from packctl.source.pieces import plan_source
+
+    source = tmp_path / "pairs"
+    shutil.copytree(corpus[0], source)
+    options = dict(capacity=128, too_long="split", order="shuffle", skip_empty=True, shard_rows=20)
+    direct, plan, materialized = tmp_path / "direct", tmp_path / "plan", tmp_path / "materialized"
+    pack(PackConfig(inputs=[str(source)], output=str(direct), **options))
+    pack(PackConfig(inputs=[str(source)], output=str(plan), plan_only=True, **options))
+    assert json.loads((plan / "_manifest.json").read_text())["kind"] == "plan"
+    materialize_plan(plan, materialized)
+    shas = [[s["sha256"] for s in json.loads((out / "_manifest.json").read_text())["shards"]]
+            for out in (direct, materialized)]
+    assert shas[0] == shas[1]
+    index, _ = plan_source(json.loads((plan / "_manifest.json").read_text()), plan / "_manifest.json")
+    assert [f.path for f in index.files] == sorted(str(p) for p in source.rglob("*.idx"))
+
+    idx = sorted(source.rglob("*.idx"))[0]
+    bin_path = idx.with_suffix(".bin")
+    data = bytearray(bin_path.read_bytes())
+    data[-2:] = bytes([data[-1], data[-2]])  # the same size, other bytes, a new modification time
+    bin_path.write_bytes(bytes(data))
+    with pytest.raises(PackctlError, match=r"\.idx: not the source the plan .* was made from"):
+        plan_source(json.loads((plan / "_manifest.json").read_text()), plan / "_manifest.json")
+    result = packctl("materialize", str(plan), "-o", str(tmp_path / "again"))
+    assert_clean_error(result, 2, "not the source the plan")
+    assert_nothing_left(tmp_path / "again")

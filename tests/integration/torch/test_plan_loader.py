@@ -87,3 +87,17 @@ def test_a_plan_whose_source_changed_is_refused(tmp_path, corpus):
     first.rename(tmp_path / "moved.parquet")
     with pytest.raises(PackctlError, match=f"{first}: source of the plan .* is missing"):
         PackedDataset(plan)
+
+
+def test_a_plan_of_megatron_pairs_reads_as_its_materialized_output(tmp_path):
+    """The loader on a plan of `.bin/.idx` pairs (uint16 and int32) gathers each pack's tokens
+    from the pairs: the items and batches of the materialized output."""
+    from support.megatron import random_documents, write_pair
+
+    for k, dtype in enumerate((np.uint16, np.int32)):
+        write_pair(tmp_path / "pairs" / f"part-{k}", random_documents(5 + k, 150, high=60000, max_length=90), dtype)
+    options = ["--capacity", "256", "--too-long", "split", "--order", "shuffle", "--shard-rows", "16", "-q"]
+    plan, packed = tmp_path / "plan", tmp_path / "packed"
+    assert packctl("pack", str(tmp_path / "pairs"), "-o", str(plan), "--plan-only", *options).code == 0
+    assert packctl("pack", str(tmp_path / "pairs"), "-o", str(packed), *options).code == 0
+    assert_same_items(PackedDataset(str(plan)), PackedDataset(str(packed)))
