@@ -46,6 +46,7 @@ from packctl.output.resume import inspect_output
 from packctl.pipeline.manifest import PLAN_KIND
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.pipeline.run import PackResult, _completed, _open_output
+from packctl.pipeline.report import Corpus, Transfer, rank_report, scale_out, throughput
 from packctl.pipeline.runtime import Progress, SignalGuard, after_failure, timed
 from packctl.plan.windows import PackPlan
 from packctl.source.parquet import scan_blocks, split_blocks
@@ -157,13 +158,17 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
                               progress=progress.stage("materialize", job.plan.num_bins))
     shards = comm.gather(written.shards)
     timings["total"] = time.perf_counter() - started
+    # this run's own share of the work (a materialize plans nothing): `ranks`, `scale_out`, `throughput`
+    ranks = comm.allgather(rank_report(comm, index, job.plan, written, timings,
+                                       Transfer(read_own=read_own, amplification=amplification), sequences_planned=0))
     if comm.rank != 0:
         comm.barrier()
-        return PackResult(output=out, counts={}, metrics={}, timings=timings)
+        return PackResult(output=out, counts={}, metrics={"ranks": ranks}, timings=timings)
     by_number = {n: info for part in shards for n, info in part.items()}
     execution = {"output": str(out), "overwrite": overwrite, "memory_budget": budget, "resume": resume,
                  "token_transfer": token_transfer}
-    reports, manifests, entries = _reports(plan, by_number, timings, execution)
+    run = _RunFigures(ranks, timings, resumed_shards=len(done or {}), blocks=len(index.blocks))
+    reports, manifests, entries = _reports(plan, by_number, run, execution)
     with guard.deferred():  # a signal now waits: the output is moments from complete
         output.commit(reports=reports, manifests=manifests, shards=entries, overwrite=overwrite)
     comm.barrier()
@@ -295,11 +300,42 @@ def _values(column: pa.ChunkedArray) -> np.ndarray:
     return column.combine_chunks().flatten().to_numpy()
 
 
-def _reports(plan: Plan, shards: dict, timings: dict[str, float],
+@dataclass(frozen=True)
+class _RunFigures:
+    """What a materialize run reports of itself: every rank's report, its timings, the shards an
+    interrupted run had finished, the source's blocks."""
+
+    ranks: list[dict[str, Any]]
+    timings: dict[str, float]
+    resumed_shards: int
+    blocks: int
+
+    def apply(self, metrics: dict[str, Any], *, with_ranks: bool = True) -> dict[str, Any]:
+        """`metrics` (a plan's) with this run's ranks, scale-out, throughput and timings in place of
+        the plan's: what the packs achieve is the plan's, how they were written is this run's.
+        `with_ranks`: whether `ranks` and `scale_out` belong there (not in an epoch's own metrics)."""
+        counts = metrics.get("counts", {})
+        corpus = Corpus(sequences=int(counts.get("sequences_in", 0)), tokens=int(counts.get("tokens_in", 0)),
+                        skipped_empty=0, blocks=self.blocks,
+                        tokens_equal_to_pad_id=int(metrics.get("throughput", {}).get("tokens_equal_to_pad_id", 0)))
+        metrics.pop("scale_out", None)
+        metrics.pop("ranks", None)
+        if with_ranks and len(self.ranks) > 1:  # as pack reports them: with more than one rank
+            metrics["scale_out"] = scale_out(self.ranks)
+            metrics["ranks"] = self.ranks
+        if "throughput" in metrics:
+            metrics["throughput"] = throughput(corpus, self.ranks, self.timings, resumed_shards=self.resumed_shards)
+        metrics["timings"] = self.timings
+        return metrics
+
+
+def _reports(plan: Plan, shards: dict, run: _RunFigures,
              execution: dict[str, Any]) -> tuple[list, list, list]:
     """The plan's reports and manifests as the materialized output's: no `kind`, no plan_only, the
     inputs as `pack` records them, the options of where and how this run executes (`execution`),
-    the shards written, this run's timings: the manifest `pack` writes without --plan-only."""
+    the shards written, this run's ranks, throughput and timings (`run`): the manifest `pack`
+    writes without --plan-only."""
+    timings = run.timings
     entries = [shards[n] for n in sorted(shards)]
     reports, manifests = [], []
     epochs = plan.shard_epoch is not None
@@ -316,13 +352,11 @@ def _reports(plan: Plan, shards: dict, timings: dict[str, float],
                                "tokens": s.tokens, "sha256": s.sha256} for s in mine]
         manifest["timings"] = timings
         prefix = f"{epoch_dir(o)}/" if epochs else ""
-        metrics = output.recorded_metrics() or {}
-        metrics["timings"] = timings
+        metrics = run.apply(output.recorded_metrics() or {}, with_ranks=not epochs)
         reports.append((f"{prefix}{METRICS}", metrics))
         manifests.append((f"{prefix}{MANIFEST}", manifest))
     if epochs:
-        top = read_json_object(plan.root / METRICS, "make the plan again")
-        top["timings"] = timings
+        top = run.apply(read_json_object(plan.root / METRICS, "make the plan again"))
         reports.insert(0, (METRICS, top))
         index = read_json_object(plan.root / EPOCHS, "make the plan again")
         index["timings"] = timings

@@ -107,6 +107,12 @@ def test_plan_and_materialize_are_the_same_bytes_for_any_rank_count(tmp_path, co
     assert digests(tmp_path / "madeN") == digests(tmp_path / "made1")
     pack(PackConfig(inputs=[str(corpus)], output=str(tmp_path / "full"), **options))
     assert digests(tmp_path / "made1") == digests(tmp_path / "full")
+    # what the packs achieve is the plan's; how they were written (ranks, scale-out) is this run's
+    plan_metrics, made = (json.loads((tmp_path / d / "_metrics.json").read_text()) for d in ("plan1", "madeN"))
+    assert [r["rank"] for r in made["ranks"]] == list(range(ranks)) and "ranks" not in plan_metrics
+    assert made["scale_out"]["ranks"] == ranks and made["scale_out"]["sequences_planned"]["max"] == 0
+    assert sum(r["packs_written"] for r in made["ranks"]) == made["counts"]["packs"] == plan_metrics["counts"]["packs"]
+    assert made["utilization"] == plan_metrics["utilization"]
 
 
 def test_stats_of_a_plan_are_those_of_its_output(tmp_path, corpus):
