@@ -244,8 +244,18 @@ def _ungrouped(rng: np.random.Generator, spec: SampleSpec, *, tokens: bool = Tru
 
 def _with_images(rng: np.random.Generator, spec: SampleSpec
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(lengths, masked prompt lengths, tokens, images, image tokens) of a vision-language corpus
-    (the module docstring says how it is modelled)."""
+    """(lengths, masked prompt lengths, tokens, images, image tokens) of a vision-language corpus."""
+    lengths, prompts, images, image_tokens = sample_image_rows(rng, spec)
+    tokens = _token_ids(rng, int(lengths.sum()), spec.vocab_size)
+    tokens[positions_in_segments(lengths) < np.repeat(image_tokens, lengths)] = spec.vocab_size
+    return lengths, prompts, tokens, images, image_tokens
+
+
+def sample_image_rows(rng: np.random.Generator, spec: SampleSpec
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(lengths, masked prompt lengths, images, image tokens) of the rows of a vision-language
+    corpus (the module docstring says how it is modelled), without their tokens: what the
+    benchmarks pack."""
     n = spec.sequences
     text, prompts, _ = _ungrouped(rng, spec, tokens=False)
     with_image = rng.random(n) < IMAGE_SHARE
@@ -262,9 +272,7 @@ def _with_images(rng: np.random.Generator, spec: SampleSpec
     text = np.maximum(2, np.minimum(text, spec.max_length - image_tokens))
     prompts = np.minimum(prompts, text - 1)
     lengths = text + image_tokens
-    tokens = _token_ids(rng, int(lengths.sum()), spec.vocab_size)
-    tokens[positions_in_segments(lengths) < np.repeat(image_tokens, lengths)] = spec.vocab_size
-    return lengths, prompts + image_tokens, tokens, images.astype(np.int32), image_tokens.astype(np.int32)
+    return lengths, prompts + image_tokens, images.astype(np.int32), image_tokens.astype(np.int32)
 
 
 def _grouped(rng: np.random.Generator, spec: SampleSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
