@@ -266,9 +266,8 @@ def pack_ffs_limits(lengths: np.ndarray, extra: np.ndarray, limits: np.ndarray, 
 
 
 def _first_fit_limits_in_order(lengths, extra, limits, order, capacity, max_seqs) -> Bins:
-    bin_of_step, num_bins = first_fit_limits(lengths[order], extra[order], limits, capacity, max_seqs,
-                                             first_fit_limits_bin_bound(lengths, extra, limits, capacity, max_seqs),
-                                             0)
+    bound = first_fit_limits_bin_bound(lengths, extra, limits, capacity, max_seqs)
+    bin_of_step, num_bins = first_fit_limits(lengths[order], extra[order], limits, capacity, max_seqs, bound, 0)
     return whole_items_into_bins(lengths, order, bin_of_step, num_bins)
 
 
@@ -294,18 +293,23 @@ def first_fit_limits(sizes: np.ndarray, costs: np.ndarray, limits: np.ndarray, c
     The segment tree over bins keeps, per node, the most token room and the most room in each cost
     column among its bins. A subtree can hold the item only if every maximum suffices; the descent
     takes the left child when it can and backs up when a subtree passed the test on maxima held by
-    different bins but has no bin that fits. With one budget deciding (an item of no cost, or
-    costs that never bind) it is the descent of `first_fit`, O(log B); budgets that conflict cost
-    backing up, O(B) at worst."""
+    different bins but has no bin that fits. An item of no cost checks the token room alone, as in
+    `first_fit`, O(log B). An item with a cost descends a second token-room tree (`room_costly`)
+    where a bin that can take no item with a cost any more (its room in every column below the
+    smallest positive cost of that column) has room 0: such bins, full of images but not of
+    tokens, are what sends descents astray. Items of the smallest cost then never back up; budgets
+    that conflict further cost backing up, O(B) at worst."""
     leaves = 1 << max(int(max_bins) - 1, 0).bit_length()
     k = limits.size
     room = np.zeros(2 * leaves, np.int64)
     room[leaves: leaves + max_bins] = capacity
     cost_room = np.zeros((2 * leaves, k), np.int64)
     cost_room[leaves: leaves + max_bins] = limits
+    positive = np.where(costs > 0, costs, np.iinfo(np.int64).max)
+    smallest_cost = positive.min(axis=0) if len(costs) else np.zeros(k, np.int64)
     bin_of_step = np.empty(sizes.size, np.int64)
-    num_bins = _first_fit_limits_kernel(sizes, costs, max_seqs, first_bin, leaves, room, cost_room,
-                                        np.zeros(max_bins, np.int64), bin_of_step)
+    num_bins = _first_fit_limits_kernel(sizes, costs, smallest_cost, max_seqs, first_bin, leaves, room, room.copy(),
+                                        cost_room, np.zeros(max_bins, np.int64), bin_of_step)
     return bin_of_step, num_bins
 
 
@@ -320,16 +324,23 @@ def _holds(room, cost_room, node, length, costs, step):
 
 
 @njit(cache=True)
-def _first_fit_limits_kernel(sizes, costs, max_seqs, first_bin, leaves, room, cost_room, count, bin_of_step):
-    """`first_fit_limits`'s loop: leaves of `room` and `cost_room` filled by the caller."""
+def _first_fit_limits_kernel(sizes, costs, smallest_cost, max_seqs, first_bin, leaves, room_any, room_costly,
+                             cost_room, count, bin_of_step):
+    """`first_fit_limits`'s loop: leaves of `room_any`, `room_costly` and `cost_room` filled by
+    the caller."""
     k = costs.shape[1]
     for node in range(leaves - 1, 0, -1):
-        room[node] = max(room[2 * node], room[2 * node + 1])
+        room_any[node] = max(room_any[2 * node], room_any[2 * node + 1])
+        room_costly[node] = room_any[node]
         for j in range(k):
             cost_room[node, j] = max(cost_room[2 * node, j], cost_room[2 * node + 1, j])
     num_bins = 0
     for step in range(sizes.size):
         length = sizes[step]
+        costly = False
+        for j in range(k):
+            costly = costly or costs[step, j] > 0
+        room = room_costly if costly else room_any
         node = 1
         if not _holds(room, cost_room, node, length, costs, step):
             raise RuntimeError("first-fit bin bound exceeded")
@@ -353,15 +364,22 @@ def _first_fit_limits_kernel(sizes, costs, max_seqs, first_bin, leaves, room, co
         if b >= num_bins:
             num_bins = b + 1
         count[b] += 1
-        room[node] = room[node] - length if count[b] < max_seqs else 0
+        room_any[node] = room_any[node] - length if count[b] < max_seqs else 0
+        takes_costly = False
         for j in range(k):
             cost_room[node, j] -= costs[step, j]
+            takes_costly = takes_costly or cost_room[node, j] >= smallest_cost[j]
+        room_costly[node] = room_any[node] if takes_costly else 0
         node //= 2
         while node >= 1:
             changed = False
-            larger = max(room[2 * node], room[2 * node + 1])
-            if room[node] != larger:
-                room[node] = larger
+            larger = max(room_any[2 * node], room_any[2 * node + 1])
+            if room_any[node] != larger:
+                room_any[node] = larger
+                changed = True
+            larger = max(room_costly[2 * node], room_costly[2 * node + 1])
+            if room_costly[node] != larger:
+                room_costly[node] = larger
                 changed = True
             for j in range(k):
                 larger = max(cost_room[2 * node, j], cost_room[2 * node + 1, j])
@@ -380,18 +398,24 @@ def pack_bfd_limits(lengths: np.ndarray, extra: np.ndarray, limits: np.ndarray, 
     least token room among those that fit its tokens and every cost; among those, the one that has
     had that room the longest (the rule of one budget). See `_best_fit_limits_kernel`."""
     order = decreasing_order(lengths, capacity)
-    sizes = lengths[order]
-    costs = extra[order]
+    bin_of_step, num_bins = best_fit_limits(lengths[order], extra[order], limits, capacity, max_seqs)
+    return whole_items_into_bins(lengths, order, bin_of_step, num_bins)
+
+
+def best_fit_limits(sizes: np.ndarray, costs: np.ndarray, limits: np.ndarray, capacity: int, max_seqs: int
+                    ) -> tuple[np.ndarray, int]:
+    """Best fit under every budget of items of `sizes` tokens and `costs` (n x k), in that order:
+    the bin of each step and the number of bins."""
     n = len(sizes)
     k = limits.size
     leaves = 1 << int(capacity).bit_length()
     bin_of_step = np.empty(n, np.int64)
-    num_bins = _best_fit_limits_kernel(sizes, costs, limits, capacity, max_seqs,
+    num_bins = _best_fit_limits_kernel(sizes, np.ascontiguousarray(costs), limits, capacity, max_seqs,
                                        np.full((2 * leaves, k), -1, np.int64),
                                        np.full(capacity + 1, -1, np.int64), np.full(capacity + 1, -1, np.int64),
                                        np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros((n, k), np.int64),
                                        np.zeros(n, np.int64), bin_of_step)
-    return whole_items_into_bins(lengths, order, bin_of_step, num_bins)
+    return bin_of_step, num_bins
 
 
 @njit(cache=True, inline="always")
