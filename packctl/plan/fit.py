@@ -290,26 +290,31 @@ def first_fit_limits(sizes: np.ndarray, costs: np.ndarray, limits: np.ndarray, c
                      max_bins: int, first_bin: int) -> tuple[np.ndarray, int]:
     """`first_fit` under every budget: items of `sizes` tokens and `costs` (n x k) in that order.
 
-    The segment tree over bins keeps, per node, the most token room and the most room in each cost
-    column among its bins. A subtree can hold the item only if every maximum suffices; the descent
-    takes the left child when it can and backs up when a subtree passed the test on maxima held by
-    different bins but has no bin that fits. An item of no cost checks the token room alone, as in
-    `first_fit`, O(log B). An item with a cost descends a second token-room tree (`room_costly`)
-    where a bin that can take no item with a cost any more (its room in every column below the
-    smallest positive cost of that column) has room 0: such bins, full of images but not of
-    tokens, are what sends descents astray. Items of the smallest cost then never back up; budgets
-    that conflict further cost backing up, O(B) at worst."""
+    The segment tree over bins keeps, per node, the most room in each cost column among its bins,
+    and the most token room, once per *kind* of item: the set of columns it has a cost in (a text
+    row: none; an image row: images and image tokens). In the token room an item of a kind sees, a
+    bin that can take no item of that kind any more (its room in one of the kind's columns below
+    that column's smallest positive cost) counts 0: such bins, full of images but not of tokens,
+    are what would send descents astray. A subtree can hold the item only if every maximum
+    suffices; the descent takes the left child when it can and backs up when the maxima came from
+    different bins. An item of no cost, or of the smallest costs, never backs up: O(log B) a step
+    per kind; costs that conflict further cost backing up, O(B) at worst."""
     leaves = 1 << max(int(max_bins) - 1, 0).bit_length()
-    k = limits.size
-    room = np.zeros(2 * leaves, np.int64)
-    room[leaves: leaves + max_bins] = capacity
+    n, k = costs.shape
+    positive = costs > 0
+    smallest_cost = (np.where(positive, costs, np.iinfo(np.int64).max).min(axis=0) if n
+                     else np.zeros(k, np.int64))
+    kind_mask = positive.astype(np.int64) @ (1 << np.arange(k, dtype=np.int64)) if n else np.zeros(0, np.int64)
+    masks, kind = np.unique(kind_mask, return_inverse=True)
+    kind_columns = ((masks[:, None] >> np.arange(k)) & 1).astype(np.bool_)  # kinds x k
+    room = np.zeros((len(masks), 2 * leaves), np.int64)
+    room[:, leaves: leaves + max_bins] = capacity
     cost_room = np.zeros((2 * leaves, k), np.int64)
     cost_room[leaves: leaves + max_bins] = limits
-    positive = np.where(costs > 0, costs, np.iinfo(np.int64).max)
-    smallest_cost = positive.min(axis=0) if len(costs) else np.zeros(k, np.int64)
     bin_of_step = np.empty(sizes.size, np.int64)
-    num_bins = _first_fit_limits_kernel(sizes, costs, smallest_cost, max_seqs, first_bin, leaves, room, room.copy(),
-                                        cost_room, np.zeros(max_bins, np.int64), bin_of_step)
+    num_bins = _first_fit_limits_kernel(sizes, costs, kind.astype(np.int64).reshape(-1), kind_columns, smallest_cost,
+                                        max_seqs, first_bin, leaves, room, cost_room, np.zeros(max_bins, np.int64),
+                                        np.zeros(max_bins, np.int64), bin_of_step)
     return bin_of_step, num_bins
 
 
@@ -324,23 +329,22 @@ def _holds(room, cost_room, node, length, costs, step):
 
 
 @njit(cache=True)
-def _first_fit_limits_kernel(sizes, costs, smallest_cost, max_seqs, first_bin, leaves, room_any, room_costly,
-                             cost_room, count, bin_of_step):
-    """`first_fit_limits`'s loop: leaves of `room_any`, `room_costly` and `cost_room` filled by
-    the caller."""
+def _first_fit_limits_kernel(sizes, costs, kind, kind_columns, smallest_cost, max_seqs, first_bin, leaves, rooms,
+                             cost_room, count, load, bin_of_step):
+    """`first_fit_limits`'s loop: leaves of `rooms` (kinds x nodes) and `cost_room` filled by the
+    caller; `count` and `load` (the tokens of each bin) zeroed."""
     k = costs.shape[1]
+    kinds = rooms.shape[0]
+    capacity = rooms[0, leaves]
     for node in range(leaves - 1, 0, -1):
-        room_any[node] = max(room_any[2 * node], room_any[2 * node + 1])
-        room_costly[node] = room_any[node]
+        for t in range(kinds):
+            rooms[t, node] = max(rooms[t, 2 * node], rooms[t, 2 * node + 1])
         for j in range(k):
             cost_room[node, j] = max(cost_room[2 * node, j], cost_room[2 * node + 1, j])
     num_bins = 0
     for step in range(sizes.size):
         length = sizes[step]
-        costly = False
-        for j in range(k):
-            costly = costly or costs[step, j] > 0
-        room = room_costly if costly else room_any
+        room = rooms[kind[step]]
         node = 1
         if not _holds(room, cost_room, node, length, costs, step):
             raise RuntimeError("first-fit bin bound exceeded")
@@ -364,23 +368,24 @@ def _first_fit_limits_kernel(sizes, costs, smallest_cost, max_seqs, first_bin, l
         if b >= num_bins:
             num_bins = b + 1
         count[b] += 1
-        room_any[node] = room_any[node] - length if count[b] < max_seqs else 0
-        takes_costly = False
+        load[b] += length
+        token_room = capacity - load[b] if count[b] < max_seqs else 0
         for j in range(k):
             cost_room[node, j] -= costs[step, j]
-            takes_costly = takes_costly or cost_room[node, j] >= smallest_cost[j]
-        room_costly[node] = room_any[node] if takes_costly else 0
+        for t in range(kinds):
+            takes_kind = True
+            for j in range(k):
+                if kind_columns[t, j] and cost_room[node, j] < smallest_cost[j]:
+                    takes_kind = False
+            rooms[t, node] = token_room if takes_kind else 0
         node //= 2
         while node >= 1:
             changed = False
-            larger = max(room_any[2 * node], room_any[2 * node + 1])
-            if room_any[node] != larger:
-                room_any[node] = larger
-                changed = True
-            larger = max(room_costly[2 * node], room_costly[2 * node + 1])
-            if room_costly[node] != larger:
-                room_costly[node] = larger
-                changed = True
+            for t in range(kinds):
+                larger = max(rooms[t, 2 * node], rooms[t, 2 * node + 1])
+                if rooms[t, node] != larger:
+                    rooms[t, node] = larger
+                    changed = True
             for j in range(k):
                 larger = max(cost_room[2 * node, j], cost_room[2 * node + 1, j])
                 if cost_room[node, j] != larger:
