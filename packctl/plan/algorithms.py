@@ -18,8 +18,13 @@ one file per family:
     pool.py        pool
     batch.py       batch_lengths, choose_buckets (--mode batch)
 
-To add an algorithm: write `pack_<name>(lengths, capacity, max_seqs, options) -> Bins` in a file
-of its family (or a new one), add its row to `KERNELS` and its name to `names.ALGORITHMS`, which
+With budgets besides tokens (`extra` n x k costs, `limits` k: images, image tokens), every family
+has a second runner `pack_<name>_limits` beside the first, in the same file; `pack_lengths` runs it
+only when k >= 1, so packing by tokens alone runs the very code it ran before.
+
+To add an algorithm: write `pack_<name>(lengths, capacity, max_seqs, options) -> Bins` and
+`pack_<name>_limits(lengths, extra, limits, capacity, max_seqs, options) -> Bins` in a file of its
+family (or a new one), add its row to `KERNELS` and its name to `names.ALGORITHMS`, which
 the options read without loading numba (a test keeps the two equal). A kernel calls numba
 functions of its own file only: numba caches a kernel by its source file, and would not notice a
 change in a callee in another file.
