@@ -299,7 +299,7 @@ def _refuse_cutting_media(gids, lengths, extra, limits, over_capacity, over_limi
     elif over_capacity.any():  # error: the first over-long sequence may come before the first over a limit
         found.append((int(gids[over_capacity].min()), None))
     if found:
-        gid, error = min(found, key=lambda f: f[0])
+        error = min(found, key=lambda f: f[0])[1]
         if error is not None:
             raise error
 
