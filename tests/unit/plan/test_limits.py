@@ -295,3 +295,24 @@ def test_a_limit_of_zero_takes_only_items_of_no_cost():
 def test_bad_budgets_are_refused(extra, limits, message):
     with pytest.raises(ValueError, match=message):
         pack_lengths([1, 2], 10, "ffd", extra=extra, limits=limits)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_deep_trees_match_the_references_on_image_like_costs(seed):
+    """Hundreds of bins, text rows (no cost) beside image rows (images and image tokens, both
+    binding): the per-kind token rooms of first fit and the back-ups of both trees at depth."""
+    rng = np.random.default_rng(seed)
+    n, capacity = 500, 200
+    images = np.where(rng.random(n) < 0.6, 1 + rng.poisson(0.5, n), 0).clip(0, 4)
+    extra = np.stack([images, images * rng.integers(8, 24, n)], axis=1).astype(np.int64)
+    lengths = np.minimum(rng.integers(5, 40, n) + extra[:, 1], capacity)
+    limits = np.array([4, 60])
+    keep = (extra <= limits).all(axis=1)
+    lengths, extra = lengths[keep], extra[keep]
+    L, X, lim, m = as_lists(lengths, extra, limits, None)
+    for algorithm, reference in (("ffd", lambda: reference_first_fit(decreasing(L), L, X, capacity, lim, m)),
+                                 ("bfd", lambda: reference_best_fit(decreasing(L), L, X, capacity, lim, m))):
+        assert bins_of(pack_lengths(lengths, capacity, algorithm, extra=extra, limits=limits)) == reference()
+    shuffled = np.random.default_rng(seed).permutation(len(L)).tolist()
+    assert bins_of(pack_lengths(lengths, capacity, "ffs", seed=seed, extra=extra, limits=limits)) == \
+        reference_first_fit(shuffled, L, X, capacity, lim, m)
