@@ -136,6 +136,9 @@ class WindowOptions:
     # epochs 1.. of --epochs: seeded exchanges of sequences between a window's packs at equal cost
     # (plan/exchange.py), so they differ pack by pack from epoch 0 in as many packs
     exchanges: bool = False
+    # --limit COL=N: the most each pack may hold of each limited column, beside `capacity` (the
+    # per-sequence values come to plan_windows as `extra`, one column each, in this order)
+    limits: tuple[int, ...] = ()
 
     @property
     def step_scope(self) -> bool:

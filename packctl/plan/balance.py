@@ -456,7 +456,8 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
         window_bins=np.asarray(windows, dtype=np.int64), bin_offsets=new_offsets,
         piece_gid=plan.piece_gid[take], piece_start=plan.piece_start[take], piece_len=plan.piece_len[take],
         piece_padded=plan.piece_padded[take], dropped=plan.dropped, truncated=plan.truncated,
-        tokens_dropped=plan.tokens_dropped, tokens_truncated=plan.tokens_truncated)
+        tokens_dropped=plan.tokens_dropped, tokens_truncated=plan.tokens_truncated,
+        piece_extra=plan.take_pieces(take), over_limit=plan.over_limit)
     cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
     step, dp_rank, micro_batch = cat(steps), cat(ranks), cat(micros)
     num_steps = step_base
