@@ -165,6 +165,10 @@ class BalanceSpec:
     # "planner": with grouping "cost" a seeded random order, the short last step last; with
     # "order" the planner's; else a window's steps in that --pack-order (plan/pack_order.py)
     step_order: str = "planner"
+    # --limit: the most a pack may hold of each limited column (sequence moves keep within them)
+    limits: tuple[int, ...] = ()
+    # --balance-cost COL: COL's index among the limits; its sum is balanced with `cost`
+    cost_column: int | None = None
 
 
 @dataclass(frozen=True)
