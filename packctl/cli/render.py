@@ -354,6 +354,7 @@ def packed_overview_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
                                         f"{c['sequences_split']:,}  (of {c['sequences_in']:,} in)"),
         ("vs padded batching", _gain_line(r["padded_batching"])),
         ("pack order", _order_line(r.get("pack_order"))),
+        *limit_rows(r),
     ]
     bt = r.get("batching")
     if bt:
@@ -383,6 +384,25 @@ def packed_overview_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
             rows += [("  round robin would be", f"tokens mean {rr['tokens']['mean']:.3f} · attention mean "
                                                 f"{rr['attention']['mean']:.3f}, worst {rr['attention']['max']:.3f}")]
     return rows + scale_out_rows(r.get("scale_out"))
+
+
+def limit_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """--limit: one row per budget (tokens first): utilization and packs at the limit, the binding
+    budget marked. None without limits."""
+    limits = r.get("limits")
+    if not limits:
+        return []
+    packs = r["packs"] or 1
+    binding = r.get("binding")
+    rows = [("budgets", f"tokens and {', '.join(limits)}; binding: {binding or 'none (no pack at any limit)'}"),
+            ("  tokens" + (" (binds)" if binding == "tokens" else ""),
+             f"capacity {r['layout']['capacity']:,}: utilization {_pct(r['utilization'])}, "
+             f"{r['packs_at_capacity']:,} packs at it ({r['packs_at_capacity'] / packs:.1%})")]
+    for name, f in limits.items():
+        rows.append((f"  {name}" + (" (binds)" if binding == name else ""),
+                     f"limit {f['limit']:,}: utilization {_pct(f['utilization'])} ({f['total']:,} in all), "
+                     f"{f['packs_at_limit']:,} packs at it ({f['packs_at_limit'] / packs:.1%})"))
+    return rows
 
 
 def packed_renderables(r: dict[str, Any]) -> list:
@@ -427,14 +447,17 @@ def what_if_table(r: dict[str, Any]) -> Table:
     best = r["best"]
     grouped = r.get("groups") is not None
     balanced = any("balance" in row for row in r["what_if"])
+    limited = any(row.get("limits") for row in r["what_if"])
     title = f"what if: {r['sequences']:,} sequences" + (
         f" in {r['groups']['groups']:,} groups (--group-column {r['groups']['column']})" if grouped else "")
     table = Table(title=title + ", " + ", ".join(
         f"--capacity {c['capacity']}" for c in r["capacities"]), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
         padding=(0, 1), pad_edge=False)
     # with --dp-size the balance replaces packing efficiency (close to utilization), to fit 80 columns
+    # with --limit the budgets' utilization and the binding one replace padding and split
     names = ("C", "algorithm", "packs", *(("no groups",) if grouped else ()), "+L2", "util",
-             "DP imb" if balanced else "effic", "padding", "split", "plan")
+             "DP imb" if balanced else "effic", *(("limits util", "binds") if limited else ("padding", "split")),
+             "plan")
     for name in names:
         table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
     for cap in r["capacities"]:
@@ -447,14 +470,27 @@ def what_if_table(r: dict[str, Any]) -> Table:
                 f"+{row['packs'] - (groups or row)['lower_bound_packs_l2']:,}", _pct(row["utilization"]),
                 f"{row['balance']['after'][row['balance']['cost']]['weighted']:.3f}" if balanced
                 else _pct(row["packing_efficiency"]),
-                f"{row['padding']['alignment_tokens'] + row['padding']['tail_tokens']:,}",
-                f"{row['counts']['sequences_split']:,}", f"{row['plan_seconds']:.2f}s",
+                *(_limit_cells(row) if limited else
+                  (f"{row['padding']['alignment_tokens'] + row['padding']['tail_tokens']:,}",
+                   f"{row['counts']['sequences_split']:,}")),
+                f"{row['plan_seconds']:.2f}s",
                 style="bold green" if is_best else None)
         pb = cap["padded_batching"]
         table.add_row("", f"padded b={pb['batch_size']}", f"{pb['batches']:,}", *(("",) if grouped else ()), "",
-                      _pct(pb["utilization"]), "", f"{pb['padding_tokens']:,}", "", "", style="dim",
-                      end_section=True)
+                      _pct(pb["utilization"]), "", "" if limited else f"{pb['padding_tokens']:,}", "", "",
+                      style="dim", end_section=True)
     return table
+
+
+def _limit_cells(row: dict[str, Any]) -> tuple[str, str]:
+    """A what-if row's --limit cells: each limited column's utilization (in --limit order), and
+    the binding budget with its share of packs at the limit."""
+    limits = row.get("limits") or {}
+    util = " ".join(f"{f['utilization']:.0%}" for f in limits.values())
+    binding = row.get("binding")
+    packs = row["packs"] or 1
+    at = row["packs_at_capacity"] if binding == "tokens" else (limits[binding]["packs_at_limit"] if binding else 0)
+    return util, f"{binding} {at / packs:.0%}" if binding else "none"
 
 
 def input_renderables(r: dict[str, Any]) -> list:

@@ -8,11 +8,15 @@ contract-conforming output whatever wrote it.
 
     OUT: capacity 16, align 2, packs [9] [9] [16] [7 4 3] [6 1]   (true sequence lengths)
     -> utilization 55/80, packing efficiency ceil(60/16)/5 = 0.8, padding: alignment 5, tail 20
+
+An output packed with `--limit COL=N` (the manifest's `layout.limits`) has each pack's sum in
+`COL_sum`; the report gives each budget's utilization and packs at the limit (`limit_figures`,
+the `limits` and `packs_at_capacity` of metrics.json) and which budget binds (`binding`).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,7 @@ class PackedArrays:
     num_tokens: np.ndarray  # int64, one per pack
     pack_lens: np.ndarray  # int64, len(input_ids) of each pack
     balance: dict[str, np.ndarray] | None  # step, dp_rank, micro_batch when present
+    limit_sums: dict[str, np.ndarray] = field(default_factory=dict)  # --limit: COL -> each pack's COL_sum
 
 
 def is_packed_output(path: str | Path) -> bool:
@@ -72,10 +77,11 @@ def read_packed(output: PackedOutput) -> PackedArrays:
     the output's reader (checked against the manifest unless opened with verify=False)."""
     parts: list[dict[str, np.ndarray]] = []
     balance_columns: tuple[str, ...] | None = None
+    sums = [f"{name}_sum" for name in limit_names(output.layout)]
     for k, entry in enumerate(output.shards):
         path = output.shard_path(k)
         names = output.column_names(k)
-        missing = [c for c in (*READ_COLUMNS, CU_SEQLENS_PADDED) if c not in names]
+        missing = [c for c in (*READ_COLUMNS, CU_SEQLENS_PADDED, *sums) if c not in names]
         if missing:
             raise PackctlError(f"{path}: no column {', '.join(repr(c) for c in missing)}; not a packed "
                                "shard of format version 1 (docs/format.md)")
@@ -87,8 +93,8 @@ def read_packed(output: PackedOutput) -> PackedArrays:
                                f"{list(balance_columns)}; pack again")
         # a pack's length is the last entry of cu_seqlens_padded (len(input_ids) by the contract):
         # the token columns, most of a shard's bytes, are never decoded
-        table = output.read_shard(k, [*READ_COLUMNS, CU_SEQLENS_PADDED, *present])
-        parts.append(_shard_arrays(path, table, present, entry.rows))
+        table = output.read_shard(k, [*READ_COLUMNS, CU_SEQLENS_PADDED, *present, *sums])
+        parts.append(_shard_arrays(path, table, (*present, *sums), entry.rows))
 
     def cat(key: str) -> np.ndarray:
         return np.concatenate([p[key] for p in parts]) if parts else np.zeros(0, np.int64)
@@ -100,7 +106,51 @@ def read_packed(output: PackedOutput) -> PackedArrays:
         seq_lens=cat(SEQ_LENS), seq_offsets=seq_offsets, sample_ids=cat(SAMPLE_IDS),
         num_tokens=cat(NUM_TOKENS), pack_lens=cat("pack_len"),
         balance={c: cat(c) for c in balance_columns} if balance_columns else None,
+        limit_sums={name: cat(f"{name}_sum") for name in limit_names(output.layout)},
     )
+
+
+def limit_names(layout: dict[str, Any]) -> list[str]:
+    """The limited columns of an output (`layout.limits`, --limit order); none without limits.
+    A `limits` that is not a mapping of names to whole numbers >= 1 is refused."""
+    limits = layout.get("limits")
+    if limits is None:
+        return []
+    if not isinstance(limits, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                                               and v >= 1 for k, v in limits.items()):
+        raise PackctlError(f"layout.limits {limits!r}: not a mapping of column names to limits >= 1; "
+                           "not a valid packctl manifest: pack again")
+    return list(limits)
+
+
+AT_LIMIT = 0.99  # a pack whose sum is at least this share of a budget counts as at the limit
+
+
+def limit_figures(num_tokens: np.ndarray, capacity: int, limit_sums: dict[str, np.ndarray],
+                  limits: dict[str, int]) -> dict[str, Any]:
+    """Each budget of an output packed with --limit, from each pack's sums: metrics.json's
+    `limits` (per COL: limit, total, utilization = total / (packs x limit), packs_at_limit =
+    packs whose sum is >= 99% of it) and `packs_at_capacity` (the same for true tokens), plus
+    `binding`: the budget with the most packs at their limit ("tokens" or a COL; None when no
+    pack is at any; ties go to tokens, then to the --limit order).
+
+        capacity 10, tokens [10, 4], images_sum [1, 8], limit 8
+        -> images: total 9, utilization 9/16, packs_at_limit 1; packs_at_capacity 1; binding tokens
+    """
+    packs = len(num_tokens)
+    out: dict[str, Any] = {"packs_at_capacity": int(np.count_nonzero(num_tokens >= AT_LIMIT * capacity)),
+                           "limits": {}}
+    most, binding = out["packs_at_capacity"], "tokens" if out["packs_at_capacity"] else None
+    for name, limit in limits.items():
+        sums = np.asarray(limit_sums[name], dtype=np.int64)
+        total = int(sums.sum())
+        at = int(np.count_nonzero(sums >= AT_LIMIT * limit))
+        out["limits"][name] = {"limit": int(limit), "total": total,
+                               "utilization": total / (packs * limit) if packs else 0.0, "packs_at_limit": at}
+        if at > most:
+            most, binding = at, name
+    out["binding"] = binding
+    return out
 
 
 def _shard_arrays(path: Path, table: pa.Table, balance: tuple[str, ...], rows: int) -> dict[str, np.ndarray]:
@@ -207,6 +257,8 @@ def _packed_report(path: str | Path, *, attn_coeff: float | None = None,
         "fill_histogram": fill_histogram(packed.num_tokens, capacity),
         "dp_balance": None,
     })
+    if packed.limit_sums:
+        report.update(limit_figures(packed.num_tokens, capacity, packed.limit_sums, dict(layout["limits"])))
     recorded = output.recorded_metrics() or {}
     extra = packed.balance or {}
     batch = layout.get("pad_to") == "batch" and set(BATCH_COLUMNS) <= extra.keys()

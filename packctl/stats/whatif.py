@@ -16,6 +16,11 @@ With `--group-column` the groups are read as `pack` reads them (packctl.source.g
 planned whole by the same code, and each row also says what keeping them whole costs: the
 Martello-Toth bound over whole groups and the packs of the same options without groups
 (`group_cost`). `split` is left out of the algorithms then, as `pack` refuses it with groups.
+
+With `--limit COL=N` the limited columns are read in the same lazy scan as the lengths (one int64
+value per row and column, `LengthIndex.extra`), checked as `pack` checks them, and planned with
+them: each row has the `limits` and `packs_at_capacity` of pack's metrics.json, and `binding`,
+the budget with the most packs at their limit (`packctl.stats.packed.limit_figures`).
 """
 from __future__ import annotations
 
@@ -27,13 +32,15 @@ from typing import Any, Iterable
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from packctl.config import PLANNING_OPTIONS, PackConfig  # noqa: F401  (PLANNING_OPTIONS re-exported)
 from packctl.errors import PackctlError
 from packctl.source import megatron
 from packctl.source.files import FileFingerprint, open_parquet
 from packctl.source.megatron import check_options as check_megatron_options
-from packctl.source.parquet import InputFile, RowsByGid, check_list_column, is_plain_list, list_lengths
+from packctl.source.parquet import (InputFile, RowsByGid, check_list_column, describe_gid, is_plain_list,
+                                    list_lengths)
 from packctl.source.resolve import resolve
 from packctl.source.groups import read_group_starts
 from packctl.plan.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
@@ -61,10 +68,12 @@ class LengthIndex(RowsByGid):
     gid_lo: int = 0  # every gid is here, as on the one rank of `pack`
     # one per file: what was first read of it (packctl.source.resolve); later reads check it
     fingerprints: list[FileFingerprint] = dataclasses.field(default_factory=list)
+    # --limit COL=N: int64 n x k, each row's value of each limited column (--limit order); None without
+    extra: np.ndarray | None = None
 
 
 def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_column: str | None = None, *,
-                 skip_empty: bool = False) -> LengthIndex:
+                 skip_empty: bool = False, limit_columns: tuple[str, ...] = ()) -> LengthIndex:
     """Sequence lengths of raw tokenized shards, in global sample id order (and with
     `group_column`, where each group starts: `packctl.source.groups.read_group_starts`, which refuses
     a null or a group value found again with the error `pack` gives).
@@ -75,8 +84,15 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     sequence. Null and empty rows are refused as `pack` refuses them (empty ones kept as length 0
     with `skip_empty`, as `pack --skip-empty` leaves them out); token values are not checked here
     (`pack` checks them as it reads them).
+
+    `limit_columns` (--limit): read in the same scan into `index.extra` (int64, n x k), each a
+    per-row integer column with no null and no negative value, as `pack` requires
+    (`check_limit_column`, `check_limit_values`).
     """
     resolution = resolve(inputs)
+    if limit_columns and resolution.files and megatron.is_indexed(resolution.files[0].path):
+        raise PackctlError(f"{resolution.files[0].path}: --limit reads a column of each row, and a Megatron "
+                           ".bin/.idx pair has none: pack Parquet input with the limited columns, or drop --limit")
     check_megatron_options(resolution, tokens_column=tokens_column, group_column=group_column)
     if resolution.files and megatron.is_indexed(resolution.files[0].path):
         return _megatron_lengths(inputs, resolution, tokens_column, skip_empty)
@@ -85,6 +101,8 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     for resolved in resolution.files:
         pf = open_parquet(resolved.path, resolved.fingerprint)
         check_list_column(resolved.path, pf.schema_arrow, tokens_column, "tokens")
+        for column in limit_columns:
+            check_limit_column(resolved.path, pf.schema_arrow, column)
         files.append(InputFile(path=resolved.path, rows=pf.metadata.num_rows, bytes=resolved.fingerprint.size))
 
     rows = np.array([f.rows for f in files], dtype=np.int64)
@@ -94,15 +112,22 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     if group_column is not None and index.num_sequences:  # as pack, before any token is read
         index.group_starts = read_group_starts(index, group_column)
 
+    limits = [pl.col(c).cast(pl.Int64).alias(f"limit:{c}") for c in limit_columns]
+
     def scan(path: str) -> pl.LazyFrame:
         if not is_plain_list(open_parquet(path).schema_arrow.field(tokens_column).type):
             # fixed_size_list and list views: polars reads them as arrays, or not at all
-            return pl.from_arrow(list_lengths(path, tokens_column)).lazy()
+            frame = pl.from_arrow(list_lengths(path, tokens_column))
+            if limit_columns:
+                frame = pl.concat([frame, pl.scan_parquet(path, glob=False, hive_partitioning=False).select(
+                    limits).collect()], how="horizontal")
+            return frame.lazy()
         return pl.scan_parquet(path, glob=False, hive_partitioning=False).select(
-            pl.col(tokens_column).list.len().cast(pl.Int64).alias("length"))
+            pl.col(tokens_column).list.len().cast(pl.Int64).alias("length"), *limits)
 
     try:
-        lengths = collect_streaming(pl.concat([scan(p) for p in paths])).to_series()
+        frame = collect_streaming(pl.concat([scan(p) for p in paths]))
+        lengths = frame.to_series(0)
     except pl.exceptions.PolarsError:
         for path in paths:  # name the file that fails
             try:
@@ -122,10 +147,41 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
         gid = int(lengths.is_null().arg_max())
         raise PackctlError(f"{index.describe(gid)}: null instead of a list; drop or fill null rows before packing")
     index.lengths = lengths.to_numpy().astype(np.int64)
+    if limit_columns:
+        index.extra = check_limit_values(index, frame, limit_columns)
     if not skip_empty and (index.lengths == 0).any():
         gid = int(np.argmax(index.lengths == 0))
         raise PackctlError(f"{index.describe(gid)}: empty sequence; remove empty rows or pass --skip-empty")
     return index
+
+
+def check_limit_column(path: str, schema: pa.Schema, column: str) -> None:
+    """A --limit column: present, one integer per row (any width, signed or not)."""
+    if column not in schema.names:
+        raise PackctlError(f"{path}: no column '{column}' for --limit {column}=N (columns: {', '.join(schema.names)}); "
+                           "add one count per sequence to every input file, or drop that --limit")
+    typ = schema.field(column).type
+    if not pa.types.is_integer(typ):
+        raise PackctlError(f"{path}: column '{column}' is {typ}; --limit {column}=N needs one whole number per row "
+                           "(cast it to an integer column, or drop that --limit)")
+
+
+def check_limit_values(index: "LengthIndex", frame: pl.DataFrame, columns: tuple[str, ...]) -> np.ndarray:
+    """The limited columns of every row as int64 n x k: no null, no negative value, else
+    'FILE row R column C: ...' naming the first such row."""
+    out = np.empty((index.num_sequences, len(columns)), dtype=np.int64)
+    for j, column in enumerate(columns):
+        values = frame.get_column(f"limit:{column}")
+        if values.null_count():
+            gid = int(values.is_null().arg_max())
+            raise PackctlError(f"{describe_gid([f.path for f in index.files], index.file_offsets, gid, column)}: null; "
+                               f"--limit {column}=N needs a count for every row (fill or drop the row)")
+        out[:, j] = values.to_numpy()
+        if (out[:, j] < 0).any():
+            gid = int(np.argmax(out[:, j] < 0))
+            raise PackctlError(f"{describe_gid([f.path for f in index.files], index.file_offsets, gid, column)}: "
+                               f"{out[gid, j]} is negative; --limit {column}=N needs counts >= 0")
+    return out
 
 
 def _megatron_lengths(inputs: list[str], resolution, tokens_column: str, skip_empty: bool) -> LengthIndex:

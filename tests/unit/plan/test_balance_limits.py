@@ -99,7 +99,6 @@ def _vlm_plan(n=20_000, capacity=8192, limits=(8, 4096)):
     return plan_windows(np.arange(n), lengths.astype(np.int64), options, extra=extra)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("dp_size, micro_batches", [(8, 4), (16, 8)])
 def test_balance_cost_evens_out_vision_work_on_a_vlm_corpus(dp_size, micro_batches):
     plan = _vlm_plan()
