@@ -166,7 +166,7 @@ def check_limit_column(path: str, schema: pa.Schema, column: str) -> None:
                            "(cast it to an integer column, or drop that --limit)")
 
 
-def check_limit_values(index: "LengthIndex", frame: pl.DataFrame, columns: tuple[str, ...]) -> np.ndarray:
+def check_limit_values(index: LengthIndex, frame: pl.DataFrame, columns: tuple[str, ...]) -> np.ndarray:
     """The limited columns of every row as int64 n x k: no null, no negative value, else
     'FILE row R column C: ...' naming the first such row."""
     out = np.empty((index.num_sequences, len(columns)), dtype=np.int64)
