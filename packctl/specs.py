@@ -81,6 +81,7 @@ class ScanSpec:
     pad_token_id: int
     memory_budget: int  # decoded tokens held at once, per rank
     count_loss_tokens: bool  # per-sequence loss tokens, for the step sums of --dp-size
+    limit_columns: tuple[str, ...] = ()  # --limit: the integer columns read per sequence, in --limit order
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,7 @@ class WriteSpec:
     memory_budget: int
     keep_columns: tuple[str, ...]
     weight_column: str | None
+    limit_columns: tuple[str, ...] = ()  # --limit: COL per sequence and COL_sum per pack, in --limit order
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,7 @@ class ReportSpec:
     group_scope: GroupScope | None  # None without --group-column
     shape_buckets: int | None
     balance: dict[str, Any] | None  # the --dp-size options as metrics.json's balance records them
+    limits: dict[str, int] = dataclasses.field(default_factory=dict)  # --limit COL=N, in --limit order
 
 
 @dataclass(frozen=True)

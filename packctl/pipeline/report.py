@@ -82,6 +82,7 @@ class RankSummary:
     first_seen: dict[int, np.ndarray] | None = None
     num_steps: int = 0
     groups: dict[str, int] | None = None  # --group-column: see `group_summary`
+    limits: dict[str, Any] | None = None  # --limit: see `limit_summary`
 
     @classmethod
     def of(cls, planned, spec: ReportSpec, *, epoch: int, rank: int,
@@ -97,6 +98,9 @@ class RankSummary:
                     "sequences_split": len(plan.split_gids()), "tokens_dropped": int(plan.tokens_dropped),
                     "tokens_truncated": int(plan.tokens_truncated)},
             groups=group_summary(plan, group_starts) if group_starts is not None else None)
+        if plan.piece_extra is not None and spec.limits:
+            summary.counts["over_limit"] = len(plan.over_limit)
+            summary.limits = limit_summary(plan, spec.limits, spec.capacity)
         if planned.balanced is not None:
             figures = planned.balanced.figures
             steps = {f"{key}/{part}": values for key in GRIDS
@@ -127,7 +131,7 @@ class RankSummary:
             steps={**self.steps, **other.steps}, balance_totals=totals,
             ref_batch_size=max(refs) if refs else None,  # the same on every rank
             first_seen=first_seen, num_steps=max(self.num_steps, other.num_steps),
-            groups=_add_groups(self.groups, other.groups))
+            groups=_add_groups(self.groups, other.groups), limits=_add_limits(self.limits, other.limits))
 
     def step_column(self, key: str) -> np.ndarray:
         """A per-step figure of every step, in the order of the global steps."""
@@ -143,6 +147,40 @@ def _add_groups(a: dict[str, int] | None, b: dict[str, int] | None) -> dict[str,
     if a is None or b is None:
         return a if b is None else b
     return {key: (max(a[key], b[key]) if key.endswith("_max") else a[key] + b[key]) for key in a}
+
+
+def limit_summary(plan: PackPlan, limits: dict[str, int], capacity: int) -> dict[str, Any]:
+    """What `limit_report` needs of this plan's packs (--limit), as exact sums that add up over
+    ranks: each limited column's total, the packs within 1% of each limit (sum >= 0.99 N), and the
+    packs within 1% of the capacity in tokens (padded load >= 0.99 C).
+
+        limits {images: 8}, capacity 10, packs of images [8, 3] and padded tokens [10, 6]
+        -> totals [11], at_limit [1], at_capacity 1
+    """
+    bounds = np.asarray(list(limits.values()), dtype=np.int64)
+    sums = plan.extra_loads()
+    return {"totals": sums.sum(axis=0).astype(np.int64),
+            "at_limit": (sums * 100 >= bounds * 99).sum(axis=0).astype(np.int64),
+            "at_capacity": int((plan.loads(padded=True) * 100 >= 99 * capacity).sum())}
+
+
+def _add_limits(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return {key: a[key] + b[key] for key in a}
+
+
+def limit_report(limits: dict[str, int], summary: dict[str, Any], packs: int) -> dict[str, Any]:
+    """metrics.json's `limits` (--limit): per limited column its limit, its total over the packs,
+    the utilization of the budget (total / (packs x limit)) and the packs at the limit (sum >= 0.99 N).
+
+        limits {images: 8}, 2 packs of 8 and 3 images -> {images: {limit 8, total 11,
+        utilization 11/16 = 0.6875, packs_at_limit 1}}
+    """
+    return {column: {"limit": limit, "total": int(summary["totals"][j]),
+                     "utilization": int(summary["totals"][j]) / (packs * limit) if packs else 0.0,
+                     "packs_at_limit": int(summary["at_limit"][j])}
+            for j, (column, limit) in enumerate(limits.items())}
 
 
 def first_seen_steps(step: np.ndarray, dp_rank: np.ndarray, shape: np.ndarray, dp_size: int
@@ -263,6 +301,8 @@ def plan_counts(summary: RankSummary, num_sequences: int, tokens_in: int, *,
         "tokens_truncated": summary.counts["tokens_truncated"],
         "packs": summary.packs.packs,
         "pieces": summary.packs.sequences,
+        # --limit: the samples dropped for being over a limit on their own (among sequences_dropped)
+        **({"over_limit": summary.counts["over_limit"]} if "over_limit" in summary.counts else {}),
     }
 
 
@@ -334,6 +374,9 @@ def metrics_of(spec: ReportSpec, summary: RankSummary, baseline_tokens: int, ran
         metrics["balance"]["shapes"] = shape_coverage(summary.first_seen or {}, summary.num_steps)
     if groups and summary.groups is not None:
         metrics["groups"] = group_report(summary.groups, str(spec.group_scope))
+    if spec.limits and summary.limits is not None:
+        metrics["limits"] = limit_report(spec.limits, summary.limits, summary.packs.packs)
+        metrics["packs_at_capacity"] = summary.limits["at_capacity"]
     if spec.shape_buckets:
         metrics["shape_buckets"] = [int(b) for b in buckets] if buckets is not None else []
     if len(ranks) > 1:
