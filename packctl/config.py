@@ -206,6 +206,10 @@ class PackConfig:
                                                 "tokens (steps of varying size).")
     balance: str = option("attention", planning=True, choices=Cost.values(),
                           help="Cost shared out evenly over ranks (attention: a*L + L^2 per sequence).")
+    balance_cost: str | None = option(
+        None, planning=True, help="With --dp-size and --limit COL=N: also share out the sum of COL (vision work: "
+                                  "images, image tokens) evenly over ranks and micro-batches, with the --balance "
+                                  "cost (docs/balancing.md).")
     attn_coeff: float = option(0.0, planning=True, help="a of the attention cost a*L + L^2 (12 x hidden size weighs per-token "
                                          "and attention FLOPs alike; 0: attention alone).")
     balance_scope: str = option("sequences", planning=True, choices=BalanceScope.values(),
@@ -462,6 +466,8 @@ class PackConfig:
                      if getattr(self, n) is not None]
             if self.lr_scaling != "none":
                 given.append("--lr-scaling")
+            if self.balance_cost is not None:
+                given.append("--balance-cost")
             if given:
                 raise PackctlError(f"{', '.join(given)} need --dp-size (the number of data-parallel ranks)")
             return
@@ -470,6 +476,11 @@ class PackConfig:
                                "or --step-tokens T")
         if self.ref_batch_size is not None and not 0 < self.ref_batch_size < float("inf"):
             raise PackctlError(f"--ref-batch-size {self.ref_batch_size!r}: must be a number > 0")
+        if self.balance_cost is not None and self.balance_cost not in self.limits:
+            given = ", ".join(f"--limit {c}={n}" for c, n in self.limits.items()) or "no --limit"
+            raise PackctlError(f"--balance-cost {self.balance_cost}: not a limited column ({given}); it balances the "
+                               f"per-pack sum of a --limit column: add --limit {self.balance_cost}=N, or name one "
+                               "of the limited columns")
 
     @property
     def resolved_pack_order(self) -> str:
@@ -500,7 +511,9 @@ class PackConfig:
                 # a micro-batch's shape is its own: in batch mode sequences never move between them
                 scope=BalanceScope.PACKS if batch else BalanceScope(self.balance_scope), padded_cost=batch,
                 equal_counts=self.equal_counts, capacity=plan_capacity, max_seqs_per_bin=self.max_seqs_per_bin,
-                grouping=StepGrouping(self.step_grouping), seed=self.seed, step_order=self.resolved_pack_order)
+                grouping=StepGrouping(self.step_grouping), seed=self.seed, step_order=self.resolved_pack_order,
+                limits=tuple(self.limits.values()),
+                cost_column=list(self.limits).index(self.balance_cost) if self.balance_cost is not None else None)
             steps = StepSpec(lr_scaling=LrScaling(self.lr_scaling), ref_batch_size=self.ref_batch_size,
                              batch_unit=BatchUnit(self.batch_unit), warmup_shapes=self.warmup_shapes,
                              pin_groups=self.group_column is not None and self.group_scope == GroupScope.PACK)
@@ -542,7 +555,9 @@ class PackConfig:
         return {"dp_size": self.dp_size, "micro_batches": self.micro_batches, "step_tokens": self.step_tokens,
                 "cost": self.balance, "attn_coeff": float(self.attn_coeff), "scope": self.balance_scope,
                 "step_grouping": self.step_grouping, "equal_counts": self.equal_counts,
-                "lr_scaling": self.lr_scaling, "batch_unit": self.batch_unit}
+                "lr_scaling": self.lr_scaling, "batch_unit": self.batch_unit,
+                # --balance-cost: only when given, so metrics without it stay as they were
+                **({"balance_cost": self.balance_cost} if self.balance_cost is not None else {})}
 
     def to_dict(self) -> dict[str, Any]:
         """Every option, resolved where a default depends on others (for the manifest)."""
@@ -560,6 +575,8 @@ class PackConfig:
             del out["plan_only"]
         if not self.limits:  # no budget besides tokens: the config every output had before --limit
             del out["limits"]
+        if self.balance_cost is None:  # balancing one cost, as every output was before --balance-cost
+            del out["balance_cost"]
         return out
 
 

@@ -199,4 +199,7 @@ def balance(comm: Comm, plan: PackPlan, spec: BalanceSpec, steps: StepSpec, leng
         "ref_batch_size": float(ref), "unequal_steps": result.unequal_steps, "packs_added": result.packs_added,
         "packs_per_step": np.bincount(result.step, minlength=result.num_steps),
     }
+    if result.after_cost_column is not None:  # --balance-cost: the column's grids too
+        figures["before_cost_column"] = result.before_cost_column
+        figures["after_cost_column"] = result.after_cost_column
     return Balanced(result=result, columns=columns, figures=figures)

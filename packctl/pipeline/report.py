@@ -103,7 +103,7 @@ class RankSummary:
             summary.limits = limit_summary(plan, spec.limits, spec.capacity)
         if planned.balanced is not None:
             figures = planned.balanced.figures
-            steps = {f"{key}/{part}": values for key in GRIDS
+            steps = {f"{key}/{part}": values for key in GRIDS + COST_COLUMN_GRIDS if key in figures
                      for part, values in zip(("imbalance", "mean", "max"), step_figures(figures[key]))}
             steps.update({key: np.asarray(figures[key]) for key in ("packs_per_step", "step_sequences",
                                                                      "step_tokens", "lr_scale")})
@@ -141,6 +141,8 @@ class RankSummary:
 
 # The cost grids of the balance figures (steps x DP ranks); each rank sends `step_figures` of its rows
 GRIDS = ("before_tokens", "before_attention", "after_tokens", "after_attention")
+# --balance-cost COL: the same of COL's sum (balance.before.COL, balance.after.COL)
+COST_COLUMN_GRIDS = ("before_cost_column", "after_cost_column")
 
 
 def _add_groups(a: dict[str, int] | None, b: dict[str, int] | None) -> dict[str, int] | None:
@@ -475,14 +477,19 @@ def balance_report(options: dict[str, Any], summary: RankSummary) -> dict[str, A
         return imbalance_summary_of_steps(*(column(f"{key}/{part}") for part in ("imbalance", "mean", "max")))
 
     packs_per_step = column("packs_per_step")
+    cost_column = options.get("balance_cost")  # --balance-cost COL: COL's figures beside the others
+    both = {} if cost_column is None else {"balance_cost": cost_column}
+    before = {} if cost_column is None else {cost_column: summarized("before_cost_column")}
+    after = {} if cost_column is None else {cost_column: summarized("after_cost_column")}
     return {
         **{key: options[key] for key in ("dp_size", "micro_batches", "step_tokens", "cost", "attn_coeff", "scope",
                                          "step_grouping", "equal_counts")},
+        **both,
         "steps": int(len(packs_per_step)),
         "unequal_steps": int(summary.balance_totals.get("unequal_steps", 0)),
         "packs_added": int(summary.balance_totals.get("packs_added", 0)),
-        "before": {"tokens": summarized("before_tokens"), "attention": summarized("before_attention")},
-        "after": {"tokens": summarized("after_tokens"), "attention": summarized("after_attention")},
+        "before": {"tokens": summarized("before_tokens"), "attention": summarized("before_attention"), **before},
+        "after": {"tokens": summarized("after_tokens"), "attention": summarized("after_attention"), **after},
         "lr_scaling": options["lr_scaling"], "batch_unit": options["batch_unit"],
         "ref_batch_size": summary.ref_batch_size,
         "per_step": {
@@ -492,5 +499,7 @@ def balance_report(options: dict[str, Any], summary: RankSummary) -> dict[str, A
             "lr_scale": [round(float(x), 6) for x in column("lr_scale")],
             "attention_imbalance": [round(float(x), 6) for x in column("after_attention/imbalance")],
             "tokens_imbalance": [round(float(x), 6) for x in column("after_tokens/imbalance")],
+            **({f"{cost_column}_imbalance": [round(float(x), 6) for x in column("after_cost_column/imbalance")]}
+               if cost_column is not None else {}),
         },
     }

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.errors import PackctlError
+from packctl.plan.align import round_up
 from packctl.plan.metrics import (attention_cost, batch_metrics, dp_balance, fill_histogram, length_summary, pack_loads,
                              pack_metrics)
 from packctl.contract.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST, manifest_path
@@ -123,34 +124,42 @@ def limit_names(layout: dict[str, Any]) -> list[str]:
     return list(limits)
 
 
-AT_LIMIT = 0.99  # a pack whose sum is at least this share of a budget counts as at the limit
-
-
-def limit_figures(num_tokens: np.ndarray, capacity: int, limit_sums: dict[str, np.ndarray],
+def limit_figures(padded_loads: np.ndarray, capacity: int, limit_sums: dict[str, np.ndarray],
                   limits: dict[str, int]) -> dict[str, Any]:
-    """Each budget of an output packed with --limit, from each pack's sums: metrics.json's
-    `limits` (per COL: limit, total, utilization = total / (packs x limit), packs_at_limit =
-    packs whose sum is >= 99% of it) and `packs_at_capacity` (the same for true tokens), plus
-    `binding`: the budget with the most packs at their limit ("tokens" or a COL; None when no
-    pack is at any; ties go to tokens, then to the --limit order).
+    """Each budget of an output packed with --limit, from each pack's sums, as `pack` writes them
+    in metrics.json (packctl.pipeline.report.limit_summary): `limits` (per COL: limit, total,
+    utilization = total / (packs x limit), packs_at_limit = packs whose sum is >= 99% of it) and
+    `packs_at_capacity` (packs whose padded load, the aligned lengths of their sequences, is >= 99%
+    of the capacity), plus `binding` (`binding_budget`).
 
-        capacity 10, tokens [10, 4], images_sum [1, 8], limit 8
+        capacity 10, padded loads [10, 4], images_sum [1, 8], limit 8
         -> images: total 9, utilization 9/16, packs_at_limit 1; packs_at_capacity 1; binding tokens
     """
-    packs = len(num_tokens)
-    out: dict[str, Any] = {"packs_at_capacity": int(np.count_nonzero(num_tokens >= AT_LIMIT * capacity)),
-                           "limits": {}}
-    most, binding = out["packs_at_capacity"], "tokens" if out["packs_at_capacity"] else None
+    packs = len(padded_loads)
+    out: dict[str, Any] = {"limits": {}}
     for name, limit in limits.items():
         sums = np.asarray(limit_sums[name], dtype=np.int64)
         total = int(sums.sum())
-        at = int(np.count_nonzero(sums >= AT_LIMIT * limit))
         out["limits"][name] = {"limit": int(limit), "total": total,
-                               "utilization": total / (packs * limit) if packs else 0.0, "packs_at_limit": at}
-        if at > most:
-            most, binding = at, name
-    out["binding"] = binding
+                               "utilization": total / (packs * limit) if packs else 0.0,
+                               "packs_at_limit": int(np.count_nonzero(sums * 100 >= 99 * int(limit)))}
+    out["packs_at_capacity"] = int(np.count_nonzero(np.asarray(padded_loads, np.int64) * 100 >= 99 * int(capacity)))
+    out["binding"] = binding_budget(out["packs_at_capacity"], out["limits"])
     return out
+
+
+def binding_budget(packs_at_capacity: int, limits: dict[str, dict[str, Any]]) -> str | None:
+    """Which budget binds: the one with the most packs at it (>= 99%): "tokens" or a limited
+    column; None when no pack is at any. Ties go to tokens, then to the first in --limit order.
+
+        >>> binding_budget(3, {"images": {"packs_at_limit": 7}, "image_tokens": {"packs_at_limit": 7}})
+        'images'
+    """
+    most, binding = packs_at_capacity, "tokens" if packs_at_capacity else None
+    for name, figures in limits.items():
+        if figures["packs_at_limit"] > most:
+            most, binding = figures["packs_at_limit"], name
+    return binding
 
 
 def _shard_arrays(path: Path, table: pa.Table, balance: tuple[str, ...], rows: int) -> dict[str, np.ndarray]:
@@ -258,7 +267,8 @@ def _packed_report(path: str | Path, *, attn_coeff: float | None = None,
         "dp_balance": None,
     })
     if packed.limit_sums:
-        report.update(limit_figures(packed.num_tokens, capacity, packed.limit_sums, dict(layout["limits"])))
+        padded = pack_loads(round_up(packed.seq_lens, align), packed.seq_offsets)
+        report.update(limit_figures(padded, capacity, packed.limit_sums, dict(layout["limits"])))
     recorded = output.recorded_metrics() or {}
     extra = packed.balance or {}
     batch = layout.get("pad_to") == "batch" and set(BATCH_COLUMNS) <= extra.keys()

@@ -52,6 +52,7 @@ from packctl.pipeline.report import Corpus, RankShare, assemble_metrics
 from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
 from packctl.stats.lazy import collect_streaming
+from packctl.stats.packed import binding_budget
 
 
 
@@ -68,7 +69,9 @@ class LengthIndex(RowsByGid):
     gid_lo: int = 0  # every gid is here, as on the one rank of `pack`
     # one per file: what was first read of it (packctl.source.resolve); later reads check it
     fingerprints: list[FileFingerprint] = dataclasses.field(default_factory=list)
-    # --limit COL=N: int64 n x k, each row's value of each limited column (--limit order); None without
+    # --limit COL=N: the limited columns (--limit order), and each row's value of each (int64 n x k;
+    # None without): what pack's scan puts in SequenceIndex.limit_columns and .extra
+    limit_columns: tuple[str, ...] = ()
     extra: np.ndarray | None = None
 
 
@@ -108,7 +111,7 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     rows = np.array([f.rows for f in files], dtype=np.int64)
     index = LengthIndex(files=files, file_offsets=np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
                         lengths=np.zeros(0, np.int64), tokens_column=tokens_column,
-                        fingerprints=[r.fingerprint for r in resolution.files])
+                        fingerprints=[r.fingerprint for r in resolution.files], limit_columns=tuple(limit_columns))
     if group_column is not None and index.num_sequences:  # as pack, before any token is read
         index.group_starts = read_group_starts(index, group_column)
 
@@ -226,6 +229,8 @@ def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None 
     row, plan = assemble_metrics(specs.report, [RankShare.of(planned, {})], [], corpus,
                                  group_starts=index.group_starts)
     row["fill_histogram"] = fill_histogram(plan.loads(padded=False), config.capacity)
+    if "limits" in row:  # --limit: which budget binds (packctl.stats.packed.binding_budget)
+        row["binding"] = binding_budget(row["packs_at_capacity"], row["limits"])
     row["plan_seconds"] = plan_seconds
     if index.group_starts is not None:
         row["group_cost"] = group_cost(index, config, plan, ungrouped)
@@ -312,7 +317,8 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     configs = {(c, a): _checked(dataclasses.replace(config, capacity=c, algorithm=a))
                for c in capacities for a in algorithms}
 
-    index = read_lengths(inputs, config.tokens_column, config.group_column, skip_empty=config.skip_empty)
+    index = read_lengths(inputs, config.tokens_column, config.group_column, skip_empty=config.skip_empty,
+                         limit_columns=tuple(config.limits))
     read_seconds = time.perf_counter() - started
     # With --too-long error, pack would stop at the first over-long sequence: the what-if reports
     # where, and plans that capacity's rows with split (every token kept) instead of stopping.
@@ -322,8 +328,10 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
         over = np.flatnonzero(round_up(index.lengths, aligned.align) > aligned.plan_capacity)
         if aligned.too_long == "error" and len(over):
             stops[capacity] = index.describe(int(over[0]))
+            # split keeps every token; with --limit it cannot cut media, so drop stands in for it
+            instead = "drop" if config.limits else "split"
             for algorithm in algorithms:
-                configs[capacity, algorithm] = dataclasses.replace(configs[capacity, algorithm], too_long="split")
+                configs[capacity, algorithm] = dataclasses.replace(configs[capacity, algorithm], too_long=instead)
 
     t0 = time.perf_counter()
     for algorithm in algorithms:  # load the compiled kernels outside the timed plans
@@ -386,8 +394,8 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
         "what_if": rows,
         "best": {"capacity": best["capacity_flag"], "algorithm": best["algorithm"]},
         "recommendation": recommendation(best, rows) + (
-            f"; pass --too-long split (with --too-long error pack stops at {stops[best['capacity_flag']]}, over the "
-            "capacity)" if best["capacity_flag"] in stops else ""),
+            f"; pass --too-long {'drop' if config.limits else 'split'} (with --too-long error pack stops at "
+            f"{stops[best['capacity_flag']]}, over the capacity)" if best["capacity_flag"] in stops else ""),
         "stats_seconds": {"read_lengths": read_seconds, "load_kernels": t1 - t0, "plan": plan_seconds,
                           "metrics": (t3 - t1) - plan_seconds - ungrouped_seconds, "total": total,
                           **({"plan_without_groups": ungrouped_seconds} if grouped else {})},
@@ -444,6 +452,8 @@ def recommendation(best: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """
     groups = best.get("group_cost")
     packs, bound = best["packs"], (groups or best)["lower_bound_packs_l2"]
+    # --limit: no packing holds fewer packs than ceil(total / N) of any limited column either
+    bound = max([bound, *(-(-f["total"] // f["limit"]) for f in (best.get("limits") or {}).values())])
     above = f"{packs - bound:,} above" if packs > bound else "at"
     gain = best["padded_batching"]["estimated_gain"]
     text = (f"{best['algorithm']} at --capacity {best.get('capacity_flag', best['capacity'])}: "
