@@ -468,8 +468,10 @@ def recommendation(best: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     counts = best["counts"]
     for what, key in (("drops", "dropped"), ("truncates", "truncated")):
         if counts[f"sequences_{key}"]:
-            text += (f"; it {what} {counts[f'sequences_{key}']:,} over-long sequences "
-                     f"({counts[f'tokens_{key}']:,} tokens, --too-long)")
+            over_limit = counts.get("over_limit", 0) if key == "dropped" else 0
+            kind = ("over-long sequences" if not over_limit else
+                    f"sequences, {over_limit:,} over a --limit and {counts[f'sequences_{key}'] - over_limit:,} over-long")
+            text += f"; it {what} {counts[f'sequences_{key}']:,} {kind} ({counts[f'tokens_{key}']:,} tokens, --too-long)"
     capacity = best.get("capacity_flag", best["capacity"])
     cutters = [r for r in rows if r.get("capacity_flag", r["capacity"]) == capacity
                and r["utilization"] > best["utilization"]
