@@ -32,15 +32,14 @@ from typing import Any, Iterable
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from packctl.config import PLANNING_OPTIONS, PackConfig  # noqa: F401  (PLANNING_OPTIONS re-exported)
 from packctl.errors import PackctlError
 from packctl.source import megatron
 from packctl.source.files import FileFingerprint, open_parquet
 from packctl.source.megatron import check_options as check_megatron_options
-from packctl.source.parquet import (InputFile, RowsByGid, check_list_column, describe_gid, is_plain_list,
-                                    list_lengths)
+from packctl.source.parquet import (InputFile, RowsByGid, check_limit_column, check_list_column, describe_gid,
+                                    is_plain_list, list_lengths)
 from packctl.source.resolve import resolve
 from packctl.source.groups import read_group_starts
 from packctl.plan.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
@@ -93,10 +92,8 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     (`check_limit_column`, `check_limit_values`).
     """
     resolution = resolve(inputs)
-    if limit_columns and resolution.files and megatron.is_indexed(resolution.files[0].path):
-        raise PackctlError(f"{resolution.files[0].path}: --limit reads a column of each row, and a Megatron "
-                           ".bin/.idx pair has none: pack Parquet input with the limited columns, or drop --limit")
-    check_megatron_options(resolution, tokens_column=tokens_column, group_column=group_column)
+    check_megatron_options(resolution, tokens_column=tokens_column, group_column=group_column,
+                           limits=limit_columns)
     if resolution.files and megatron.is_indexed(resolution.files[0].path):
         return _megatron_lengths(inputs, resolution, tokens_column, skip_empty)
     paths = resolution.paths
@@ -115,7 +112,10 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     if group_column is not None and index.num_sequences:  # as pack, before any token is read
         index.group_starts = read_group_starts(index, group_column)
 
-    limits = [pl.col(c).cast(pl.Int64).alias(f"limit:{c}") for c in limit_columns]
+    # each limited column as int64, and whether the row holds a value at all (a uint64 above 2^63-1
+    # casts to null: refused apart from a null)
+    limits = [e for c in limit_columns for e in (pl.col(c).cast(pl.Int64, strict=False).alias(f"limit:{c}"),
+                                                 pl.col(c).is_not_null().alias(f"given:{c}"))]
 
     def scan(path: str) -> pl.LazyFrame:
         if not is_plain_list(open_parquet(path).schema_arrow.field(tokens_column).type):
@@ -158,32 +158,30 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     return index
 
 
-def check_limit_column(path: str, schema: pa.Schema, column: str) -> None:
-    """A --limit column: present, one integer per row (any width, signed or not)."""
-    if column not in schema.names:
-        raise PackctlError(f"{path}: no column '{column}' for --limit {column}=N (columns: {', '.join(schema.names)}); "
-                           "add one count per sequence to every input file, or drop that --limit")
-    typ = schema.field(column).type
-    if not pa.types.is_integer(typ):
-        raise PackctlError(f"{path}: column '{column}' is {typ}; --limit {column}=N needs one whole number per row "
-                           "(cast it to an integer column, or drop that --limit)")
-
-
 def check_limit_values(index: LengthIndex, frame: pl.DataFrame, columns: tuple[str, ...]) -> np.ndarray:
-    """The limited columns of every row as int64 n x k: no null, no negative value, else
-    'FILE row R column C: ...' naming the first such row."""
+    """The limited columns of every row as int64 n x k: no null, no negative value, else the line
+    `pack` gives (packctl.source.parquet.read_limit_values), 'FILE row R column C: ...', naming
+    the first such row."""
     out = np.empty((index.num_sequences, len(columns)), dtype=np.int64)
     for j, column in enumerate(columns):
         values = frame.get_column(f"limit:{column}")
+        where = (lambda gid: describe_gid([f.path for f in index.files], index.file_offsets, gid, column))
+        too_big = values.is_null() & frame.get_column(f"given:{column}")
+        if too_big.any():  # rare: read the value back from its file, to name it as pack does
+            gid = int(too_big.arg_max())
+            f = int(np.searchsorted(index.file_offsets, gid, side="right") - 1)
+            value = open_parquet(index.files[f].path).read(columns=[column]).column(column)[
+                gid - int(index.file_offsets[f])].as_py()
+            raise PackctlError(f"{where(gid)}: {value} is above 2^63-1; --limit {column}=N counts a sequence's cost "
+                               "as int64: fix the value")
         if values.null_count():
-            gid = int(values.is_null().arg_max())
-            raise PackctlError(f"{describe_gid([f.path for f in index.files], index.file_offsets, gid, column)}: null; "
-                               f"--limit {column}=N needs a count for every row (fill or drop the row)")
+            raise PackctlError(f"{where(int(values.is_null().arg_max()))}: null; --limit {column}=N needs a whole "
+                               "number >= 0 on every sequence (0 where it has none): fill the row or drop it")
         out[:, j] = values.to_numpy()
         if (out[:, j] < 0).any():
             gid = int(np.argmax(out[:, j] < 0))
-            raise PackctlError(f"{describe_gid([f.path for f in index.files], index.file_offsets, gid, column)}: "
-                               f"{out[gid, j]} is negative; --limit {column}=N needs counts >= 0")
+            raise PackctlError(f"{where(gid)}: {out[gid, j]} is negative; --limit {column}=N needs a whole number "
+                               ">= 0 on every sequence: fix the value")
     return out
 
 

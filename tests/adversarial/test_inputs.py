@@ -832,3 +832,55 @@ def test_an_unreadable_megatron_half_as_another_user(shared_tmp, half):
     result = packctl_process("pack", str(shared_tmp / "data"), "-o", str(out), *PACK, launcher=launcher, env=env)
     assert_clean_error(result, 2, str(idx.with_suffix(half)), "Permission denied", "make it readable")
     assert_nothing_left(out)
+
+
+# `packctl stats INPUT --limit COL=N`: the what-if reads the limited columns as pack does and
+# refuses what pack refuses, with the same line: exit 2, one line naming file, row and column.
+def _limit_input(tmp_path: Path, images) -> Path:
+    path = tmp_path / "in" / "a.parquet"
+    write_table(path, {"input_ids": pa.array([[1, 2, 3]] * len(images), pa.list_(pa.int32())), "images": images})
+    return path.parent
+
+
+@pytest.mark.parametrize("images, mentions", [
+    (pa.array([1, None, 2], pa.int32()), ["row 1 column 'images'", "null"]),
+    (pa.array([1, 2, -3], pa.int64()), ["row 2 column 'images'", "-3 is negative"]),
+    (pa.array([1, 2, 2**63 + 5], pa.uint64()), ["row 2 column 'images'", "above 2^63-1"]),
+    (pa.array([1.0, 2.0, 3.0], pa.float32()), ["column 'images'", "not whole numbers"]),
+    (pa.array([[1], [2], [3]], pa.list_(pa.int32())), ["column 'images'", "a list"]),
+], ids=["null", "negative", "uint64-huge", "float", "list"])
+def test_what_if_refuses_a_bad_limit_column_as_pack_does(tmp_path, images, mentions):
+    source = _limit_input(tmp_path, images)
+    args = ["--capacity", "8", "--limit", "images=4"]
+    stats_line = assert_clean_error(packctl("stats", source, *args), 2, *mentions)
+    out = tmp_path / "out"
+    pack_line = assert_clean_error(packctl("pack", source, "-o", out, "-q", *args), 2, *mentions)
+    assert_nothing_left(out)
+    assert stats_line == pack_line  # one message for one mistake
+
+
+def test_what_if_of_a_missing_limit_column(tmp_path):
+    source = _limit_input(tmp_path, pa.array([1, 2, 3], pa.int8()))
+    assert_clean_error(packctl("stats", source, "--capacity", "8", "--limit", "frames=2"), 2,
+                       "no column 'frames' for --limit frames=N")
+
+
+def test_what_if_of_a_sample_over_a_limit(tmp_path):
+    source = _limit_input(tmp_path, pa.array([1, 9, 3], pa.uint8()))
+    # --too-long error: the sample is named, as pack names it
+    line = assert_clean_error(packctl("stats", source, "--capacity", "8", "--limit", "images=4"), 2,
+                              "row 1 column 'images'", "costs 9", "--limit images=4")
+    assert line == assert_clean_error(packctl("pack", source, "-o", tmp_path / "out", "-q", "--capacity", "8",
+                                              "--limit", "images=4"), 2)
+    assert_nothing_left(tmp_path / "out")
+    # --too-long drop: left out and counted, as pack does
+    result = packctl("stats", source, "--capacity", "8", "--limit", "images=4", "--too-long", "drop", "--json")
+    assert result.code == 0, result.stderr
+    rows = json.loads(result.stdout)["what_if"]
+    assert all(r["counts"]["over_limit"] == 1 and r["counts"]["sequences_dropped"] == 1 for r in rows)
+
+
+def test_what_if_refuses_limit_on_megatron_input(tmp_path):
+    prefix = write_pair(tmp_path / "corpus", [[[1, 2, 3]], [[4, 5]]])
+    assert_clean_error(packctl("stats", prefix.with_suffix(".bin"), "--capacity", "8", "--limit", "images=4"), 2,
+                       "--limit", "Megatron")

@@ -801,3 +801,63 @@ def test_export_directory_takes_the_umask_and_a_link_is_not_replaced(tmp_path):
     assert_clean_error(packctl("export", packed, "-o", link, *OLMO, "--eos-token-id", "2", "--vocab-size", "16",
                                "--overwrite"), 2, "a symbolic link; --overwrite replaces a directory")
     assert (target / "olmo.json").is_file()
+
+
+# --balance-cost COL: the sum of a --limit column, balanced with the --dp-size cost. Each case is
+# refused before any work: exit 2, one line naming the option and the fix, nothing left.
+@pytest.fixture(scope="module")
+def vlm_corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("vlm") / "in"
+    write_sample(root, SampleSpec(sequences=60, shards=1, max_length=2048, modality="image", seed=1))
+    return root
+
+
+@pytest.mark.parametrize("args, mentions", [
+    (["--dp-size", "2", "--micro-batches", "1", "--limit", "images=8", "--balance-cost", "image_tokens"],
+     ["--balance-cost image_tokens", "not a limited column", "--limit images=8", "add --limit image_tokens=N"]),
+    (["--dp-size", "2", "--micro-batches", "1", "--balance-cost", "images"],
+     ["--balance-cost images", "no --limit"]),
+    (["--limit", "images=8", "--balance-cost", "images"], ["--balance-cost", "need --dp-size"]),
+    (["--balance-cost", "images"], ["--balance-cost", "need --dp-size"]),
+    (["--dp-size", "2", "--micro-batches", "1", "--limit", "images=8", "--balance-cost", ""],
+     ["--balance-cost ", "not a limited column"]),
+], ids=["not-limited", "no-limit", "no-dp-size", "nothing-else", "empty-name"])
+def test_balance_cost_refused(vlm_corpus, tmp_path, args, mentions):
+    out = tmp_path / "out"
+    assert_clean_error(packctl("pack", vlm_corpus, "-o", out, "--capacity", "2048", "--too-long", "drop", *args),
+                       2, *mentions)
+    assert_nothing_left(out)
+    # the what-if plans what pack would: the same refusal
+    assert_clean_error(packctl("stats", vlm_corpus, "--capacity", "2048", "--too-long", "drop", *args), 2,
+                       *mentions)
+
+
+def test_balance_cost_of_a_column_the_input_lacks(vlm_corpus, tmp_path):
+    out = tmp_path / "out"
+    args = ["--capacity", "2048", "--too-long", "drop", "--dp-size", "2", "--micro-batches", "1",
+            "--limit", "frames=4", "--balance-cost", "frames"]
+    assert_clean_error(packctl("pack", vlm_corpus, "-o", out, *args), 2, "frames")
+    assert_nothing_left(out)
+    assert_clean_error(packctl("stats", vlm_corpus, *args), 2, "no column 'frames'", "--limit frames=N")
+
+
+def test_balance_cost_in_a_config_file(vlm_corpus, tmp_path):
+    config = tmp_path / "pack.toml"
+    config.write_text('capacity = 2048\ndp_size = 2\nmicro_batches = 2\nlimit = {images = 8}\nbalance_cost = "images"\n')
+    out = tmp_path / "out"
+    assert packctl("pack", vlm_corpus, "-o", out, "--config", config, "-q").code == 0
+    assert json.loads((out / "_metrics.json").read_text())["balance"]["balance_cost"] == "images"
+    assert json.loads((out / "_manifest.json").read_text())["config"]["balance_cost"] == "images"
+    assert_every_sample_once(out, [vlm_corpus])
+    bad = tmp_path / "bad.toml"
+    bad.write_text('capacity = 2048\ndp_size = 2\nmicro_batches = 2\nlimit = {images = 8}\nbalance_cost = 3\n')
+    assert_clean_error(packctl("pack", vlm_corpus, "-o", tmp_path / "o2", "--config", bad), 2, "balance_cost")
+    assert_nothing_left(tmp_path / "o2")
+
+
+def test_stats_of_an_output_refuses_limit_and_balance_cost(vlm_corpus, tmp_path):
+    out = tmp_path / "out"
+    assert packctl("pack", vlm_corpus, "-o", out, "--capacity", "2048", "--too-long", "drop", "--limit",
+                   "images=8", "-q").code == 0
+    assert_clean_error(packctl("stats", out, "--limit", "images=4"), 2, "is a packed output", "--limit")
+    assert_clean_error(packctl("stats", out, "--balance-cost", "images"), 2, "is a packed output", "--balance-cost")
