@@ -4,7 +4,8 @@
 
 The corpus is `packctl sample --modality image` (packctl.sample.sample_image_rows), packed by bfd
 under --limit images=8 and image_tokens=C/2 (rows over a limit left out, as --too-long drop
-does), then balanced over D ranks x M micro-batches three ways: round robin of the planner's packs
+does), then balanced over D ranks x M micro-batches, as `pack` balances (a sequence with a cost
+stays in its pack; sequences of none may move), three ways: round robin of the planner's packs
 (what a strided sampler does), `--dp-size` alone (attention cost), and `--dp-size --balance-cost
 image_tokens`. For each it prints a markdown row of the per-step max/mean over ranks of the
 attention cost and of the image tokens: the mean over steps and `weighted` (sum over steps of
@@ -46,6 +47,8 @@ def main() -> None:
     options = WindowOptions(capacity=capacity, align=1, algorithm="bfd", too_long="drop", window=100_000,
                             limits=limits)
     plan = plan_windows(np.arange(args.n), lengths.astype(np.int64), options, extra=extra)
+    # as pack balances it (packctl.pipeline.plan.balance): a sequence with a cost stays in its pack
+    costly = (plan.piece_extra > 0).any(axis=1)
     print(f"{args.n:,} samples, C {capacity}, limits images=8 image_tokens={limits[1]}: {plan.num_bins:,} packs, "
           f"{len(plan.dropped):,} rows over a limit left out\n")
     print("| D x M | balance | attention mean | attention weighted | image tokens mean | image tokens weighted "
@@ -58,7 +61,7 @@ def main() -> None:
         for name, spec in (("--dp-size", base), ("--balance-cost image_tokens",
                                                  BalanceSpec(**{**base.__dict__, "cost_column": 1}))):
             t0 = time.perf_counter()
-            result = balance_plan(plan, spec)
+            result = balance_plan(plan, spec, pinned=costly)
             seconds = time.perf_counter() - t0
             assert (result.plan.extra_loads() <= np.array(limits)).all()
             rows.append((name, imbalance_summary(result.after_attention),

@@ -58,7 +58,8 @@ def sample_sort(comm, keys: np.ndarray, gids: np.ndarray, payload: np.ndarray | 
     # Destination of each pair: number of splitters (key, gid) <= the pair, lexicographically.
     dest = _count_le(splitters, keys, gids)
     counts = np.bincount(dest, minlength=p).astype(np.int64)
-    rows = payload.reshape(len(keys), -1) if payload is not None else np.zeros((len(keys), 0), np.int64)
+    width = 0 if payload is None else 1 if payload.ndim == 1 else payload.shape[1]
+    rows = np.zeros((len(keys), 0), np.int64) if payload is None else payload.reshape(len(keys), width)
     columns = [keys, gids, *rows.T]
     packed = np.stack(columns, axis=1).ravel()  # already grouped by destination: the run is sorted
     recv, recv_counts = comm.alltoallv(packed, counts * len(columns))

@@ -168,7 +168,9 @@ def balance(comm: Comm, plan: PackPlan, spec: BalanceSpec, steps: StepSpec, leng
             group_starts: np.ndarray | None = None) -> Balanced:
     """Balance this rank's windows (plan/balance.py); steps are numbered after the ranks before,
     and `lr_scale` needs the mean batch size of all ranks when no reference is given. Members of
-    a group (`group_starts`, --group-column with --group-scope pack) stay in their pack."""
+    a group (`group_starts`, --group-column with --group-scope pack) stay in their pack, and with
+    --limit so does every sequence that has a cost: only sequences of no cost move between packs
+    (`--balance-scope sequences`, equal counts), so every pack keeps every limit."""
     shape = None
     if steps.warmup_shapes:
         # a pack's shape: its padded length in batch mode (every piece already holds it), else the
@@ -180,6 +182,9 @@ def balance(comm: Comm, plan: PackPlan, spec: BalanceSpec, steps: StepSpec, leng
     pinned = None  # with --group-scope step a group's members may move between the packs of its step
     if group_starts is not None and steps.pin_groups:
         pinned = group_sizes(plan.piece_gid, group_starts) > 1
+    if plan.piece_extra is not None:  # --limit: a sequence with a cost stays in its pack, which keeps every limit
+        costly = (plan.piece_extra > 0).any(axis=1)
+        pinned = costly if pinned is None else pinned | costly
     result = balance_plan(plan, spec, first_window=first_window,
                           pack_shape=shape if plan.num_bins else None, pinned=pinned)
     first_step = comm.exscan(result.num_steps)

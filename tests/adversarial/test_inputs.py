@@ -884,3 +884,75 @@ def test_what_if_refuses_limit_on_megatron_input(tmp_path):
     prefix = write_pair(tmp_path / "corpus", [[[1, 2, 3]], [[4, 5]]])
     assert_clean_error(packctl("stats", prefix.with_suffix(".bin"), "--capacity", "8", "--limit", "images=4"), 2,
                        "--limit", "Megatron")
+
+
+# --- --limit columns -----------------------------------------------------------------------------
+
+def _limited(path: Path, images, typ=pa.int32()) -> Path:
+    """Four rows of 2..5 tokens with an `images` column of `images` (of Arrow type `typ`)."""
+    tokens = pa.array([list(range(1, n + 1)) for n in (2, 3, 4, 5)], pa.list_(pa.int32()))
+    return write_table(path, {"input_ids": tokens, "images": pa.array(images, typ)})
+
+
+@pytest.mark.parametrize("images, typ, mentions", [
+    ([1, None, 0, 2], pa.int32(), ["a.parquet row 1 column 'images'", "null", "0 where it has none"]),
+    ([1, 0, -2, 2], pa.int64(), ["a.parquet row 2 column 'images'", "-2 is negative"]),
+    ([1, 0, 0, 2**64 - 1], pa.uint64(), ["a.parquet row 3 column 'images'", "above 2^63-1"]),
+    ([1.0, 0.5, 0.0, 2.0], pa.float32(), ["a.parquet: column 'images' is float", "whole number"]),
+    ([[1], [0], [], [2]], pa.list_(pa.int32()), ["a.parquet: column 'images' is list<int32>", "a list"]),
+    (["1", "0", "0", "2"], pa.string(), ["a.parquet: column 'images' is string", "whole number"]),
+])
+def test_bad_values_of_a_limited_column(tmp_path, images, typ, mentions):
+    _limited(tmp_path / "data/a.parquet", images, typ)
+    line = assert_clean_error(packctl("pack", str(tmp_path / "data"), "-o", str(tmp_path / "out"), *PACK,
+                                      "--limit", "images=4"), 2, *mentions)
+    assert "--limit images" in line
+    assert_nothing_left(tmp_path / "out")
+
+
+def test_a_limited_column_missing_from_one_file(tmp_path):
+    _limited(tmp_path / "data/a.parquet", [1, 0, 0, 2])
+    write_table(tmp_path / "data/b.parquet", {"input_ids": pa.array([[1, 2]], pa.list_(pa.int32()))})
+    refused(tmp_path, tmp_path / "data", "--limit", "images=4", mentions=["data/b.parquet", "no column 'images'"])
+
+
+def test_limited_columns_of_any_integer_type_across_files(tmp_path):
+    """uint8 in one file, int64 in the other: both are counts, read as int64."""
+    _limited(tmp_path / "data/a.parquet", [1, 0, 0, 2], pa.uint8())
+    _limited(tmp_path / "data/b.parquet", [3, 0, 1, 0], pa.int64())
+    out = tmp_path / "out"
+    assert packctl("pack", str(tmp_path / "data"), "-o", str(out), *PACK, "--limit", "images=3").code == 0
+    assert_every_sample_once(out, [tmp_path / "data"])
+    table = pq.read_table(out / "data/train-00000.parquet")
+    assert table.column("images").type == pa.list_(pa.int64()) and max(table.column("images_sum").to_pylist()) <= 3
+    report = verify(out, VerifyOptions(source=[str(tmp_path / "data")], attention=False))
+    assert report.ok, report.violations
+
+
+def test_a_megatron_input_refuses_limit(tmp_path):
+    pair = megatron_pair(tmp_path / "m/c")
+    refused(tmp_path, pair, "--limit", "images=4", mentions=["--limit", "Megatron indexed dataset"])
+
+
+def test_a_changed_limited_value_fails_verify(tmp_path):
+    """An output whose COL or COL_sum was altered after packing fails verify: limit-sums, over-limit,
+    and with --source limit-values."""
+    _limited(tmp_path / "data/a.parquet", [1, 0, 0, 2])
+    out = tmp_path / "out"
+    assert packctl("pack", str(tmp_path / "data"), "-o", str(out), *PACK, "--limit", "images=3").code == 0
+    shard = out / "data/train-00000.parquet"
+    table = pq.read_table(shard)
+    sums = pc_add(table.column("images_sum"), 5)
+    altered = table.set_column(table.column_names.index("images_sum"), "images_sum", sums)
+    pq.write_table(altered.replace_schema_metadata(table.schema.metadata), shard)
+    manifest = json.loads((out / "_manifest.json").read_text())
+    manifest["shards"][0]["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest()
+    (out / "_manifest.json").write_text(json.dumps(manifest))
+    report = verify(out, VerifyOptions(source=[str(tmp_path / "data")], attention=False))
+    assert {"limit-sums", "over-limit"} <= {v.rule for v in report.violations}
+
+
+def pc_add(column, value):
+    import pyarrow.compute as pc
+
+    return pc.add(column, pa.scalar(value, pa.int64()))

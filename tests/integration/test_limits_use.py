@@ -176,3 +176,14 @@ def test_balance_cost_evens_out_vision_work_in_the_output(vlm, tmp_path):
         assert max(cols["images_sum"]) <= 8 and max(cols["image_tokens_sum"]) <= 2304
     ids = [sorted(i for v in _shard_columns(o, ["sample_ids"])["sample_ids"] for i in v) for o in (plain, even)]
     assert ids[0] == ids[1]
+
+
+def test_balance_cost_output_is_the_same_for_any_rank_count_and_verifies(vlm, tmp_path):
+    from support.adversary import assert_every_sample_once, packctl
+    from support.runs import packed_on_ranks
+    # limits no single sample exceeds, so every sample is packed (the checker sees each once)
+    options = dict(inputs=[str(vlm)], capacity=4096, limits={"images": 16, "image_tokens": 4096}, too_long="error",
+                   dp_size=3, micro_batches=2, balance_cost="images", order="shuffle", window=400)
+    out = packed_on_ranks(tmp_path, 3, **options)
+    assert packctl("verify", str(out), "--source", str(vlm), "--no-attention").code == 0
+    assert_every_sample_once(out, [vlm])
