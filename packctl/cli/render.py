@@ -388,20 +388,22 @@ def packed_overview_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
 
 def limit_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     """--limit: one row per budget (tokens first): utilization and packs at the limit, the binding
-    budget marked. None without limits."""
+    budget marked in its value (labels stay the same, so outputs line up side by side). None
+    without limits."""
     limits = r.get("limits")
     if not limits:
         return []
     packs = r["packs"] or 1
     binding = r.get("binding")
+
+    def binds(name: str) -> str:
+        return " · binds" if binding == name else ""
     rows = [("budgets", f"tokens and {', '.join(limits)}; binding: {binding or 'none (no pack at any limit)'}"),
-            ("  tokens" + (" (binds)" if binding == "tokens" else ""),
-             f"capacity {r['layout']['capacity']:,}: utilization {_pct(r['utilization'])}, "
-             f"{r['packs_at_capacity']:,} packs at it ({r['packs_at_capacity'] / packs:.1%})")]
+            ("  tokens", f"capacity {r['layout']['capacity']:,}: utilization {_pct(r['utilization'])}, "
+                         f"{r['packs_at_capacity']:,} packs at it ({r['packs_at_capacity'] / packs:.1%}){binds('tokens')}")]
     for name, f in limits.items():
-        rows.append((f"  {name}" + (" (binds)" if binding == name else ""),
-                     f"limit {f['limit']:,}: utilization {_pct(f['utilization'])} ({f['total']:,} in all), "
-                     f"{f['packs_at_limit']:,} packs at it ({f['packs_at_limit'] / packs:.1%})"))
+        rows.append((f"  {name}", f"limit {f['limit']:,}: utilization {_pct(f['utilization'])} ({f['total']:,} in all), "
+                                  f"{f['packs_at_limit']:,} packs at it ({f['packs_at_limit'] / packs:.1%}){binds(name)}"))
     return rows
 
 
