@@ -163,9 +163,12 @@ def check_limit_values(index: LengthIndex, frame: pl.DataFrame, columns: tuple[s
     `pack` gives (packctl.source.parquet.read_limit_values), 'FILE row R column C: ...', naming
     the first such row."""
     out = np.empty((index.num_sequences, len(columns)), dtype=np.int64)
+    paths = [f.path for f in index.files]
     for j, column in enumerate(columns):
         values = frame.get_column(f"limit:{column}")
-        where = (lambda gid: describe_gid([f.path for f in index.files], index.file_offsets, gid, column))
+
+        def where(gid: int, column: str = column) -> str:
+            return describe_gid(paths, index.file_offsets, gid, column)
         too_big = values.is_null() & frame.get_column(f"given:{column}")
         if too_big.any():  # rare: read the value back from its file, to name it as pack does
             gid = int(too_big.arg_max())

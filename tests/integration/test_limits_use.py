@@ -3,6 +3,7 @@ writes, `packctl stats OUT` reports each budget from the shards, `--balance-cost
 vision work of the ranks, and `packctl.torch` hands the limited columns out per batch."""
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -122,7 +123,7 @@ def test_stats_out_figures_are_the_sums_of_the_shards(vlm, tmp_path):
     # the rendered table names every budget and the binding one
     from packctl.cli.render import stats_renderables
     from rich.console import Console
-    console = Console(width=100, record=True, file=open("/dev/null", "w"))
+    console = Console(width=100, record=True, file=io.StringIO())
     for renderable in stats_renderables(report):
         console.print(renderable)
     text = console.export_text()
