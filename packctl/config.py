@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packctl.contract.schema import INT32_MAX, RESERVED_COLUMNS
+from packctl.contract.schema import INT32_MAX, RESERVED_COLUMNS, limit_sum_name
 from packctl.errors import PackctlError
 from packctl.plan.names import ALGORITHMS
 from packctl.specs import (BalanceScope, BalanceSpec, BatchUnit, Cost, CurriculumOrder, GroupScope, GroupSpec,
@@ -155,6 +155,11 @@ class PackConfig:
     weight_column: str | None = option(None, shown_default="none",
                                        help="Input column of one float weight per sequence, written per pack as "
                                             "seq_weights (aligned with sample_ids) for packctl.torch.loss_fn.")
+    limits: dict[str, int] = option(factory=dict, planning=True, flag="--limit", cli=list, shown_default="none",
+                                    help="COL=N: every pack holds at most N of the integer input column COL (images, "
+                                         "image tokens, any per-sample cost) summed over its sequences, beside "
+                                         "--capacity; repeat for several budgets. Written per sequence as COL and per "
+                                         "pack as COL_sum (docs/cli.md#limits).")
     group_column: str | None = option(None, planning=True, shown_default="none",
                                       help="Input column naming each row's group (preference pairs, rollouts of one "
                                            "prompt): a run of consecutive rows with one value is kept whole in one "
@@ -201,6 +206,10 @@ class PackConfig:
                                                 "tokens (steps of varying size).")
     balance: str = option("attention", planning=True, choices=Cost.values(),
                           help="Cost shared out evenly over ranks (attention: a*L + L^2 per sequence).")
+    balance_cost: str | None = option(
+        None, planning=True, help="With --dp-size and --limit COL=N: also share out the sum of COL (vision work: "
+                                  "images, image tokens) evenly over ranks and micro-batches, with the --balance "
+                                  "cost (docs/balancing.md).")
     attn_coeff: float = option(0.0, planning=True, help="a of the attention cost a*L + L^2 (12 x hidden size weighs per-token "
                                          "and attention FLOPs alike; 0: attention alone).")
     balance_scope: str = option("sequences", planning=True, choices=BalanceScope.values(),
@@ -269,6 +278,8 @@ class PackConfig:
             plain = as_python(value, path=f.name == "output")
             if f.name in ("inputs", "keep_columns") and isinstance(plain, (list, tuple)):
                 plain = [as_python(v, path=f.name == "inputs") for v in plain]
+            if f.name == "limits" and isinstance(plain, dict):
+                plain = {k: as_python(v) for k, v in plain.items()}
             if plain is not value:
                 setattr(self, f.name, plain)
 
@@ -297,6 +308,7 @@ class PackConfig:
             raise PackctlError(f"--weight-column {self.weight_column!r}: name an input column of one number per "
                                "sequence (not the tokens or labels)")
         self._validate_groups()
+        self._validate_limits()
         if len(set(self.keep_columns)) != len(self.keep_columns):
             raise PackctlError(f"--keep-columns {', '.join(self.keep_columns)}: a column is named twice")
         if self.epochs > 1 and self.order != "shuffle":
@@ -394,6 +406,36 @@ class PackConfig:
             if given:
                 raise PackctlError(f"{flag} cannot be combined with --group-scope step ({why}); drop one of them")
 
+    def _validate_limits(self) -> None:
+        """--limit COL=N: N a whole number in [1, 2^31-1], COL an input column that is not the tokens,
+        the labels, a column packctl writes or a kept column (COL is written as the limit's own int64
+        column), nor one whose per-pack sum COL_sum would take such a name; batch mode takes none."""
+        if not self.limits:
+            return
+        if self.mode == "batch":
+            raise PackctlError("--limit cannot be combined with --mode batch (a budget bounds a pack; padded "
+                               "micro-batches are formed by sequence length only); drop one of them")
+        written = {*RESERVED_COLUMNS, self.tokens_column, self.labels_column or "labels"}
+        for column, most in self.limits.items():
+            given = f"--limit {column}={most}"
+            if not column:
+                raise PackctlError(f"{given}: name the input column before '=' (--limit images=8)")
+            if isinstance(most, bool) or not isinstance(most, int):
+                raise PackctlError(f"{given}: N must be a whole number >= 1 (the most a pack may hold of {column})")
+            if not 1 <= most <= INT32_MAX:
+                raise PackctlError(f"{given}: N must be a whole number in [1, {INT32_MAX:,}] (the most a pack "
+                                   f"may hold of {column}; a pack holds at most 2^31-1 tokens)")
+            if column in written:
+                raise PackctlError(f"{given}: {column!r} is the tokens, the labels or a column packctl writes; "
+                                   "name an input column of one whole number per sequence")
+            if column in self.keep_columns:
+                raise PackctlError(f"{given} with --keep-columns {column}: --limit writes {column} itself (int64, "
+                                   f"one value per sequence); drop {column} from --keep-columns")
+            sum_name = limit_sum_name(column)
+            if sum_name in self.limits or sum_name in written or sum_name in self.keep_columns:
+                raise PackctlError(f"{given}: its per-pack sum is written as {sum_name}, a name another column "
+                                   "has; rename the column in the input")
+
     def _check_group_scope(self) -> None:
         if self.group_scope != "pack" and self.group_column is None:
             raise PackctlError(f"--group-scope {self.group_scope} needs --group-column COL (the input column naming "
@@ -424,6 +466,8 @@ class PackConfig:
                      if getattr(self, n) is not None]
             if self.lr_scaling != "none":
                 given.append("--lr-scaling")
+            if self.balance_cost is not None:
+                given.append("--balance-cost")
             if given:
                 raise PackctlError(f"{', '.join(given)} need --dp-size (the number of data-parallel ranks)")
             return
@@ -432,6 +476,11 @@ class PackConfig:
                                "or --step-tokens T")
         if self.ref_batch_size is not None and not 0 < self.ref_batch_size < float("inf"):
             raise PackctlError(f"--ref-batch-size {self.ref_batch_size!r}: must be a number > 0")
+        if self.balance_cost is not None and self.balance_cost not in self.limits:
+            given = ", ".join(f"--limit {c}={n}" for c, n in self.limits.items()) or "no --limit"
+            raise PackctlError(f"--balance-cost {self.balance_cost}: not a limited column ({given}); it balances the "
+                               f"per-pack sum of a --limit column: add --limit {self.balance_cost}=N, or name one "
+                               "of the limited columns")
 
     @property
     def resolved_pack_order(self) -> str:
@@ -453,7 +502,7 @@ class PackConfig:
             seed=self.seed, pool_size=self.pool_size, pool_strategy=PoolStrategy(self.pool_strategy),
             max_tokens=self.resolved_max_tokens if batch else None, pack_order=self.resolved_pack_order,
             step_packs=self.dp_size * self.micro_batches if step_scope and self.micro_batches is not None else None,
-            step_tokens=self.step_tokens if step_scope else None)
+            step_tokens=self.step_tokens if step_scope else None, limits=tuple(self.limits.values()))
         balance = steps = None
         if self.balanced:
             balance = BalanceSpec(
@@ -462,7 +511,9 @@ class PackConfig:
                 # a micro-batch's shape is its own: in batch mode sequences never move between them
                 scope=BalanceScope.PACKS if batch else BalanceScope(self.balance_scope), padded_cost=batch,
                 equal_counts=self.equal_counts, capacity=plan_capacity, max_seqs_per_bin=self.max_seqs_per_bin,
-                grouping=StepGrouping(self.step_grouping), seed=self.seed, step_order=self.resolved_pack_order)
+                grouping=StepGrouping(self.step_grouping), seed=self.seed, step_order=self.resolved_pack_order,
+                limits=tuple(self.limits.values()),
+                cost_column=list(self.limits).index(self.balance_cost) if self.balance_cost is not None else None)
             steps = StepSpec(lr_scaling=LrScaling(self.lr_scaling), ref_batch_size=self.ref_batch_size,
                              batch_unit=BatchUnit(self.batch_unit), warmup_shapes=self.warmup_shapes,
                              pin_groups=self.group_column is not None and self.group_scope == GroupScope.PACK)
@@ -471,7 +522,7 @@ class PackConfig:
                           keep_columns=tuple(self.keep_columns), weight_column=self.weight_column,
                           group_column=self.group_column, skip_empty=self.skip_empty,
                           pad_token_id=self.pad_token_id, memory_budget=self.resolved_memory_budget,
-                          count_loss_tokens=self.balanced),
+                          count_loss_tokens=self.balanced, limit_columns=tuple(self.limits)),
             order=OrderSpec(order=Order(self.order), curriculum_order=CurriculumOrder(self.curriculum_order),
                             seed=self.seed, align=align, window=self.window, epochs=self.epochs,
                             skip_empty=self.skip_empty),
@@ -488,13 +539,15 @@ class PackConfig:
             write=WriteSpec(shard_rows=self.shard_rows, epochs=self.epochs,
                             token_transfer=TokenTransfer(self.token_transfer), order=Order(self.order),
                             pad_token_id=self.pad_token_id, memory_budget=self.resolved_memory_budget,
-                            keep_columns=tuple(self.keep_columns), weight_column=self.weight_column),
+                            keep_columns=tuple(self.keep_columns), weight_column=self.weight_column,
+                            limit_columns=tuple(self.limits)),
             report=ReportSpec(algorithm=self.algorithm, order=Order(self.order), mode=Mode(self.mode),
                               capacity=self.resolved_max_tokens if batch else self.capacity, align=align,
                               epochs=self.epochs, seed=self.seed,
                               group_scope=GroupScope(self.group_scope) if self.group_column is not None else None,
                               shape_buckets=self.shape_buckets,
-                              balance=self._balance_options() if self.balanced else None),
+                              balance=self._balance_options() if self.balanced else None,
+                              limits=dict(self.limits)),
         )
 
     def _balance_options(self) -> dict[str, Any]:
@@ -502,7 +555,9 @@ class PackConfig:
         return {"dp_size": self.dp_size, "micro_batches": self.micro_batches, "step_tokens": self.step_tokens,
                 "cost": self.balance, "attn_coeff": float(self.attn_coeff), "scope": self.balance_scope,
                 "step_grouping": self.step_grouping, "equal_counts": self.equal_counts,
-                "lr_scaling": self.lr_scaling, "batch_unit": self.batch_unit}
+                "lr_scaling": self.lr_scaling, "batch_unit": self.batch_unit,
+                # --balance-cost: only when given, so metrics without it stay as they were
+                **({"balance_cost": self.balance_cost} if self.balance_cost is not None else {})}
 
     def to_dict(self) -> dict[str, Any]:
         """Every option, resolved where a default depends on others (for the manifest)."""
@@ -518,6 +573,10 @@ class PackConfig:
             del out["group_scope"]
         if not self.plan_only:  # the packs themselves, as every output was before --plan-only
             del out["plan_only"]
+        if not self.limits:  # no budget besides tokens: the config every output had before --limit
+            del out["limits"]
+        if self.balance_cost is None:  # balancing one cost, as every output was before --balance-cost
+            del out["balance_cost"]
         return out
 
 
@@ -548,6 +607,8 @@ _TYPES = {
     "bool": ("true or false", lambda v: isinstance(v, bool)),
     "str": ("a string", lambda v: isinstance(v, str)),
     "list[str]": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v)),
+    "dict[str, int]": ("a table of column = limit, e.g. {images = 8}",
+                       lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v)),
     "int | str": ("a size such as 4GiB, 512M or 1000000",
                   lambda v: isinstance(v, (int, float, str)) and not isinstance(v, bool)),
 }
@@ -671,7 +732,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
     values: dict[str, Any] = {}
     spelled: dict[str, str] = {}
     for key, value in data.items():
-        name = key.replace("-", "_")
+        name = _TOML_NAMES.get(key, key.replace("-", "_"))
         if name not in FIELDS:
             raise PackctlError(f"{path}: unknown key {key!r}; known keys: {', '.join(sorted(FIELDS))}")
         if name in spelled:
@@ -686,6 +747,10 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return values
 
 
+# TOML keys spelled as their flag rather than their field: limit = {images = 8} is --limit images=8.
+_TOML_NAMES = {"limit": "limits"}
+
+
 def _toml(value: Any) -> str:
     """A value as TOML writes it, for messages: 'x' -> "x", [1, 2] -> [1, 2], True -> true."""
     try:
@@ -698,4 +763,29 @@ def build_config(file_values: dict[str, Any] | None = None, **flags: Any) -> Pac
     """Merge config-file values with flags given on the command line (None = not given)."""
     values = dict(file_values or {})
     values.update({k: v for k, v in flags.items() if v is not None and v != []})  # [] : a repeatable flag not given
+    if isinstance(flags.get("limits"), (list, tuple)) and flags["limits"]:
+        values["limits"] = parse_limits(flags["limits"])
     return PackConfig(**values)
+
+
+def parse_limits(given: list[str]) -> dict[str, int]:
+    """The --limit flags, COL=N each, as {COL: N} in the order given; a spelling that is not
+    COL=N with N a whole number, or a column given twice, is refused naming it:
+
+        >>> parse_limits(["images=8", "image_tokens=16384"])
+        {'images': 8, 'image_tokens': 16384}
+    """
+    limits: dict[str, int] = {}
+    for text in given:
+        column, sign, number = str(text).rpartition("=")
+        if not sign or not column.strip():
+            raise PackctlError(f"--limit {text!r}: expected COL=N, an input column and the most a pack may hold of "
+                               "it, e.g. --limit images=8")
+        column, number = column.strip(), number.strip().replace("_", "")
+        if not number.lstrip("+-").isdigit():
+            raise PackctlError(f"--limit {text!r}: N must be a whole number >= 1 (the most a pack may hold of "
+                               f"{column}), e.g. --limit {column}=8")
+        if column in limits:
+            raise PackctlError(f"--limit {column} is given twice ({column}={limits[column]} and {text}); keep one")
+        limits[column] = int(number)
+    return limits

@@ -17,6 +17,21 @@ whose length follows the distribution; an int64 `group_id` column numbers the gr
 
     preference            rows 2g, 2g+1: prompt g + chosen, prompt g + rejected (DPO/KTO pairs)
     rollout, group_size N rows Ng..Ng+N-1: prompt g + each of N sampled responses (GRPO)
+
+Vision-language corpora (`modality="image"`, for `--limit images=N` / `image_tokens=N`), modelled
+on LLaVA-style SFT mixes, where each image is expanded into its tokens inside `input_ids`:
+
+    images        int32: 0 on a text-only row (about 40%), else 1 + Poisson(0.35 x text / 400)
+                  (mostly one image; longer conversations carry more: multi-image, interleaved),
+                  at most 16
+    image_tokens  int32: the row's image tokens, `image_tokens` (576: a 24 x 24 CLIP grid) per
+                  tile, each image 1..`max_tiles` tiles (1: fixed 576 as LLaVA-1.5; 5: the
+                  576-2880 of LLaVA-NeXT's any-resolution tiling)
+    input_ids     the image tokens (id `vocab_size`, one past the text ids, as LLaVA-1.5's 32000
+                  beside a 32000-token vocabulary) first, then the text; length = text + image tokens
+    labels        -100 on the image tokens (and on a masked prompt of the text, as above)
+
+So both columns grow with the length: an image row is at least 576 tokens longer than its text.
 """
 from __future__ import annotations
 
@@ -38,6 +53,9 @@ from packctl.output.fs import write_failed
 
 DISTRIBUTIONS = ("zipf", "lognormal", "rl-longtail")
 GROUP_KINDS = ("none", "preference", "rollout")
+MODALITIES = ("text", "image")
+IMAGE_SHARE = 0.6  # rows with one image or more (LLaVA-style mixes hold ~40% text-only rows)
+MAX_IMAGES = 16  # images of one row at most
 RL_GENERATION_LIMIT = 16384
 
 
@@ -54,6 +72,9 @@ class SampleSpec:
     group_size: int = 4  # responses per prompt of `rollout` (`preference`: 2)
     eos_id: int | None = None  # every row ends with it (its last token replaced), for EOS-delimited readers
     bos_id: int | None = None  # every row starts with it (its first token replaced)
+    modality: str = "text"  # MODALITIES: "image" adds images and image tokens (module docstring)
+    image_tokens: int = 576  # tokens per image tile (modality image)
+    max_tiles: int = 1  # tiles per image, drawn in [1, max_tiles] (modality image)
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():  # numpy scalars as their Python value (np.int64(8) -> 8)
@@ -100,6 +121,20 @@ class SampleSpec:
         if self.eos_id is not None and self.bos_id is not None and self.max_length < 2:
             raise PackctlError(f"--max-length {self.max_length}: a row that starts with --bos-id and ends with "
                                "--eos-id holds 2 tokens or more")
+        if self.modality not in MODALITIES:
+            raise PackctlError(f"--modality {self.modality!r}: choose one of {', '.join(MODALITIES)}")
+        if self.modality == "image":
+            if self.groups != "none":
+                raise PackctlError(f"--modality image with --groups {self.groups}: image corpora are ungrouped; "
+                                   "pass --groups none")
+            if self.image_tokens * self.max_tiles + 2 > self.max_length:
+                raise PackctlError(f"--max-length {self.max_length}: an image of up to {self.max_tiles} tile(s) of "
+                                   f"{self.image_tokens} tokens (--max-tiles, --image-tokens) and 2 text tokens must "
+                                   f"fit; use --max-length {self.image_tokens * self.max_tiles + 2} or more")
+            for name in _OPTIONAL:
+                if getattr(self, name) == self.vocab_size:
+                    raise PackctlError(f"--{name.replace('_', '-')} {self.vocab_size}: --modality image writes image "
+                                       f"tokens as id {self.vocab_size} (--vocab-size); use another id")
         if self.groups != "none" and self.max_length < 2:
             raise PackctlError(f"--max-length {self.max_length}: a grouped row holds a prompt and a response, "
                                "2 tokens or more")
@@ -110,7 +145,8 @@ class SampleSpec:
 _TYPES = {"sequences": "a whole number", "distribution": "a string", "shards": "a whole number",
           "seed": "a whole number", "vocab_size": "a whole number", "max_length": "a whole number",
           "prompt_fraction": "a number", "groups": "a string", "group_size": "a whole number",
-          "eos_id": "a whole number", "bos_id": "a whole number"}
+          "eos_id": "a whole number", "bos_id": "a whole number", "modality": "a string",
+          "image_tokens": "a whole number", "max_tiles": "a whole number"}
 _OPTIONAL = ("eos_id", "bos_id")
 _RANGES = {
     "sequences": (1, INT32_MAX, "the corpus is generated in memory"),
@@ -121,6 +157,8 @@ _RANGES = {
     "group_size": (1, INT32_MAX, "rows of a group"),
     "eos_id": (0, INT32_MAX, "token ids are int32"),
     "bos_id": (0, INT32_MAX, "token ids are int32"),
+    "image_tokens": (1, 1 << 20, "tokens of one image tile"),
+    "max_tiles": (1, 64, "tiles of one image"),
 }
 
 
@@ -144,12 +182,16 @@ def sample_lengths(rng: np.random.Generator, n: int, distribution: str, max_leng
 
 
 def generate(spec: SampleSpec) -> list[pa.Table]:
-    """The corpus as one Arrow table per shard (columns `input_ids`, `labels`: list<int32>, and
-    with `groups` an int64 `group_id`)."""
+    """The corpus as one Arrow table per shard (columns `input_ids`, `labels`: list<int32>, with
+    `groups` an int64 `group_id`, with modality image int32 `images` and `image_tokens`)."""
     spec.validate()
     rng = np.random.default_rng(spec.seed)
+    images = None
     if spec.groups != "none":
         lengths, prompts, tokens, group = _grouped(rng, spec)
+    elif spec.modality == "image":
+        lengths, prompts, tokens, images, image_tokens = _with_images(rng, spec)
+        group = None
     else:
         lengths, prompts, tokens, group = (*_ungrouped(rng, spec), None)
     offsets = offsets_of(lengths)
@@ -175,6 +217,9 @@ def generate(spec: SampleSpec) -> list[pa.Table]:
         }
         if group is not None:
             columns["group_id"] = pa.array(group[lo:hi], pa.int64())
+        if images is not None:
+            columns["images"] = pa.array(images[lo:hi], pa.int32())
+            columns["image_tokens"] = pa.array(image_tokens[lo:hi], pa.int32())
         tables.append(pa.table(columns))
     return tables
 
@@ -184,8 +229,9 @@ def _token_ids(rng: np.random.Generator, n: int, vocab_size: int) -> np.ndarray:
     return (1 + (rng.zipf(1.2, n) - 1) % (vocab_size - 1)).astype(np.int32)
 
 
-def _ungrouped(rng: np.random.Generator, spec: SampleSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(lengths, masked prompt lengths, tokens) of independent rows."""
+def _ungrouped(rng: np.random.Generator, spec: SampleSpec, *, tokens: bool = True
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(lengths, masked prompt lengths, tokens) of independent rows (tokens None: not drawn)."""
     lengths, prompts = sample_lengths(rng, spec.sequences, spec.distribution, spec.max_length)
     if spec.distribution != "rl-longtail":
         # SFT-style rows: a prompt of 10-50% of the sequence is masked on `prompt_fraction` rows.
@@ -193,7 +239,40 @@ def _ungrouped(rng: np.random.Generator, spec: SampleSpec) -> tuple[np.ndarray, 
         share = rng.uniform(0.1, 0.5, spec.sequences)
         prompts = np.where(masked, np.maximum(1, (lengths * share).astype(np.int64)), 0)
         prompts = np.minimum(prompts, lengths - 1)
-    return lengths, prompts, _token_ids(rng, int(lengths.sum()), spec.vocab_size)
+    return lengths, prompts, _token_ids(rng, int(lengths.sum()), spec.vocab_size) if tokens else None
+
+
+def _with_images(rng: np.random.Generator, spec: SampleSpec
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(lengths, masked prompt lengths, tokens, images, image tokens) of a vision-language corpus."""
+    lengths, prompts, images, image_tokens = sample_image_rows(rng, spec)
+    tokens = _token_ids(rng, int(lengths.sum()), spec.vocab_size)
+    tokens[positions_in_segments(lengths) < np.repeat(image_tokens, lengths)] = spec.vocab_size
+    return lengths, prompts, tokens, images, image_tokens
+
+
+def sample_image_rows(rng: np.random.Generator, spec: SampleSpec
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(lengths, masked prompt lengths, images, image tokens) of the rows of a vision-language
+    corpus (the module docstring says how it is modelled), without their tokens: what the
+    benchmarks pack."""
+    n = spec.sequences
+    text, prompts, _ = _ungrouped(rng, spec, tokens=False)
+    with_image = rng.random(n) < IMAGE_SHARE
+    images = np.where(with_image, 1 + rng.poisson(0.35 * text / 400), 0).clip(0, MAX_IMAGES)
+    row_of_image = np.repeat(np.arange(n), images)
+    per_image = rng.integers(1, spec.max_tiles + 1, int(images.sum())) * spec.image_tokens
+    # the row must fit --max-length with 2 text tokens: its last images go first (never the first one)
+    start = np.repeat(np.cumsum(images) - images, images)
+    cumulative = np.cumsum(per_image)
+    within_row = cumulative - np.concatenate([[0], cumulative])[start]
+    kept = within_row + 2 <= spec.max_length
+    images = np.bincount(row_of_image[kept], minlength=n)
+    image_tokens = np.bincount(row_of_image[kept], weights=per_image[kept], minlength=n).astype(np.int64)
+    text = np.maximum(2, np.minimum(text, spec.max_length - image_tokens))
+    prompts = np.minimum(prompts, text - 1)
+    lengths = text + image_tokens
+    return lengths, prompts + image_tokens, images.astype(np.int32), image_tokens.astype(np.int32)
 
 
 def _grouped(rng: np.random.Generator, spec: SampleSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -81,6 +81,7 @@ class ScanSpec:
     pad_token_id: int
     memory_budget: int  # decoded tokens held at once, per rank
     count_loss_tokens: bool  # per-sequence loss tokens, for the step sums of --dp-size
+    limit_columns: tuple[str, ...] = ()  # --limit: the integer columns read per sequence, in --limit order
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,9 @@ class WindowOptions:
     # epochs 1.. of --epochs: seeded exchanges of sequences between a window's packs at equal cost
     # (plan/exchange.py), so they differ pack by pack from epoch 0 in as many packs
     exchanges: bool = False
+    # --limit COL=N: the most each pack may hold of each limited column, beside `capacity` (the
+    # per-sequence values come to plan_windows as `extra`, one column each, in this order)
+    limits: tuple[int, ...] = ()
 
     @property
     def step_scope(self) -> bool:
@@ -162,6 +166,10 @@ class BalanceSpec:
     # "planner": with grouping "cost" a seeded random order, the short last step last; with
     # "order" the planner's; else a window's steps in that --pack-order (plan/pack_order.py)
     step_order: str = "planner"
+    # --limit: the most a pack may hold of each limited column (sequence moves keep within them)
+    limits: tuple[int, ...] = ()
+    # --balance-cost COL: COL's index among the limits; its sum is balanced with `cost`
+    cost_column: int | None = None
 
 
 @dataclass(frozen=True)
@@ -203,6 +211,7 @@ class WriteSpec:
     memory_budget: int
     keep_columns: tuple[str, ...]
     weight_column: str | None
+    limit_columns: tuple[str, ...] = ()  # --limit: COL per sequence and COL_sum per pack, in --limit order
 
 
 @dataclass(frozen=True)
@@ -219,6 +228,7 @@ class ReportSpec:
     group_scope: GroupScope | None  # None without --group-column
     shape_buckets: int | None
     balance: dict[str, Any] | None  # the --dp-size options as metrics.json's balance records them
+    limits: dict[str, int] = dataclasses.field(default_factory=dict)  # --limit COL=N, in --limit order
 
 
 @dataclass(frozen=True)

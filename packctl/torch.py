@@ -48,6 +48,7 @@ torch = require("torch", "torch", "packctl.torch")
 __all__ = [
     "PackedDataset", "collate_flash_attn", "collate_hf", "collate_thd", "cp_slice", "packed_seq_params",
     "block_causal_mask", "varlen_attention", "read_lr_scales", "apply_lr_scale", "loss_fn", "split_loss_fields",
+    "split_limit_fields",
 ]
 
 
@@ -89,7 +90,10 @@ class PackedDataset(torch.utils.data.Dataset):
     output has them), a list column as a numpy array (`input_ids`, `labels`, `position_ids`,
     `seq_lens`, `seq_lens_padded`, `cu_seqlens`, `cu_seqlens_padded`, `sample_ids`, `seq_lengths`,
     `seq_loss_tokens`, `seq_weights`, `group_ids` ...), plus `index` (the pack's row in output
-    order). Kept input columns (--keep-columns) are not carried. The arrays are read-only views of
+    order). An output packed with `--limit COL=N` also carries, for each limited COL (the
+    manifest's `layout.limits`), `COL` (int64 array, one value per sequence, aligned with
+    `seq_lens` and `sample_ids`) and `COL_sum` (int, the pack's sum). Kept input columns
+    (--keep-columns) are not carried. The arrays are read-only views of
     the decoded shard; the collate functions copy them.
 
     A plan (`packctl pack --plan-only`) is read the same way, its token columns gathered from the
@@ -136,6 +140,10 @@ class PackedDataset(torch.utils.data.Dataset):
             self._blocks = BlockCache(index, source, budget=source_cache_bytes)
             names = [n for n in names if n != SEQ_STARTS] + list(TOKEN_COLUMNS)
         self._columns = [c.name for c in COLUMNS if c.name in names]  # what an item carries
+        # --limit COL=N: each COL per sequence (a list column) and its sum per pack
+        self.limits: dict[str, int] = dict(self.layout.get("limits") or {})
+        self._limit_lists = [name for name in self.limits if name in names]
+        self._limit_sums = [f"{name}_sum" for name in self.limits if f"{name}_sum" in names]
         self._planned_balance: np.ndarray | None = None  # the balance columns the order was planned from
         if self.balanced:
             self.order = self._balanced_order(dp_rank, dp_size)
@@ -160,6 +168,11 @@ class PackedDataset(torch.utils.data.Dataset):
                 item[name] = values[offsets[local]:offsets[local + 1]]
             else:
                 item[name] = columns[name][local].item()
+        for name in self._limit_lists:
+            offsets, values = columns[name]
+            item[name] = values[offsets[local]:offsets[local + 1]]
+        for name in self._limit_sums:
+            item[name] = columns[name][local].item()
         item["index"] = row
         return item
 
@@ -177,11 +190,12 @@ class PackedDataset(torch.utils.data.Dataset):
         if shard in self._cache:
             self._cache.move_to_end(shard)
             return self._cache[shard]
+        limited = self._limit_lists + self._limit_sums
         if self.is_plan:
-            read = [n for n in self._columns if n not in TOKEN_COLUMNS] + [SEQ_STARTS]
+            read = [n for n in self._columns if n not in TOKEN_COLUMNS] + [SEQ_STARTS] + limited
             table = self.output.read_shard(shard, read)
         else:
-            table = self.output.read_shard(shard, self._columns)
+            table = self.output.read_shard(shard, self._columns + limited)
         columns: dict[str, Any] = self._plan_tokens(table) if self.is_plan else {}
         for name in self._columns:
             if name in columns:
@@ -191,6 +205,11 @@ class PackedDataset(torch.utils.data.Dataset):
                 columns[name] = (array.offsets.to_numpy(), array.values.to_numpy())
             else:
                 columns[name] = table.column(name).to_numpy()
+        for name in self._limit_lists:
+            array = table.column(name).combine_chunks()
+            columns[name] = (array.offsets.to_numpy(), array.values.to_numpy())
+        for name in self._limit_sums:
+            columns[name] = table.column(name).to_numpy()
         if self._planned_balance is not None:
             self._check_planned_balance(shard, columns)
         self._cache[shard] = columns
@@ -341,6 +360,11 @@ def collate_flash_attn(packs: Sequence[Mapping[str, Any]], *, split_tail: bool =
     after each pack's last true token into segments of its own, no longer than the longest
     sequence: the true tokens attend exactly as before (the padding came after them), and
     `max_seqlen` is the longest sequence. Not for CP (`cp_slice` needs the aligned boundaries).
+
+    With an output packed with `--limit COL=N` the batch also carries `COL` (int64 [S]: one value
+    per sequence, the packs' sequences end to end, aligned with the segments of `cu_seqlens_padded`,
+    and so with `cu_seqlens` unless `split_tail` adds segments of padding) and `COL_sum` (int64
+    [B]: one per pack, in batch order): `_limit_fields`.
     """
     cu = _padded_offsets(packs)  # checks every pack spans its tokens
     loss_fields = _loss_fields(packs, cu)
@@ -353,6 +377,7 @@ def collate_flash_attn(packs: Sequence[Mapping[str, Any]], *, split_tail: bool =
         CU_SEQLENS: torch.from_numpy(cu.astype(np.int32)),
         "max_seqlen": int(np.diff(cu).max()),
         **loss_fields,
+        **_limit_fields(packs),
     }
 
 
@@ -374,7 +399,10 @@ def collate_hf(packs: Sequence[Mapping[str, Any]], *, split_tail: bool = False,
     the pack (the collator's `separator_id`). `split_tail=True`: see `collate_flash_attn`.
 
     `loss_counts=True` adds what `loss_fn` needs (see `collate_flash_attn`); take those keys out
-    before `model(**batch)` (`split_loss_fields`). By default the batch holds the collator's keys only.
+    before `model(**batch)` (`split_loss_fields`). By default the batch holds the collator's keys
+    only, and, with an output packed with `--limit`, `COL` and `COL_sum` of each limited column
+    (shapes as in `collate_flash_attn`): they tell the vision side which media each sequence
+    holds; take them out before `model(**batch)` with `split_limit_fields`.
     """
     out = collate_flash_attn(packs, split_tail=split_tail)
     loss_fields = split_loss_fields(out)
@@ -405,7 +433,10 @@ def collate_thd(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     The shift happens here, before any context-parallel split (`cp_slice`), because after the
     split a rank no longer holds the next token of its last position in a chunk.
     `packed_seq_params(batch)` turns the batch into Megatron's `PackedSeqParams`. The loss fields
-    of `collate_flash_attn` come along (`seq_index` [1, T] is cut by `cp_slice` with the tokens).
+    of `collate_flash_attn` come along (`seq_index` [1, T] is cut by `cp_slice` with the tokens),
+    and so do the `--limit` columns: `COL` int64 [S] aligned with `cu_seqlens` and
+    `cu_seqlens_padded`, `COL_sum` int64 [B] (`cp_slice` leaves both whole: they are per sequence
+    and per pack, not per token).
     """
     cu_padded = _padded_offsets(packs)
     labels = _flat(packs, LABELS)
@@ -421,6 +452,7 @@ def collate_thd(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         CU_SEQLENS_PADDED: torch.from_numpy(cu_padded.astype(np.int32)),
         "max_seqlen": int(np.diff(cu_padded).max()),
         "qkv_format": "thd",
+        **_limit_fields(packs),
     }
 
 
@@ -537,6 +569,41 @@ def _loss_fields(packs: Sequence[Mapping[str, Any]], seq_offsets: np.ndarray) ->
             dtype = np.dtype(COLUMN[name].value)
             out[name] = torch.from_numpy(np.concatenate([np.asarray(p[name], dtype=dtype) for p in packs]))
     return out
+
+
+def limit_columns(pack: Mapping[str, Any]) -> list[str]:
+    """The `--limit` columns a pack carries: every COL that comes with its `COL_sum` (no declared
+    column of the format has such a pair, so the pair identifies a limited column)."""
+    return [name for name in pack if isinstance(name, str) and f"{name}_sum" in pack]
+
+
+def _limit_fields(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The `--limit` columns of a batch (none for an output without limits):
+
+        COL      int64 [S]  each sequence's value, the packs' sequences end to end (the order of
+                            seq_lens, sample_ids and the segments of cu_seqlens_padded)
+        COL_sum  int64 [B]  each pack's sum, in batch order
+
+        packs {images [2, 0], images_sum 2} {images [1], images_sum 1}
+        -> images tensor([2, 0, 1]), images_sum tensor([2, 1])
+    """
+    names = [n for n in limit_columns(packs[0]) if all(n in p and f"{n}_sum" in p for p in packs)]
+    out: dict[str, Any] = {}
+    for name in names:
+        out[name] = torch.from_numpy(_flat(packs, name))
+        out[f"{name}_sum"] = torch.tensor([int(p[f"{name}_sum"]) for p in packs], dtype=torch.int64)
+    return out
+
+
+def split_limit_fields(batch: dict[str, Any]) -> dict[str, Any]:
+    """Remove the `--limit` fields (`COL`, `COL_sum`) from `batch` (in place) and return them, so
+    the batch can go whole into a text model's forward and the fields to the vision side.
+
+        media = split_limit_fields(batch)      # {"images": tensor([...]), "images_sum": tensor([...])}
+        logits = model(**batch, use_cache=False).logits
+    """
+    names = [name for name in list(batch) if isinstance(name, str) and f"{name}_sum" in batch]
+    return {key: batch.pop(key) for name in names for key in (name, f"{name}_sum")}
 
 
 def split_loss_fields(batch: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from packctl.config import FIELDS, option_help
 # that --help and completion import neither numpy nor torch (tests/cli/test_cli.py checks they agree).
 SAMPLE_DISTRIBUTIONS = ("zipf", "lognormal", "rl-longtail")
 SAMPLE_GROUPS = ("none", "preference", "rollout")  # packctl.sample.GROUP_KINDS, without importing pyarrow
+SAMPLE_MODALITIES = ("text", "image")  # packctl.sample.MODALITIES
 VERIFY_BACKENDS = ("flash-attn", "torch-varlen", "flex", "sdpa")
 
 

@@ -354,6 +354,7 @@ def packed_overview_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
                                         f"{c['sequences_split']:,}  (of {c['sequences_in']:,} in)"),
         ("vs padded batching", _gain_line(r["padded_batching"])),
         ("pack order", _order_line(r.get("pack_order"))),
+        *limit_rows(r),
     ]
     bt = r.get("batching")
     if bt:
@@ -383,6 +384,27 @@ def packed_overview_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
             rows += [("  round robin would be", f"tokens mean {rr['tokens']['mean']:.3f} · attention mean "
                                                 f"{rr['attention']['mean']:.3f}, worst {rr['attention']['max']:.3f}")]
     return rows + scale_out_rows(r.get("scale_out"))
+
+
+def limit_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """--limit: one row per budget (tokens first): utilization and packs at the limit, the binding
+    budget marked in its value (labels stay the same, so outputs line up side by side). None
+    without limits."""
+    limits = r.get("limits")
+    if not limits:
+        return []
+    packs = r["packs"] or 1
+    binding = r.get("binding")
+
+    def binds(name: str) -> str:
+        return " · binds" if binding == name else ""
+    rows = [("budgets", f"tokens and {', '.join(limits)}; binding: {binding or 'none (no pack at any limit)'}"),
+            ("  tokens", f"capacity {r['layout']['capacity']:,}: utilization {_pct(r['utilization'])}, "
+                         f"{r['packs_at_capacity']:,} packs at it ({r['packs_at_capacity'] / packs:.1%}){binds('tokens')}")]
+    for name, f in limits.items():
+        rows.append((f"  {name}", f"limit {f['limit']:,}: utilization {_pct(f['utilization'])} ({f['total']:,} in all), "
+                                  f"{f['packs_at_limit']:,} packs at it ({f['packs_at_limit'] / packs:.1%}){binds(name)}"))
+    return rows
 
 
 def packed_renderables(r: dict[str, Any]) -> list:
@@ -419,6 +441,8 @@ def what_if_table(r: dict[str, Any]) -> Table:
     """One row per (capacity, algorithm), then padded batching; the best row bold green with a star.
 
     `+L2`: packs above the Martello-Toth lower bound (over whole groups with --group-column);
+    with --limit, each limited column's utilization and `binds`, the budget with the most packs
+    at it, instead of +L2, efficiency, padding, split and plan time;
     `no groups`: the packs of the same options without groups; `padding`: alignment + tail tokens;
     `DP imb`: with --dp-size, the slowest rank over the mean rank of the balanced cost, summed over
     steps (metrics.json `balance.after.<cost>.weighted`)."""
@@ -427,14 +451,18 @@ def what_if_table(r: dict[str, Any]) -> Table:
     best = r["best"]
     grouped = r.get("groups") is not None
     balanced = any("balance" in row for row in r["what_if"])
+    limited = [name for name in next((row["limits"] for row in r["what_if"] if row.get("limits")), {})]
     title = f"what if: {r['sequences']:,} sequences" + (
         f" in {r['groups']['groups']:,} groups (--group-column {r['groups']['column']})" if grouped else "")
     table = Table(title=title + ", " + ", ".join(
         f"--capacity {c['capacity']}" for c in r["capacities"]), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
         padding=(0, 1), pad_edge=False)
     # with --dp-size the balance replaces packing efficiency (close to utilization), to fit 80 columns
-    names = ("C", "algorithm", "packs", *(("no groups",) if grouped else ()), "+L2", "util",
-             "DP imb" if balanced else "effic", "padding", "split", "plan")
+    # with --limit each budget's utilization and the binding one replace efficiency, padding, split
+    # and plan time, to fit 80 columns, and +L2 (a bound of tokens alone, not of every budget)
+    names = ("C", "algorithm", "packs", *(("no groups",) if grouped else ()), *(() if limited else ("+L2",)), "util",
+             *(("DP imb",) if balanced else () if limited else ("effic",)),
+             *((*limited, "binds") if limited else ("padding", "split", "plan")))
     for name in names:
         table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
     for cap in r["capacities"]:
@@ -444,17 +472,27 @@ def what_if_table(r: dict[str, Any]) -> Table:
             table.add_row(
                 f"{row['capacity_flag']:,}" if k == 0 else "", row["algorithm"] + (" ★" if is_best else ""), f"{row['packs']:,}",
                 *((f"{groups['packs_without_groups']:,}",) if grouped else ()),
-                f"+{row['packs'] - (groups or row)['lower_bound_packs_l2']:,}", _pct(row["utilization"]),
-                f"{row['balance']['after'][row['balance']['cost']]['weighted']:.3f}" if balanced
-                else _pct(row["packing_efficiency"]),
-                f"{row['padding']['alignment_tokens'] + row['padding']['tail_tokens']:,}",
-                f"{row['counts']['sequences_split']:,}", f"{row['plan_seconds']:.2f}s",
+                *(() if limited else (f"+{row['packs'] - (groups or row)['lower_bound_packs_l2']:,}",)),
+                _pct(row["utilization"]),
+                *((f"{row['balance']['after'][row['balance']['cost']]['weighted']:.3f}",) if balanced
+                  else () if limited else (_pct(row["packing_efficiency"]),)),
+                *(_limit_cells(row) if limited else
+                  (f"{row['padding']['alignment_tokens'] + row['padding']['tail_tokens']:,}",
+                   f"{row['counts']['sequences_split']:,}", f"{row['plan_seconds']:.2f}s")),
                 style="bold green" if is_best else None)
         pb = cap["padded_batching"]
-        table.add_row("", f"padded b={pb['batch_size']}", f"{pb['batches']:,}", *(("",) if grouped else ()), "",
-                      _pct(pb["utilization"]), "", f"{pb['padding_tokens']:,}", "", "", style="dim",
-                      end_section=True)
+        cells = ([""] * (len(limited) + 1 + balanced) if limited
+                 else ["", f"{pb['padding_tokens']:,}", "", ""])
+        table.add_row("", f"padded b={pb['batch_size']}", f"{pb['batches']:,}", *(("",) if grouped else ()),
+                      *(() if limited else ("",)), _pct(pb["utilization"]), *cells, style="dim", end_section=True)
     return table
+
+
+def _limit_cells(row: dict[str, Any]) -> tuple[str, ...]:
+    """A what-if row's --limit cells: each limited column's utilization (in --limit order), and
+    the binding budget (the one with the most packs at it; `binding_budget`)."""
+    limits = row.get("limits") or {}
+    return (*(f"{f['utilization']:.0%}" for f in limits.values()), row.get("binding") or "none")
 
 
 def input_renderables(r: dict[str, Any]) -> list:
@@ -483,7 +521,7 @@ def input_renderables(r: dict[str, Any]) -> list:
                      "pieces")
             if cap.get("pack_stops_at"):
                 line += (f"; --too-long error: pack stops at {cap['pack_stops_at']}, so these rows assume "
-                         "--too-long split")
+                         f"--too-long {cap['too_long']}")
             else:
                 line += f"; rows with --too-long {cap['too_long']}"
         head.add_row(f"over --capacity {cap['capacity']:,}", line)

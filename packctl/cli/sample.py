@@ -7,7 +7,12 @@ from typing import Optional
 import typer
 
 from packctl.cli.app import Command, app, console, fail, loading_modules
-from packctl.cli.options import SAMPLE_DISTRIBUTIONS, SAMPLE_GROUPS, choice
+from packctl.cli.options import (
+    SAMPLE_DISTRIBUTIONS,
+    SAMPLE_GROUPS,
+    SAMPLE_MODALITIES,
+    choice,
+)
 from packctl.errors import PackctlError
 
 
@@ -31,6 +36,13 @@ def sample_command(
                                                     "olmo)."),
     bos_id: Optional[int] = typer.Option(None, help="Every sequence starts with this id (its first token replaced); "
                                                     "vocab-size or more."),
+    modality: str = typer.Option("text", **choice(SAMPLE_MODALITIES),
+                                 help="image: a vision-language corpus, ~40% text-only rows, with int32 columns "
+                                      "images and image_tokens (each image's tokens are part of input_ids, id "
+                                      "--vocab-size); pack it with --limit images=N or image_tokens=N."),
+    image_tokens: int = typer.Option(576, help="Tokens of one image tile (--modality image)."),
+    max_tiles: int = typer.Option(1, help="Tiles per image, drawn in [1, max-tiles] (--modality image; 5 is "
+                                          "LLaVA-NeXT-like)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing directory."),
     json_output: bool = typer.Option(False, "--json", help="Print what was written as JSON on stdout."),
 ) -> None:
@@ -43,6 +55,8 @@ def sample_command(
         packctl sample -o pairs --sequences 50000 --groups preference
 
         packctl sample -o corpus --sequences 2000 --eos-id 32000 --bos-id 32001
+
+        packctl sample -o vlm --sequences 100000 --modality image --max-tiles 5
     """
     with loading_modules():
         from packctl.sample import SampleSpec, write_sample
@@ -51,7 +65,8 @@ def sample_command(
         paths = write_sample(output, SampleSpec(sequences=sequences, distribution=distribution, shards=shards,
                                                 seed=seed, vocab_size=vocab_size, max_length=max_length,
                                                 prompt_fraction=prompt_fraction, groups=groups,
-                                                group_size=group_size, eos_id=eos_id, bos_id=bos_id),
+                                                group_size=group_size, eos_id=eos_id, bos_id=bos_id,
+                                                modality=modality, image_tokens=image_tokens, max_tiles=max_tiles),
                              overwrite=overwrite)
     except PackctlError as exc:
         fail(exc)

@@ -9,7 +9,7 @@ manifest and in every shard's `packctl` metadata; `packctl verify` holds the pac
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from packctl.contract.schema import IGNORE_INDEX
@@ -28,6 +28,8 @@ class Layout:
     ignore_index: int = IGNORE_INDEX
     cp_size: int = 1
     tp_size: int = 1
+    # --limit COL=N: every pack's COL_sum is at most N and the sum of its COL (in --limit order)
+    limits: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], where: str = "the manifest") -> "Layout":
@@ -44,7 +46,8 @@ class Layout:
                        pack_multiple=int(layout.get("pack_multiple") or layout["align"]),
                        pad_token_id=int(layout["pad_token_id"]),
                        ignore_index=int(layout.get("ignore_index", IGNORE_INDEX)),
-                       cp_size=int(layout.get("cp_size", 1)), tp_size=int(layout.get("tp_size", 1)))
+                       cp_size=int(layout.get("cp_size", 1)), tp_size=int(layout.get("tp_size", 1)),
+                       limits={str(k): int(n) for k, n in (layout.get("limits") or {}).items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise PackctlError(f"{where}: layout lacks or mangles {exc}; it needs capacity, align, pad_to, "
                                "pad_token_id") from None

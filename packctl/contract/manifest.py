@@ -205,6 +205,9 @@ LAYOUT_FIELDS: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
     "sequence_parallel": (False, lambda v: isinstance(v, bool), "true or false"),
     "mode": (False, lambda v: v in ("pack", "batch"), 'one of "pack", "batch"'),
     "max_seq_len": (False, *_int_at_least(1)),
+    "limits": (False, lambda v: isinstance(v, dict) and all(isinstance(k, str) and k and _is_int(n, 1, INT32_MAX)
+                                                            for k, n in v.items()),
+               f"an object of column: limit, each an integer in [1, {INT32_MAX}] (--limit)"),
 }
 _STR = (lambda v: isinstance(v, str), "a string")
 _STR_OR_NULL = (lambda v: v is None or isinstance(v, str), "a string or null")

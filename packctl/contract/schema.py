@@ -42,6 +42,7 @@ BATCH_MODE = "--mode batch"
 WITH_WEIGHTS = "--weight-column"
 WITH_GROUPS = "--group-column"
 PLAN_ONLY = "--plan-only"
+WITH_LIMITS = "--limit"
 
 INPUT_IDS = "input_ids"
 LABELS = "labels"
@@ -142,8 +143,29 @@ COLUMNS = (
            "a plan has no token columns"),
 )
 # Beyond these, --keep-columns C writes the input column C as it is, one value per sequence
-# (`list<its input type>`), after the per-pack columns of the options (`column_order`).
+# (`list<its input type>`), after the per-pack columns of the options (`column_order`); and
+# --limit COL=N writes two columns named after COL (`limit_columns`).
 COLUMN = {c.name: c for c in COLUMNS}
+LIMIT_SUM_SUFFIX = "_sum"
+
+
+def limit_sum_name(column: str) -> str:
+    """The per-pack column of the sums of limited column `column`: images -> images_sum."""
+    return column + LIMIT_SUM_SUFFIX
+
+
+def limit_columns(column: str) -> tuple[Column, Column]:
+    """The two output columns of `--limit COL=N`: COL per sequence (the sample's value, aligned with
+    sample_ids; 0 on the pieces of a sequence cut by --too-long split, which has none) and COL_sum per
+    pack (the pack's sum of COL, at most N).
+
+        >>> [c.type_text for c in limit_columns("images")]
+        ['list<int64>', 'int64']
+    """
+    return (Column(column, "int64", SEQUENCE, WITH_LIMITS, None,
+                   "--limit COL=N: the sequence's value of the input column COL"),
+            Column(limit_sum_name(column), "int64", PACK, WITH_LIMITS, None,
+                   "--limit COL=N: the pack's sum of COL, at most N"))
 
 # Format version 1's columns: those every shard holds, which a run of packs is read from (PackRows).
 PACK_COLUMNS = tuple(c.name for c in COLUMNS if c.since == 1)
@@ -160,18 +182,25 @@ TOKEN_COLUMNS = tuple(c.name for c in COLUMNS if c.per == TOKEN)
 RESERVED_COLUMNS = tuple(COLUMN)
 
 
-def column_order(names: Iterable[str]) -> list[str]:
-    """The order packctl writes the columns `names` in: the declared ones in `COLUMNS` order, kept
-    input columns (any other name), as given, before the per-sequence columns of the options.
+def column_order(names: Iterable[str], limits: Iterable[str] = ()) -> list[str]:
+    """The order packctl writes the columns `names` in: the declared ones in `COLUMNS` order (the
+    per-pack sums of the `limits`, in --limit order, after the declared per-pack columns), kept
+    input columns (any other name), as given, then the limited columns per sequence, before the
+    per-sequence columns of the options.
 
         >>> column_order(["group_ids", "doc_id", "step", "input_ids"])
         ['input_ids', 'step', 'doc_id', 'group_ids']
+        >>> column_order(["images", "images_sum", "doc_id", "step", "input_ids"], limits=["images"])
+        ['input_ids', 'step', 'images_sum', 'doc_id', 'images']
     """
     names = list(names)
+    limits = [c for c in limits if c in names]
+    limited = {*limits, *(limit_sum_name(c) for c in limits)}
     declared = [c for c in COLUMNS if c.name in names]
     first = [c.name for c in declared if c.written == ALWAYS or not c.is_list]
     last = [c.name for c in declared if c.name not in first]
-    return first + [n for n in names if n not in COLUMN] + last
+    kept = [n for n in names if n not in COLUMN and n not in limited]
+    return first + [limit_sum_name(c) for c in limits] + kept + limits + last
 
 
 def __getattr__(name: str):

@@ -169,13 +169,18 @@ def hand_over(comm: Comm, plan: PackPlan, pack_lens: np.ndarray, columns: dict[s
     names = list(columns)  # the same names in the same order on every rank (the schema's order)
     per_pack = [pack_lens.astype(np.int64), np.diff(plan.bin_offsets)] + [columns[n] for n in names]
     got = _send_slices(comm, per_pack, cuts)
-    pieces = _send_slices(comm, [plan.piece_gid, plan.piece_start, plan.piece_len, plan.piece_padded], piece_cuts)
+    costs = [] if plan.piece_extra is None else list(plan.piece_extra.T)  # --limit: each piece's values
+    pieces = _send_slices(comm, [plan.piece_gid, plan.piece_start, plan.piece_len, plan.piece_padded, *costs],
+                          piece_cuts)
     lens, counts, extra = got[0], got[1], dict(zip(names, got[2:]))
     empty = np.zeros(0, np.int64)
+    piece_extra = None
+    if plan.piece_extra is not None:
+        piece_extra = np.stack(pieces[4:], axis=1) if costs else np.zeros((len(pieces[0]), 0), np.int64)
     mine = PackPlan(window_bins=np.array([0, len(lens)], np.int64),
                     bin_offsets=np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]),
                     piece_gid=pieces[0], piece_start=pieces[1], piece_len=pieces[2], piece_padded=pieces[3],
-                    dropped=empty, truncated=empty, tokens_dropped=0, tokens_truncated=0)
+                    dropped=empty, truncated=empty, tokens_dropped=0, tokens_truncated=0, piece_extra=piece_extra)
     return WriteJob(mine, lens, extra, assignment)
 
 

@@ -32,8 +32,9 @@ def _lex_order(keys: np.ndarray, gids: np.ndarray) -> np.ndarray:
 
 def sample_sort(comm, keys: np.ndarray, gids: np.ndarray, payload: np.ndarray | None = None,
                 oversample: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Globally sort (key, gid) pairs over the ranks of `comm`; `payload` (int64, one per pair)
-    moves with its pair. Returns this rank's contiguous part of the sorted sequence."""
+    """Globally sort (key, gid) pairs over the ranks of `comm`; `payload` (int64, one per pair, or
+    one row of m per pair: n x m) moves with its pair. Returns this rank's contiguous part of the
+    sorted sequence."""
     keys = np.asarray(keys, dtype=np.int64)
     gids = np.asarray(gids, dtype=np.int64)
     order = _lex_order(keys, gids)
@@ -57,12 +58,17 @@ def sample_sort(comm, keys: np.ndarray, gids: np.ndarray, payload: np.ndarray | 
     # Destination of each pair: number of splitters (key, gid) <= the pair, lexicographically.
     dest = _count_le(splitters, keys, gids)
     counts = np.bincount(dest, minlength=p).astype(np.int64)
-    columns = [keys, gids] if payload is None else [keys, gids, payload]
+    width = 0 if payload is None else 1 if payload.ndim == 1 else payload.shape[1]
+    rows = np.zeros((len(keys), 0), np.int64) if payload is None else payload.reshape(len(keys), width)
+    columns = [keys, gids, *rows.T]
     packed = np.stack(columns, axis=1).ravel()  # already grouped by destination: the run is sorted
     recv, recv_counts = comm.alltoallv(packed, counts * len(columns))
     recv = recv.reshape(-1, len(columns))
     merged = recv[merge_runs(recv[:, 0], recv[:, 1], recv_counts // len(columns))]
-    return merged[:, 0].copy(), merged[:, 1].copy(), (merged[:, 2].copy() if payload is not None else None)
+    if payload is None:
+        return merged[:, 0].copy(), merged[:, 1].copy(), None
+    moved = merged[:, 2:].copy()
+    return merged[:, 0].copy(), merged[:, 1].copy(), moved if payload.ndim == 2 else moved[:, 0]
 
 
 def merge_runs(keys: np.ndarray, gids: np.ndarray, run_lengths: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from packctl.contract.arrow import arrow_array
 from packctl.contract.schema import (COLUMN, CU_ENTRY, LOSS_COLUMNS, METADATA_KEY, PACK_COLUMNS, SEQ_LENGTHS, SEQUENCE,
-                                     TOKEN, TOKEN_COLUMNS, Column, column_order)
+                                     TOKEN, TOKEN_COLUMNS, Column, column_order, limit_columns)
 from packctl.contract.thd import PackRows, loss_columns
 
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, use_dictionary=False, write_statistics=False)
@@ -22,7 +22,8 @@ Values = Union[np.ndarray, pa.Array, pa.ChunkedArray]
 
 
 def rows_to_table(rows: PackRows, metadata: bytes, per_pack: dict[str, np.ndarray] | None = None,
-                  per_sequence: dict[str, Values] | None = None, *, plan: bool = False) -> pa.Table:
+                  per_sequence: dict[str, Values] | None = None, *, plan: bool = False,
+                  limits: tuple[str, ...] = ()) -> pa.Table:
     """PackRows -> an Arrow table of the contract (`packctl.contract.schema.COLUMNS`) with the
     `packctl` metadata key: the columns of `rows`, `seq_lengths`, the loss columns counted from its
     labels (`packctl.contract.thd.loss_columns`), then `per_pack` values (one per row: step,
@@ -30,7 +31,9 @@ def rows_to_table(rows: PackRows, metadata: bytes, per_pack: dict[str, np.ndarra
     seq_weights, group_ids, and the --keep-columns as they are), in `column_order`.
 
     With `plan` (`pack --plan-only`) the token columns are left out: what else the table holds
-    is what it holds without (the loss columns are counted from the labels all the same).
+    is what it holds without (the loss columns are counted from the labels all the same). With
+    `limits` (--limit columns, in order), COL in `per_sequence` and COL_sum in `per_pack` are
+    the declared columns of `limit_columns` (int64), placed by `column_order`.
 
     Each declared column is written with its declared type, whatever the type of the values handed
     over (numpy arrays are converted, input values from Arrow cast): `{"step": np.array([0, 0, 1])}`
@@ -47,8 +50,9 @@ def rows_to_table(rows: PackRows, metadata: bytes, per_pack: dict[str, np.ndarra
             del flat[name]
     offsets = {per: arrow_array(values, pa.int32()) for per, values in (
         (TOKEN, rows.token_offsets), (SEQUENCE, rows.seq_offsets), (CU_ENTRY, rows.cu_offsets))}
-    names = column_order(flat)
-    arrays = [_column_array(COLUMN.get(name), flat[name], offsets) for name in names]
+    names = column_order(flat, limits)
+    declared = {**COLUMN, **{c.name: c for name in limits for c in limit_columns(name)}}
+    arrays = [_column_array(declared.get(name), flat[name], offsets) for name in names]
     schema = pa.schema([pa.field(name, array.type, nullable=False) for name, array in zip(names, arrays)])
     return pa.Table.from_arrays(arrays, schema=schema.with_metadata({METADATA_KEY: metadata}))
 

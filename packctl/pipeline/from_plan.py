@@ -34,7 +34,8 @@ from packctl.config import default_memory_budget, parse_bytes
 from packctl.contract.manifest import EPOCHS, MANIFEST, METRICS, epoch_dir, epoch_outputs, read_json_object
 from packctl.contract.reader import PackedOutput, open_output
 from packctl.contract.schema import (COLUMN, METADATA_KEY, PACK, PACK_COLUMNS, SAMPLE_IDS, SEQ_LENS,
-                                     SEQ_LENS_PADDED, SEQ_STARTS, SEQUENCE, LOSS_COLUMNS, SEQ_LENGTHS)
+                                     SEQ_LENS_PADDED, SEQ_STARTS, SEQUENCE, LOSS_COLUMNS, SEQ_LENGTHS,
+                                     limit_columns)
 from packctl.errors import PackctlError
 from packctl.mpi.assign import Units, WriteJob, assign
 from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
@@ -152,7 +153,7 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
     read_own = choose_read_own(token_transfer, amplification, config.get("order", "input"), comm.size)
     output = opened["output"] = _open_output(comm, out, overwrite, fingerprint, done, faults)
     fmt = ShardFormat(metadata=plan.metadata, pad_token_id=int(plan.manifest["layout"]["pad_token_id"]),
-                      budget=budget)
+                      budget=budget, limit_columns=plan_limits(plan.manifest))
     with timed(timings, "materialize"):
         written = materialize(comm, job, scanned, output, fmt, read_own=read_own, kept=kept,
                               progress=progress.stage("materialize", job.plan.num_bins))
@@ -252,6 +253,7 @@ def _job(comm: Comm, plan: Plan) -> tuple[WriteJob, dict[str, Any]]:
     window_starts = {(o, k) for o, output in enumerate(plan.outputs)
                      for k in output.manifest.get("window_starts", [])}
     assignment = assign(comm.allgather(_units(plan, range(lo, hi), window_starts)), comm.size)
+    limits = plan_limits(plan.manifest)
     first_pack, last_pack = (int(v) for v in assignment.pack_cuts[comm.rank:comm.rank + 2])
     rows = np.array([plan.outputs[o].shards[k].rows for o, k in plan.shard_output], np.int64)
     shard_first = np.concatenate([[0], np.cumsum(rows)])
@@ -262,11 +264,17 @@ def _job(comm: Comm, plan: Plan) -> tuple[WriteJob, dict[str, Any]]:
             o, k = plan.shard_output[g]
             table = plan.outputs[o].read_shard(k)
             tables.append(table.slice(a - int(shard_first[g]), z - a))
-    return _plan_of(tables, assignment)
+    return _plan_of(tables, assignment, limits)
 
 
-def _plan_of(tables: list[pa.Table], assignment) -> tuple[WriteJob, dict[str, Any]]:
-    """The packs of `tables` (a plan's rows, in order) as a WriteJob, and their per-piece values."""
+def plan_limits(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The --limit columns of a plan's output, in --limit order (its layout's `limits`)."""
+    return tuple((manifest.get("layout") or {}).get("limits") or {})
+
+
+def _plan_of(tables: list[pa.Table], assignment, limits: tuple[str, ...] = ()) -> tuple[WriteJob, dict[str, Any]]:
+    """The packs of `tables` (a plan's rows, in order) as a WriteJob, and their per-piece values
+    (`limits`: the --limit columns, COL per piece and COL_sum per pack)."""
     names = [n for n in tables[0].column_names if n not in _REBUILT] if tables else []
     if tables:
         whole = pa.concat_tables(tables)
@@ -287,8 +295,9 @@ def _plan_of(tables: list[pa.Table], assignment) -> tuple[WriteJob, dict[str, An
                     piece_len=flat[SEQ_LENS].astype(np.int64), piece_padded=padded,
                     dropped=empty, truncated=empty, tokens_dropped=0, tokens_truncated=0)
     columns, kept = {}, {}
+    declared = {**COLUMN, **{c.name: c for name in limits for c in limit_columns(name)}}
     for name in names:
-        column = COLUMN.get(name)
+        column = declared.get(name)
         if column is not None and column.per == PACK:
             columns[name] = whole.column(name).to_numpy()
         elif column is None or column.per == SEQUENCE:

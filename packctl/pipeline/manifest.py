@@ -43,7 +43,7 @@ def layout_of(config: PackConfig) -> dict[str, Any]:
             "tp_size": config.tp_size,
             "sequence_parallel": config.sequence_parallel,
         }
-    return {
+    layout = {
         "capacity": config.capacity,
         "align": config.align,
         "pad_to": config.pad_to,
@@ -54,6 +54,9 @@ def layout_of(config: PackConfig) -> dict[str, Any]:
         "tp_size": config.tp_size,
         "sequence_parallel": config.sequence_parallel,
     }
+    if config.limits:  # --limit COL=N: every pack's COL_sum is at most N
+        layout["limits"] = dict(config.limits)
+    return layout
 
 
 def resolved_config(config: PackConfig, labels_column: str | None) -> dict[str, Any]:

@@ -190,13 +190,15 @@ class ShardAssembler:
                  metadata: bytes, pad_token_id: int, budget: int,
                  held_elsewhere: Callable[[], int] = lambda: 0, progress: Callable[[int], None] = lambda n: None,
                  writers: int | None = None, columns: dict[str, np.ndarray] | None = None,
-                 kept: dict[str, pa.ChunkedArray | np.ndarray] | None = None, plan_only: bool = False):
+                 kept: dict[str, pa.ChunkedArray | np.ndarray] | None = None, plan_only: bool = False,
+                 limits: tuple[str, ...] = ()):
         self.plan, self.pack_lens, self.run = plan, pack_lens, run
         self.columns = columns or {}  # extra per-pack columns (step, dp_rank, ...), in this rank's pack order
         self.kept = kept or {}  # per-piece columns (per_piece_columns), one value per piece of this rank's plan
         self.output, self.metadata = output, metadata
         self.pad_token_id = pad_token_id
         self.plan_only = plan_only  # --plan-only: the shards leave the token columns out
+        self.limits = limits  # --limit columns: COL among `kept`, COL_sum among `columns`
         self.budget, self.held_elsewhere, self.progress = budget, held_elsewhere, progress
         self.bounds = run.unit_bounds
         self.unit_piece_offsets = plan.bin_offsets[self.bounds]
@@ -321,7 +323,8 @@ class ShardAssembler:
                              place, pad_token_id=self.pad_token_id, scratch=scratch)
         extra = {name: values[lo:hi] for name, values in self.columns.items()}
         per_piece = {name: values[p_lo:p_hi] for name, values in self.kept.items()}
-        data = encode_table(rows_to_table(rows, self.metadata, extra, per_piece, plan=self.plan_only))
+        data = encode_table(rows_to_table(rows, self.metadata, extra, per_piece, plan=self.plan_only,
+                                          limits=self.limits))
         tokens = int(plan.piece_len[p_lo:p_hi].sum())
         self.progress(hi - lo)
         shard, part = int(self.run.unit_shard[u]), int(self.run.unit_part[u])
@@ -440,14 +443,17 @@ class ShardFormat:
     keep_columns: tuple[str, ...] = ()
     weight_column: str | None = None
     plan_only: bool = False  # --plan-only: no token columns; each piece's start in its sample (seq_starts)
+    limit_columns: tuple[str, ...] = ()  # --limit: COL per piece (PackPlan.piece_extra), COL_sum per pack
 
 
-def per_piece_columns(index: SequenceIndex, piece_gid: np.ndarray,
-                      fmt: ShardFormat) -> dict[str, pa.ChunkedArray | np.ndarray]:
+def per_piece_columns(index: SequenceIndex, piece_gid: np.ndarray, fmt: ShardFormat,
+                      piece_extra: np.ndarray | None = None) -> dict[str, pa.ChunkedArray | np.ndarray]:
     """The values carried per piece, in piece order: the --keep-columns as they are, the
-    --weight-column's values as `seq_weights` (scan checked them: finite, no null), and with
-    --group-column each piece's `group_ids` (the gid of its group's first row). The writer gives
-    `seq_weights` and `group_ids` their declared types (output/encode.py)."""
+    --weight-column's values as `seq_weights` (scan checked them: finite, no null), with
+    --group-column each piece's `group_ids` (the gid of its group's first row), and with --limit
+    each limited column's value (`piece_extra`, pieces x k, 0 on the pieces of a cut sequence).
+    The writer gives `seq_weights`, `group_ids` and the limited columns their declared types
+    (output/encode.py)."""
     wanted = list(dict.fromkeys([*fmt.keep_columns, *([fmt.weight_column] if fmt.weight_column else [])]))
     table = read_kept_columns(index, piece_gid, wanted) if wanted else None
     columns = {name: table.column(name) for name in fmt.keep_columns}
@@ -455,6 +461,8 @@ def per_piece_columns(index: SequenceIndex, piece_gid: np.ndarray,
         columns[SEQ_WEIGHTS] = table.column(fmt.weight_column)
     if index.group_starts is not None:
         columns[GROUP_IDS] = group_ids(piece_gid, index.group_starts)
+    for j, name in enumerate(fmt.limit_columns):
+        columns[name] = np.ascontiguousarray(piece_extra[:, j])
     return columns
 
 
@@ -466,13 +474,13 @@ def materialize(comm, job: WriteJob, scanned: Scanned, output: OutputDir, fmt: S
     `kept`: the per-piece values to write (`per_piece_columns`), when they are known already (a plan's)."""
     plan, index, source, block_bounds = job.plan, scanned.index, scanned.source, scanned.block_bounds
     run = write_run(job.assignment, comm.rank)
-    kept = per_piece_columns(index, plan.piece_gid, fmt) if kept is None else kept
+    kept = per_piece_columns(index, plan.piece_gid, fmt, plan.piece_extra) if kept is None else kept
     if fmt.plan_only:
         kept[SEQ_STARTS] = plan.piece_start
     assembler = ShardAssembler(plan, job.pack_lens, run, output=output, metadata=fmt.metadata,
                                pad_token_id=fmt.pad_token_id, budget=fmt.budget,
                                held_elsewhere=lambda: source.held, progress=progress, columns=job.columns,
-                               kept=kept, plan_only=fmt.plan_only)
+                               kept=kept, plan_only=fmt.plan_only, limits=fmt.limit_columns)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     rounds = blocks_read = 0
     try:

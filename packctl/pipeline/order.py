@@ -19,9 +19,11 @@ from packctl.errors import PackctlError
 from packctl.mpi.comm import Comm, SingleComm
 from packctl.mpi.samplesort import redistribute, sample_sort
 from packctl.plan.align import round_up
-from packctl.plan.groups import GroupTooLong, check_groups_fit, group_ids, group_sizes, run_starts, run_totals
+from packctl.plan.bins import over_limits
+from packctl.plan.groups import (GroupOverLimit, GroupTooLong, check_groups_fit, check_groups_within_limits,
+                                 group_ids, group_sizes, run_starts, run_totals)
 from packctl.plan.order import order_keys
-from packctl.plan.windows import GroupTooBigForStep, check_groups_fit_step
+from packctl.plan.windows import GroupTooBigForStep, SequenceOverLimit, UncuttableSequence, check_groups_fit_step
 from packctl.source.parquet import SequenceIndex, describe_gid
 from packctl.specs import GroupScope, GroupSpec, LengthSpec, Order, OrderSpec, TooLong, WindowOptions
 
@@ -48,6 +50,75 @@ def check_too_long(comm: Comm, index: SequenceIndex, lengths: LengthSpec) -> Non
                                             lengths.plan_capacity), everywhere=True)
 
 
+def over_limit_message(where: str, column: str, cost: int, limit: int, count: int, too_long: str) -> str:
+    """The one error for a sequence over a --limit on its own, under --too-long error, truncate or
+    split (drop leaves it out and counts it)."""
+    why = "" if too_long == "error" else f", and --too-long {too_long} cannot cut media"
+    return (f"{where}: the sequence costs {cost}, more than --limit {column}={limit} lets a pack hold{why} "
+            f"({count} sequence(s) over a limit); pass --too-long drop to leave them out (counted as over_limit) "
+            "or raise the limit")
+
+
+def uncuttable_message(where: str, length: int, capacity: int, column: str, cost: int, count: int,
+                       too_long: str) -> str:
+    """The one error for a sequence over the capacity that has media, under --too-long truncate or split."""
+    return (f"{where}: sequence of {length} tokens is longer than the capacity {capacity} and costs {cost} "
+            f"(--limit {column}): media cannot be cut, so --too-long {too_long} cannot place it ({count} such "
+            "sequence(s)); pass --too-long drop or raise --capacity")
+
+
+def limit_error(index, columns: tuple[str, ...], exc: SequenceOverLimit | UncuttableSequence) -> PackctlError:
+    """The PackctlError of a planner's SequenceOverLimit or UncuttableSequence, naming the sample
+    and the limited column (`columns`: the --limit columns in order)."""
+    column = columns[exc.column] if exc.column < len(columns) else f"#{exc.column}"
+    where = describe_gid([f.path for f in index.files], index.file_offsets, exc.gid, column)
+    if isinstance(exc, UncuttableSequence):
+        return PackctlError(uncuttable_message(where, exc.length, exc.capacity, column, exc.cost, exc.count,
+                                               str(exc.too_long)), everywhere=True)
+    return PackctlError(over_limit_message(where, column, exc.cost, exc.limit, exc.count, str(exc.too_long)),
+                        everywhere=True)
+
+
+def check_limits(comm: Comm, index: SequenceIndex, lengths: LengthSpec, limits: dict[str, int]) -> None:
+    """With --limit and --too-long other than drop: name, on every rank, the sequence with the
+    smallest gid that cannot be placed: over a limit on its own, or (truncate, split) over the
+    capacity with a cost (media cannot be cut); under error an over-long sequence before it is left
+    to `check_too_long`. Members of a group of two or more get their group's error."""
+    extra = index.extra
+    if not limits or extra is None or lengths.too_long == TooLong.DROP:
+        return
+    bounds = np.asarray(list(limits.values()), dtype=np.int64)
+    gids = index.gid_lo + np.arange(len(index.lengths), dtype=np.int64)
+    over_capacity = round_up(index.lengths, lengths.align) > lengths.plan_capacity
+    over_limit = over_limits(extra, bounds)
+    cuttable = lengths.too_long in (TooLong.TRUNCATE, TooLong.SPLIT)
+    uncuttable = over_capacity & (extra > 0).any(axis=1) if cuttable else np.zeros(len(gids), dtype=bool)
+    if index.group_starts is not None:
+        alone = group_sizes(gids, index.group_starts) == 1
+        over_capacity, over_limit, uncuttable = over_capacity & alone, over_limit & alone, uncuttable & alone
+    counts = comm.allreduce_sum(np.array([over_limit.sum(), uncuttable.sum()], dtype=np.int64))
+    mine = []
+    if over_limit.any():
+        i = int(np.argmax(over_limit))
+        j = int(np.argmax(extra[i] > bounds))
+        mine.append((int(gids[i]), 0, j, int(extra[i, j]), 0))
+    if uncuttable.any():
+        i = int(np.argmax(uncuttable))
+        j = int(np.argmax(extra[i] > 0))
+        mine.append((int(gids[i]), 1, j, int(extra[i, j]), int(index.lengths[i])))
+    if lengths.too_long == TooLong.ERROR and over_capacity.any():
+        mine.append((int(gids[np.argmax(over_capacity)]), 2, 0, 0, 0))
+    found = [f for part in comm.allgather(mine) for f in part]
+    if not found:
+        return
+    gid, kind, j, cost, length = min(found)
+    if kind == 2:
+        return  # an over-long sequence comes first: check_too_long names it
+    exc = (SequenceOverLimit(gid, j, cost, int(bounds[j]), int(counts[0]), str(lengths.too_long)) if kind == 0 else
+           UncuttableSequence(gid, length, lengths.plan_capacity, j, cost, int(counts[1]), str(lengths.too_long)))
+    raise limit_error(index, tuple(limits), exc)
+
+
 @dataclass
 class Ordered:
     """This rank's whole windows of the global order."""
@@ -58,6 +129,8 @@ class Ordered:
     # --group-column: True on the first member of each group, and SequenceIndex.group_starts
     new_group: np.ndarray | None = None
     group_starts: np.ndarray | None = None
+    # --limit: each sequence's value of each limited column (int64, n x k), moved with its gid
+    extra: np.ndarray | None = None
 
 
 def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, groups: GroupSpec | None = None,
@@ -80,10 +153,12 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
     n_local = len(index.lengths)
     gids = index.gid_lo + np.arange(n_local, dtype=np.int64)
     lengths = index.lengths
+    extra = getattr(index, "extra", None)  # --limit: the costs travel with their sequence
     total = index.num_sequences
     if spec.skip_empty:  # empty sequences take no place in the order (nor in window positions)
         kept = lengths > 0
         gids, lengths = gids[kept], lengths[kept]
+        extra = None if extra is None else extra[kept]
         total = comm.allreduce_sum(len(gids))
     group_starts = index.group_starts
     if spec.order != Order.INPUT:
@@ -94,7 +169,11 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
                               curriculum_order=spec.curriculum_order)
         else:
             keys = order_keys(gids, padded, spec.order, seed=spec.seed, curriculum_order=spec.curriculum_order)
-        _, gids, lengths = sample_sort(comm, keys, gids, payload=lengths)
+        if extra is None:
+            _, gids, lengths = sample_sort(comm, keys, gids, payload=lengths)
+        else:
+            _, gids, moved = sample_sort(comm, keys, gids, payload=np.column_stack([lengths, extra]))
+            lengths, extra = moved[:, 0].copy(), np.ascontiguousarray(moved[:, 1:])
     starts = None
     if group_starts is not None:
         ids = group_ids(gids, group_starts)
@@ -109,14 +188,17 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
         unit = comm.exscan(int(counted.sum())) + np.cumsum(counted) - 1
         owners = window_owners(comm, unit // spec.window, counted & (unit % spec.window == 0), epoch, spec.epochs)
         columns = [gids, lengths] + ([starts.astype(np.int64)] if starts is not None else [])
-        moved = redistribute(comm, columns, 0, lambda positions: owners[positions])
+        costs = [] if extra is None else list(extra.T)
+        moved = redistribute(comm, columns + costs, 0, lambda positions: owners[positions])
         gids, lengths = moved[0], moved[1]
         starts = moved[2].astype(bool) if starts is not None else None
+        if extra is not None:
+            extra = np.ascontiguousarray(np.stack(moved[len(columns):], axis=1), dtype=np.int64)
         # whole windows arrived: the units before this rank's are those of the windows before
         units_before = comm.exscan(len(gids) if starts is None else int(starts.sum()))
         first = -(-units_before // spec.window)
     ordered = Ordered(gids=gids, lengths=lengths, first_window=min(first, num_windows),
-                      new_group=starts, group_starts=group_starts)
+                      new_group=starts, group_starts=group_starts, extra=extra)
     if index.group_starts is not None:
         check_groups_fit_everywhere(comm, ordered, index, groups, windows)
     return ordered
@@ -172,22 +254,35 @@ def check_groups_fit_everywhere(comm: Comm, ordered: Ordered, index: SequenceInd
                                 windows: WindowOptions) -> None:
     """Name the group that cannot be placed with the smallest first gid, on every rank (groups are
     whole on one rank once ordered): over the capacity (--group-scope pack), or with a member
-    over the capacity or more packs than a step (--group-scope step)."""
+    over the capacity or more packs than a step (--group-scope step); with --limit, over a limit
+    (its sum with pack, a member with step)."""
     padded = round_up(ordered.lengths, groups.align)
-    mine = None
+    mine = []
     try:
         if groups.scope == GroupScope.STEP:
             check_groups_fit_step(ordered.gids, ordered.lengths, ordered.new_group, windows)
         else:
             check_groups_fit(ordered.gids, padded, ordered.new_group, groups.capacity)
     except GroupTooLong as exc:
-        mine = (exc.gid, exc.members, exc.padded, 0)
+        mine.append((exc.gid, 0, exc.members, exc.padded, 0))
     except GroupTooBigForStep as exc:
-        mine = (exc.gid, exc.members, exc.padded, exc.packs)
-    found = [f for f in comm.allgather(mine) if f is not None]
+        mine.append((exc.gid, 0, exc.members, exc.padded, exc.packs))
+    limits = np.asarray(windows.limits if windows is not None else (), dtype=np.int64)
+    if ordered.extra is not None and len(limits):
+        try:
+            check_groups_within_limits(ordered.gids, ordered.extra, ordered.new_group, limits,
+                                       whole=groups.scope != GroupScope.STEP)
+        except GroupOverLimit as exc:
+            mine.append((exc.gid, 1, exc.members, exc.cost, exc.column))
+    found = [f for part in comm.allgather(mine) for f in part]
     if found:
-        gid, members, total, packs = min(found)
+        gid, kind, members, total, packs = min(found)
         first_row = int(group_ids(np.array([gid]), index.group_starts)[0])  # --skip-empty may have left it out
+        if kind == 1:
+            column = getattr(index, "limit_columns", ())[packs]
+            where = describe_gid([f.path for f in index.files], index.file_offsets, first_row, groups.column)
+            raise PackctlError(group_over_limit_message(where, members, total, column, int(limits[packs]),
+                                                        groups.scope), everywhere=True)
         where = describe_gid([f.path for f in index.files], index.file_offsets, first_row, groups.column)
         if packs:
             message = group_too_big_message(where, members, total, packs, groups)
@@ -198,6 +293,18 @@ def check_groups_fit_everywhere(comm: Comm, ordered: Ordered, index: SequenceInd
         else:
             message = group_too_long_message(where, members, total, groups.capacity)
         raise PackctlError(message, everywhere=True)
+
+
+def group_over_limit_message(where: str, members: int, cost: int, column: str, limit: int, scope: str) -> str:
+    """The one error for a group over a --limit, whatever --too-long says."""
+    if scope == GroupScope.STEP:
+        return (f"{where}: the group starting here ({members} sequences) holds a sequence that costs {cost}, more "
+                f"than --limit {column}={limit} lets a pack hold; a group's members are packed whole (--too-long "
+                "applies to single sequences only): raise the limit")
+    return (f"{where}: the group starting here holds {members} sequences that together cost {cost}, more than "
+            f"--limit {column}={limit} lets a pack hold; a group is packed whole into one pack (--too-long applies "
+            "to single sequences only): raise the limit, or keep each group within one optimizer step instead "
+            "(--group-scope step with --dp-size)")
 
 
 def group_totals(comm: Comm, ids: np.ndarray, padded: np.ndarray) -> np.ndarray:

@@ -17,17 +17,18 @@ from typing import Any, Callable
 
 import numpy as np
 
-from packctl.contract.schema import BATCH_SIZE, DP_RANK, LR_SCALE, MICRO_BATCH, PADDED_LEN, STEP
+from packctl.contract.schema import BATCH_SIZE, DP_RANK, LR_SCALE, MICRO_BATCH, PADDED_LEN, STEP, limit_sum_name
 from packctl.errors import PackctlError
 from packctl.mpi.comm import Comm, SingleComm
-from packctl.pipeline.order import Ordered, check_groups_fit_everywhere, order_corpus, too_long_message
+from packctl.pipeline.order import Ordered, check_groups_fit_everywhere, limit_error, order_corpus, too_long_message
 from packctl.plan.align import pack_lengths_padded
 from packctl.plan.balance import BalancedPlan, balance_plan, lr_scales
 from packctl.plan.pack_order import reorder_packs
 from packctl.plan.groups import group_sizes
 from packctl.plan.shapes import (batch_shapes, buckets_from_histogram, length_histogram, planned_item_lengths,
                                  with_row_length)
-from packctl.plan.windows import PackPlan, SequenceTooLong, merge_plans, plan_windows
+from packctl.plan.windows import (PackPlan, SequenceOverLimit, SequenceTooLong, UncuttableSequence, merge_plans,
+                                  plan_windows)
 from packctl.source.parquet import SequenceIndex
 from packctl.specs import BalanceSpec, BatchUnit, LengthSpec, LrScaling, Mode, Specs, StepSpec
 
@@ -70,8 +71,9 @@ def plan_stage(comm: Comm, ordered: Ordered, specs: Specs,
     batch = lengths.mode == Mode.BATCH
     item_buckets = batch_buckets(comm, ordered.lengths, lengths) if batch and lengths.shape_buckets else None
     windows = specs.windows if item_buckets is None else dataclasses.replace(specs.windows, buckets=item_buckets)
-    plan = plan_windows(ordered.gids, ordered.lengths, windows,
-                        first_window=ordered.first_window, progress=progress, new_group=ordered.new_group)
+    plan = plan_windows(ordered.gids, ordered.lengths, windows, first_window=ordered.first_window,
+                        progress=progress, new_group=ordered.new_group,
+                        extra=ordered.extra if windows.limits else None)
     if batch:
         plan = with_row_length(plan, batch_shapes(plan, lengths.max_tokens, item_buckets)[0])
     if specs.balance is None:  # with --dp-size the balancer orders whole steps instead
@@ -83,6 +85,9 @@ def plan_stage(comm: Comm, ordered: Ordered, specs: Specs,
     pack_lens, columns, buckets = final_pack_lengths(comm, plan, lengths, item_buckets)
     if balanced is not None:
         columns = {**balanced.columns, **columns}
+    if plan.piece_extra is not None:  # --limit: each pack's sum of each limited column (COL_sum)
+        sums = plan.extra_loads()
+        columns.update({limit_sum_name(name): sums[:, j].copy() for j, name in enumerate(specs.report.limits)})
     return Planned(plan=plan, pack_lens=pack_lens, columns=columns, balanced=balanced,
                    buckets=item_buckets if batch else buckets)
 
@@ -121,11 +126,18 @@ def check_something_to_pack(comm: Comm, plan: PackPlan, index: SequenceIndex, le
     if comm.allreduce_sum(plan.num_bins) > 0:
         return
     dropped = comm.allreduce_sum(len(plan.dropped))
+    if plan.over_limit is None:
+        raise PackctlError(
+            f"{', '.join(str(i) for i in inputs)}: nothing to pack: of {index.num_sequences} sequences, "
+            f"{dropped} are longer than the capacity {lengths.plan_capacity} (--too-long {lengths.too_long}) and "
+            f"{skipped_empty} are empty (--skip-empty); raise --capacity or pass --too-long truncate|split",
+            everywhere=True)
+    over_limit = comm.allreduce_sum(len(plan.over_limit))
     raise PackctlError(
         f"{', '.join(str(i) for i in inputs)}: nothing to pack: of {index.num_sequences} sequences, "
-        f"{dropped} are longer than the capacity {lengths.plan_capacity} (--too-long {lengths.too_long}) and "
-        f"{skipped_empty} are empty (--skip-empty); raise --capacity or pass --too-long truncate|split",
-        everywhere=True)
+        f"{over_limit} cost more than a --limit lets a pack hold, {dropped - over_limit} more are longer than the "
+        f"capacity {lengths.plan_capacity} (--too-long {lengths.too_long}) and {skipped_empty} are empty "
+        "(--skip-empty); raise the limits or --capacity", everywhere=True)
 
 
 def plan_corpus(index, specs: Specs, ordered: Ordered | None = None,
@@ -147,6 +159,8 @@ def plan_corpus(index, specs: Specs, ordered: Ordered | None = None,
         return plan_stage(SingleComm(), ordered, specs, progress)
     except SequenceTooLong as exc:
         raise PackctlError(too_long_message(index.describe(exc.gid), exc.length, exc.padded, exc.capacity)) from None
+    except (SequenceOverLimit, UncuttableSequence) as exc:
+        raise limit_error(index, tuple(specs.report.limits), exc) from None
 
 
 def balance(comm: Comm, plan: PackPlan, spec: BalanceSpec, steps: StepSpec, lengths: LengthSpec,
@@ -154,7 +168,9 @@ def balance(comm: Comm, plan: PackPlan, spec: BalanceSpec, steps: StepSpec, leng
             group_starts: np.ndarray | None = None) -> Balanced:
     """Balance this rank's windows (plan/balance.py); steps are numbered after the ranks before,
     and `lr_scale` needs the mean batch size of all ranks when no reference is given. Members of
-    a group (`group_starts`, --group-column with --group-scope pack) stay in their pack."""
+    a group (`group_starts`, --group-column with --group-scope pack) stay in their pack, and with
+    --limit so does every sequence that has a cost: only sequences of no cost move between packs
+    (`--balance-scope sequences`, equal counts), so every pack keeps every limit."""
     shape = None
     if steps.warmup_shapes:
         # a pack's shape: its padded length in batch mode (every piece already holds it), else the
@@ -166,6 +182,9 @@ def balance(comm: Comm, plan: PackPlan, spec: BalanceSpec, steps: StepSpec, leng
     pinned = None  # with --group-scope step a group's members may move between the packs of its step
     if group_starts is not None and steps.pin_groups:
         pinned = group_sizes(plan.piece_gid, group_starts) > 1
+    if plan.piece_extra is not None:  # --limit: a sequence with a cost stays in its pack, which keeps every limit
+        costly = (plan.piece_extra > 0).any(axis=1)
+        pinned = costly if pinned is None else pinned | costly
     result = balance_plan(plan, spec, first_window=first_window,
                           pack_shape=shape if plan.num_bins else None, pinned=pinned)
     first_step = comm.exscan(result.num_steps)
@@ -185,4 +204,7 @@ def balance(comm: Comm, plan: PackPlan, spec: BalanceSpec, steps: StepSpec, leng
         "ref_batch_size": float(ref), "unequal_steps": result.unequal_steps, "packs_added": result.packs_added,
         "packs_per_step": np.bincount(result.step, minlength=result.num_steps),
     }
+    if result.after_cost_column is not None:  # --balance-cost: the column's grids too
+        figures["before_cost_column"] = result.before_cost_column
+        figures["after_cost_column"] = result.after_cost_column
     return Balanced(result=result, columns=columns, figures=figures)

@@ -82,6 +82,7 @@ class RankSummary:
     first_seen: dict[int, np.ndarray] | None = None
     num_steps: int = 0
     groups: dict[str, int] | None = None  # --group-column: see `group_summary`
+    limits: dict[str, Any] | None = None  # --limit: see `limit_summary`
 
     @classmethod
     def of(cls, planned, spec: ReportSpec, *, epoch: int, rank: int,
@@ -97,9 +98,12 @@ class RankSummary:
                     "sequences_split": len(plan.split_gids()), "tokens_dropped": int(plan.tokens_dropped),
                     "tokens_truncated": int(plan.tokens_truncated)},
             groups=group_summary(plan, group_starts) if group_starts is not None else None)
+        if plan.piece_extra is not None and spec.limits:
+            summary.counts["over_limit"] = len(plan.over_limit)
+            summary.limits = limit_summary(plan, spec.limits, spec.capacity)
         if planned.balanced is not None:
             figures = planned.balanced.figures
-            steps = {f"{key}/{part}": values for key in GRIDS
+            steps = {f"{key}/{part}": values for key in GRIDS + COST_COLUMN_GRIDS if key in figures
                      for part, values in zip(("imbalance", "mean", "max"), step_figures(figures[key]))}
             steps.update({key: np.asarray(figures[key]) for key in ("packs_per_step", "step_sequences",
                                                                      "step_tokens", "lr_scale")})
@@ -127,7 +131,7 @@ class RankSummary:
             steps={**self.steps, **other.steps}, balance_totals=totals,
             ref_batch_size=max(refs) if refs else None,  # the same on every rank
             first_seen=first_seen, num_steps=max(self.num_steps, other.num_steps),
-            groups=_add_groups(self.groups, other.groups))
+            groups=_add_groups(self.groups, other.groups), limits=_add_limits(self.limits, other.limits))
 
     def step_column(self, key: str) -> np.ndarray:
         """A per-step figure of every step, in the order of the global steps."""
@@ -137,12 +141,48 @@ class RankSummary:
 
 # The cost grids of the balance figures (steps x DP ranks); each rank sends `step_figures` of its rows
 GRIDS = ("before_tokens", "before_attention", "after_tokens", "after_attention")
+# --balance-cost COL: the same of COL's sum (balance.before.COL, balance.after.COL)
+COST_COLUMN_GRIDS = ("before_cost_column", "after_cost_column")
 
 
 def _add_groups(a: dict[str, int] | None, b: dict[str, int] | None) -> dict[str, int] | None:
     if a is None or b is None:
         return a if b is None else b
     return {key: (max(a[key], b[key]) if key.endswith("_max") else a[key] + b[key]) for key in a}
+
+
+def limit_summary(plan: PackPlan, limits: dict[str, int], capacity: int) -> dict[str, Any]:
+    """What `limit_report` needs of this plan's packs (--limit), as exact sums that add up over
+    ranks: each limited column's total, the packs within 1% of each limit (sum >= 0.99 N), and the
+    packs within 1% of the capacity in tokens (padded load >= 0.99 C).
+
+        limits {images: 8}, capacity 10, packs of images [8, 3] and padded tokens [10, 6]
+        -> totals [11], at_limit [1], at_capacity 1
+    """
+    bounds = np.asarray(list(limits.values()), dtype=np.int64)
+    sums = plan.extra_loads()
+    return {"totals": sums.sum(axis=0).astype(np.int64),
+            "at_limit": (sums * 100 >= bounds * 99).sum(axis=0).astype(np.int64),
+            "at_capacity": int((plan.loads(padded=True) * 100 >= 99 * capacity).sum())}
+
+
+def _add_limits(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return {key: a[key] + b[key] for key in a}
+
+
+def limit_report(limits: dict[str, int], summary: dict[str, Any], packs: int) -> dict[str, Any]:
+    """metrics.json's `limits` (--limit): per limited column its limit, its total over the packs,
+    the utilization of the budget (total / (packs x limit)) and the packs at the limit (sum >= 0.99 N).
+
+        limits {images: 8}, 2 packs of 8 and 3 images -> {images: {limit 8, total 11,
+        utilization 11/16 = 0.6875, packs_at_limit 1}}
+    """
+    return {column: {"limit": limit, "total": int(summary["totals"][j]),
+                     "utilization": int(summary["totals"][j]) / (packs * limit) if packs else 0.0,
+                     "packs_at_limit": int(summary["at_limit"][j])}
+            for j, (column, limit) in enumerate(limits.items())}
 
 
 def first_seen_steps(step: np.ndarray, dp_rank: np.ndarray, shape: np.ndarray, dp_size: int
@@ -263,6 +303,8 @@ def plan_counts(summary: RankSummary, num_sequences: int, tokens_in: int, *,
         "tokens_truncated": summary.counts["tokens_truncated"],
         "packs": summary.packs.packs,
         "pieces": summary.packs.sequences,
+        # --limit: the samples dropped for being over a limit on their own (among sequences_dropped)
+        **({"over_limit": summary.counts["over_limit"]} if "over_limit" in summary.counts else {}),
     }
 
 
@@ -334,6 +376,9 @@ def metrics_of(spec: ReportSpec, summary: RankSummary, baseline_tokens: int, ran
         metrics["balance"]["shapes"] = shape_coverage(summary.first_seen or {}, summary.num_steps)
     if groups and summary.groups is not None:
         metrics["groups"] = group_report(summary.groups, str(spec.group_scope))
+    if spec.limits and summary.limits is not None:
+        metrics["limits"] = limit_report(spec.limits, summary.limits, summary.packs.packs)
+        metrics["packs_at_capacity"] = summary.limits["at_capacity"]
     if spec.shape_buckets:
         metrics["shape_buckets"] = [int(b) for b in buckets] if buckets is not None else []
     if len(ranks) > 1:
@@ -432,14 +477,19 @@ def balance_report(options: dict[str, Any], summary: RankSummary) -> dict[str, A
         return imbalance_summary_of_steps(*(column(f"{key}/{part}") for part in ("imbalance", "mean", "max")))
 
     packs_per_step = column("packs_per_step")
+    cost_column = options.get("balance_cost")  # --balance-cost COL: COL's figures beside the others
+    both = {} if cost_column is None else {"balance_cost": cost_column}
+    before = {} if cost_column is None else {cost_column: summarized("before_cost_column")}
+    after = {} if cost_column is None else {cost_column: summarized("after_cost_column")}
     return {
         **{key: options[key] for key in ("dp_size", "micro_batches", "step_tokens", "cost", "attn_coeff", "scope",
                                          "step_grouping", "equal_counts")},
+        **both,
         "steps": int(len(packs_per_step)),
         "unequal_steps": int(summary.balance_totals.get("unequal_steps", 0)),
         "packs_added": int(summary.balance_totals.get("packs_added", 0)),
-        "before": {"tokens": summarized("before_tokens"), "attention": summarized("before_attention")},
-        "after": {"tokens": summarized("after_tokens"), "attention": summarized("after_attention")},
+        "before": {"tokens": summarized("before_tokens"), "attention": summarized("before_attention"), **before},
+        "after": {"tokens": summarized("after_tokens"), "attention": summarized("after_attention"), **after},
         "lr_scaling": options["lr_scaling"], "batch_unit": options["batch_unit"],
         "ref_batch_size": summary.ref_batch_size,
         "per_step": {
@@ -449,5 +499,7 @@ def balance_report(options: dict[str, Any], summary: RankSummary) -> dict[str, A
             "lr_scale": [round(float(x), 6) for x in column("lr_scale")],
             "attention_imbalance": [round(float(x), 6) for x in column("after_attention/imbalance")],
             "tokens_imbalance": [round(float(x), 6) for x in column("after_tokens/imbalance")],
+            **({f"{cost_column}_imbalance": [round(float(x), 6) for x in column("after_cost_column/imbalance")]}
+               if cost_column is not None else {}),
         },
     }

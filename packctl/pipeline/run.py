@@ -56,7 +56,7 @@ from packctl.output.paths import check_output_location
 from packctl.output.resume import inspect_output
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.plan.order import epoch_seed
-from packctl.pipeline.order import check_too_long, order_and_distribute
+from packctl.pipeline.order import check_limits, check_too_long, order_and_distribute
 from packctl.pipeline.plan import Planned, check_something_to_pack, join_epochs, plan_stage
 from packctl.pipeline.step_loss import step_loss_columns
 from packctl.pipeline.report import (Corpus, RankSummary, Transfer, epochs_index, epochs_metrics, input_order_lengths,
@@ -276,6 +276,7 @@ def _scan(comm: Comm, index: SequenceIndex, specs: Specs, progress: Progress) ->
     index, source = scan_blocks(index, lo, hi, scan.memory_budget, progress=progress.stage("scan", hi - lo),
                                 skip_empty=scan.skip_empty, pad_token_id=scan.pad_token_id,
                                 count_loss_tokens=scan.count_loss_tokens)
+    check_limits(comm, index, specs.lengths, specs.report.limits)
     check_too_long(comm, index, specs.lengths)
     skipped = comm.allreduce_sum(int(np.count_nonzero(index.lengths == 0))) if scan.skip_empty else 0
     corpus = Corpus(sequences=index.num_sequences, tokens=comm.allreduce_sum(int(index.lengths.sum())),
@@ -303,7 +304,7 @@ def _shard_format(config: PackConfig, specs: Specs, index: SequenceIndex) -> Sha
     return ShardFormat(metadata=shard_metadata(content, index.labels_column, index.files),
                        pad_token_id=specs.write.pad_token_id, budget=specs.write.memory_budget,
                        keep_columns=specs.write.keep_columns, weight_column=specs.write.weight_column,
-                       plan_only=config.plan_only)
+                       plan_only=config.plan_only, limit_columns=specs.write.limit_columns)
 
 
 def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGuard, faults: Faults | None
@@ -325,9 +326,9 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
     config = dataclasses.replace(config, inputs=resolution.specs)
     check_megatron_options(resolution, tokens_column=config.tokens_column, labels_column=config.labels_column,
                            keep_columns=config.keep_columns, weight_column=config.weight_column,
-                           group_column=config.group_column)
+                           group_column=config.group_column, limits=config.limits)
     index = index_inputs(resolution, config.tokens_column, config.labels_column, tuple(config.keep_columns),
-                         config.weight_column)
+                         config.weight_column, tuple(config.limits))
     if config.group_column is not None:
         index.group_starts = read_group_starts(index, config.group_column)
     check_output_location(out, inputs=[p for f in index.files for p in input_files(f.path)],

@@ -18,8 +18,13 @@ one file per family:
     pool.py        pool
     batch.py       batch_lengths, choose_buckets (--mode batch)
 
-To add an algorithm: write `pack_<name>(lengths, capacity, max_seqs, options) -> Bins` in a file
-of its family (or a new one), add its row to `KERNELS` and its name to `names.ALGORITHMS`, which
+With budgets besides tokens (`extra` n x k costs, `limits` k: images, image tokens), every family
+has a second runner `pack_<name>_limits` beside the first, in the same file; `pack_lengths` runs it
+only when k >= 1, so packing by tokens alone runs the very code it ran before.
+
+To add an algorithm: write `pack_<name>(lengths, capacity, max_seqs, options) -> Bins` and
+`pack_<name>_limits(lengths, extra, limits, capacity, max_seqs, options) -> Bins` in a file of its
+family (or a new one), add its row to `KERNELS` and its name to `names.ALGORITHMS`, which
 the options read without loading numba (a test keeps the two equal). A kernel calls numba
 functions of its own file only: numba caches a kernel by its source file, and would not notice a
 change in a callee in another file.
@@ -38,18 +43,33 @@ from packctl.plan.batch import batch_lengths, choose_buckets
 from packctl.plan.bins import (
     Bins,
     KernelOptions,
+    OverLimit,
     empty_bins,
+    over_limits,
     positive_int,
+    validated_extra,
     validated_lengths,
 )
-from packctl.plan.fit import pack_bfd, pack_ffd, pack_ffs
-from packctl.plan.mffd import pack_mffd
+from packctl.plan.fit import (
+    pack_bfd,
+    pack_bfd_limits,
+    pack_ffd,
+    pack_ffd_limits,
+    pack_ffs,
+    pack_ffs_limits,
+)
+from packctl.plan.mffd import pack_mffd, pack_mffd_limits
 from packctl.plan.names import ALGORITHMS
-from packctl.plan.pool import POOL_STRATEGIES, pack_pool
-from packctl.plan.sequential import pack_concat, pack_split
+from packctl.plan.pool import POOL_STRATEGIES, pack_pool, pack_pool_limits
+from packctl.plan.sequential import (
+    pack_concat,
+    pack_concat_limits,
+    pack_split,
+    pack_split_limits,
+)
 
-__all__ = ["ALGORITHMS", "KERNELS", "POOL_STRATEGIES", "Bins", "Kernel", "KernelOptions", "batch_lengths",
-           "choose_buckets", "pack_lengths"]
+__all__ = ["ALGORITHMS", "KERNELS", "POOL_STRATEGIES", "Bins", "Kernel", "KernelOptions", "OverLimit",
+           "UncuttableTooLong", "batch_lengths", "choose_buckets", "over_limits", "pack_lengths"]
 
 
 @dataclass(frozen=True)
@@ -60,25 +80,43 @@ class Kernel:
     sequence limit that is always an int (n + 1 for none). A kernel that cuts items (`split`)
     accepts lengths over capacity, and its capacity must be a multiple of `align`, the cut
     granularity, for bins to fill exactly.
+
+    `run_limits(lengths, extra, limits, capacity, max_seqs, options)` is the same algorithm under
+    k >= 1 budgets more (`extra`: n x k int64 costs, each <= its limit; `limits`: k int64). With no
+    budget besides tokens `pack_lengths` runs `run`, the very code of one budget.
     """
 
     run: Callable[[np.ndarray, int, int, KernelOptions], Bins]
+    run_limits: Callable[[np.ndarray, np.ndarray, np.ndarray, int, int, KernelOptions], Bins]
     cuts_items: bool = False
 
 
 KERNELS: dict[str, Kernel] = {
-    "concat": Kernel(pack_concat),
-    "ffd": Kernel(pack_ffd),
-    "bfd": Kernel(pack_bfd),
-    "mffd": Kernel(pack_mffd),
-    "ffs": Kernel(pack_ffs),
-    "split": Kernel(pack_split, cuts_items=True),
-    "pool": Kernel(pack_pool),
+    "concat": Kernel(pack_concat, pack_concat_limits),
+    "ffd": Kernel(pack_ffd, pack_ffd_limits),
+    "bfd": Kernel(pack_bfd, pack_bfd_limits),
+    "mffd": Kernel(pack_mffd, pack_mffd_limits),
+    "ffs": Kernel(pack_ffs, pack_ffs_limits),
+    "split": Kernel(pack_split, pack_split_limits, cuts_items=True),
+    "pool": Kernel(pack_pool, pack_pool_limits),
 }
 
 
+class UncuttableTooLong(ValueError):
+    """With `split`, an item over capacity that has a cost (media cannot be cut): `item` its index,
+    `column` its first cost column > 0, `count` how many such items."""
+
+    def __init__(self, item: int, length: int, capacity: int, column: int, cost: int, count: int):
+        self.item, self.length, self.capacity, self.column, self.cost, self.count = (item, length, capacity, column,
+                                                                                     cost, count)
+        super().__init__(f"lengths[{item}] = {length} exceeds capacity {capacity} and costs {cost} in cost column "
+                         f"{column}: an item with a cost is never cut ({count} such item(s)); increase --capacity "
+                         f"or drop them (--too-long drop)")
+
+
 def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per_bin: int | None = None,
-                 seed: int = 0, align: int = 1, pool_size: int = 128, pool_strategy: str = "closest") -> Bins:
+                 seed: int = 0, align: int = 1, pool_size: int = 128, pool_strategy: str = "closest",
+                 extra=None, limits=None) -> Bins:
     """Pack items of the given lengths into bins of `capacity` tokens.
 
     Args:
@@ -90,6 +128,10 @@ def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per
         align: cut granularity of `split` (cuts fall at multiples of `align` inside a sequence);
             unused by the other algorithms, whose items are never cut.
         pool_size, pool_strategy: the pool of `pool` (items waiting, and how the next one is picked).
+        extra, limits: budgets besides tokens: `extra` (n x k integers >= 0) is each item's cost in
+            k columns (images, image tokens, ...), `limits` (k) the most a bin may hold of each.
+            None (or k = 0): tokens only, the exact bins of before. An item with a cost is never
+            cut (`split` places it whole).
 
     Returns:
         `Bins`, in creation order; pieces inside a bin in the order they were put there.
@@ -114,6 +156,11 @@ def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per
             `pool_size`-th bin opened after it entered the pool: order moves little. pool_size 1
             is concat. O(n * pool_size).
         `max_seqs_per_bin` holds in every one: a bin at the limit takes nothing more.
+        With limits every algorithm keeps its order and places an item where it fits the tokens
+        and every cost (docs/algorithms.md, "More than one budget"): concat and split open a new
+        bin when the next item does not fit every budget, first fit takes the lowest-numbered bin
+        that fits every budget, best fit the least token room among them, pool and mffd the
+        largest item that fits every budget.
 
     Example, capacity 10:
 
@@ -126,7 +173,14 @@ def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per
     Raises:
         ValueError: unknown algorithm, capacity/max_seqs_per_bin/align < 1, a length < 1, a length
             over capacity (except with `split`), or for `split` a capacity that is not a multiple of
-            `align`.
+            `align`. With limits: `extra` not n x k integers >= 0, `OverLimit` for an item over a
+            limit on its own, `UncuttableTooLong` (split) for an item with a cost over capacity.
+
+    With limits, capacity 10 and at most 2 images a bin (items (tokens, images)):
+
+        >>> bins = pack_lengths([6, 5, 4, 3, 2], 10, "ffd", extra=[[1], [1], [1], [1], [0]], limits=[2])
+        >>> bins.offsets.tolist(), bins.members.tolist(), bins.extra_loads([[1], [1], [1], [1], [0]]).tolist()
+        ([0, 2, 5], [0, 2, 1, 3, 4], [[2], [2]])
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown packing algorithm {algorithm!r}: choose one of {', '.join(ALGORITHMS)}")
@@ -136,6 +190,14 @@ def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per
     if max_seqs_per_bin is not None:
         max_seqs_per_bin = positive_int(max_seqs_per_bin, "max_seqs_per_bin")
     lengths = validated_lengths(lengths, capacity, allow_longer=kernel.cuts_items)
+    extra, limits = validated_extra(extra, limits, len(lengths))
+    if extra is not None and kernel.cuts_items:
+        uncuttable = np.flatnonzero((lengths > capacity) & (extra > 0).any(axis=1))
+        if uncuttable.size:
+            item = int(uncuttable[0])
+            column = int(np.argmax(extra[item] > 0))
+            raise UncuttableTooLong(item, int(lengths[item]), capacity, column, int(extra[item, column]),
+                                    uncuttable.size)
     if kernel.cuts_items and capacity % align != 0:
         raise ValueError(
             f"{algorithm} needs a capacity that is a multiple of align: capacity {capacity} is not a multiple "
@@ -147,4 +209,6 @@ def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per
     # A limit that can never be reached keeps the kernels free of None checks.
     max_seqs = max_seqs_per_bin if max_seqs_per_bin is not None else n + 1
     options = KernelOptions(seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy)
-    return kernel.run(lengths, capacity, max_seqs, options)
+    if extra is None:
+        return kernel.run(lengths, capacity, max_seqs, options)
+    return kernel.run_limits(lengths, extra, limits, capacity, max_seqs, options)

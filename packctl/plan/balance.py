@@ -36,7 +36,27 @@ report says how many steps are so.
 
 Costs (`piece_costs`): `tokens` = tokens of the sequences of a pack; `attention` = sum over its
 sequences of `a*L + L^2` (L the true length), the cost model of docs/balancing.md and of
-`packctl stats`. Capacity is checked on aligned lengths, as the planner does.
+`packctl stats`. Capacity is checked on aligned lengths, as the planner does; with --limit every
+limit is checked too (`spec.limits`, the pieces' `PackPlan.piece_extra`): a sequence moves only
+into a pack that stays within every budget.
+
+A second cost (`--balance-cost COL`, `spec.cost_column`): the ranks should get equal vision work
+(the sum of a limited column: images, image tokens) as well as equal attention cost. Each step is
+balanced on one combined cost per sequence, each cost taken as its share of the step:
+
+    combined_i = cost_i / sum(cost over the step) + col_i / sum(col over the step)
+
+so the two weigh alike whatever their units. Karmarkar-Karp and the round-robin check run on it;
+then `vector_greedy` deals the packs once more looking at both costs (each pack, by decreasing
+larger share, to the rank whose larger share after taking it is least), and is kept when its
+worst rank share (the larger of cost and vision work, times D) is lower. The local search and the
+micro-batch order run on the combined cost. Per step that adds O(P log P + P D) to the
+O(P log P x D) of KK. A step without vision work (text only) is balanced on the cost alone, as
+without the option.
+
+    step of 4 packs, D = 2, M = 2:  attention  90 80 20 10,  images  0 8 7 1
+    attention alone   rank 0: 90 10 (images 0 1)   rank 1: 80 20 (images 8 7)   attention 100/100, images 1/15
+    --balance-cost    rank 0: 80 10 (images 8 1)   rank 1: 90 20 (images 0 7)   attention 90/110,  images 9/7
 """
 from __future__ import annotations
 
@@ -173,14 +193,36 @@ class StepResult:
     equal: bool  # every rank got the same number of packs
 
 
+def combined_costs(costs: np.ndarray, media: np.ndarray) -> np.ndarray:
+    """`--balance-cost`: each sequence's share of the step's cost plus its share of the step's
+    vision work (`media`); the cost alone when the step has none.
+
+        >>> combined_costs(np.array([30.0, 10.0]), np.array([0.0, 4.0])).tolist()
+        [0.75, 1.25]
+    """
+    media_total = float(media.sum())
+    if media_total <= 0:
+        return costs
+    cost_total = float(costs.sum())
+    return (costs / cost_total if cost_total > 0 else np.zeros(len(costs))) + media / media_total
+
+
 def balance_step(offsets: np.ndarray, padded: np.ndarray, costs: np.ndarray, movable: np.ndarray,
-                 spec: BalanceSpec, *, strided: bool = False) -> StepResult:
+                 spec: BalanceSpec, *, strided: bool = False, extra: np.ndarray | None = None,
+                 media: np.ndarray | None = None) -> StepResult:
     """Balance one step's packs (CSR `offsets` over pieces with aligned length `padded`, cost
     `costs`; `movable` False for pieces that must stay in their pack) over `spec.dp_size` ranks.
     The output packs are the input packs, possibly with sequences moved between them (scope
     "sequences"), plus, for equal counts, packs split off. `strided`: pack j goes to rank j % D,
-    micro-batch j // D, as given (the warm-up steps, whose runs of D packs share a shape)."""
+    micro-batch j // D, as given (the warm-up steps, whose runs of D packs share a shape).
+    `extra` (pieces x k, with `spec.limits`): the pieces' costs in the limited columns, which every
+    moved sequence keeps within the limits; `media`: the pieces' vision work of `--balance-cost`,
+    balanced with `costs` (`combined_costs`)."""
     d = spec.dp_size
+    own_costs = costs
+    if media is not None:
+        media = np.asarray(media, dtype=np.float64)
+        costs = combined_costs(np.asarray(costs, dtype=np.float64), media)
     offsets = np.asarray(offsets, dtype=np.int64)
     num_packs = len(offsets) - 1
     piece_pack = np.repeat(np.arange(num_packs), np.diff(offsets))
@@ -203,8 +245,14 @@ def balance_step(offsets: np.ndarray, padded: np.ndarray, costs: np.ndarray, mov
         kk_max = np.bincount(rank, weights=pack_cost, minlength=d).max()
         if np.bincount(rr, weights=pack_cost, minlength=d).max() < kk_max:
             rank = rr
+        if media is not None and media.sum() > 0:  # --balance-cost: the greedy of both, when it does better
+            greedy = vector_greedy(np.bincount(pack_of, weights=own_costs, minlength=packs),
+                                   np.bincount(pack_of, weights=media, minlength=packs), d,
+                                   spec.equal_counts or equal)
+            if _worst_share(greedy, pack_of, own_costs, media, d) < _worst_share(rank, pack_of, own_costs, media, d):
+                rank = greedy
         if spec.scope == "sequences" and d > 1:
-            pack_of = _local_search(pack_of, rank, padded, costs, movable, counts, spec)
+            pack_of = _local_search(pack_of, rank, padded, costs, movable, counts, spec, extra)
             pack_cost = np.bincount(pack_of, weights=costs, minlength=packs)
         micro = np.zeros(packs, dtype=np.int64)
         for r in range(d):
@@ -222,6 +270,47 @@ def balance_step(offsets: np.ndarray, padded: np.ndarray, costs: np.ndarray, mov
     return StepResult(offsets=np.concatenate([[0], np.cumsum(out_counts)]).astype(np.int64),
                       pieces=pieces.astype(np.int64), dp_rank=rank[out_order], micro_batch=micro[out_order],
                       equal=equal)
+
+
+def _worst_share(rank, pack_of, costs, media, d) -> float:
+    """The largest share of a step's cost or vision work any rank has, times D (1.0: even)."""
+    piece_rank = rank[pack_of]
+    worst = 0.0
+    for values in (costs, media):
+        total = float(values.sum())
+        if total > 0:
+            worst = max(worst, float(np.bincount(piece_rank, weights=values, minlength=d).max()) * d / total)
+    return worst
+
+
+def vector_greedy(cost: np.ndarray, media: np.ndarray, d: int, equal_counts: bool) -> np.ndarray:
+    """Packs to ranks for two costs at once: packs in decreasing order of their larger share,
+    each to the rank whose larger share (cost or vision work) after taking it is least (ties: the
+    rank with the least of both, then the lowest rank); with `equal_counts` at most ceil(P / D)
+    packs a rank. O(P log P + P D).
+
+        >>> vector_greedy(np.array([9., 1, 8, 2]), np.array([0., 8, 1, 9]), 2, True).tolist()
+        [1, 1, 0, 0]
+
+    i.e. rank 0 takes costs 8 + 2 = 10 and vision work 1 + 9 = 10, rank 1 takes 10 and 8.
+    """
+    n = len(cost)
+    a = cost / cost.sum() * d if cost.sum() > 0 else np.zeros(n)
+    v = media / media.sum() * d if media.sum() > 0 else np.zeros(n)
+    order = np.argsort(-np.maximum(a, v), kind="stable")
+    most = -(-n // d) if equal_counts else n
+    load_a, load_v, count = np.zeros(d), np.zeros(d), np.zeros(d, np.int64)
+    rank = np.zeros(n, np.int64)
+    for i in order.tolist():
+        score = np.maximum(load_a + a[i], load_v + v[i])
+        score[count >= most] = np.inf
+        best = np.flatnonzero(score == score.min())
+        r = int(best[np.argmin((load_a + load_v)[best])])
+        rank[i] = r
+        load_a[r] += a[i]
+        load_v[r] += v[i]
+        count[r] += 1
+    return rank
 
 
 def _split_for_counts(pack_of, num_packs, padded, costs, movable, want):
@@ -246,13 +335,21 @@ def _split_for_counts(pack_of, num_packs, padded, costs, movable, want):
     return pack_of, parent
 
 
-def _local_search(pack_of, rank, padded, costs, movable, counts, spec: BalanceSpec) -> np.ndarray:
+def _local_search(pack_of, rank, padded, costs, movable, counts, spec: BalanceSpec,
+                  extra: np.ndarray | None = None) -> np.ndarray:
     """Move or swap single sequences from the most loaded rank to a less loaded one while that
-    lowers the larger of the two; every move keeps each pack within capacity and max_seqs."""
+    lowers the larger of the two; every move keeps each pack within capacity, max_seqs and, with
+    `extra` (pieces x k), every limit of `spec.limits`."""
     d = spec.dp_size
     packs = len(rank)
     pack_of = pack_of.copy()
     load = np.bincount(pack_of, weights=padded, minlength=packs).astype(np.int64)
+    budgets = None
+    if extra is not None and spec.limits:
+        extra = np.asarray(extra, dtype=np.int64)
+        extra_load = np.zeros((packs, extra.shape[1]), dtype=np.int64)
+        np.add.at(extra_load, pack_of, extra)
+        budgets = (extra, extra_load, np.asarray(spec.limits, dtype=np.int64))
     count = np.bincount(pack_of, minlength=packs)
     max_seqs = spec.max_seqs_per_bin or (len(pack_of) + 1)
     rank_cost = np.bincount(rank, weights=np.bincount(pack_of, weights=costs, minlength=packs), minlength=d)
@@ -267,7 +364,7 @@ def _local_search(pack_of, rank, padded, costs, movable, counts, spec: BalanceSp
             if low == h or gap <= tolerance:
                 break
             move = _best_transfer(h, low, gap, pack_of, rank, padded, costs, movable, load, count, max_seqs,
-                                  spec.capacity)
+                                  spec.capacity, budgets)
             if move is None:
                 continue
             x, target, y = move
@@ -278,6 +375,12 @@ def _local_search(pack_of, rank, padded, costs, movable, counts, spec: BalanceSp
             count[px] -= 1
             count[target] += 1
             delta = costs[x]
+            if budgets is not None:
+                budgets[1][px] -= budgets[0][x]
+                budgets[1][target] += budgets[0][x]
+                if y >= 0:
+                    budgets[1][target] -= budgets[0][y]
+                    budgets[1][px] += budgets[0][y]
             if y >= 0:
                 pack_of[y] = px
                 load[target] -= padded[y]
@@ -294,9 +397,11 @@ def _local_search(pack_of, rank, padded, costs, movable, counts, spec: BalanceSp
     return pack_of
 
 
-def _best_transfer(h, low, gap, pack_of, rank, padded, costs, movable, load, count, max_seqs, capacity):
+def _best_transfer(h, low, gap, pack_of, rank, padded, costs, movable, load, count, max_seqs, capacity,
+                   budgets=None):
     """The move (x -> a pack of `low`) or swap (x <-> y) that best splits `gap`: transfers cost
-    t with 0 < t < gap, maximizing min(t, gap - t). None when no feasible one lowers the max."""
+    t with 0 < t < gap, maximizing min(t, gap - t). None when no feasible one lowers the max.
+    `budgets` (extra, extra_load, limits): a transfer must also keep both packs within every limit."""
     piece_rank = rank[pack_of]
     xs = np.flatnonzero((piece_rank == h) & movable)
     if len(xs) == 0:
@@ -310,6 +415,9 @@ def _best_transfer(h, low, gap, pack_of, rank, padded, costs, movable, load, cou
         room = capacity - load[open_packs]
         t = costs[can_leave]
         fits = padded[can_leave][:, None] <= room[None, :]
+        if budgets is not None:
+            extra, extra_load, limits = budgets
+            fits &= (extra[can_leave][:, None, :] <= (limits - extra_load[open_packs])[None, :, :]).all(axis=2)
         ok = fits.any(axis=1) & (t < gap) & (t > 0)
         if ok.any():
             score = np.where(ok, np.minimum(t, gap - t), -1.0)
@@ -323,6 +431,11 @@ def _best_transfer(h, low, gap, pack_of, rank, padded, costs, movable, load, cou
         px, py = pack_of[xs], pack_of[ys]
         grow_y = padded[xs][:, None] - padded[ys][None, :]  # load change of y's pack
         ok = (t > 0) & (t < gap) & (load[py][None, :] + grow_y <= capacity) & (load[px][:, None] - grow_y <= capacity)
+        if budgets is not None and ok.any():
+            extra, extra_load, limits = budgets
+            moved = extra[xs][:, None, :] - extra[ys][None, :, :]  # what y's pack gains, x's pack loses
+            ok &= ((extra_load[py][None, :, :] + moved <= limits).all(axis=2)
+                   & (extra_load[px][:, None, :] - moved <= limits).all(axis=2))
         if ok.any():
             score = np.where(ok, np.minimum(t, gap - t), -1.0)
             flat = int(np.argmax(score))
@@ -352,6 +465,9 @@ class BalancedPlan:
     after_attention: np.ndarray
     unequal_steps: int
     packs_added: int
+    # --balance-cost COL: the same grids of the column's sum (None without it)
+    before_cost_column: np.ndarray | None = None
+    after_cost_column: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -372,6 +488,8 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
     `pack_shape` (one value per pack: its padded length, say) asks for warm-up: the corpus's first
     window starts with, for every shape, largest first, a run of dp_size packs of it dealt one per
     rank (`_warmup_first`), so every shape is met, and compiled, in the first steps.
+    With --limit (`plan.piece_extra`, `spec.limits`) no moved sequence takes a pack over a limit;
+    with `spec.cost_column` each step is balanced on the combined cost (`combined_costs`).
     """
     d = spec.dp_size
     padded = plan.piece_padded.astype(np.int64)
@@ -380,6 +498,12 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
     attention = piece_costs(true, "attention", spec.attn_coeff)
     split = np.isin(plan.piece_gid, plan.split_gids())
     movable = ~split if pinned is None else ~split & ~pinned
+    extra = plan.piece_extra if spec.limits and plan.piece_extra is not None else None
+    media = None
+    if spec.cost_column is not None:
+        if plan.piece_extra is None:
+            raise ValueError("balance_plan: spec.cost_column needs a plan with piece_extra (--limit)")
+        media = plan.piece_extra[:, spec.cost_column].astype(np.float64)
     pack_of_piece = np.repeat(np.arange(plan.num_bins), np.diff(plan.bin_offsets))
     pack_cost = np.bincount(pack_of_piece, weights=costs, minlength=plan.num_bins)
     pack_tokens = plan.loads(padded=True)
@@ -430,7 +554,8 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
             sel = _pieces_of(plan.bin_offsets, members)
             counts = plan.bin_offsets[members + 1] - plan.bin_offsets[members]
             result = balance_step(np.concatenate([[0], np.cumsum(counts)]), padded[sel], costs[sel], movable[sel],
-                                  spec, strided=s < warm_steps)
+                                  spec, strided=s < warm_steps, extra=None if extra is None else extra[sel],
+                                  media=None if media is None else media[sel])
             window_offsets.append(result.offsets[1:] + base)
             base += len(sel)
             window_pieces.append(sel[result.pieces])
@@ -456,7 +581,8 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
         window_bins=np.asarray(windows, dtype=np.int64), bin_offsets=new_offsets,
         piece_gid=plan.piece_gid[take], piece_start=plan.piece_start[take], piece_len=plan.piece_len[take],
         piece_padded=plan.piece_padded[take], dropped=plan.dropped, truncated=plan.truncated,
-        tokens_dropped=plan.tokens_dropped, tokens_truncated=plan.tokens_truncated)
+        tokens_dropped=plan.tokens_dropped, tokens_truncated=plan.tokens_truncated,
+        piece_extra=plan.take_pieces(take), over_limit=plan.over_limit)
     cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
     step, dp_rank, micro_batch = cat(steps), cat(ranks), cat(micros)
     num_steps = step_base
@@ -481,6 +607,8 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
         after_tokens=grid(after_cell, true[take], num_steps),
         after_attention=grid(after_cell, attention[take], num_steps),
         unequal_steps=unequal, packs_added=balanced.num_bins - plan.num_bins,
+        before_cost_column=None if media is None else grid(before_cell, media, rr_steps),
+        after_cost_column=None if media is None else grid(after_cell, media[take], num_steps),
     )
 
 

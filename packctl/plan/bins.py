@@ -52,6 +52,15 @@ class Bins:
         cumulative = np.concatenate(([0], np.cumsum(self.lens, dtype=np.int64)))
         return cumulative[self.offsets[1:]] - cumulative[self.offsets[:-1]]
 
+    def extra_loads(self, extra: np.ndarray) -> np.ndarray:
+        """Each bin's sum of each cost column (int64, B x k) for the items' costs `extra` (n x k):
+        a piece counts its item's cost (only items of no cost are ever cut, so once per item).
+        Members [0, 2 | 1], extra [[1], [4], [2]] -> [[3], [4]]."""
+        extra = np.asarray(extra, dtype=np.int64)
+        per_piece = extra[self.members]
+        cumulative = np.concatenate((np.zeros((1, extra.shape[1]), np.int64), np.cumsum(per_piece, axis=0)))
+        return cumulative[self.offsets[1:]] - cumulative[self.offsets[:-1]]
+
 
 @dataclass(frozen=True)
 class KernelOptions:
@@ -104,6 +113,67 @@ def validated_lengths(lengths, capacity: int, *, allow_longer: bool) -> np.ndarr
                 f"(--too-long drop|truncate), or use --algorithm split"
             )
     return np.ascontiguousarray(array)
+
+
+class OverLimit(ValueError):
+    """An item costs more than a limit on its own (`validated_extra`): no bin can take it.
+
+    `item` is its index, `column` the cost column (0..k-1), `count` how many items are over a limit.
+    The pipeline drops such sequences under --too-long drop (and counts them) and refuses the
+    others, naming the sample and the column."""
+
+    def __init__(self, item: int, column: int, cost: int, limit: int, count: int):
+        self.item, self.column, self.cost, self.limit, self.count = item, column, cost, limit, count
+        super().__init__(f"extra[{item}, {column}] = {cost} exceeds limit {limit} of cost column {column} "
+                         f"({count} item(s) over a limit): raise the limit or leave these items out")
+
+
+def validated_extra(extra, limits, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The per-item costs (int64, C-contiguous, n x k) and their limits (int64, k), checked, or
+    (None, None) when there is no budget besides tokens (both None, or k = 0).
+
+    Every cost and limit is an integer >= 0; an item over a limit on its own raises `OverLimit`
+    naming the first one (the lowest index, then the lowest column):
+
+        validated_extra([[1], [0]], [1], 2)   -> (array([[1], [0]]), array([1]))
+        validated_extra([[2], [0]], [1], 2)   -> OverLimit: extra[0, 0] = 2 exceeds limit 1 ...
+    """
+    if extra is None and limits is None:
+        return None, None
+    if extra is None or limits is None:
+        raise ValueError("extra and limits go together: pass both (n x k costs and k limits) or neither")
+    limits = np.asarray(limits)
+    extra = np.asarray(extra)
+    if limits.ndim != 1:
+        raise ValueError(f"limits must be a 1-D array, got shape {limits.shape}")
+    if extra.ndim != 2 or extra.shape != (n, limits.size):
+        raise ValueError(f"extra must be an array of shape (n items, k limits) = ({n}, {limits.size}), "
+                         f"got shape {extra.shape}")
+    if limits.size == 0:
+        return None, None
+    for name, array in (("extra", extra), ("limits", limits)):
+        if array.size and array.dtype.kind not in "iu":
+            raise ValueError(f"{name} must be integers, got dtype {array.dtype}")
+        if array.size and array.min() < 0:
+            raise ValueError(f"{name} must be >= 0, got {array.min()}")
+    extra = np.ascontiguousarray(extra, dtype=np.int64)
+    limits = np.ascontiguousarray(limits, dtype=np.int64)
+    over = extra > limits
+    if over.any():
+        item, column = (int(i) for i in np.argwhere(over)[0])
+        raise OverLimit(item, column, int(extra[item, column]), int(limits[column]), int(over.any(axis=1).sum()))
+    return extra, limits
+
+
+def over_limits(extra, limits) -> np.ndarray:
+    """True for each item that costs more than a limit on its own (no bin can take it):
+    over_limits([[3, 0], [1, 9]], [2, 8]) -> [True, True]; k = 0 -> all False."""
+    extra = np.asarray(extra, dtype=np.int64)
+    if extra.ndim != 2:
+        raise ValueError(f"extra must be an array of shape (n items, k limits), got shape {extra.shape}")
+    if extra.shape[1] == 0:
+        return np.zeros(extra.shape[0], dtype=bool)
+    return (extra > np.asarray(limits, dtype=np.int64)).any(axis=1)
 
 
 def empty_bins() -> Bins:

@@ -11,6 +11,10 @@ exchanges move sequences between its packs, each keeping both packs within the c
                                                     cheapest move, both packs change
     give 4, take 3 1   [6 3 1] [5 3 1] [7 2 4]?     no: 7 + 2 + 4 = 13 > 10, refused
 
+With budgets besides tokens (`extra` costs per piece, `limits`), an exchange must also keep both
+packs within every limit: a move that would put an image too many into a pack is refused like one
+a token too long, and the next candidate is tried.
+
 Each pack A not yet changed, visited in a seeded order, tries in turn (first that fits wins):
 
     1 for 1   an item s of A for an item t of another pack B, |t - s| within the rooms
@@ -39,10 +43,13 @@ EXCHANGE_WORD = 0x4558  # keeps the exchange draws apart from every other draw s
 
 
 def exchange_pieces(offsets: np.ndarray, padded: np.ndarray, movable: np.ndarray, capacity: int,
-                    max_seqs: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+                    max_seqs: int, seed: int, extra: np.ndarray | None = None,
+                    limits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Seeded exchanges between the packs of one window (CSR `offsets` over pieces of `padded`
     tokens). Returns (take, new_offsets): the pieces in their new packs are `take` (indices into
     the old pieces; inside a pack in their old order), cut by `new_offsets`; as many packs as before.
+    `extra` (pieces x k costs) and `limits` (k): every pack stays within each limit too (None: tokens
+    only; the draws and the exchanges are then those of before).
 
         >>> take, offsets = exchange_pieces(np.array([0, 2, 4]), np.array([6, 4, 5, 4]),
         ...                                 np.ones(4, bool), 10, 4, seed=1)
@@ -56,17 +63,21 @@ def exchange_pieces(offsets: np.ndarray, padded: np.ndarray, movable: np.ndarray
     rng = np.random.default_rng([seed, EXCHANGE_WORD])
     visit = rng.permutation(nb).astype(np.int64)
     draws = rng.integers(0, 1 << 31, size=DRAWS, dtype=np.int64)
+    if extra is None:
+        extra, limits = np.zeros((len(padded), 0), np.int64), np.zeros(0, np.int64)
     return _exchange_kernel(offsets, np.asarray(padded, np.int64), np.asarray(movable, np.bool_), int(capacity),
-                            int(max_seqs), visit, draws)
+                            int(max_seqs), visit, draws, np.ascontiguousarray(extra, np.int64),
+                            np.ascontiguousarray(limits, np.int64))
 
 
 @njit(cache=True)
-def _exchange_kernel(offsets, padded, movable, capacity, max_seqs, visit, draws):
+def _exchange_kernel(offsets, padded, movable, capacity, max_seqs, visit, draws, extra, limits):
     """(take, new offsets) of `exchange_pieces`."""
     nb = offsets.size - 1
     n = padded.size
     bin_of = np.empty(n, np.int64)
     fill = np.zeros(nb, np.int64)
+    spent = np.zeros((nb, limits.size), np.int64)  # each pack's sum of each cost column
     count = np.zeros(nb, np.int64)
     # each pack's pieces as a doubly linked list, so moves cost O(1)
     head = np.full(nb, -1, np.int64)
@@ -77,6 +88,8 @@ def _exchange_kernel(offsets, padded, movable, capacity, max_seqs, visit, draws)
         for p in range(offsets[b], offsets[b + 1]):
             bin_of[p] = b
             fill[b] += padded[p]
+            for j in range(limits.size):
+                spent[b, j] += extra[p, j]
             count[b] += 1
             prv[p] = last
             if last >= 0:
@@ -134,7 +147,8 @@ def _exchange_kernel(offsets, padded, movable, capacity, max_seqs, visit, draws)
                 else:
                     s1, s2 = mine[(first + q) % k], -1
                 done = _try_items(a, s1, s2, sums, first_of, second_of, slack, room_a, move == 0, move == 4,
-                                  draws, state, bin_of, fill, count, head, nxt, prv, padded, capacity, max_seqs)
+                                  draws, state, bin_of, fill, count, head, nxt, prv, padded, capacity, max_seqs,
+                                  extra, limits, spent)
                 if done >= 0:
                     break
             if done >= 0:
@@ -217,7 +231,7 @@ def _pairs_by_sum(offsets, padded, movable, packs):
 
 @njit(cache=True)
 def _try_items(a, s1, s2, sums, first, second, slack, room_a, unequal, equal, draws, state, bin_of, fill, count,
-               head, nxt, prv, padded, capacity, max_seqs):
+               head, nxt, prv, padded, capacity, max_seqs, extra, limits, spent):
     """Exchange s1 (and s2) of pack a for an item (`second` -1) or a pair of one pack whose total
     length (`sums`, sorted) fits both packs: first among those as long (not with `unequal`) or up
     to a's room longer (pack b never grows), then among those up to `slack` shorter; with `equal`
@@ -225,16 +239,16 @@ def _try_items(a, s1, s2, sums, first, second, slack, room_a, unequal, equal, dr
     given = padded[s1] + (padded[s2] if s2 >= 0 else 0)
     longest = given if equal else given + room_a
     b = _try_range(a, s1, s2, given, sums, first, second, given + unequal, longest, False, draws, state, bin_of,
-                   fill, count, head, nxt, prv, padded, capacity, max_seqs)
+                   fill, count, head, nxt, prv, padded, capacity, max_seqs, extra, limits, spent)
     if b < 0 and slack > 0 and not equal:
         b = _try_range(a, s1, s2, given, sums, first, second, given - slack, given - 1, True, draws, state,
-                       bin_of, fill, count, head, nxt, prv, padded, capacity, max_seqs)
+                       bin_of, fill, count, head, nxt, prv, padded, capacity, max_seqs, extra, limits, spent)
     return b
 
 
 @njit(cache=True)
 def _try_range(a, s1, s2, given, sums, first, second, lo_len, hi_len, descending, draws, state, bin_of, fill, count,
-               head, nxt, prv, padded, capacity, max_seqs):
+               head, nxt, prv, padded, capacity, max_seqs, extra, limits, spent):
     """`_try_items` among the candidates of total length in [lo_len, hi_len]: all of them from a
     drawn start when they are few, else PROBES drawn ones; `descending`: the SCAN longest."""
     lo = np.searchsorted(sums, lo_len)
@@ -261,18 +275,24 @@ def _try_range(a, s1, s2, given, sums, first, second, lo_len, hi_len, descending
             continue
         if n_given == count[a] and n_taken == count[b]:
             continue  # the two packs would trade their whole contents: the same packs
-        _move(s1, a, b, bin_of, fill, count, head, nxt, prv, padded)
+        within = True
+        for j in range(limits.size):  # every cost column: what pack a gains, pack b loses
+            gain = extra[t1, j] + (extra[t2, j] if t2 >= 0 else 0) - extra[s1, j] - (extra[s2, j] if s2 >= 0 else 0)
+            within = within and spent[a, j] + gain <= limits[j] and spent[b, j] - gain <= limits[j]
+        if not within:
+            continue
+        _move(s1, a, b, bin_of, fill, count, head, nxt, prv, padded, extra, spent)
         if s2 >= 0:
-            _move(s2, a, b, bin_of, fill, count, head, nxt, prv, padded)
-        _move(t1, b, a, bin_of, fill, count, head, nxt, prv, padded)
+            _move(s2, a, b, bin_of, fill, count, head, nxt, prv, padded, extra, spent)
+        _move(t1, b, a, bin_of, fill, count, head, nxt, prv, padded, extra, spent)
         if t2 >= 0:
-            _move(t2, b, a, bin_of, fill, count, head, nxt, prv, padded)
+            _move(t2, b, a, bin_of, fill, count, head, nxt, prv, padded, extra, spent)
         return b
     return -1
 
 
 @njit(cache=True)
-def _move(p, src, dst, bin_of, fill, count, head, nxt, prv, padded):
+def _move(p, src, dst, bin_of, fill, count, head, nxt, prv, padded, extra, spent):
     """Piece p from pack src to the head of pack dst."""
     if prv[p] >= 0:
         nxt[prv[p]] = nxt[p]
@@ -290,3 +310,6 @@ def _move(p, src, dst, bin_of, fill, count, head, nxt, prv, padded):
     fill[dst] += padded[p]
     count[src] -= 1
     count[dst] += 1
+    for j in range(spent.shape[1]):
+        spent[src, j] -= extra[p, j]
+        spent[dst, j] += extra[p, j]

@@ -28,6 +28,17 @@ class GroupTooLong(ValueError):
                          f"capacity {capacity}")
 
 
+class GroupOverLimit(ValueError):
+    """A group of two or more sequences over a limit: its sum of a limited column with
+    --group-scope pack (it shares one pack), one member's value with step."""
+
+    def __init__(self, gid: int, members: int, column: int, cost: int, limit: int, whole: bool):
+        self.gid, self.members, self.column, self.cost, self.limit = gid, members, column, cost, limit
+        what = "together cost" if whole else "hold a member that costs"
+        super().__init__(f"group at sequence {gid} of {members} sequences {what} {cost} in limited column {column}, "
+                         f"over its limit {limit}")
+
+
 def group_ids(gids: np.ndarray, group_starts: np.ndarray) -> np.ndarray:
     """The group id (gid of the group's first row) of each gid."""
     gids = np.asarray(gids, dtype=np.int64)
@@ -72,6 +83,26 @@ def check_groups_fit(gids: np.ndarray, padded: np.ndarray, starts: np.ndarray, c
     if len(over):
         k = over[np.argmin(gids[first[over]])]
         raise GroupTooLong(int(gids[first[k]]), int(sizes[k]), int(totals[k]), capacity)
+
+
+def check_groups_within_limits(gids: np.ndarray, extra: np.ndarray, starts: np.ndarray, limits: np.ndarray, *,
+                               whole: bool) -> None:
+    """Raise GroupOverLimit for the group of two or more members with the smallest first gid that
+    is over a limit: its sum (`whole`: the group shares a pack) or one member (a group of one
+    follows --too-long like any sequence).
+
+        extra [[2], [3], [1]], starts [T, F, T], limits [4]: whole -> the group at gids[0] (5 > 4)
+    """
+    if len(gids) == 0:
+        return
+    first = np.flatnonzero(starts)
+    sizes = np.diff(np.append(first, len(gids)))
+    costs = np.add.reduceat(extra, first, axis=0) if whole else np.maximum.reduceat(extra, first, axis=0)
+    over = np.flatnonzero((sizes > 1) & (costs > limits).any(axis=1))
+    if len(over):
+        k = over[np.argmin(gids[first[over]])]
+        j = int(np.argmax(costs[k] > limits))
+        raise GroupOverLimit(int(gids[first[k]]), int(sizes[k]), j, int(costs[k, j]), int(limits[j]), whole)
 
 
 def expand_items(bins: Bins, item_first: np.ndarray, item_size: np.ndarray, member_padded: np.ndarray) -> Bins:

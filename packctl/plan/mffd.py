@@ -20,7 +20,13 @@ import numpy as np
 
 from packctl.jit import njit
 from packctl.plan.bins import Bins, KernelOptions, whole_items_into_bins
-from packctl.plan.fit import decreasing_order, first_fit, first_fit_bin_bound
+from packctl.plan.fit import (
+    decreasing_order,
+    first_fit,
+    first_fit_bin_bound,
+    first_fit_limits,
+    first_fit_limits_bin_bound,
+)
 
 
 def pack_mffd(lengths: np.ndarray, capacity: int, max_seqs: int, options: KernelOptions) -> Bins:
@@ -184,3 +190,145 @@ def _mffd_kernel(sizes, order, capacity, max_seqs):
         leftover_sizes[k] = sizes[position]
         position = _next_alive(next_alive, position + 1)
     return step_item, bin_of_step, steps, end_large, leftover_sizes
+
+
+# --- more than one budget (`extra` costs n x k, `limits` k; pack_lengths runs these only when k >= 1) --
+
+MFFD_SCAN = 32  # items past the largest that fits in tokens looked at for one that fits every budget
+
+
+def pack_mffd_limits(lengths: np.ndarray, extra: np.ndarray, limits: np.ndarray, capacity: int, max_seqs: int,
+                     options: KernelOptions) -> Bins:
+    """mffd under every budget: the phases of `_mffd_kernel` (classes by tokens), where "the
+    largest remaining item that fits" is the first of the MFFD_SCAN largest remaining that fit the
+    tokens which also fits every cost (none of them: the bin takes nothing in that step), and
+    phase 5 is first fit decreasing under every budget. O(n log n + n MFFD_SCAN k)."""
+    order = decreasing_order(lengths, capacity)
+    sizes = lengths[order]
+    costs = extra[order]
+    step_item, bin_of_step, steps, num_bins, leftover = _mffd_limits_kernel(sizes, costs, limits, order, capacity,
+                                                                           max_seqs)
+    if leftover.size > 0:
+        ffd_bins, ffd_count = first_fit_limits(sizes[leftover], costs[leftover], limits, capacity, max_seqs,
+                                               first_fit_limits_bin_bound(lengths, extra, limits, capacity,
+                                                                          max_seqs), num_bins)
+        bin_of_step[steps:] = ffd_bins
+        num_bins += ffd_count
+    return whole_items_into_bins(lengths, step_item, bin_of_step, num_bins)
+
+
+@njit(cache=True)
+def _costs_fit(costs, position, other, cost_room, b):
+    """Whether the item at `position` (with the one at `other`, unless -1) fits bin b's room in
+    every cost column."""
+    for j in range(costs.shape[1]):
+        more = costs[other, j] if other >= 0 else 0
+        if costs[position, j] + more > cost_room[b, j]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _fitting_from(next_alive, sizes, costs, cost_room, b, start, end, room):
+    """The first remaining position in [start, end) that fits bin b's token room and every cost,
+    among the MFFD_SCAN first remaining ones at or after `start` (end if none)."""
+    position = _next_alive(next_alive, start)
+    for _ in range(MFFD_SCAN):
+        if position >= end or sizes[position] > room:
+            return end
+        if _costs_fit(costs, position, -1, cost_room, b):
+            return position
+        position = _next_alive(next_alive, position + 1)
+    return end
+
+
+@njit(cache=True)
+def _place_limits(position, b, sizes, costs, order, room, cost_room, count, next_alive, previous_alive, step_item,
+                  bin_of_step, steps):
+    for j in range(costs.shape[1]):
+        cost_room[b, j] -= costs[position, j]
+    return _place(position, b, sizes, order, room, count, next_alive, previous_alive, step_item, bin_of_step, steps)
+
+
+@njit(cache=True)
+def _mffd_limits_kernel(sizes, costs, limits, order, capacity, max_seqs):
+    """Phases 1 to 4 of `_mffd_kernel` with a room per bin in every cost column; returns the
+    placement log, the steps placed, the number of bins and the positions left for phase 5 (in
+    the decreasing order)."""
+    n = order.size
+    k = limits.size
+    end_large = _first_at_most(sizes, 0, n, capacity // 2)
+    end_medium = _first_at_most(sizes, 0, n, capacity // 3)
+    end_small = _first_at_most(sizes, 0, n, capacity // 6)
+
+    next_alive = np.arange(n + 1)
+    previous_alive = np.arange(n + 1)
+    step_item = np.empty(n, np.int64)
+    bin_of_step = np.empty(n, np.int64)
+    steps = 0
+    bins = max(end_large, 1)
+    room = np.empty(bins, np.int64)
+    cost_room = np.empty((bins, k), np.int64)
+    count = np.zeros(bins, np.int64)
+    has_medium = np.zeros(bins, np.bool_)
+
+    # Phase 1: one bin per large item, largest first.
+    for b in range(end_large):
+        room[b] = capacity
+        for j in range(k):
+            cost_room[b, j] = limits[j]
+        steps = _place_limits(b, b, sizes, costs, order, room, cost_room, count, next_alive, previous_alive,
+                              step_item, bin_of_step, steps)
+
+    # Phase 2: each large bin takes the largest medium item that fits every budget.
+    for b in range(end_large):
+        if count[b] >= max_seqs:
+            continue
+        position = _fitting_from(next_alive, sizes, costs, cost_room, b,
+                                 _first_at_most(sizes, end_large, end_medium, room[b]), end_medium, room[b])
+        if position >= end_medium:
+            continue
+        has_medium[b] = True
+        steps = _place_limits(position, b, sizes, costs, order, room, cost_room, count, next_alive, previous_alive,
+                              step_item, bin_of_step, steps)
+
+    # Phase 3: backward through the large bins without a medium item: where the two smallest small
+    # items fit together, add the smallest and the largest small item that fits beside it.
+    for b in range(end_large - 1, -1, -1):
+        if has_medium[b] or count[b] + 2 > max_seqs:
+            continue
+        smallest = _previous_alive(previous_alive, end_small - 1)
+        if smallest < end_medium:
+            break
+        second_smallest = _previous_alive(previous_alive, smallest - 1)
+        if second_smallest < end_medium:
+            break
+        if sizes[smallest] + sizes[second_smallest] > room[b]:
+            continue
+        if not _costs_fit(costs, smallest, second_smallest, cost_room, b):
+            continue
+        steps = _place_limits(smallest, b, sizes, costs, order, room, cost_room, count, next_alive, previous_alive,
+                              step_item, bin_of_step, steps)
+        position = _fitting_from(next_alive, sizes, costs, cost_room, b,
+                                 _first_at_most(sizes, end_medium, end_small, room[b]), end_small, room[b])
+        if position < end_small:
+            steps = _place_limits(position, b, sizes, costs, order, room, cost_room, count, next_alive,
+                                  previous_alive, step_item, bin_of_step, steps)
+
+    # Phase 4: each large bin keeps taking the largest remaining item that fits every budget.
+    for b in range(end_large):
+        while count[b] < max_seqs:
+            position = _fitting_from(next_alive, sizes, costs, cost_room, b,
+                                     _first_at_most(sizes, end_large, n, room[b]), n, room[b])
+            if position >= n:
+                break
+            steps = _place_limits(position, b, sizes, costs, order, room, cost_room, count, next_alive,
+                                  previous_alive, step_item, bin_of_step, steps)
+
+    leftover = np.empty(n - steps, np.int64)
+    position = _next_alive(next_alive, 0)
+    for i in range(leftover.size):
+        step_item[steps + i] = order[position]
+        leftover[i] = position
+        position = _next_alive(next_alive, position + 1)
+    return step_item, bin_of_step, steps, end_large, leftover

@@ -275,4 +275,5 @@ def reorder_packs(plan: PackPlan, pack_order: str, seed: int, first_window: int 
                     piece_gid=plan.piece_gid[take], piece_start=plan.piece_start[take],
                     piece_len=plan.piece_len[take], piece_padded=plan.piece_padded[take],
                     dropped=plan.dropped, truncated=plan.truncated, tokens_dropped=plan.tokens_dropped,
-                    tokens_truncated=plan.tokens_truncated, step_bins=plan.step_bins)
+                    tokens_truncated=plan.tokens_truncated, step_bins=plan.step_bins,
+                    piece_extra=plan.take_pieces(take), over_limit=plan.over_limit)

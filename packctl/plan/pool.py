@@ -81,3 +81,79 @@ def _pool_kernel(lengths, capacity, max_seqs, pool_size, closest):
                 break
         num_bins += 1
     return step_item, bin_of_step, num_bins
+
+
+def pack_pool_limits(lengths: np.ndarray, extra: np.ndarray, limits: np.ndarray, capacity: int, max_seqs: int,
+                     options: KernelOptions) -> Bins:
+    """pool under every budget: a bin opens with the oldest waiting item, then takes pool items
+    that fit its tokens and every cost: the largest in tokens ("closest"; ties: the oldest) or the
+    oldest ("first"). O(n * pool_size * k)."""
+    pool_strategy = options.pool_strategy
+    if pool_strategy not in POOL_STRATEGIES:
+        raise ValueError(f"unknown pool strategy {pool_strategy!r}: choose one of {', '.join(POOL_STRATEGIES)}")
+    step_item, bin_of_step, num_bins = _pool_limits_kernel(lengths, extra, limits, capacity, max_seqs,
+                                                           positive_int(options.pool_size, "pool_size"),
+                                                           pool_strategy == "closest")
+    return whole_items_into_bins(lengths, step_item, bin_of_step, num_bins)
+
+
+@njit(cache=True)
+def _pool_limits_kernel(lengths, extra, limits, capacity, max_seqs, pool_size, closest):
+    """`_pool_kernel` with the room of the open bin in every cost column."""
+    n = lengths.size
+    k = limits.size
+    step_item = np.empty(n, np.int64)
+    bin_of_step = np.empty(n, np.int64)
+    pool = np.empty(min(pool_size, n), np.int64)
+    cost_room = np.empty(k, np.int64)
+    held = 0
+    next_item = 0
+    step = 0
+    num_bins = 0
+    while True:
+        while held < pool_size and next_item < n:
+            pool[held] = next_item
+            held += 1
+            next_item += 1
+        if held == 0:
+            break
+        pick = 0
+        room = capacity
+        for j in range(k):
+            cost_room[j] = limits[j]
+        count = 0
+        while True:
+            item = pool[pick]
+            step_item[step] = item
+            bin_of_step[step] = num_bins
+            step += 1
+            room -= lengths[item]
+            for j in range(k):
+                cost_room[j] -= extra[item, j]
+            count += 1
+            for j in range(pick, held - 1):
+                pool[j] = pool[j + 1]
+            held -= 1
+            while held < pool_size and next_item < n:
+                pool[held] = next_item
+                held += 1
+                next_item += 1
+            if count == max_seqs:
+                break
+            pick = -1
+            best = 0
+            for i in range(held):
+                size = lengths[pool[i]]
+                if size <= room and size > best:
+                    fits = True
+                    for j in range(k):
+                        fits = fits and extra[pool[i], j] <= cost_room[j]
+                    if fits:
+                        pick = i
+                        best = size
+                        if not closest or size == room:
+                            break
+            if pick < 0:
+                break
+        num_bins += 1
+    return step_item, bin_of_step, num_bins

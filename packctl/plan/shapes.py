@@ -71,7 +71,7 @@ def with_row_length(plan: PackPlan, padded_len: np.ndarray) -> PackPlan:
                     piece_start=plan.piece_start, piece_len=plan.piece_len,
                     piece_padded=np.repeat(np.asarray(padded_len, dtype=np.int64), np.diff(plan.bin_offsets)),
                     dropped=plan.dropped, truncated=plan.truncated, tokens_dropped=plan.tokens_dropped,
-                    tokens_truncated=plan.tokens_truncated)
+                    tokens_truncated=plan.tokens_truncated, piece_extra=plan.piece_extra, over_limit=plan.over_limit)
 
 
 def shape_table(rows: np.ndarray, padded_len: np.ndarray) -> list[dict[str, int]]:

@@ -12,6 +12,13 @@ a part of one when it was split; every piece becomes one sequence of a pack.
              bin 1: (gid 1, start 8, len 8)
              bin 2: (gid 0, start 0, len 3) (gid 1, start 16, len 3)
              bin 3: (gid 2, start 0, len 4)
+
+With limits (`WindowOptions.limits`, --limit COL=N), each sequence also costs `extra[i, j]` in
+limited column j: every window is packed under every budget (pack_lengths extra=, limits=), the
+plan keeps each piece's costs (`piece_extra`) and each pack's sums (`extra_loads`). A sequence
+over a limit on its own follows --too-long: error, or drop (counted in `dropped` and
+`over_limit`); truncate and split refuse it (`SequenceOverLimit`), as they refuse a sequence over
+the capacity that has a cost (`UncuttableSequence`): media cannot be cut.
 """
 from __future__ import annotations
 
@@ -22,8 +29,14 @@ import numpy as np
 from packctl.arrays import ranges
 from packctl.plan.algorithms import batch_lengths, pack_lengths
 from packctl.plan.align import round_up
+from packctl.plan.bins import over_limits
 from packctl.plan.exchange import exchange_pieces
-from packctl.plan.groups import GroupTooLong, check_groups_fit, expand_items
+from packctl.plan.groups import (
+    GroupTooLong,
+    check_groups_fit,
+    check_groups_within_limits,
+    expand_items,
+)
 from packctl.plan.order import window_seed
 from packctl.specs import WindowOptions
 
@@ -34,6 +47,29 @@ class SequenceTooLong(ValueError):
     def __init__(self, gid: int, length: int, padded: int, capacity: int):
         self.gid, self.length, self.padded, self.capacity = gid, length, padded, capacity
         super().__init__(f"sequence {gid} of {length} tokens (padded {padded}) exceeds capacity {capacity}")
+
+
+class SequenceOverLimit(ValueError):
+    """A sequence costs more than a limit on its own, and --too-long is not `drop`: `column` is the
+    index of the limited column (in `WindowOptions.limits` order), `count` how many sequences are
+    over a limit."""
+
+    def __init__(self, gid: int, column: int, cost: int, limit: int, count: int, too_long: str):
+        self.gid, self.column, self.cost, self.limit, self.count, self.too_long = gid, column, cost, limit, count, too_long
+        why = "" if too_long == "error" else f" (--too-long {too_long} cannot cut media)"
+        super().__init__(f"sequence {gid} costs {cost} in limited column {column}, over its limit {limit}{why}; "
+                         f"{count} sequence(s) over a limit")
+
+
+class UncuttableSequence(ValueError):
+    """--too-long truncate or split would cut a sequence over the capacity that has a cost (media):
+    `column` its first limited column > 0."""
+
+    def __init__(self, gid: int, length: int, capacity: int, column: int, cost: int, count: int, too_long: str):
+        self.gid, self.length, self.capacity, self.column, self.cost, self.count, self.too_long = (
+            gid, length, capacity, column, cost, count, too_long)
+        super().__init__(f"sequence {gid} of {length} tokens exceeds capacity {capacity} and costs {cost} in limited "
+                         f"column {column}: --too-long {too_long} would cut its media; {count} such sequence(s)")
 
 
 @dataclass
@@ -53,6 +89,10 @@ class PackPlan:
     # --group-scope step: the first pack of every step (plus the end), steps inside windows; the
     # balancer takes these steps as they are instead of cutting its own
     step_bins: np.ndarray | None = None
+    # with limits: int64 pieces x k, each piece's value of each limited column (a sequence's value
+    # on its one piece: only sequences of no cost are ever cut); None without limits
+    piece_extra: np.ndarray | None = None
+    over_limit: np.ndarray | None = None  # gids dropped for being over a limit on their own (also in `dropped`)
 
     @property
     def num_bins(self) -> int:
@@ -67,6 +107,19 @@ class PackPlan:
         values = self.piece_padded if padded else self.piece_len
         sums = np.concatenate([[0], np.cumsum(values)])
         return sums[self.bin_offsets[1:]] - sums[self.bin_offsets[:-1]]
+
+    def extra_loads(self) -> np.ndarray:
+        """Per-pack sum of each limited column (int64, B x k; k = 0 without limits): what the
+        output's per-pack sums hold, each <= its limit."""
+        if self.piece_extra is None:
+            return np.zeros((self.num_bins, 0), np.int64)
+        sums = np.concatenate([np.zeros((1, self.piece_extra.shape[1]), np.int64),
+                               np.cumsum(self.piece_extra, axis=0, dtype=np.int64)])
+        return sums[self.bin_offsets[1:]] - sums[self.bin_offsets[:-1]]
+
+    def take_pieces(self, take: np.ndarray) -> np.ndarray | None:
+        """`piece_extra` of the pieces `take` (None without limits): what a reordering passes on."""
+        return None if self.piece_extra is None else self.piece_extra[take]
 
     def split_gids(self) -> np.ndarray:
         """gids that appear in more than one piece."""
@@ -94,12 +147,17 @@ def merge_plans(plans: list[PackPlan]) -> PackPlan:
     stepped = [p.step_bins is not None for p in plans]
     if any(stepped) and not all(stepped):
         raise ValueError("merge_plans: plans with and without planned steps")
+    limited = [p.piece_extra is not None for p in plans]
+    if any(limited) and not all(limited):
+        raise ValueError("merge_plans: plans with and without limits")
     return PackPlan(
         window_bins=np.concatenate(window_bins), bin_offsets=np.concatenate(bin_offsets),
         piece_gid=cat("piece_gid"), piece_start=cat("piece_start"), piece_len=cat("piece_len"),
         piece_padded=cat("piece_padded"), dropped=np.sort(cat("dropped")), truncated=np.sort(cat("truncated")),
         tokens_dropped=sum(p.tokens_dropped for p in plans), tokens_truncated=sum(p.tokens_truncated for p in plans),
         step_bins=np.concatenate(step_bins) if all(stepped) else None,
+        piece_extra=cat("piece_extra") if all(limited) else None,
+        over_limit=np.sort(cat("over_limit")) if all(limited) else None,
     )
 
 
@@ -113,7 +171,7 @@ class GroupTooBigForStep(ValueError):
 
 
 def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, *, first_window: int = 0,
-                 progress=None, new_group: np.ndarray | None = None) -> PackPlan:
+                 progress=None, new_group: np.ndarray | None = None, extra: np.ndarray | None = None) -> PackPlan:
     """Pack sequences given in order (`gids[i]` has true length `lengths[i]`), window by window.
 
     The items are whole windows, the first being window `first_window` of the global order (its
@@ -125,23 +183,36 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
     more over the capacity raises GroupTooLong; --too-long applies to groups of one. With
     `options.step_packs` or `step_tokens` (--group-scope step) each window is cut into steps
     that keep their groups whole instead (`plan_window_steps`), recorded in `step_bins`.
+
+    `extra` (n x k integers >= 0, k = len(options.limits)): each sequence's value of each limited
+    column; every pack's sum of column j stays <= options.limits[j] (module docstring). A group of
+    two or more over a limit (its sum with --group-scope pack, a member with step) raises
+    GroupOverLimit; a sequence over a limit raises SequenceOverLimit unless --too-long drop.
     """
     o = options
     capacity, align, too_long, window = o.capacity, o.align, o.too_long, o.window
     gids = np.asarray(gids, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
+    limits = np.asarray(o.limits, dtype=np.int64)
+    extra = _checked_extra(extra, limits, len(gids))
     if new_group is not None:
         if not o.step_scope:
             check_groups_fit(gids, round_up(lengths, align), new_group, capacity)
+        if extra is not None:
+            check_groups_within_limits(gids, extra, new_group, limits, whole=not o.step_scope)
         cuts = np.flatnonzero(new_group)[::window]
     else:
         cuts = np.arange(0, len(gids), window)
-    over = round_up(lengths, align) > capacity
-    if too_long == "error" and over.any():
-        i = int(np.flatnonzero(over)[np.argmin(gids[over])])
+    over_capacity = round_up(lengths, align) > capacity
+    over_limit = over_limits(extra, limits) if extra is not None else np.zeros(len(gids), dtype=bool)
+    if too_long != "drop" and extra is not None:
+        _refuse_cutting_media(gids, lengths, extra, limits, over_capacity, over_limit, capacity, too_long)
+    if too_long == "error" and over_capacity.any():
+        i = int(np.flatnonzero(over_capacity)[np.argmin(gids[over_capacity])])
         raise SequenceTooLong(int(gids[i]), int(lengths[i]), int(round_up(lengths[i], align)), capacity)
+    over = over_capacity | over_limit  # what --too-long drop leaves out
     dropped = np.sort(gids[over]) if too_long == "drop" else np.zeros(0, np.int64)
-    truncated = np.sort(gids[over]) if too_long == "truncate" else np.zeros(0, np.int64)
+    truncated = np.sort(gids[over_capacity]) if too_long == "truncate" else np.zeros(0, np.int64)
 
     parts: list[tuple[np.ndarray, ...]] = []
     window_bins = [0]
@@ -150,15 +221,17 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
         kwargs = dict(capacity=capacity, align=align, algorithm=o.algorithm, too_long=too_long,
                       max_seqs_per_bin=o.max_seqs_per_bin, seed=window_seed(o.seed, first_window + w),
                       pool_size=o.pool_size, pool_strategy=o.pool_strategy, max_tokens=o.max_tokens,
-                      buckets=o.buckets)
+                      buckets=o.buckets, limits=limits if extra is not None else None)
+        window_extra = None if extra is None else extra[lo:hi]
         if o.step_scope and new_group is not None:
             result, steps = plan_window_steps(gids[lo:hi], lengths[lo:hi], new_group[lo:hi], o.step_packs,
-                                              o.step_tokens, **kwargs)
+                                              o.step_tokens, extra=window_extra, **kwargs)
             step_bins.append(steps[1:] + window_bins[-1])
         else:
             steps = None
             result = _plan_one_window(gids[lo:hi], lengths[lo:hi],
-                                      new_group=None if new_group is None else new_group[lo:hi], **kwargs)
+                                      new_group=None if new_group is None else new_group[lo:hi], extra=window_extra,
+                                      **kwargs)
         if o.exchanges and o.algorithm != "batch":
             result = _exchanged(result, o, kwargs["seed"], steps,
                                 None if new_group is None or o.step_scope else new_group[lo:hi], gids[lo:hi],
@@ -174,15 +247,61 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
         bin_offsets.append(part[0][1:] + base)
         base += int(part[0][-1])
     cat = (lambda k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64))
+    piece_extra = None
+    if extra is not None:
+        piece_extra = (np.concatenate([p[5] for p in parts]) if parts else np.zeros((0, len(limits)), np.int64))
     return PackPlan(
         window_bins=np.asarray(window_bins, dtype=np.int64),
         bin_offsets=np.concatenate(bin_offsets),
         piece_gid=cat(1), piece_start=cat(2), piece_len=cat(3), piece_padded=cat(4),
         dropped=dropped, truncated=truncated,
         tokens_dropped=int(lengths[over].sum()) if too_long == "drop" else 0,
-        tokens_truncated=int((lengths[over] - capacity).sum()) if too_long == "truncate" else 0,
+        tokens_truncated=int((lengths[over_capacity] - capacity).sum()) if too_long == "truncate" else 0,
         step_bins=np.concatenate(step_bins) if o.step_scope and new_group is not None else None,
+        piece_extra=piece_extra,
+        over_limit=None if extra is None else np.sort(gids[over_limit]) if too_long == "drop" else np.zeros(0, np.int64),
     )
+
+
+def _checked_extra(extra, limits: np.ndarray, n: int) -> np.ndarray | None:
+    """`extra` as int64 n x k for k = len(limits) >= 1, or None with no limits."""
+    if len(limits) == 0:
+        if extra is not None and np.asarray(extra).size:
+            raise ValueError("extra given without limits (WindowOptions.limits)")
+        return None
+    if extra is None:
+        raise ValueError(f"WindowOptions.limits has {len(limits)} limit(s): pass extra, n x {len(limits)}")
+    extra = np.asarray(extra)
+    if extra.shape != (n, len(limits)) or (extra.size and extra.dtype.kind not in "iu"):
+        raise ValueError(f"extra must be integers of shape ({n}, {len(limits)}), got {extra.dtype} {extra.shape}")
+    if extra.size and extra.min() < 0:
+        raise ValueError(f"extra must be >= 0, got {extra.min()}")
+    return np.ascontiguousarray(extra, dtype=np.int64)
+
+
+def _refuse_cutting_media(gids, lengths, extra, limits, over_capacity, over_limit, capacity, too_long) -> None:
+    """Raise for the sequence with the smallest gid that --too-long (not drop) cannot place:
+    SequenceOverLimit for one over a limit; with truncate or split, UncuttableSequence for one over
+    the capacity that has a cost (with error, SequenceTooLong comes after, from the caller)."""
+    found = []
+    if over_limit.any():
+        i = int(np.flatnonzero(over_limit)[np.argmin(gids[over_limit])])
+        j = int(np.argmax(extra[i] > limits))
+        found.append((int(gids[i]), SequenceOverLimit(int(gids[i]), j, int(extra[i, j]), int(limits[j]),
+                                                      int(over_limit.sum()), too_long)))
+    if too_long in ("truncate", "split"):
+        uncuttable = over_capacity & (extra > 0).any(axis=1)
+        if uncuttable.any():
+            i = int(np.flatnonzero(uncuttable)[np.argmin(gids[uncuttable])])
+            j = int(np.argmax(extra[i] > 0))
+            found.append((int(gids[i]), UncuttableSequence(int(gids[i]), int(lengths[i]), capacity, j,
+                                                           int(extra[i, j]), int(uncuttable.sum()), too_long)))
+    elif over_capacity.any():  # error: the first over-long sequence may come before the first over a limit
+        found.append((int(gids[over_capacity].min()), None))
+    if found:
+        error = min(found, key=lambda f: f[0])[1]
+        if error is not None:
+            raise error
 
 
 def _exchanged(result: tuple[np.ndarray, ...], options: WindowOptions, seed: int, steps: np.ndarray | None,
@@ -191,7 +310,9 @@ def _exchanged(result: tuple[np.ndarray, ...], options: WindowOptions, seed: int
     plan/exchange.py: inside each step of --group-scope step (`steps`: its pack offsets), else
     across the window. Pieces of a split sequence never move, nor (pack scope, `new_group`) the
     members of a group of two or more, which share their pack."""
-    offsets, p_gid, p_start, p_len, p_padded = result
+    offsets, p_gid, p_start, p_len, p_padded = result[:5]
+    p_extra = result[5] if len(result) > 5 else None
+    limits = np.asarray(options.limits, dtype=np.int64) if p_extra is not None else None
     if options.algorithm == "split":  # any sequence may be cut
         unique, counts = np.unique(p_gid, return_counts=True)
         movable = ~np.isin(p_gid, unique[counts > 1])
@@ -209,11 +330,12 @@ def _exchanged(result: tuple[np.ndarray, ...], options: WindowOptions, seed: int
     for k, (lo, hi) in enumerate(zip(segments[:-1].tolist(), segments[1:].tolist())):
         a, b = int(offsets[lo]), int(offsets[hi])
         take, cut = exchange_pieces(offsets[lo:hi + 1] - a, p_padded[a:b], movable[a:b], options.capacity,
-                                    max_seqs, window_seed(seed, k))
+                                    max_seqs, window_seed(seed, k), None if p_extra is None else p_extra[a:b], limits)
         takes.append(take + a)
         new_offsets.append(cut[1:] + a)
     take = np.concatenate(takes)
-    return np.concatenate(new_offsets), p_gid[take], p_start[take], p_len[take], p_padded[take]
+    exchanged = (np.concatenate(new_offsets), p_gid[take], p_start[take], p_len[take], p_padded[take])
+    return exchanged if p_extra is None else (*exchanged, p_extra[take])
 
 
 def check_groups_fit_step(gids: np.ndarray, lengths: np.ndarray, new_group: np.ndarray, options: WindowOptions) -> None:
@@ -251,7 +373,7 @@ STEP_MISSES = 4  # groups tried in vain (they fit the room, not the packs) befor
 
 
 def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tokens: int | None, *, seed: int,
-                      **options) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+                      extra: np.ndarray | None = None, **options) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
     """One window under --group-scope step: its groups cut into steps, each step's sequences packed
     on their own by the algorithm (a group's members may share packs with other groups and spread
     over several packs, never over two steps).
@@ -266,7 +388,8 @@ def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tok
     first-fit-decreasing, which `check_groups_fit_step` vouched for. Step k of the window packs
     with seed window_seed(seed, k).
     Returns `_plan_one_window`'s tuple for the whole window and the first pack of every step
-    (plus the end).
+    (plus the end). With limits (`extra`, `options["limits"]`) every step's packs keep them; the
+    room of a step stays in tokens.
 
         capacity 8, step_packs 2, groups of padded lengths [5 3] [6] [4 4] [7]
         step 0: [5 3] [6] (14 of 16), [4 4] would make 22: it waits; [7] would make 21: it waits
@@ -276,6 +399,8 @@ def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tok
     capacity, align, too_long = options["capacity"], options["align"], options["too_long"]
     padded = round_up(lengths, align)
     over = padded > capacity
+    if extra is not None and too_long == "drop":  # a sequence over a limit is dropped: it takes no room
+        over |= over_limits(extra, options["limits"])
     size = np.where(over, 0 if too_long == "drop" else capacity, padded)  # room each takes after --too-long
     first = np.flatnonzero(new_group)
     ends = np.append(first[1:], len(gids))
@@ -287,9 +412,10 @@ def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tok
     g = int(np.argmax(waiting)) if waiting.any() else n
     k = 0
 
-    def pack_groups(taken: list[int], **extra):
+    def pack_groups(taken: list[int], **overrides):
         take = np.concatenate([np.arange(first[t], ends[t]) for t in taken])
-        return _plan_one_window(gids[take], lengths[take], **{**options, "seed": window_seed(seed, k), **extra})
+        return _plan_one_window(gids[take], lengths[take], extra=None if extra is None else extra[take],
+                                **{**options, "seed": window_seed(seed, k), **overrides})
 
     def _fill_step(taken: list[int], held: int, result):
         """Try the groups still waiting that fit the room, one by one, until STEP_MISSES of them did
@@ -348,27 +474,34 @@ def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tok
             g += 1
     if not parts:
         empty = np.zeros(0, np.int64)
-        return (np.zeros(1, np.int64), empty, empty, empty, empty), np.zeros(1, np.int64)
+        nothing = (np.zeros(1, np.int64), empty, empty, empty, empty)
+        if extra is not None:
+            nothing = (*nothing, np.zeros((0, extra.shape[1]), np.int64))
+        return nothing, np.zeros(1, np.int64)
     offsets, base = [np.zeros(1, np.int64)], 0
     for part in parts:
         offsets.append(part[0][1:] + base)
         base += int(part[0][-1])
-    joined = (np.concatenate(offsets), *(np.concatenate([p[i] for p in parts]) for i in range(1, 5)))
+    joined = (np.concatenate(offsets), *(np.concatenate([p[i] for p in parts]) for i in range(1, len(parts[0]))))
     return joined, np.asarray(steps, dtype=np.int64)
 
 
 def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max_seqs_per_bin, seed, pool_size=128,
-                     pool_strategy="closest", max_tokens=None, buckets=None, new_group=None):
-    """One window -> (bin_offsets, piece gid, start, len, padded). With `new_group`, the
-    algorithm packs whole groups (only groups of one can be over-long: plan_windows checked)."""
+                     pool_strategy="closest", max_tokens=None, buckets=None, new_group=None, extra=None, limits=None):
+    """One window -> (bin_offsets, piece gid, start, len, padded), and with limits (`extra` n x k,
+    `limits` k) each piece's costs (pieces x k) after them. With `new_group`, the algorithm packs
+    whole groups (only groups of one can be over-long: plan_windows checked)."""
     padded = round_up(lengths, align)
     over = padded > capacity
+    if extra is not None and too_long == "drop":
+        over = over | over_limits(extra, limits)
     start = np.zeros(len(gids), np.int64)
     full_chunks = np.zeros(len(gids), np.int64)
     if too_long == "drop":
         keep = ~over
         gids, lengths, start, full_chunks = gids[keep], lengths[keep], start[keep], full_chunks[keep]
         new_group = None if new_group is None else new_group[keep]
+        extra = None if extra is None else extra[keep]
     elif too_long == "truncate":
         lengths = np.where(over, capacity, lengths)
     elif too_long == "split" and algorithm != "split":
@@ -378,25 +511,33 @@ def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max
         lengths = lengths - start
     item_padded = round_up(lengths, align)
 
+    budgets = {} if extra is None else {"limits": limits}
     if algorithm == "batch":
+        if extra is not None:
+            raise ValueError("limits apply to packs: batch mode (padded micro-batches) takes none")
         bins = batch_lengths(item_padded, max_tokens, max_seqs_per_bin=max_seqs_per_bin, buckets=buckets)
     elif new_group is not None:
         first = np.flatnonzero(new_group)
         size = np.diff(np.append(first, len(gids)))
         group_padded = np.add.reduceat(item_padded, first) if len(first) else item_padded
+        if extra is not None:  # a group costs the sum of its members
+            budgets["extra"] = np.add.reduceat(extra, first, axis=0) if len(first) else extra
         bins = expand_items(pack_lengths(group_padded, capacity, algorithm, seed=seed, pool_size=pool_size,
-                                         pool_strategy=pool_strategy), first, size, item_padded)
+                                         pool_strategy=pool_strategy, **budgets), first, size, item_padded)
     else:
+        if extra is not None:
+            budgets["extra"] = extra
         bins = pack_lengths(item_padded, capacity, algorithm, max_seqs_per_bin=max_seqs_per_bin,
-                            seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy)
+                            seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy, **budgets)
     members = bins.members
     p_gid = gids[members]
     p_start = start[members] + bins.starts
     p_len = np.minimum(bins.lens, lengths[members] - bins.starts)
     p_padded = bins.lens.astype(np.int64)
     offsets = bins.offsets.astype(np.int64)
+    p_extra = None if extra is None else extra[members]  # a cut sequence costs nothing (plan_windows checked)
     if not full_chunks.any():
-        return offsets, p_gid, p_start, p_len, p_padded
+        return (offsets, p_gid, p_start, p_len, p_padded) + (() if p_extra is None else (p_extra,))
 
     # Insert each split sequence's full-chunk packs right before the pack holding its last piece.
     n_bins, n_pieces = len(offsets) - 1, len(members)
@@ -419,5 +560,9 @@ def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max
     all_len = np.concatenate([p_len, np.full(len(chunk_piece), capacity, np.int64)])
     all_padded = np.concatenate([p_padded, np.full(len(chunk_piece), capacity, np.int64)])
     new_offsets = np.concatenate([[0], np.cumsum(rec_count[rank])]).astype(np.int64)
-    return new_offsets, all_gid[take], all_start[take], all_len[take], all_padded[take]
+    planned = (new_offsets, all_gid[take], all_start[take], all_len[take], all_padded[take])
+    if p_extra is None:
+        return planned
+    all_extra = np.concatenate([p_extra, np.zeros((len(chunk_piece), p_extra.shape[1]), np.int64)])
+    return (*planned, all_extra[take])
 

@@ -487,19 +487,20 @@ def index_inputs(resolution: "Resolution", tokens_column: str, labels_column: st
 
 
 # Options that name Parquet columns: a Megatron dataset has tokens only.
-_COLUMN_OPTIONS = ("keep_columns", "weight_column", "group_column", "labels_column")
+_COLUMN_OPTIONS = ("keep_columns", "weight_column", "group_column", "labels_column", "limits")
+_FLAGS = {"limits": "--limit"}  # the options whose flag is not their name
 
 
 def check_options(resolution: "Resolution", *, tokens_column: str = "input_ids", **columns) -> None:
     """Refuse, for a Megatron input, the options that need Parquet columns: --tokens-column other
-    than input_ids, --labels-column, --keep-columns, --weight-column, --group-column."""
+    than input_ids, --labels-column, --keep-columns, --weight-column, --group-column, --limit."""
     if not any(is_indexed(f.path) for f in resolution.files):
         return
     given = [name for name in _COLUMN_OPTIONS if columns.get(name)]
     if tokens_column != "input_ids":
         given.insert(0, "tokens_column")
     if given:
-        flag = "--" + given[0].replace("_", "-")
+        flag = _FLAGS.get(given[0], "--" + given[0].replace("_", "-"))
         raise PackctlError(f"{flag}: names a Parquet column, and {resolution.files[0].path} is a Megatron indexed "
                            "dataset (tokens only, loss on every token); drop the option, or pack Parquet input",
                            everywhere=True)

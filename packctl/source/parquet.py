@@ -99,6 +99,10 @@ class SequenceIndex(RowsByGid):
     group_starts: np.ndarray | None = None
     # one per file: what the run first read of it; every later open checks the file against it
     fingerprints: list[FileFingerprint] = field(default_factory=list)
+    # --limit COL=N: the limited columns, in --limit order, read in every block scan decodes into
+    # `extra` (int64, one row per gid of this rank, one column each; None without --limit)
+    limit_columns: tuple[str, ...] = ()
+    extra: np.ndarray | None = None
 
 
 def describe_gid(paths: list[str], file_offsets: np.ndarray, gid: int, column: str | None = None) -> str:
@@ -197,6 +201,51 @@ def check_weights(path: str, row_group: int, first_row: int, column: str,
         what = value.as_py() if value.is_valid else "null"
         raise PackctlError(f"{path} row {first_row + row} column '{column}': weight {what}; every sequence needs a "
                            "finite weight (fill or drop the row, or drop --weight-column)")
+
+
+def check_limit_column(path: str, schema: pa.Schema, column: str) -> None:
+    """A --limit column: present, of an integer type (any width, signed or not), one value per row."""
+    if column not in schema.names:
+        raise PackctlError(f"{path}: no column '{column}' for --limit {column}=N (columns: {', '.join(schema.names)}); "
+                           "add one whole number per sequence to every input file, or drop the --limit")
+    typ = field_type(path, schema, column)
+    if not pa.types.is_integer(typ):
+        what = "a list" if _is_any_list(typ) else "not whole numbers"
+        raise PackctlError(f"{path}: column '{column}' is {_type_name(typ)}, {what}; --limit {column}=N needs one "
+                           "whole number >= 0 per sequence: write it as an integer column (a count such as images "
+                           "or image tokens)")
+
+
+def read_limit_values(path: str, row_group: int, first_row: int, columns: tuple[str, ...], rows: int,
+                      expected: FileFingerprint | None = None) -> np.ndarray:
+    """The --limit columns of one row group as int64, rows x len(columns), each value a whole
+    number >= 0 (the column's type was checked from the footer): a null, a negative value or one
+    above 2^63-1 is refused as 'FILE row R column C: ...'."""
+    pf = open_parquet(path, expected)
+    try:
+        table = pf.read_row_group(row_group, columns=list(columns))
+    except (pa.ArrowException, OSError) as exc:
+        raise PackctlError(f"{path}: cannot read column(s) {', '.join(columns)} ({_short(exc)}); the file may be "
+                           "truncated or corrupt") from None
+    values = np.empty((rows, len(columns)), dtype=np.int64)
+    for j, column in enumerate(columns):
+        array = _one_array(table.column(column))
+        if array.null_count:
+            row = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+            raise PackctlError(f"{path} row {first_row + row} column '{column}': null; --limit {column}=N needs a "
+                               "whole number >= 0 on every sequence (0 where it has none): fill the row or drop it")
+        numbers = numpy_view(array)
+        if numbers.dtype.kind == "u" and len(numbers) and numbers.max() > np.iinfo(np.int64).max:
+            row = int(np.argmax(numbers > np.iinfo(np.int64).max))
+            raise PackctlError(f"{path} row {first_row + row} column '{column}': {int(numbers[row])} is above "
+                               f"2^63-1; --limit {column}=N counts a sequence's cost as int64: fix the value")
+        numbers = numbers.astype(np.int64)
+        if len(numbers) and numbers.min() < 0:
+            row = int(np.argmax(numbers < 0))
+            raise PackctlError(f"{path} row {first_row + row} column '{column}': {int(numbers[row])} is negative; "
+                               f"--limit {column}=N needs a whole number >= 0 on every sequence: fix the value")
+        values[:, j] = numbers
+    return values
 
 
 def read_kept_columns(index: "SequenceIndex", gids: np.ndarray, columns: list[str]) -> pa.Table:
@@ -457,7 +506,8 @@ def blocks_of(meta: pq.FileMetaData, f: int) -> tuple[list[Block], int]:
 
 
 def index_inputs(resolution: "Resolution", tokens_column: str, labels_column: str | None,
-                 keep_columns: tuple[str, ...] = (), weight_column: str | None = None) -> SequenceIndex:
+                 keep_columns: tuple[str, ...] = (), weight_column: str | None = None,
+                 limit_columns: tuple[str, ...] = ()) -> SequenceIndex:
     """Read the footers and schemas of the resolved INPUT (`packctl.source.resolve.resolve`):
     files, blocks and gids, no lengths yet. Each file is opened once, checked against the
     fingerprint the resolver took, and that fingerprint is kept for every later open. Megatron
@@ -478,6 +528,8 @@ def index_inputs(resolution: "Resolution", tokens_column: str, labels_column: st
             check_kept_column(path, schema, column, kept_types)
         if weight_column is not None:
             check_weight_column(path, schema, weight_column)
+        for column in limit_columns:
+            check_limit_column(path, schema, column)
         files.append(InputFile(path=path, rows=rows, bytes=resolved.fingerprint.size))
         blocks += file_blocks
     index = SequenceIndex(
@@ -490,6 +542,7 @@ def index_inputs(resolution: "Resolution", tokens_column: str, labels_column: st
         labels_column=labels,
         weight_column=weight_column,
         fingerprints=[r.fingerprint for r in resolution.files],
+        limit_columns=tuple(limit_columns),
     )
     if index.num_sequences == 0:
         raise PackctlError(f"{', '.join(resolution.specs)}: the input holds no rows")
@@ -514,30 +567,39 @@ def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
     Decoding runs on a small thread pool (Parquet and the kernels release the GIL), results in
     order. With `skip_empty`, empty rows get length 0 instead of an error; with `pad_token_id`,
     input tokens equal to it are counted in `source.tokens_equal_to_pad_id` (allowed, but worth
-    knowing); with `count_loss_tokens`, `index.loss_tokens` (the step sums of --dp-size need them)."""
+    knowing); with `count_loss_tokens`, `index.loss_tokens` (the step sums of --dp-size need them);
+    with `index.limit_columns`, `index.extra` (their values, checked: `read_limit_values`)."""
     source = TokenSource([f.path for f in index.files], index.tokens_column, index.labels_column, budget,
                          skip_empty=skip_empty, fingerprints=index.fingerprints)
     gid_lo, gid_hi = int(index.block_offsets[block_lo]), int(index.block_offsets[block_hi])
     lengths = np.zeros(gid_hi - gid_lo, dtype=np.int64)
     loss_tokens = np.zeros(gid_hi - gid_lo, dtype=np.int64) if count_loss_tokens else None
+    limited = index.limit_columns
+    extra = np.zeros((gid_hi - gid_lo, len(limited)), dtype=np.int64) if limited else None
 
-    def decode(block: Block) -> tuple[DecodedBlock, int]:
+    def decode(block: Block) -> tuple[DecodedBlock, int, np.ndarray | None]:
         if index.weight_column is not None:
             check_weights(source.paths[block.file], block.row_group, block.first_row, index.weight_column,
                           index.fingerprint(block.file))
-        return compact_block(block, source.decode(block, check_values=False), source.paths[block.file],
-                             index.tokens_column, index.labels_column, pad_token_id)
+        costs = None
+        if limited:
+            costs = read_limit_values(source.paths[block.file], block.row_group, block.first_row, limited,
+                                      block.rows, index.fingerprint(block.file))
+        return (*compact_block(block, source.decode(block, check_values=False), source.paths[block.file],
+                               index.tokens_column, index.labels_column, pad_token_id), costs)
 
-    for b, (decoded, pad_like) in _decode_in_order(decode, index.blocks, block_lo, block_hi):
+    for b, (decoded, pad_like, costs) in _decode_in_order(decode, index.blocks, block_lo, block_hi):
         rows = slice(index.block_offsets[b] - gid_lo, index.block_offsets[b + 1] - gid_lo)
         lengths[rows] = np.diff(decoded.offsets)
+        if extra is not None:
+            extra[rows] = costs
         if loss_tokens is not None:  # the first token's label is masked in every pack
             loss_tokens[rows] = decoded.count_targets(decoded.offsets[:-1] + 1, np.maximum(lengths[rows] - 1, 0))
         source.tokens_equal_to_pad_id += pad_like
         source.offer(b, decoded)
         if progress is not None:
             progress(1)
-    return dataclasses.replace(index, lengths=lengths, gid_lo=gid_lo, loss_tokens=loss_tokens), source
+    return dataclasses.replace(index, lengths=lengths, gid_lo=gid_lo, loss_tokens=loss_tokens, extra=extra), source
 
 
 def _decode_in_order(decode, blocks: list[Block], lo: int, hi: int, workers: int = 2):

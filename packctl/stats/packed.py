@@ -8,11 +8,15 @@ contract-conforming output whatever wrote it.
 
     OUT: capacity 16, align 2, packs [9] [9] [16] [7 4 3] [6 1]   (true sequence lengths)
     -> utilization 55/80, packing efficiency ceil(60/16)/5 = 0.8, padding: alignment 5, tail 20
+
+An output packed with `--limit COL=N` (the manifest's `layout.limits`) has each pack's sum in
+`COL_sum`; the report gives each budget's utilization and packs at the limit (`limit_figures`,
+the `limits` and `packs_at_capacity` of metrics.json) and which budget binds (`binding`).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.errors import PackctlError
+from packctl.plan.align import round_up
 from packctl.plan.metrics import (attention_cost, batch_metrics, dp_balance, fill_histogram, length_summary, pack_loads,
                              pack_metrics)
 from packctl.contract.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST, manifest_path
@@ -42,6 +47,7 @@ class PackedArrays:
     num_tokens: np.ndarray  # int64, one per pack
     pack_lens: np.ndarray  # int64, len(input_ids) of each pack
     balance: dict[str, np.ndarray] | None  # step, dp_rank, micro_batch when present
+    limit_sums: dict[str, np.ndarray] = field(default_factory=dict)  # --limit: COL -> each pack's COL_sum
 
 
 def is_packed_output(path: str | Path) -> bool:
@@ -72,10 +78,11 @@ def read_packed(output: PackedOutput) -> PackedArrays:
     the output's reader (checked against the manifest unless opened with verify=False)."""
     parts: list[dict[str, np.ndarray]] = []
     balance_columns: tuple[str, ...] | None = None
+    sums = [f"{name}_sum" for name in limit_names(output.layout)]
     for k, entry in enumerate(output.shards):
         path = output.shard_path(k)
         names = output.column_names(k)
-        missing = [c for c in (*READ_COLUMNS, CU_SEQLENS_PADDED) if c not in names]
+        missing = [c for c in (*READ_COLUMNS, CU_SEQLENS_PADDED, *sums) if c not in names]
         if missing:
             raise PackctlError(f"{path}: no column {', '.join(repr(c) for c in missing)}; not a packed "
                                "shard of format version 1 (docs/format.md)")
@@ -87,8 +94,8 @@ def read_packed(output: PackedOutput) -> PackedArrays:
                                f"{list(balance_columns)}; pack again")
         # a pack's length is the last entry of cu_seqlens_padded (len(input_ids) by the contract):
         # the token columns, most of a shard's bytes, are never decoded
-        table = output.read_shard(k, [*READ_COLUMNS, CU_SEQLENS_PADDED, *present])
-        parts.append(_shard_arrays(path, table, present, entry.rows))
+        table = output.read_shard(k, [*READ_COLUMNS, CU_SEQLENS_PADDED, *present, *sums])
+        parts.append(_shard_arrays(path, table, (*present, *sums), entry.rows))
 
     def cat(key: str) -> np.ndarray:
         return np.concatenate([p[key] for p in parts]) if parts else np.zeros(0, np.int64)
@@ -100,7 +107,59 @@ def read_packed(output: PackedOutput) -> PackedArrays:
         seq_lens=cat(SEQ_LENS), seq_offsets=seq_offsets, sample_ids=cat(SAMPLE_IDS),
         num_tokens=cat(NUM_TOKENS), pack_lens=cat("pack_len"),
         balance={c: cat(c) for c in balance_columns} if balance_columns else None,
+        limit_sums={name: cat(f"{name}_sum") for name in limit_names(output.layout)},
     )
+
+
+def limit_names(layout: dict[str, Any]) -> list[str]:
+    """The limited columns of an output (`layout.limits`, --limit order); none without limits.
+    A `limits` that is not a mapping of names to whole numbers >= 1 is refused."""
+    limits = layout.get("limits")
+    if limits is None:
+        return []
+    if not isinstance(limits, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                                               and v >= 1 for k, v in limits.items()):
+        raise PackctlError(f"layout.limits {limits!r}: not a mapping of column names to limits >= 1; "
+                           "not a valid packctl manifest: pack again")
+    return list(limits)
+
+
+def limit_figures(padded_loads: np.ndarray, capacity: int, limit_sums: dict[str, np.ndarray],
+                  limits: dict[str, int]) -> dict[str, Any]:
+    """Each budget of an output packed with --limit, from each pack's sums, as `pack` writes them
+    in metrics.json (packctl.pipeline.report.limit_summary): `limits` (per COL: limit, total,
+    utilization = total / (packs x limit), packs_at_limit = packs whose sum is >= 99% of it) and
+    `packs_at_capacity` (packs whose padded load, the aligned lengths of their sequences, is >= 99%
+    of the capacity), plus `binding` (`binding_budget`).
+
+        capacity 10, padded loads [10, 4], images_sum [1, 8], limit 8
+        -> images: total 9, utilization 9/16, packs_at_limit 1; packs_at_capacity 1; binding tokens
+    """
+    packs = len(padded_loads)
+    out: dict[str, Any] = {"limits": {}}
+    for name, limit in limits.items():
+        sums = np.asarray(limit_sums[name], dtype=np.int64)
+        total = int(sums.sum())
+        out["limits"][name] = {"limit": int(limit), "total": total,
+                               "utilization": total / (packs * limit) if packs else 0.0,
+                               "packs_at_limit": int(np.count_nonzero(sums * 100 >= 99 * int(limit)))}
+    out["packs_at_capacity"] = int(np.count_nonzero(np.asarray(padded_loads, np.int64) * 100 >= 99 * int(capacity)))
+    out["binding"] = binding_budget(out["packs_at_capacity"], out["limits"])
+    return out
+
+
+def binding_budget(packs_at_capacity: int, limits: dict[str, dict[str, Any]]) -> str | None:
+    """Which budget binds: the one with the most packs at it (>= 99%): "tokens" or a limited
+    column; None when no pack is at any. Ties go to tokens, then to the first in --limit order.
+
+        >>> binding_budget(3, {"images": {"packs_at_limit": 7}, "image_tokens": {"packs_at_limit": 7}})
+        'images'
+    """
+    most, binding = packs_at_capacity, "tokens" if packs_at_capacity else None
+    for name, figures in limits.items():
+        if figures["packs_at_limit"] > most:
+            most, binding = figures["packs_at_limit"], name
+    return binding
 
 
 def _shard_arrays(path: Path, table: pa.Table, balance: tuple[str, ...], rows: int) -> dict[str, np.ndarray]:
@@ -207,6 +266,9 @@ def _packed_report(path: str | Path, *, attn_coeff: float | None = None,
         "fill_histogram": fill_histogram(packed.num_tokens, capacity),
         "dp_balance": None,
     })
+    if packed.limit_sums:
+        padded = pack_loads(round_up(packed.seq_lens, align), packed.seq_offsets)
+        report.update(limit_figures(padded, capacity, packed.limit_sums, dict(layout["limits"])))
     recorded = output.recorded_metrics() or {}
     extra = packed.balance or {}
     batch = layout.get("pad_to") == "batch" and set(BATCH_COLUMNS) <= extra.keys()

@@ -16,6 +16,11 @@ With `--group-column` the groups are read as `pack` reads them (packctl.source.g
 planned whole by the same code, and each row also says what keeping them whole costs: the
 Martello-Toth bound over whole groups and the packs of the same options without groups
 (`group_cost`). `split` is left out of the algorithms then, as `pack` refuses it with groups.
+
+With `--limit COL=N` the limited columns are read in the same lazy scan as the lengths (one int64
+value per row and column, `LengthIndex.extra`), checked as `pack` checks them, and planned with
+them: each row has the `limits` and `packs_at_capacity` of pack's metrics.json, and `binding`,
+the budget with the most packs at their limit (`packctl.stats.packed.limit_figures`).
 """
 from __future__ import annotations
 
@@ -33,7 +38,8 @@ from packctl.errors import PackctlError
 from packctl.source import megatron
 from packctl.source.files import FileFingerprint, open_parquet
 from packctl.source.megatron import check_options as check_megatron_options
-from packctl.source.parquet import InputFile, RowsByGid, check_list_column, is_plain_list, list_lengths
+from packctl.source.parquet import (InputFile, RowsByGid, check_limit_column, check_list_column, describe_gid,
+                                    is_plain_list, list_lengths)
 from packctl.source.resolve import resolve
 from packctl.source.groups import read_group_starts
 from packctl.plan.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
@@ -45,6 +51,7 @@ from packctl.pipeline.report import Corpus, RankShare, assemble_metrics
 from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
 from packctl.stats.lazy import collect_streaming
+from packctl.stats.packed import binding_budget
 
 
 
@@ -61,10 +68,14 @@ class LengthIndex(RowsByGid):
     gid_lo: int = 0  # every gid is here, as on the one rank of `pack`
     # one per file: what was first read of it (packctl.source.resolve); later reads check it
     fingerprints: list[FileFingerprint] = dataclasses.field(default_factory=list)
+    # --limit COL=N: the limited columns (--limit order), and each row's value of each (int64 n x k;
+    # None without): what pack's scan puts in SequenceIndex.limit_columns and .extra
+    limit_columns: tuple[str, ...] = ()
+    extra: np.ndarray | None = None
 
 
 def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_column: str | None = None, *,
-                 skip_empty: bool = False) -> LengthIndex:
+                 skip_empty: bool = False, limit_columns: tuple[str, ...] = ()) -> LengthIndex:
     """Sequence lengths of raw tokenized shards, in global sample id order (and with
     `group_column`, where each group starts: `packctl.source.groups.read_group_starts`, which refuses
     a null or a group value found again with the error `pack` gives).
@@ -75,9 +86,14 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     sequence. Null and empty rows are refused as `pack` refuses them (empty ones kept as length 0
     with `skip_empty`, as `pack --skip-empty` leaves them out); token values are not checked here
     (`pack` checks them as it reads them).
+
+    `limit_columns` (--limit): read in the same scan into `index.extra` (int64, n x k), each a
+    per-row integer column with no null and no negative value, as `pack` requires
+    (`check_limit_column`, `check_limit_values`).
     """
     resolution = resolve(inputs)
-    check_megatron_options(resolution, tokens_column=tokens_column, group_column=group_column)
+    check_megatron_options(resolution, tokens_column=tokens_column, group_column=group_column,
+                           limits=limit_columns)
     if resolution.files and megatron.is_indexed(resolution.files[0].path):
         return _megatron_lengths(inputs, resolution, tokens_column, skip_empty)
     paths = resolution.paths
@@ -85,24 +101,36 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     for resolved in resolution.files:
         pf = open_parquet(resolved.path, resolved.fingerprint)
         check_list_column(resolved.path, pf.schema_arrow, tokens_column, "tokens")
+        for column in limit_columns:
+            check_limit_column(resolved.path, pf.schema_arrow, column)
         files.append(InputFile(path=resolved.path, rows=pf.metadata.num_rows, bytes=resolved.fingerprint.size))
 
     rows = np.array([f.rows for f in files], dtype=np.int64)
     index = LengthIndex(files=files, file_offsets=np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
                         lengths=np.zeros(0, np.int64), tokens_column=tokens_column,
-                        fingerprints=[r.fingerprint for r in resolution.files])
+                        fingerprints=[r.fingerprint for r in resolution.files], limit_columns=tuple(limit_columns))
     if group_column is not None and index.num_sequences:  # as pack, before any token is read
         index.group_starts = read_group_starts(index, group_column)
+
+    # each limited column as int64, and whether the row holds a value at all (a uint64 above 2^63-1
+    # casts to null: refused apart from a null)
+    limits = [e for c in limit_columns for e in (pl.col(c).cast(pl.Int64, strict=False).alias(f"limit:{c}"),
+                                                 pl.col(c).is_not_null().alias(f"given:{c}"))]
 
     def scan(path: str) -> pl.LazyFrame:
         if not is_plain_list(open_parquet(path).schema_arrow.field(tokens_column).type):
             # fixed_size_list and list views: polars reads them as arrays, or not at all
-            return pl.from_arrow(list_lengths(path, tokens_column)).lazy()
+            frame = pl.from_arrow(list_lengths(path, tokens_column))
+            if limit_columns:
+                frame = pl.concat([frame, pl.scan_parquet(path, glob=False, hive_partitioning=False).select(
+                    limits).collect()], how="horizontal")
+            return frame.lazy()
         return pl.scan_parquet(path, glob=False, hive_partitioning=False).select(
-            pl.col(tokens_column).list.len().cast(pl.Int64).alias("length"))
+            pl.col(tokens_column).list.len().cast(pl.Int64).alias("length"), *limits)
 
     try:
-        lengths = collect_streaming(pl.concat([scan(p) for p in paths])).to_series()
+        frame = collect_streaming(pl.concat([scan(p) for p in paths]))
+        lengths = frame.to_series(0)
     except pl.exceptions.PolarsError:
         for path in paths:  # name the file that fails
             try:
@@ -122,10 +150,42 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
         gid = int(lengths.is_null().arg_max())
         raise PackctlError(f"{index.describe(gid)}: null instead of a list; drop or fill null rows before packing")
     index.lengths = lengths.to_numpy().astype(np.int64)
+    if limit_columns:
+        index.extra = check_limit_values(index, frame, limit_columns)
     if not skip_empty and (index.lengths == 0).any():
         gid = int(np.argmax(index.lengths == 0))
         raise PackctlError(f"{index.describe(gid)}: empty sequence; remove empty rows or pass --skip-empty")
     return index
+
+
+def check_limit_values(index: LengthIndex, frame: pl.DataFrame, columns: tuple[str, ...]) -> np.ndarray:
+    """The limited columns of every row as int64 n x k: no null, no negative value, else the line
+    `pack` gives (packctl.source.parquet.read_limit_values), 'FILE row R column C: ...', naming
+    the first such row."""
+    out = np.empty((index.num_sequences, len(columns)), dtype=np.int64)
+    paths = [f.path for f in index.files]
+    for j, column in enumerate(columns):
+        values = frame.get_column(f"limit:{column}")
+
+        def where(gid: int, column: str = column) -> str:
+            return describe_gid(paths, index.file_offsets, gid, column)
+        too_big = values.is_null() & frame.get_column(f"given:{column}")
+        if too_big.any():  # rare: read the value back from its file, to name it as pack does
+            gid = int(too_big.arg_max())
+            f = int(np.searchsorted(index.file_offsets, gid, side="right") - 1)
+            value = open_parquet(index.files[f].path).read(columns=[column]).column(column)[
+                gid - int(index.file_offsets[f])].as_py()
+            raise PackctlError(f"{where(gid)}: {value} is above 2^63-1; --limit {column}=N counts a sequence's cost "
+                               "as int64: fix the value")
+        if values.null_count():
+            raise PackctlError(f"{where(int(values.is_null().arg_max()))}: null; --limit {column}=N needs a whole "
+                               "number >= 0 on every sequence (0 where it has none): fill the row or drop it")
+        out[:, j] = values.to_numpy()
+        if (out[:, j] < 0).any():
+            gid = int(np.argmax(out[:, j] < 0))
+            raise PackctlError(f"{where(gid)}: {out[gid, j]} is negative; --limit {column}=N needs a whole number "
+                               ">= 0 on every sequence: fix the value")
+    return out
 
 
 def _megatron_lengths(inputs: list[str], resolution, tokens_column: str, skip_empty: bool) -> LengthIndex:
@@ -170,6 +230,8 @@ def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None 
     row, plan = assemble_metrics(specs.report, [RankShare.of(planned, {})], [], corpus,
                                  group_starts=index.group_starts)
     row["fill_histogram"] = fill_histogram(plan.loads(padded=False), config.capacity)
+    if "limits" in row:  # --limit: which budget binds (packctl.stats.packed.binding_budget)
+        row["binding"] = binding_budget(row["packs_at_capacity"], row["limits"])
     row["plan_seconds"] = plan_seconds
     if index.group_starts is not None:
         row["group_cost"] = group_cost(index, config, plan, ungrouped)
@@ -256,7 +318,8 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     configs = {(c, a): _checked(dataclasses.replace(config, capacity=c, algorithm=a))
                for c in capacities for a in algorithms}
 
-    index = read_lengths(inputs, config.tokens_column, config.group_column, skip_empty=config.skip_empty)
+    index = read_lengths(inputs, config.tokens_column, config.group_column, skip_empty=config.skip_empty,
+                         limit_columns=tuple(config.limits))
     read_seconds = time.perf_counter() - started
     # With --too-long error, pack would stop at the first over-long sequence: the what-if reports
     # where, and plans that capacity's rows with split (every token kept) instead of stopping.
@@ -266,8 +329,10 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
         over = np.flatnonzero(round_up(index.lengths, aligned.align) > aligned.plan_capacity)
         if aligned.too_long == "error" and len(over):
             stops[capacity] = index.describe(int(over[0]))
+            # split keeps every token; with --limit it cannot cut media, so drop stands in for it
+            instead = "drop" if config.limits else "split"
             for algorithm in algorithms:
-                configs[capacity, algorithm] = dataclasses.replace(configs[capacity, algorithm], too_long="split")
+                configs[capacity, algorithm] = dataclasses.replace(configs[capacity, algorithm], too_long=instead)
 
     t0 = time.perf_counter()
     for algorithm in algorithms:  # load the compiled kernels outside the timed plans
@@ -330,8 +395,8 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
         "what_if": rows,
         "best": {"capacity": best["capacity_flag"], "algorithm": best["algorithm"]},
         "recommendation": recommendation(best, rows) + (
-            f"; pass --too-long split (with --too-long error pack stops at {stops[best['capacity_flag']]}, over the "
-            "capacity)" if best["capacity_flag"] in stops else ""),
+            f"; pass --too-long {'drop' if config.limits else 'split'} (with --too-long error pack stops at "
+            f"{stops[best['capacity_flag']]}, over the capacity)" if best["capacity_flag"] in stops else ""),
         "stats_seconds": {"read_lengths": read_seconds, "load_kernels": t1 - t0, "plan": plan_seconds,
                           "metrics": (t3 - t1) - plan_seconds - ungrouped_seconds, "total": total,
                           **({"plan_without_groups": ungrouped_seconds} if grouped else {})},
@@ -388,6 +453,8 @@ def recommendation(best: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """
     groups = best.get("group_cost")
     packs, bound = best["packs"], (groups or best)["lower_bound_packs_l2"]
+    # --limit: no packing holds fewer packs than ceil(total / N) of any limited column either
+    bound = max([bound, *(-(-f["total"] // f["limit"]) for f in (best.get("limits") or {}).values())])
     above = f"{packs - bound:,} above" if packs > bound else "at"
     gain = best["padded_batching"]["estimated_gain"]
     text = (f"{best['algorithm']} at --capacity {best.get('capacity_flag', best['capacity'])}: "
@@ -402,8 +469,10 @@ def recommendation(best: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     counts = best["counts"]
     for what, key in (("drops", "dropped"), ("truncates", "truncated")):
         if counts[f"sequences_{key}"]:
-            text += (f"; it {what} {counts[f'sequences_{key}']:,} over-long sequences "
-                     f"({counts[f'tokens_{key}']:,} tokens, --too-long)")
+            over_limit = counts.get("over_limit", 0) if key == "dropped" else 0
+            kind = ("over-long sequences" if not over_limit else
+                    f"sequences, {over_limit:,} over a --limit and {counts[f'sequences_{key}'] - over_limit:,} over-long")
+            text += f"; it {what} {counts[f'sequences_{key}']:,} {kind} ({counts[f'tokens_{key}']:,} tokens, --too-long)"
     capacity = best.get("capacity_flag", best["capacity"])
     cutters = [r for r in rows if r.get("capacity_flag", r["capacity"]) == capacity
                and r["utilization"] > best["utilization"]

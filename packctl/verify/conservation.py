@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of, positions_in_segments, ranges
@@ -244,11 +245,15 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
 
     missing = count == 0
     allowed_drop = over_long if config.too_long == "drop" else np.zeros(n_src, dtype=bool)
+    limits = dict(config.limits or {})
+    src_extra = _source_limit_values(paths, file_rows, tuple(limits)) if limits else None
+    if src_extra is not None and config.too_long == "drop":  # a sample over a --limit is dropped too
+        allowed_drop = allowed_drop | (src_extra > np.array(list(limits.values()), np.int64)).any(axis=1)
     allowed_drop |= (src_len == 0) & skip_empty
     unexpected = missing & ~allowed_drop
     if unexpected.any():
         gid = int(np.argmax(unexpected))
-        why = ("it fits the capacity" if not over_long[gid]
+        why = ("it fits the capacity" + (" and every --limit" if limits else "") if not over_long[gid]
                else f"the over-long policy is too_long={config.too_long}, which drops nothing")
         found.append(Violation("conservation", "sample-missing", f"{describe(gid)} is not in the output; {why}",
                                count=int(unexpected.sum())))
@@ -284,6 +289,9 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
             found.append(Violation("conservation", "manifest-counts",
                                    f"the source and output give {name} = {actual}, the manifest says {counts[name]}"))
 
+    if src_extra is not None:
+        found += _limit_values(out, pieces, limits, src_extra, sample_ids, in_range, where)
+
     # Content, for pieces of samples whose coverage is right (the others are reported above).
     flagged = duplicated | incomplete
     content_bad = (src_token_fp != token_fp) | (src_label_fp != label_fp)
@@ -303,6 +311,47 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
         "tokens_compared": int(lens[valid].sum()), "sequences_differing": int(len(bad)),
     }
     return ConservationResult(found, summary)
+
+
+def _source_limit_values(paths: list[str], file_rows: np.ndarray, columns: tuple[str, ...]) -> np.ndarray:
+    """The --limit columns of every source sample (int64, samples x k), checked as pack checks them."""
+    parts = []
+    for path, rows in zip(paths, file_rows.tolist()):
+        pf = open_parquet(path)
+        for column in columns:
+            reader.check_limit_column(path, pf.schema_arrow, column)
+        parts += [reader.read_limit_values(path, g, sum(pf.metadata.row_group(h).num_rows for h in range(g)), columns,
+                                           pf.metadata.row_group(g).num_rows) for g in range(pf.metadata.num_row_groups)]
+    return np.concatenate(parts) if parts else np.zeros((0, len(columns)), np.int64)
+
+
+def _limit_values(out: Path, pieces: OutputPieces, limits: dict[str, int], src_extra: np.ndarray,
+                  sample_ids: np.ndarray, in_range: np.ndarray, where) -> list[Violation]:
+    """Rule `limit-values`: every sequence's value of each --limit column is its sample's in the
+    source. The output's columns are read shard by shard (a shard that lacks them is `schema`)."""
+    values = []
+    for shard in pieces.shard_names:
+        if shard in pieces.unreadable:
+            continue
+        try:
+            table = pq.read_table(out / shard, columns=list(limits))
+        except (OSError, ValueError, KeyError, pa.ArrowException):
+            return []  # structure reports the shard's columns
+        values.append(np.stack([table.column(c).combine_chunks().flatten().to_numpy().astype(np.int64)
+                                for c in limits], axis=1))
+    got = np.concatenate(values) if values else np.zeros((0, len(limits)), np.int64)
+    if got.shape[0] != len(sample_ids):
+        return []  # ragged columns: structure reports them (limit-sums)
+    expected = np.zeros_like(got)
+    expected[in_range] = src_extra[sample_ids[in_range]]
+    bad = (got != expected).any(axis=1) & in_range
+    if not bad.any():
+        return []
+    p = int(np.argmax(bad))
+    j = int(np.argmax(got[p] != expected[p]))
+    column = list(limits)[j]
+    return [Violation("conservation", "limit-values", f"{where(p)}: {column} is {got[p, j]}, the source's sample "
+                      f"{sample_ids[p]} has {expected[p, j]}", count=int(bad.sum()))]
 
 
 def _source_rows(path: str) -> int:

@@ -25,7 +25,7 @@ from packctl.contract.schema import (BALANCE_COLUMNS, BATCH_COLUMNS, COLUMN, COL
                                      LOSS_COLUMNS, NUM_LOSS_TOKENS, NUM_TOKENS, PACK_COLUMNS, SEQ_LENGTHS,
                                      SEQ_LENS_PADDED, SEQ_LOSS_TOKENS, SEQ_WEIGHTS, SEQUENCE, STEP,
                                      STEP_LOSS_COLUMNS, STEP_LOSS_SEQUENCES, STEP_LOSS_TOKENS, SUM_SQ_SEQLEN,
-                                     TOKEN)
+                                     TOKEN, limit_columns)
 from packctl.contract.thd import LossColumns, PackRows, loss_columns
 from packctl.verify.pack_rules import PACK_RULES, Need, check_pack_rows, tiled_starts
 from packctl.verify.violation import Violation
@@ -187,6 +187,7 @@ STEPS = Need("step and the step-loss columns are there (checked over every shard
 GROUPS = Need("group_ids is there with its type (checked over every shard)",
               lambda s: s.groups is not None and s.typed(GROUP_IDS))
 LAYOUT = Need("the manifest's layout is readable", lambda s: s.layout is not None)
+LIMITED = Need("the manifest's layout has limits (--limit)", lambda s: s.layout is not None and bool(s.layout.limits))
 BATCH = Need("pad_to is batch (batch mode)", lambda s: s.layout.pad_to == "batch")
 
 
@@ -272,6 +273,50 @@ def sequence_weights(s: Shard) -> list[Violation]:
     return []
 
 
+def limit_sums(s: Shard) -> list[Violation]:
+    """Every --limit COL=N: COL one value >= 0 per sequence, COL_sum their sum, at most N."""
+    found: list[Violation] = []
+    row_count = len(s.seqs_per_row)
+    for column, limit in s.layout.limits.items():
+        per_sequence, per_pack = limit_columns(column)
+        wrong = [c for c in (per_sequence, per_pack)
+                 if c.name not in s.names or not s.table.schema.field(c.name).type.equals(c.arrow_type)]
+        if wrong:
+            found += [Violation("structure", "schema", f"column {c.name} is " + (
+                "missing" if c.name not in s.names else str(s.table.schema.field(c.name).type)) +
+                f"; --limit {column}={limit} writes it as {c.type_text}", shard=s.name) for c in wrong]
+            continue
+        listed = list_column(s.table, column)
+        if isinstance(listed, str):
+            found.append(Violation("structure", "schema", listed, shard=s.name))
+            continue
+        offsets, values = listed
+        ragged = np.diff(offsets) != s.seqs_per_row
+        if ragged.any():
+            found.append(Violation("structure", "limit-sums", f"{column} does not hold one value per sequence",
+                                   shard=s.name, row=int(np.argmax(ragged)), count=int(ragged.sum())))
+            continue
+        values = np.asarray(values, dtype=np.int64)
+        negative = values < 0
+        if negative.any():
+            k = int(np.argmax(negative))
+            row = int(np.searchsorted(offsets, k, side="right") - 1)
+            found.append(Violation("structure", "limit-sums", f"{column} holds {values[k]}; a cost is >= 0",
+                                   shard=s.name, row=row, sequence=k - int(offsets[row]), count=int(negative.sum())))
+        sums = np.add.reduceat(values, offsets[:-1]) if len(values) else np.zeros(row_count, np.int64)
+        sums = np.where(np.diff(offsets) > 0, sums, 0)  # reduceat gives an empty row the next value
+        said = s.table.column(per_pack.name).to_numpy().astype(np.int64)
+        for rule, bad, message in (
+                ("limit-sums", said != sums, lambda r: f"{per_pack.name} is {said[r]}, the sum of its {column} is "
+                                                       f"{sums[r]}"),
+                ("over-limit", said > limit, lambda r: f"{per_pack.name} is {said[r]}, over --limit "
+                                                       f"{column}={limit}")):
+            if bad.any():
+                r = int(np.argmax(bad))
+                found.append(Violation("structure", rule, message(r), shard=s.name, row=r, count=int(bad.sum())))
+    return found
+
+
 def step_loss_parts(s: Shard) -> list[Violation]:
     """step_loss_tokens and step_loss_sequences are the sums over the packs of the step (after the last shard).
 
@@ -329,6 +374,7 @@ SHARD_RULES = (
     ShardRule(("loss-tokens", "schema"), sequence_loss_tokens, (LOSS_TYPED, TILED, _present(SEQ_LOSS_TOKENS))),
     ShardRule(("seq-weights",), sequence_weights, (LOSS_TYPED, TILED, _present(SEQ_WEIGHTS))),
     ShardRule(("step-loss",), step_loss_parts, (LOSS_TYPED, TILED, STEPS)),
+    ShardRule(("limit-sums", "over-limit", "schema"), limit_sums, (LIMITED,)),
     ShardRule(("group-ids", "group-step", "group-whole", "group-adjacent"), group_parts, (GROUPS,)),
     ShardRule(("schema",), batch_columns, (LAYOUT, BATCH)),
     ShardRule(tuple(dict.fromkeys(r.rule for r in PACK_RULES)), pack_rules, (LAYOUT,)),

@@ -832,3 +832,127 @@ def test_an_unreadable_megatron_half_as_another_user(shared_tmp, half):
     result = packctl_process("pack", str(shared_tmp / "data"), "-o", str(out), *PACK, launcher=launcher, env=env)
     assert_clean_error(result, 2, str(idx.with_suffix(half)), "Permission denied", "make it readable")
     assert_nothing_left(out)
+
+
+# `packctl stats INPUT --limit COL=N`: the what-if reads the limited columns as pack does and
+# refuses what pack refuses, with the same line: exit 2, one line naming file, row and column.
+def _limit_input(tmp_path: Path, images) -> Path:
+    path = tmp_path / "in" / "a.parquet"
+    write_table(path, {"input_ids": pa.array([[1, 2, 3]] * len(images), pa.list_(pa.int32())), "images": images})
+    return path.parent
+
+
+@pytest.mark.parametrize("images, mentions", [
+    (pa.array([1, None, 2], pa.int32()), ["row 1 column 'images'", "null"]),
+    (pa.array([1, 2, -3], pa.int64()), ["row 2 column 'images'", "-3 is negative"]),
+    (pa.array([1, 2, 2**63 + 5], pa.uint64()), ["row 2 column 'images'", "above 2^63-1"]),
+    (pa.array([1.0, 2.0, 3.0], pa.float32()), ["column 'images'", "not whole numbers"]),
+    (pa.array([[1], [2], [3]], pa.list_(pa.int32())), ["column 'images'", "a list"]),
+], ids=["null", "negative", "uint64-huge", "float", "list"])
+def test_what_if_refuses_a_bad_limit_column_as_pack_does(tmp_path, images, mentions):
+    source = _limit_input(tmp_path, images)
+    args = ["--capacity", "8", "--limit", "images=4"]
+    stats_line = assert_clean_error(packctl("stats", source, *args), 2, *mentions)
+    out = tmp_path / "out"
+    pack_line = assert_clean_error(packctl("pack", source, "-o", out, "-q", *args), 2, *mentions)
+    assert_nothing_left(out)
+    assert stats_line == pack_line  # one message for one mistake
+
+
+def test_what_if_of_a_missing_limit_column(tmp_path):
+    source = _limit_input(tmp_path, pa.array([1, 2, 3], pa.int8()))
+    assert_clean_error(packctl("stats", source, "--capacity", "8", "--limit", "frames=2"), 2,
+                       "no column 'frames' for --limit frames=N")
+
+
+def test_what_if_of_a_sample_over_a_limit(tmp_path):
+    source = _limit_input(tmp_path, pa.array([1, 9, 3], pa.uint8()))
+    # --too-long error: the sample is named, as pack names it
+    line = assert_clean_error(packctl("stats", source, "--capacity", "8", "--limit", "images=4"), 2,
+                              "row 1 column 'images'", "costs 9", "--limit images=4")
+    assert line == assert_clean_error(packctl("pack", source, "-o", tmp_path / "out", "-q", "--capacity", "8",
+                                              "--limit", "images=4"), 2)
+    assert_nothing_left(tmp_path / "out")
+    # --too-long drop: left out and counted, as pack does
+    result = packctl("stats", source, "--capacity", "8", "--limit", "images=4", "--too-long", "drop", "--json")
+    assert result.code == 0, result.stderr
+    rows = json.loads(result.stdout)["what_if"]
+    assert all(r["counts"]["over_limit"] == 1 and r["counts"]["sequences_dropped"] == 1 for r in rows)
+
+
+def test_what_if_refuses_limit_on_megatron_input(tmp_path):
+    prefix = write_pair(tmp_path / "corpus", [[[1, 2, 3]], [[4, 5]]])
+    assert_clean_error(packctl("stats", prefix.with_suffix(".bin"), "--capacity", "8", "--limit", "images=4"), 2,
+                       "--limit", "Megatron")
+
+
+# --- --limit columns -----------------------------------------------------------------------------
+
+def _limited(path: Path, images, typ=pa.int32()) -> Path:
+    """Four rows of 2..5 tokens with an `images` column of `images` (of Arrow type `typ`)."""
+    tokens = pa.array([list(range(1, n + 1)) for n in (2, 3, 4, 5)], pa.list_(pa.int32()))
+    return write_table(path, {"input_ids": tokens, "images": pa.array(images, typ)})
+
+
+@pytest.mark.parametrize("images, typ, mentions", [
+    ([1, None, 0, 2], pa.int32(), ["a.parquet row 1 column 'images'", "null", "0 where it has none"]),
+    ([1, 0, -2, 2], pa.int64(), ["a.parquet row 2 column 'images'", "-2 is negative"]),
+    ([1, 0, 0, 2**64 - 1], pa.uint64(), ["a.parquet row 3 column 'images'", "above 2^63-1"]),
+    ([1.0, 0.5, 0.0, 2.0], pa.float32(), ["a.parquet: column 'images' is float", "whole number"]),
+    ([[1], [0], [], [2]], pa.list_(pa.int32()), ["a.parquet: column 'images' is list<int32>", "a list"]),
+    (["1", "0", "0", "2"], pa.string(), ["a.parquet: column 'images' is string", "whole number"]),
+])
+def test_bad_values_of_a_limited_column(tmp_path, images, typ, mentions):
+    _limited(tmp_path / "data/a.parquet", images, typ)
+    line = assert_clean_error(packctl("pack", str(tmp_path / "data"), "-o", str(tmp_path / "out"), *PACK,
+                                      "--limit", "images=4"), 2, *mentions)
+    assert "--limit images" in line
+    assert_nothing_left(tmp_path / "out")
+
+
+def test_a_limited_column_missing_from_one_file(tmp_path):
+    _limited(tmp_path / "data/a.parquet", [1, 0, 0, 2])
+    write_table(tmp_path / "data/b.parquet", {"input_ids": pa.array([[1, 2]], pa.list_(pa.int32()))})
+    refused(tmp_path, tmp_path / "data", "--limit", "images=4", mentions=["data/b.parquet", "no column 'images'"])
+
+
+def test_limited_columns_of_any_integer_type_across_files(tmp_path):
+    """uint8 in one file, int64 in the other: both are counts, read as int64."""
+    _limited(tmp_path / "data/a.parquet", [1, 0, 0, 2], pa.uint8())
+    _limited(tmp_path / "data/b.parquet", [3, 0, 1, 0], pa.int64())
+    out = tmp_path / "out"
+    assert packctl("pack", str(tmp_path / "data"), "-o", str(out), *PACK, "--limit", "images=3").code == 0
+    assert_every_sample_once(out, [tmp_path / "data"])
+    table = pq.read_table(out / "data/train-00000.parquet")
+    assert table.column("images").type == pa.list_(pa.int64()) and max(table.column("images_sum").to_pylist()) <= 3
+    report = verify(out, VerifyOptions(source=[str(tmp_path / "data")], attention=False))
+    assert report.ok, report.violations
+
+
+def test_a_megatron_input_refuses_limit(tmp_path):
+    pair = megatron_pair(tmp_path / "m/c")
+    refused(tmp_path, pair, "--limit", "images=4", mentions=["--limit", "Megatron indexed dataset"])
+
+
+def test_a_changed_limited_value_fails_verify(tmp_path):
+    """An output whose COL or COL_sum was altered after packing fails verify: limit-sums, over-limit,
+    and with --source limit-values."""
+    _limited(tmp_path / "data/a.parquet", [1, 0, 0, 2])
+    out = tmp_path / "out"
+    assert packctl("pack", str(tmp_path / "data"), "-o", str(out), *PACK, "--limit", "images=3").code == 0
+    shard = out / "data/train-00000.parquet"
+    table = pq.read_table(shard)
+    sums = pc_add(table.column("images_sum"), 5)
+    altered = table.set_column(table.column_names.index("images_sum"), "images_sum", sums)
+    pq.write_table(altered.replace_schema_metadata(table.schema.metadata), shard)
+    manifest = json.loads((out / "_manifest.json").read_text())
+    manifest["shards"][0]["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest()
+    (out / "_manifest.json").write_text(json.dumps(manifest))
+    report = verify(out, VerifyOptions(source=[str(tmp_path / "data")], attention=False))
+    assert {"limit-sums", "over-limit"} <= {v.rule for v in report.violations}
+
+
+def pc_add(column, value):
+    import pyarrow.compute as pc
+
+    return pc.add(column, pa.scalar(value, pa.int64()))

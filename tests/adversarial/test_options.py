@@ -801,3 +801,197 @@ def test_export_directory_takes_the_umask_and_a_link_is_not_replaced(tmp_path):
     assert_clean_error(packctl("export", packed, "-o", link, *OLMO, "--eos-token-id", "2", "--vocab-size", "16",
                                "--overwrite"), 2, "a symbolic link; --overwrite replaces a directory")
     assert (target / "olmo.json").is_file()
+
+
+# --balance-cost COL: the sum of a --limit column, balanced with the --dp-size cost. Each case is
+# refused before any work: exit 2, one line naming the option and the fix, nothing left.
+@pytest.fixture(scope="module")
+def vlm_corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("vlm") / "in"
+    write_sample(root, SampleSpec(sequences=60, shards=1, max_length=2048, modality="image", seed=1))
+    return root
+
+
+@pytest.mark.parametrize("args, mentions", [
+    (["--dp-size", "2", "--micro-batches", "1", "--limit", "images=8", "--balance-cost", "image_tokens"],
+     ["--balance-cost image_tokens", "not a limited column", "--limit images=8", "add --limit image_tokens=N"]),
+    (["--dp-size", "2", "--micro-batches", "1", "--balance-cost", "images"],
+     ["--balance-cost images", "no --limit"]),
+    (["--limit", "images=8", "--balance-cost", "images"], ["--balance-cost", "need --dp-size"]),
+    (["--balance-cost", "images"], ["--balance-cost", "need --dp-size"]),
+    (["--dp-size", "2", "--micro-batches", "1", "--limit", "images=8", "--balance-cost", ""],
+     ["--balance-cost ", "not a limited column"]),
+], ids=["not-limited", "no-limit", "no-dp-size", "nothing-else", "empty-name"])
+def test_balance_cost_refused(vlm_corpus, tmp_path, args, mentions):
+    out = tmp_path / "out"
+    assert_clean_error(packctl("pack", vlm_corpus, "-o", out, "--capacity", "2048", "--too-long", "drop", *args),
+                       2, *mentions)
+    assert_nothing_left(out)
+    # the what-if plans what pack would: the same refusal
+    assert_clean_error(packctl("stats", vlm_corpus, "--capacity", "2048", "--too-long", "drop", *args), 2,
+                       *mentions)
+
+
+def test_balance_cost_of_a_column_the_input_lacks(vlm_corpus, tmp_path):
+    out = tmp_path / "out"
+    args = ["--capacity", "2048", "--too-long", "drop", "--dp-size", "2", "--micro-batches", "1",
+            "--limit", "frames=4", "--balance-cost", "frames"]
+    assert_clean_error(packctl("pack", vlm_corpus, "-o", out, *args), 2, "frames")
+    assert_nothing_left(out)
+    assert_clean_error(packctl("stats", vlm_corpus, *args), 2, "no column 'frames'", "--limit frames=N")
+
+
+def test_balance_cost_in_a_config_file(vlm_corpus, tmp_path):
+    config = tmp_path / "pack.toml"
+    config.write_text('capacity = 2048\ndp_size = 2\nmicro_batches = 2\nlimit = {images = 8}\nbalance_cost = "images"\n')
+    out = tmp_path / "out"
+    assert packctl("pack", vlm_corpus, "-o", out, "--config", config, "-q").code == 0
+    assert json.loads((out / "_metrics.json").read_text())["balance"]["balance_cost"] == "images"
+    assert json.loads((out / "_manifest.json").read_text())["config"]["balance_cost"] == "images"
+    assert_every_sample_once(out, [vlm_corpus])
+    bad = tmp_path / "bad.toml"
+    bad.write_text('capacity = 2048\ndp_size = 2\nmicro_batches = 2\nlimit = {images = 8}\nbalance_cost = 3\n')
+    assert_clean_error(packctl("pack", vlm_corpus, "-o", tmp_path / "o2", "--config", bad), 2, "balance_cost")
+    assert_nothing_left(tmp_path / "o2")
+
+
+def test_stats_of_an_output_refuses_limit_and_balance_cost(vlm_corpus, tmp_path):
+    out = tmp_path / "out"
+    assert packctl("pack", vlm_corpus, "-o", out, "--capacity", "2048", "--too-long", "drop", "--limit",
+                   "images=8", "-q").code == 0
+    assert_clean_error(packctl("stats", out, "--limit", "images=4"), 2, "is a packed output", "--limit")
+    assert_clean_error(packctl("stats", out, "--balance-cost", "images"), 2, "is a packed output", "--balance-cost")
+
+
+# --- --limit COL=N ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def with_images(tmp_path_factory) -> Path:
+    """The 12 sequences of `corpus` with an int32 `images` column (0 on text rows) and a float one."""
+    path = tmp_path_factory.mktemp("images") / "a.parquet"
+    tokens = pa.array(_lists(LENGTHS), pa.list_(pa.int32()))
+    images = [0, 1, 0, 2, 3, 0, 1, 0, 0, 2, 1, 0]
+    return write_table(path, {"input_ids": tokens, "labels": tokens, "images": pa.array(images, pa.int32()),
+                              "ratio": pa.array([0.5] * 12, pa.float64())})
+
+
+@pytest.mark.parametrize("spelling, mentions", [
+    ("images", ["--limit 'images'", "COL=N"]),  # no =
+    ("=8", ["--limit '=8'", "COL=N"]),  # no column
+    ("images=", ["--limit 'images='", "whole number"]),
+    ("images=0", ["--limit images=0", "[1, 2,147,483,647]"]),
+    ("images=-3", ["--limit images=-3", "[1, 2,147,483,647]"]),
+    ("images=2.5", ["--limit 'images=2.5'", "whole number"]),
+    ("images=1e3", ["--limit 'images=1e3'", "whole number"]),
+    (f"images={BIG}", ["--limit images=", "2,147,483,647"]),  # huge
+    ("input_ids=8", ["--limit input_ids=8", "tokens"]),  # the tokens column
+    ("labels=8", ["--limit labels=8", "tokens, the labels"]),
+    ("num_tokens=8", ["--limit num_tokens=8", "packctl writes"]),  # an output column
+    ("seq=8", None),  # fine here; its sum name is not taken
+])
+def test_bad_limit_spellings(with_images, tmp_path, spelling, mentions):
+    out = tmp_path / "out"
+    result = packctl("pack", str(with_images), "-o", str(out), "--capacity", "16", "--limit", spelling, "-q")
+    if mentions is None:  # a name of no input column: refused from the footer, naming the file
+        assert_clean_error(result, 2, "a.parquet", "no column 'seq'", "--limit seq=N")
+    else:
+        assert_clean_error(result, 2, *mentions)
+    assert_nothing_left(out)
+
+
+def test_a_limit_given_twice_is_refused(with_images, tmp_path):
+    result = packctl("pack", str(with_images), "-o", str(tmp_path / "out"), "--capacity", "16",
+                     "--limit", "images=4", "--limit", "images=5", "-q")
+    assert_clean_error(result, 2, "--limit images is given twice", "keep one")
+    assert_nothing_left(tmp_path / "out")
+
+
+def test_a_limited_column_that_is_also_kept_is_refused(with_images, tmp_path):
+    result = packctl("pack", str(with_images), "-o", str(tmp_path / "out"), "--capacity", "16",
+                     "--limit", "images=4", "--keep-columns", "images", "-q")
+    assert_clean_error(result, 2, "--keep-columns images", "drop images from --keep-columns")
+    assert_nothing_left(tmp_path / "out")
+
+
+def test_a_limit_whose_sum_name_is_another_limit_is_refused(with_images, tmp_path):
+    result = packctl("pack", str(with_images), "-o", str(tmp_path / "out"), "--capacity", "16",
+                     "--limit", "images=4", "--limit", "images_sum=4", "-q")
+    assert_clean_error(result, 2, "images_sum", "rename")
+    assert_nothing_left(tmp_path / "out")
+
+
+def test_a_limit_with_batch_mode_is_refused(with_images, tmp_path):
+    result = packctl("pack", str(with_images), "-o", str(tmp_path / "out"), "--capacity", "16", "--mode", "batch",
+                     "--limit", "images=4", "-q")
+    assert_clean_error(result, 2, "--limit", "--mode batch")
+    assert_nothing_left(tmp_path / "out")
+
+
+@pytest.mark.parametrize("value, mentions", [
+    ({"images": 2.5}, ["--limit images=2.5", "whole number"]),
+    ({"images": True}, ["--limit images=True", "whole number"]),
+    ({"images": 0}, ["--limit images=0"]),
+    ("images=4", ["--limit", "table of column = limit"]),
+])
+def test_bad_limits_in_a_config_file_and_the_api(with_images, tmp_path, value, mentions):
+    with pytest.raises(PackctlError) as caught:
+        pack(PackConfig(inputs=[str(with_images)], output=str(tmp_path / "out"), capacity=16, limits=value))
+    assert all(m in str(caught.value) for m in mentions), caught.value
+    assert_nothing_left(tmp_path / "out")
+
+
+def test_limits_from_a_config_file_and_flags(with_images, tmp_path):
+    """TOML `limit = {images = 3}` is --limit images=3; the flag replaces the file's table."""
+    config = tmp_path / "pack.toml"
+    config.write_text("capacity = 16\nlimit = {images = 3}\n")
+    out = tmp_path / "out"
+    assert packctl("pack", str(with_images), "-o", str(out), "--config", str(config), "-q").code == 0
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["layout"]["limits"] == {"images": 3} and manifest["config"]["limits"] == {"images": 3}
+    assert_every_sample_once(out, [with_images])
+    flagged = tmp_path / "flagged"
+    assert packctl("pack", str(with_images), "-o", str(flagged), "--config", str(config), "--limit", "images=4",
+                   "-q").code == 0
+    assert json.loads((flagged / "_manifest.json").read_text())["layout"]["limits"] == {"images": 4}
+    config.write_text("capacity = 16\nlimit = {images = 3.5}\n")
+    result = packctl("pack", str(with_images), "-o", str(tmp_path / "bad"), "--config", str(config), "-q")
+    assert_clean_error(result, 2, "--limit images=3.5", "whole number")
+    assert_nothing_left(tmp_path / "bad")
+
+
+def test_splitting_or_truncating_a_sample_with_media_is_refused(with_images, tmp_path):
+    """Sample 10 (9 tokens, 1 image) is longer than --capacity 8: its media cannot be cut (sample 5,
+    13 tokens and no image, could be)."""
+    for policy in ("split", "truncate"):
+        out = tmp_path / policy
+        result = packctl("pack", str(with_images), "-o", str(out), "--capacity", "8", "--too-long", policy,
+                         "--limit", "images=4", "-q")
+        assert_clean_error(result, 2, "a.parquet row 10 column 'images'", "media cannot be cut",
+                           f"--too-long {policy}", "--too-long drop")
+        assert_nothing_left(out)
+
+
+def test_a_sample_over_a_limit(with_images, tmp_path):
+    """Sample 4 holds 3 images, over --limit images=2: named under error and split, dropped and
+    counted under drop (verify --source accounts for it)."""
+    for policy, mention in (("error", "pass --too-long drop"), ("split", "cannot cut media")):
+        out = tmp_path / policy
+        result = packctl("pack", str(with_images), "-o", str(out), "--capacity", "16", "--too-long", policy,
+                         "--limit", "images=2", "-q")
+        assert_clean_error(result, 2, "a.parquet row 4 column 'images'", "costs 3", "--limit images=2", mention)
+        assert_nothing_left(out)
+    out = tmp_path / "drop"
+    assert packctl("pack", str(with_images), "-o", str(out), "--capacity", "16", "--too-long", "drop",
+                   "--limit", "images=2", "-q").code == 0
+    counts = json.loads((out / "_manifest.json").read_text())["counts"]
+    assert counts["over_limit"] == 1 and counts["sequences_dropped"] == 1
+    assert_every_sample_once(out, [with_images])
+    report = verify(out, VerifyOptions(source=[str(with_images)], attention=False))
+    assert report.ok, report.violations
+
+
+def test_every_sample_over_a_limit_leaves_nothing_to_pack(with_images, tmp_path):
+    result = packctl("pack", str(with_images), "-o", str(tmp_path / "out"), "--capacity", "16", "--too-long",
+                     "drop", "--limit", "ratio=1", "-q")
+    assert_clean_error(result, 2, "column 'ratio' is double", "whole number")  # a float column, from the footer
+    assert_nothing_left(tmp_path / "out")

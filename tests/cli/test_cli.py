@@ -159,13 +159,14 @@ def test_shell_completion_offers_the_choices():
 
 
 def test_cli_choice_lists_match_the_implementations():
-    from packctl.cli.options import EXPORT_FORMATS, SAMPLE_DISTRIBUTIONS, SAMPLE_GROUPS, VERIFY_BACKENDS
+    from packctl.cli.options import (EXPORT_FORMATS, SAMPLE_DISTRIBUTIONS, SAMPLE_GROUPS, SAMPLE_MODALITIES,
+                                     VERIFY_BACKENDS)
     from packctl.export import FORMATS
-    from packctl.sample import DISTRIBUTIONS, GROUP_KINDS
+    from packctl.sample import DISTRIBUTIONS, GROUP_KINDS, MODALITIES
     from packctl.verify.backends import BACKENDS
 
     assert SAMPLE_DISTRIBUTIONS == DISTRIBUTIONS and VERIFY_BACKENDS == BACKENDS and EXPORT_FORMATS == FORMATS
-    assert SAMPLE_GROUPS == GROUP_KINDS
+    assert SAMPLE_GROUPS == GROUP_KINDS and SAMPLE_MODALITIES == MODALITIES
 
 
 def test_the_command_line_loads_no_heavy_module_before_it_needs_one():

@@ -217,3 +217,33 @@ def test_a_megatron_input_under_mpi_writes_the_bytes_of_its_parquet_twin(tmp_pat
         assert data_columns(out) == data_columns(tmp_path / "twin")
         digests[n] = _fingerprint(out)[0]
     assert digests[1] == digests[3]
+
+
+@pytest.mark.mpi
+def test_limits_under_three_processes_write_the_single_process_bytes(tmp_path, contract):
+    """A synthetic vision-language corpus packed under --limit images=N --limit image_tokens=M, in one
+    process and under mpiexec -n 3 (shuffled, windows on every rank, sequences over a limit
+    dropped): the same bytes, every pack within every limit, the contract checker passing."""
+    import pyarrow.parquet as pq
+
+    from support.adversary import packctl
+    from support.contract import check_contract
+    from support.data import sample_corpus
+
+    corpus = sample_corpus(tmp_path / "vlm", sequences=3000, modality="image", max_tiles=2, max_length=3000,
+                           shards=3)
+    out = tmp_path / "out"
+    args = ["pack", str(corpus), "-o", str(out), "--overwrite", "-q", "--capacity", "4096", "--order", "shuffle",
+            "--window", "500", "--too-long", "drop", "--limit", "images=3", "--limit", "image_tokens=2000"]
+    single = packctl(*args)
+    assert single.code == 0, single.stderr
+    reference = _fingerprint(out)
+    assert check_contract(contract, out, [corpus]) == []
+    proc = mpirun(3, sys.executable, "-m", "packctl", *args)
+    assert proc.returncode == 0, proc.stderr
+    assert _fingerprint(out) == reference
+    for shard in sorted(out.glob("data/*.parquet")):
+        table = pq.read_table(shard, columns=["images_sum", "image_tokens_sum"])
+        assert max(table.column("images_sum").to_pylist()) <= 3
+        assert max(table.column("image_tokens_sum").to_pylist()) <= 2000
+    assert json.loads((out / "_manifest.json").read_text())["counts"]["over_limit"] > 0

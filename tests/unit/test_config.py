@@ -85,7 +85,7 @@ def test_every_field_is_a_cli_flag():
 
     help_text = CliRunner().invoke(app, ["pack", "--help"], env={"COLUMNS": "200"}).output
     for f in dataclasses.fields(PackConfig):
-        flag = "--output" if f.name == "output" else f"--{f.name.replace('_', '-')}"
+        flag = "--output" if f.name == "output" else f.metadata["flag"] or f"--{f.name.replace('_', '-')}"
         if f.name != "inputs":
             assert flag in help_text, flag
 
@@ -96,7 +96,7 @@ def test_every_option_is_documented_in_docs_cli_md_with_its_flag():
     table = (DOCS / "cli.md").read_text()
     for f in dataclasses.fields(PackConfig):
         if f.name not in ("inputs", "output"):
-            assert f"| `--{f.name.replace('_', '-')}" in table, f.name
+            assert f"| `{f.metadata['flag'] or '--' + f.name.replace('_', '-')}" in table, f.name
 
 
 def test_help_choices_and_defaults_come_from_the_field():

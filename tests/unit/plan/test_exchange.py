@@ -3,6 +3,7 @@ of packs, every pack within capacity and --max-seqs-per-pack, every sequence onc
 and groups where the planner put them, and repeat at most 5% of epoch 0's packs on sample_data."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -108,3 +109,33 @@ def test_sample_data_epochs_repeat_at_most_5_percent_at_no_extra_pack(algorithm)
     for plan, plain in zip(plans[1:], exact[1:]):
         assert plan.num_bins == plain.num_bins
         assert len([p for p in _packs(plan) if p in first]) / plan.num_bins <= 0.05
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(lengths=st.lists(st.integers(1, 60), min_size=2, max_size=120), seed=st.integers(0, 2**31),
+       limit=st.sampled_from([1, 2, 3]))
+def test_exchanges_keep_every_limit(lengths, seed, limit):
+    """With limits (images per pack), a move that would take a pack over one is refused like one
+    over the capacity; the packs still change."""
+    lengths = np.asarray(lengths, np.int64)
+    images = np.random.default_rng(seed).integers(0, 2, (len(lengths), 1))
+    options = WindowOptions(capacity=100, align=1, algorithm="ffd", too_long="drop", window=10_000, seed=seed,
+                            limits=(limit,))
+    first = plan_windows(np.arange(len(lengths)), lengths, options, extra=images)
+    later = plan_windows(np.arange(len(lengths)), lengths, dataclasses.replace(options, exchanges=True), extra=images)
+    assert later.num_bins == first.num_bins and (later.loads() <= 100).all()
+    assert (later.extra_loads() <= limit).all()
+    assert sorted(later.piece_gid.tolist()) == list(range(len(lengths)))
+    assert later.piece_extra[:, 0].tolist() == images[later.piece_gid, 0].tolist()
+
+
+def test_exchange_refuses_a_move_over_a_limit():
+    # packs [6 4] [6 4], one image each (on the first 6 and the second 4): every exchange of equal
+    # lengths would give one pack two images
+    offsets, padded = np.array([0, 2, 4]), np.array([6, 4, 6, 4])
+    images = np.array([[1], [0], [0], [1]])
+    take, new_offsets = exchange_pieces(offsets, padded, np.ones(4, bool), 10, 4, seed=1, extra=images,
+                                        limits=np.array([1]))
+    assert take.tolist() == [0, 1, 2, 3] and new_offsets.tolist() == [0, 2, 4]
+    take, _ = exchange_pieces(offsets, padded, np.ones(4, bool), 10, 4, seed=1, extra=images, limits=np.array([2]))
+    assert take.tolist() != [0, 1, 2, 3]
