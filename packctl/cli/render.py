@@ -159,7 +159,9 @@ def pack_table(result: PackResult) -> Table:
         ("algorithm / order", f"{m['algorithm']} / {m['order']}"),
         ("sequences in -> packed", f"{c['sequences_in']:,} -> {c['sequences_packed']:,}"),
         ("dropped / truncated / split", f"{c['sequences_dropped']:,} / {c['sequences_truncated']:,} / "
-                                        f"{c['sequences_split']:,}"),
+                                        f"{c['sequences_split']:,}"
+                                        + (f" ({c['over_limit']:,} dropped over a --limit)" if c.get("over_limit")
+                                           else "")),
         ("tokens packed", f"{c['tokens_packed']:,} of {c['tokens_in']:,}"),
         ("packs (lower bound)", f"{m['packs']:,} ({m['lower_bound_packs']:,})"),
         ("utilization", _pct(m["utilization"])),
@@ -185,6 +187,11 @@ def pack_table(result: PackResult) -> Table:
                                      f"(worst step {b['after']['attention']['max']:.3f})"),
             ("  tokens max/mean", f"{b['before']['tokens']['mean']:.3f} -> {b['after']['tokens']['mean']:.3f}"),
         ]
+    if m.get("limits"):
+        from packctl.stats.packed import binding_budget  # here: --help loads no stats code
+
+        rows += limit_rows({**m, "layout": {"capacity": m["capacity"]},
+                            "binding": binding_budget(m["packs_at_capacity"], m["limits"])})
     rows += scale_out_rows(m.get("scale_out"))
     for key, value in rows:
         table.add_row(key, value)

@@ -198,3 +198,22 @@ def test_packing_never_imports_pandas(tmp_path, sample_data):
         imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
         assert "pyarrow" in imported and "numba" in imported  # the log is read right
         assert "pandas" not in imported, extra
+
+
+def test_pack_summary_shows_every_budget_and_the_samples_dropped_over_a_limit(tmp_path):
+    import os
+
+    vlm, out = tmp_path / "vlm", tmp_path / "out"
+    assert run_cli("sample", "-o", str(vlm), "--modality", "image", "--sequences", "600").returncode == 0
+    wide = {**os.environ, "COLUMNS": "240"}  # one line per row of the summary
+    proc = run_cli("pack", str(vlm), "-o", str(out), "--capacity", "4096", "--limit", "images=2",
+                   "--limit", "image_tokens=1152", "--too-long", "drop", env=wide)
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((out / "_metrics.json").read_text())
+    over = metrics["counts"]["over_limit"]
+    assert over > 0  # samples of 3+ images cannot fit images=2
+    assert f"({over:,} dropped over a --limit)" in proc.stdout
+    for name, figures in metrics["limits"].items():
+        assert f"limit {figures['limit']:,}: utilization" in proc.stdout, name
+        assert f"({figures['total']:,} in all)" in proc.stdout, name
+    assert "binding: " in proc.stdout
