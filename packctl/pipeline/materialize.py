@@ -22,6 +22,10 @@ the tokens of its pieces in one of two ways (`--token-transfer`):
     b0 b1 b2 b3 ...   --->    train-00000 <- u0 (pieces from b0, b3) u1 (b1)   complete after b3: joined
                               train-00001 <- u2 (pieces from b1, b2, b7)       complete after b7: joined
 
+A plan (`--plan-only`) moves no token: each piece's loss tokens are known from scan
+(`step_loss.piece_loss_tokens`), and every unit is laid out without token columns
+(`ShardAssembler.write_plan`) and written as above, with no request, round or block read.
+
 With input order and `concat`, units complete almost as fast as blocks are read and memory
 stays at a few blocks; with shuffle or curriculum order a unit completes only when its last
 source block is read, and the memory budget decides how much waits in memory and how much is

@@ -9,6 +9,7 @@ accepted one packs every source sample exactly once.
 """
 from __future__ import annotations
 
+import importlib.util
 import hashlib
 import json
 import os
@@ -706,6 +707,13 @@ def test_a_damaged_megatron_pair(tmp_path, case):
     assert_clean_error(packctl("materialize", str(plan), "-o", str(out), "-q"), 2, *mentions)
     assert_nothing_left(out)
     assert_clean_error(packctl("verify", str(plan), "--no-attention"), 2, *mentions)
+    if importlib.util.find_spec("torch") is not None:
+        from packctl.torch import PackedDataset
+
+        dataset = PackedDataset(plan)
+        with pytest.raises(PackctlError) as raised:
+            [dataset[i] for i in range(len(dataset))]
+        assert "\n" not in str(raised.value) and all(m in str(raised.value) for m in mentions)
 
 
 def test_a_megatron_pair_changed_before_a_plan_scans_it(tmp_path, monkeypatch):
