@@ -495,11 +495,9 @@ def materialize(comm, job: WriteJob, scanned: Scanned, output: OutputDir, fmt: S
                                kept=kept, plan_only=fmt.plan_only)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     rounds = blocks_read = 0
-    # a plan needs of the tokens only each piece's loss tokens: known from scan, nothing moved
-    piece_loss = piece_loss_tokens(comm, plan, index, source, block_bounds) if fmt.plan_only else None
     try:
-        if piece_loss is not None:
-            assembler.write_plan(piece_loss)
+        if fmt.plan_only:  # a plan needs of the tokens only each piece's loss tokens: known from scan
+            assembler.write_plan(piece_loss_tokens(comm, plan, index, source, block_bounds))
         elif comm.size == 1 and all(source.cached(b) for b in range(lo, hi)):
             # The whole input is decoded in memory: each unit gathers its pieces from the blocks.
             assembler.write_from_blocks(index, source)
