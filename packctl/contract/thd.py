@@ -19,9 +19,9 @@ class PackRows:
     """Column values (flat numpy) and row offsets for a run of packs."""
 
     token_offsets: np.ndarray  # int64, R+1 over input_ids / labels / position_ids
-    input_ids: np.ndarray
-    labels: np.ndarray
-    position_ids: np.ndarray
+    input_ids: np.ndarray | None  # None: the rows of a plan (`lay_out_sequences`)
+    labels: np.ndarray | None
+    position_ids: np.ndarray | None
     seq_offsets: np.ndarray  # int64, R+1 over seq_lens / seq_lens_padded / sample_ids
     seq_lens: np.ndarray
     seq_lens_padded: np.ndarray
@@ -70,6 +70,30 @@ def lay_out_packs(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded: 
     it writes piece i's tokens and labels at piece_flat_start[i] (int64) of the pad-filled int32
     columns, straight from wherever they are (no intermediate concatenation). With `scratch`, the
     three token-sized columns are `scratch` buffers (valid until its next use)."""
+    rows = lay_out_sequences(bin_offsets, piece_len, piece_padded, piece_gid, pack_lens)
+    piece_flat_start = offsets_of(rows.seq_lens_padded)[:-1]
+    total = int(rows.token_offsets[-1])
+
+    scratch = scratch or Scratch()
+    input_ids = scratch.take(INPUT_IDS, total, np.int32)
+    input_ids.fill(pad_token_id)
+    out_labels = scratch.take(LABELS, total, np.int32)
+    out_labels.fill(IGNORE_INDEX)
+    place(input_ids, out_labels, piece_flat_start)
+    # The first token of each sequence has no predecessor in that sequence: after the usual shift
+    # its label would be predicted from the previous sequence's last token, so it is ignored.
+    out_labels[piece_flat_start] = IGNORE_INDEX
+    rows.input_ids, rows.labels = input_ids, out_labels
+    rows.position_ids = segment_positions(rows.seq_lens_padded, out=scratch.take(POSITION_IDS, total, np.int32))
+    return rows
+
+
+def lay_out_sequences(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded: np.ndarray,
+                      piece_gid: np.ndarray, pack_lens: np.ndarray) -> PackRows:
+    """The packs' layout without their tokens: every column of one value per pack, per sequence
+    or per cu_seqlens entry; `input_ids`, `labels` and `position_ids` are None (a plan's rows,
+    `pack --plan-only`; `lay_out_packs` fills them). The last piece of a pack takes the tail
+    padding: pieces of 3 and 2 tokens, align 2, pack length 8 -> seq_lens_padded [4, 4]."""
     bin_offsets = np.asarray(bin_offsets, dtype=np.int64)
     rows = len(bin_offsets) - 1
     pieces_per_row = np.diff(bin_offsets)
@@ -84,27 +108,12 @@ def lay_out_packs(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded: 
     seq_lens_padded = piece_padded.astype(np.int64).copy()
     seq_lens_padded[last_piece] += tail
 
-    token_offsets = offsets_of(pack_lens)
-    piece_flat_start = offsets_of(seq_lens_padded)[:-1]
-    total = int(token_offsets[-1])
-
-    scratch = scratch or Scratch()
-    input_ids = scratch.take(INPUT_IDS, total, np.int32)
-    input_ids.fill(pad_token_id)
-    out_labels = scratch.take(LABELS, total, np.int32)
-    out_labels.fill(IGNORE_INDEX)
-    place(input_ids, out_labels, piece_flat_start)
-    # The first token of each sequence has no predecessor in that sequence: after the usual shift
-    # its label would be predicted from the previous sequence's last token, so it is ignored.
-    out_labels[piece_flat_start] = IGNORE_INDEX
-    position_ids = segment_positions(seq_lens_padded, out=scratch.take(POSITION_IDS, total, np.int32))
-
     cu_offsets = bin_offsets + np.arange(rows + 1)
     cu_seqlens = row_cumsums(piece_len, bin_offsets, np.int32)
     cu_seqlens_padded = row_cumsums(seq_lens_padded, bin_offsets, np.int32)
     num_tokens = np.add.reduceat(piece_len, bin_offsets[:-1]) if rows else np.zeros(0, np.int64)
     return PackRows(
-        token_offsets=token_offsets, input_ids=input_ids, labels=out_labels, position_ids=position_ids,
+        token_offsets=offsets_of(pack_lens), input_ids=None, labels=None, position_ids=None,
         seq_offsets=bin_offsets, seq_lens=piece_len.astype(np.int32),
         seq_lens_padded=seq_lens_padded.astype(np.int32), sample_ids=piece_gid.astype(np.int64),
         cu_offsets=cu_offsets, cu_seqlens=cu_seqlens, cu_seqlens_padded=cu_seqlens_padded,
@@ -183,6 +192,19 @@ def loss_columns(rows: PackRows) -> LossColumns:
     `tiling`), so sequence k owns the labels [offsets[k], offsets[k + 1]) of the flat column."""
     padded = np.asarray(rows.seq_lens_padded, dtype=np.int64)
     per_seq = count_not_equal(np.asarray(rows.labels), offsets_of(padded)[:-1], padded, IGNORE_INDEX)
+    seq_offsets = np.asarray(rows.seq_offsets, dtype=np.int64)
+    seq_lens = np.asarray(rows.seq_lens, dtype=np.int64)
+    return LossColumns(num_loss_tokens=_row_sums(per_seq, seq_offsets).astype(np.int32),
+                       seq_loss_tokens=per_seq.astype(np.int32),
+                       sum_sq_seqlen=_row_sums(seq_lens * seq_lens, seq_offsets))
+
+
+def counted_loss_columns(rows: PackRows, piece_loss: np.ndarray) -> LossColumns:
+    """The loss-normalization columns of `rows` from each sequence's loss tokens counted elsewhere
+    (a plan's rows have no labels): the labels that are not -100 in [start + 1, start + len) of its
+    source sequence, `loss_columns` of the packed labels, whose first label and padding are -100.
+    Without a labels column that is len - 1: pieces of 5 and 6 tokens -> seq_loss_tokens [4, 5]."""
+    per_seq = np.asarray(piece_loss, dtype=np.int64)
     seq_offsets = np.asarray(rows.seq_offsets, dtype=np.int64)
     seq_lens = np.asarray(rows.seq_lens, dtype=np.int64)
     return LossColumns(num_loss_tokens=_row_sums(per_seq, seq_offsets).astype(np.int32),

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from packctl.contract.arrow import arrow_array
 from packctl.contract.schema import (COLUMN, CU_ENTRY, LOSS_COLUMNS, METADATA_KEY, PACK_COLUMNS, SEQ_LENGTHS, SEQUENCE,
                                      TOKEN, TOKEN_COLUMNS, Column, column_order, limit_columns)
-from packctl.contract.thd import PackRows, loss_columns
+from packctl.contract.thd import LossColumns, PackRows, loss_columns
 
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, use_dictionary=False, write_statistics=False)
 
@@ -23,7 +23,7 @@ Values = Union[np.ndarray, pa.Array, pa.ChunkedArray]
 
 def rows_to_table(rows: PackRows, metadata: bytes, per_pack: dict[str, np.ndarray] | None = None,
                   per_sequence: dict[str, Values] | None = None, *, plan: bool = False,
-                  limits: tuple[str, ...] = ()) -> pa.Table:
+                  limits: tuple[str, ...] = (), loss: LossColumns | None = None) -> pa.Table:
     """PackRows -> an Arrow table of the contract (`packctl.contract.schema.COLUMNS`) with the
     `packctl` metadata key: the columns of `rows`, `seq_lengths`, the loss columns counted from its
     labels (`packctl.contract.thd.loss_columns`), then `per_pack` values (one per row: step,
@@ -31,15 +31,16 @@ def rows_to_table(rows: PackRows, metadata: bytes, per_pack: dict[str, np.ndarra
     seq_weights, group_ids, and the --keep-columns as they are), in `column_order`.
 
     With `plan` (`pack --plan-only`) the token columns are left out: what else the table holds
-    is what it holds without (the loss columns are counted from the labels all the same). With
-    `limits` (--limit columns, in order), COL in `per_sequence` and COL_sum in `per_pack` are
-    the declared columns of `limit_columns` (int64), placed by `column_order`.
+    is what it holds without; `loss` gives the loss columns where `rows` has no labels (a plan's
+    rows, `packctl.contract.thd.counted_loss_columns`). With `limits` (--limit columns, in
+    order), COL in `per_sequence` and COL_sum in `per_pack` are the declared columns of
+    `limit_columns` (int64), placed by `column_order`.
 
     Each declared column is written with its declared type, whatever the type of the values handed
     over (numpy arrays are converted, input values from Arrow cast): `{"step": np.array([0, 0, 1])}`
     becomes an int32 column.
     """
-    loss = loss_columns(rows)
+    loss = loss if loss is not None else loss_columns(rows)
     flat: dict[str, Values] = {name: getattr(rows, name) for name in PACK_COLUMNS}
     flat[SEQ_LENGTHS] = rows.seq_lens_padded
     flat.update({name: getattr(loss, name) for name in LOSS_COLUMNS})

@@ -22,6 +22,10 @@ the tokens of its pieces in one of two ways (`--token-transfer`):
     b0 b1 b2 b3 ...   --->    train-00000 <- u0 (pieces from b0, b3) u1 (b1)   complete after b3: joined
                               train-00001 <- u2 (pieces from b1, b2, b7)       complete after b7: joined
 
+A plan (`--plan-only`) moves no token: each piece's loss tokens are known from scan
+(`step_loss.piece_loss_tokens`), and every unit is laid out without token columns
+(`ShardAssembler.write_plan`) and written as above, with no request, round or block read.
+
 With input order and `concat`, units complete almost as fast as blocks are read and memory
 stays at a few blocks; with shuffle or curriculum order a unit completes only when its last
 source block is read, and the memory budget decides how much waits in memory and how much is
@@ -46,6 +50,7 @@ from packctl.arrays import Scratch, copy_segments, offsets_of
 from packctl.mpi.assign import WriteJob, WriteRun, write_run
 from packctl.source.parquet import SequenceIndex, TokenSource, read_kept_columns
 from packctl.source.pieces import place_from_blocks
+from packctl.pipeline.step_loss import piece_loss_tokens
 from packctl.output.stitch import stitch, stitch_chunks
 from packctl.output.encode import encode_table, rows_to_table
 from packctl.contract.manifest import ShardEntry
@@ -55,7 +60,7 @@ from packctl.output.outdir import OutputDir, StagedShard
 from packctl.plan.windows import PackPlan
 from packctl.plan.groups import group_ids
 from packctl.contract.schema import GROUP_IDS, NUM_TOKENS, SEQ_STARTS, SEQ_WEIGHTS
-from packctl.contract.thd import lay_out_packs
+from packctl.contract.thd import counted_loss_columns, lay_out_packs, lay_out_sequences
 
 @dataclass
 class _Bucket:
@@ -309,22 +314,36 @@ class ShardAssembler:
 
         return self._write(u, place)
 
-    def _write(self, u: int, place: Callable[[np.ndarray, np.ndarray, np.ndarray], None]):
+    def write_plan(self, piece_loss: np.ndarray) -> None:
+        """Every unit as a plan's row groups (`--plan-only`): the layout without token columns and
+        the loss columns from `piece_loss` (each piece's loss tokens, `piece_loss_tokens`); no token
+        is read, moved or copied."""
+        for u in np.flatnonzero(~self.unit_done).tolist():
+            self._writers.submit(lambda u=u: self._write(u, None, piece_loss))
+        self.remaining[:] = 0
+
+    def _write(self, u: int, place: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None,
+               piece_loss: np.ndarray | None = None):
         """Build unit u, its tokens put in place by `place` (`lay_out_packs`), encode it as a row
-        group; when it is the last of its shard here, join the shard (and stage it, if whole)."""
+        group; when it is the last of its shard here, join the shard (and stage it, if whole).
+        `place` None: a plan's unit, its loss columns from `piece_loss` (`write_plan`)."""
         plan = self.plan
         lo, hi = int(self.bounds[u]), int(self.bounds[u + 1])
         p_lo, p_hi = int(self.unit_piece_offsets[u]), int(self.unit_piece_offsets[u + 1])
-        scratch = getattr(self._scratch, "buffers", None)
-        if scratch is None:
-            scratch = self._scratch.buffers = Scratch()
-        rows = lay_out_packs(plan.bin_offsets[lo:hi + 1] - p_lo, plan.piece_len[p_lo:p_hi],
-                             plan.piece_padded[p_lo:p_hi], plan.piece_gid[p_lo:p_hi], self.pack_lens[lo:hi],
-                             place, pad_token_id=self.pad_token_id, scratch=scratch)
+        layout = (plan.bin_offsets[lo:hi + 1] - p_lo, plan.piece_len[p_lo:p_hi], plan.piece_padded[p_lo:p_hi],
+                  plan.piece_gid[p_lo:p_hi], self.pack_lens[lo:hi])
+        if place is None:
+            rows = lay_out_sequences(*layout)
+            loss = counted_loss_columns(rows, piece_loss[p_lo:p_hi])
+        else:
+            scratch = getattr(self._scratch, "buffers", None)
+            if scratch is None:
+                scratch = self._scratch.buffers = Scratch()
+            rows, loss = lay_out_packs(*layout, place, pad_token_id=self.pad_token_id, scratch=scratch), None
         extra = {name: values[lo:hi] for name, values in self.columns.items()}
         per_piece = {name: values[p_lo:p_hi] for name, values in self.kept.items()}
         data = encode_table(rows_to_table(rows, self.metadata, extra, per_piece, plan=self.plan_only,
-                                          limits=self.limits))
+                                          limits=self.limits, loss=loss))
         tokens = int(plan.piece_len[p_lo:p_hi].sum())
         self.progress(hi - lo)
         shard, part = int(self.run.unit_shard[u]), int(self.run.unit_part[u])
@@ -430,6 +449,7 @@ class Scanned:
     index: SequenceIndex
     source: TokenSource
     block_bounds: np.ndarray
+    tokens_read: bool = True  # False: scan read lengths only (a plan of Megatron pairs reads the .idx)
 
 
 @dataclass(frozen=True)
@@ -484,7 +504,9 @@ def materialize(comm, job: WriteJob, scanned: Scanned, output: OutputDir, fmt: S
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     rounds = blocks_read = 0
     try:
-        if comm.size == 1 and all(source.cached(b) for b in range(lo, hi)):
+        if fmt.plan_only:  # a plan needs of the tokens only each piece's loss tokens: known from scan
+            assembler.write_plan(piece_loss_tokens(comm, plan, index, source, block_bounds))
+        elif comm.size == 1 and all(source.cached(b) for b in range(lo, hi)):
             # The whole input is decoded in memory: each unit gathers its pieces from the blocks.
             assembler.write_from_blocks(index, source)
         elif read_own:

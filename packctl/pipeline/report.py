@@ -36,7 +36,7 @@ class Corpus:
     tokens: int
     skipped_empty: int
     blocks: int
-    tokens_equal_to_pad_id: int = 0
+    tokens_equal_to_pad_id: int | None = 0  # None: not counted (a plan of Megatron pairs reads no token)
 
 
 @dataclass(frozen=True)

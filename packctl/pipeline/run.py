@@ -43,8 +43,8 @@ from packctl.pipeline.manifest import PLAN_KIND, build_manifest, shard_metadata
 from packctl.compile_ahead import CompileAhead
 from packctl.jit import CompileClock
 from packctl.source.megatron import check_options as check_megatron_options
-from packctl.source.megatron import input_files
-from packctl.source.parquet import SequenceIndex, index_inputs, scan_blocks, split_blocks
+from packctl.source.megatron import input_files, is_indexed, scan_lengths
+from packctl.source.parquet import SequenceIndex, TokenSource, index_inputs, scan_blocks, split_blocks
 from packctl.source.resolve import Resolution, normalize_spec, pattern_reaching, resolve, respell
 from packctl.source.groups import read_group_starts
 from packctl.contract.manifest import ShardEntry
@@ -144,7 +144,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     specs = config.specs(index.labels_column)
 
     with timed(timings, "scan"):
-        scanned, corpus = _scan(comm, index, specs, progress)
+        scanned, corpus = _scan(comm, index, specs, progress, plan_only=config.plan_only)
     sequences_planned: list[int] = []
     epochs = [_plan_epoch(comm, scanned, corpus, specs, epoch, config.inputs, timings, progress, sequences_planned)
               for epoch in range(specs.order.epochs)]
@@ -163,7 +163,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
         written = materialize(comm, job, scanned, output, _shard_format(config, specs, scanned.index),
                               read_own=transfer.read_own, progress=progress.stage("materialize", job.plan.num_bins))
     with timed(timings, "report"):
-        corpus.tokens_equal_to_pad_id = comm.allreduce_sum(scanned.source.tokens_equal_to_pad_id)
+        corpus.tokens_equal_to_pad_id = (comm.allreduce_sum(scanned.source.tokens_equal_to_pad_id)
+                                         if scanned.tokens_read else None)
         figures = _plan_figures(comm, epochs, summaries.result(), scanned.index)
         shard_epoch = job.assignment.shard_epoch
         # rank 0 only: one entry per shard
@@ -268,20 +269,36 @@ def _report(config: PackConfig, specs: Specs, index: SequenceIndex, figures: tup
     return metrics, listed_shards, manifest
 
 
-def _scan(comm: Comm, index: SequenceIndex, specs: Specs, progress: Progress) -> tuple[Scanned, Corpus]:
-    """Decode and check this rank's blocks (equal bytes per rank); the corpus counts of all ranks."""
+def _scan(comm: Comm, index: SequenceIndex, specs: Specs, progress: Progress,
+          plan_only: bool = False) -> tuple[Scanned, Corpus]:
+    """Decode and check this rank's blocks (equal bytes per rank); the corpus counts of all ranks.
+
+    A plan (`plan_only`) needs of the tokens only each piece's loss tokens (materialize.py): a
+    Megatron input is scanned from its `.idx` alone (`megatron.scan_lengths`, no `.bin` read);
+    Parquet blocks are decoded and checked, the per-sequence loss tokens counted when there is a
+    labels column, and kept in memory only then (the pieces of cut sequences are counted in them)."""
     block_bounds = split_blocks(index.blocks, comm.size)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     scan = specs.scan
-    index, source = scan_blocks(index, lo, hi, scan.memory_budget, progress=progress.stage("scan", hi - lo),
-                                skip_empty=scan.skip_empty, pad_token_id=scan.pad_token_id,
-                                count_loss_tokens=scan.count_loss_tokens)
+    stage = progress.stage("scan", hi - lo)
+    if plan_only and is_indexed(index.files[0].path):
+        index = scan_lengths(index, lo, hi, stage, skip_empty=scan.skip_empty)
+        source = TokenSource([f.path for f in index.files], index.tokens_column, None, 0,
+                             skip_empty=scan.skip_empty, fingerprints=index.fingerprints)
+        scanned = Scanned(index, source, block_bounds, tokens_read=False)
+    else:
+        labels = index.labels_column is not None
+        budget = 0 if plan_only and not labels else scan.memory_budget  # 0: no decoded block kept
+        index, source = scan_blocks(index, lo, hi, budget, progress=stage, skip_empty=scan.skip_empty,
+                                    pad_token_id=scan.pad_token_id,
+                                    count_loss_tokens=scan.count_loss_tokens or (plan_only and labels))
+        scanned = Scanned(index, source, block_bounds)
     check_limits(comm, index, specs.lengths, specs.report.limits)
     check_too_long(comm, index, specs.lengths)
     skipped = comm.allreduce_sum(int(np.count_nonzero(index.lengths == 0))) if scan.skip_empty else 0
     corpus = Corpus(sequences=index.num_sequences, tokens=comm.allreduce_sum(int(index.lengths.sum())),
                     skipped_empty=skipped, blocks=len(index.blocks))
-    return Scanned(index, source, block_bounds), corpus
+    return scanned, corpus
 
 
 def _assign(comm: Comm, planned: Planned, scanned: Scanned, spec: WriteSpec,

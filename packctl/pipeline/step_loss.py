@@ -9,6 +9,7 @@ block counts them:
 
     whole sequence     from scan (`SequenceIndex.loss_tokens`), no token read again
     part of one        (split, truncated) counted in its decoded block, [start + 1, start + len)
+    no labels column   len - 1 (labels are the tokens, never -100): nothing asked, nothing read
 
     step 0: packs p0 [a b] and p1 [c] on ranks 0 and 1, loss tokens a 4, b 0, c 6
             step_loss_tokens 10 and step_loss_sequences 2 on p0 and p1 (b has no loss token)
@@ -40,7 +41,10 @@ def piece_loss_tokens(comm: Comm, plan: PackPlan, index: SequenceIndex, source: 
                       block_bounds: np.ndarray) -> np.ndarray:
     """int64 loss tokens of every piece of `plan`, asked of the ranks that scanned their blocks
     (rank r scanned blocks [block_bounds[r], block_bounds[r + 1])): one Alltoallv of requests
-    (gid, start, len) and one of answers."""
+    (gid, start, len) and one of answers. Without a labels column (the same on every rank) each
+    piece's count is its length - 1, known here."""
+    if index.labels_column is None:
+        return np.maximum(plan.piece_len.astype(np.int64) - 1, 0)
     rank_of_gid_bound = index.block_offsets[block_bounds]
     owner = np.searchsorted(rank_of_gid_bound, plan.piece_gid, side="right") - 1
     order = np.argsort(owner, kind="stable")

@@ -36,6 +36,7 @@ whose input is rewritten under it.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
 import os
 import stat
@@ -374,28 +375,56 @@ def _documents(pair: IndexedPair, first: int, count: int) -> Documents:
 def decode_documents(idx_path: str, first: int, count: int, *, skip_empty: bool = False,
                      expected: PairFingerprint | None = None) -> DecodedBlock:
     """Documents [first, first + count) of a pair as a `DecodedBlock` (int32 tokens, no labels),
-    checked: no empty document unless `skip_empty` (it keeps length 0 and the pipeline leaves it
-    out), text sequences only (mode 0 in a multimodal dataset), token ids in [0, 2^31). Errors name
-    'FILE document D'."""
+    checked: `checked_documents`, and token ids in [0, 2^31). Errors name 'FILE document D'."""
     with open_pair(idx_path, expected) as pair:
-        docs = _documents(pair, first, count)
-        lengths = np.diff(docs.offsets)
-        if not skip_empty and (lengths == 0).any():
-            d = first + int(np.argmax(lengths == 0))
-            raise PackctlError(f"{describe_document(idx_path, d)}: empty document (no tokens); remove it or pass "
-                               "--skip-empty to leave it out (counted in the manifest)")
-        if pair.header.multimodal and docs.sequences:
-            modes = pair.sequence_modes(docs.first_sequence, docs.sequences)
-            if modes.any():
-                s = int(np.argmax(modes != 0))
-                d = first + int(np.searchsorted(pair.document_index(first, count + 1), docs.first_sequence + s,
-                                                side="right") - 1)
-                raise PackctlError(f"{describe_document(idx_path, d)}: sequence {docs.first_sequence + s} has mode "
-                                   f"{modes[s]} (not text) in this multimodal dataset; packctl packs token sequences: "
-                                   "write the text documents to a dataset of their own")
+        docs = checked_documents(pair, first, count, skip_empty=skip_empty)
         raw = pair.tokens(docs.first_byte, int(docs.offsets[-1]))
     check_token_range(pair.bin_path, first, docs.offsets, raw)
     return DecodedBlock(offsets=docs.offsets, tokens=raw.astype(np.int32, copy=False), labels=None)
+
+
+def checked_documents(pair: IndexedPair, first: int, count: int, *, skip_empty: bool = False) -> Documents:
+    """Documents [first, first + count) as every read of them checks them, from the `.idx` alone:
+    their layout (`_documents`), no empty document unless `skip_empty` (it keeps length 0 and the
+    pipeline leaves it out), text sequences only (mode 0 in a multimodal dataset)."""
+    idx_path = pair.idx_path
+    docs = _documents(pair, first, count)
+    lengths = np.diff(docs.offsets)
+    if not skip_empty and (lengths == 0).any():
+        d = first + int(np.argmax(lengths == 0))
+        raise PackctlError(f"{describe_document(idx_path, d)}: empty document (no tokens); remove it or pass "
+                           "--skip-empty to leave it out (counted in the manifest)")
+    if pair.header.multimodal and docs.sequences:
+        modes = pair.sequence_modes(docs.first_sequence, docs.sequences)
+        if modes.any():
+            s = int(np.argmax(modes != 0))
+            d = first + int(np.searchsorted(pair.document_index(first, count + 1), docs.first_sequence + s,
+                                            side="right") - 1)
+            raise PackctlError(f"{describe_document(idx_path, d)}: sequence {docs.first_sequence + s} has mode "
+                               f"{modes[s]} (not text) in this multimodal dataset; packctl packs token sequences: "
+                               "write the text documents to a dataset of their own")
+    return docs
+
+
+def scan_lengths(index: "SequenceIndex", block_lo: int, block_hi: int, progress=None, *,
+                 skip_empty: bool = False) -> "SequenceIndex":
+    """Scan blocks [block_lo, block_hi) of Megatron inputs for a plan (`pack --plan-only`): the
+    documents' lengths and every check of `checked_documents`, from the `.idx` alone, each pair
+    checked against its fingerprint; the `.bin` is never read. Its token ids are checked where
+    they are read (`packctl materialize`, the loader on the plan, `verify`), with the error
+    `decode_documents` gives. `index.loss_tokens`: each document's length - 1 (loss on every
+    token but the first of a pack's sequence)."""
+    gid_lo, gid_hi = int(index.block_offsets[block_lo]), int(index.block_offsets[block_hi])
+    lengths = np.zeros(gid_hi - gid_lo, dtype=np.int64)
+    for b in range(block_lo, block_hi):
+        block = index.blocks[b]  # each block opens its pair, checked against the fingerprint, as decoding does
+        with open_pair(index.files[block.file].path, index.fingerprint(block.file)) as pair:
+            docs = checked_documents(pair, block.first_row, block.rows, skip_empty=skip_empty)
+        at = int(index.block_offsets[b]) - gid_lo
+        lengths[at:at + block.rows] = np.diff(docs.offsets)
+        if progress is not None:
+            progress(1)
+    return dataclasses.replace(index, lengths=lengths, gid_lo=gid_lo, loss_tokens=np.maximum(lengths - 1, 0))
 
 
 def check_token_range(bin_path: str, first: int, offsets: np.ndarray, raw: np.ndarray) -> None:

@@ -9,6 +9,7 @@ accepted one packs every source sample exactly once.
 """
 from __future__ import annotations
 
+import importlib.util
 import hashlib
 import json
 import os
@@ -74,9 +75,9 @@ def pack_ok(out: Path, *inputs, sources: list[Path] | None = None) -> dict:
     return json.loads((out / "_manifest.json").read_text())
 
 
-def refused(tmp_path: Path, *args, mentions=()) -> str:
+def refused(tmp_path: Path, *args, mentions=(), options=()) -> str:
     out = tmp_path / "out"
-    result = packctl("pack", *map(str, args), "-o", str(out), *PACK)
+    result = packctl("pack", *map(str, args), "-o", str(out), *PACK, *options)
     line = assert_clean_error(result, 2, *map(str, mentions))
     assert_nothing_left(out)
     return line
@@ -697,6 +698,39 @@ def test_a_damaged_megatron_pair(tmp_path, case):
         change(idx)
     refused(tmp_path, idx, mentions=mentions)
     refused(tmp_path, tmp_path / "data/c", mentions=mentions)
+    if change is not None:  # a plan reads the .idx alone, and refuses what the .idx and the sizes show
+        refused(tmp_path, idx, mentions=mentions, options=["--plan-only"])
+        return
+    # token ids are in the .bin: a plan does not read them; its readers refuse them, with the same line
+    plan, out = tmp_path / "plan", tmp_path / "out"
+    assert packctl("pack", str(idx), "-o", str(plan), *PACK, "--plan-only").code == 0
+    assert_clean_error(packctl("materialize", str(plan), "-o", str(out), "-q"), 2, *mentions)
+    assert_nothing_left(out)
+    assert_clean_error(packctl("verify", str(plan), "--no-attention"), 2, *mentions)
+    if importlib.util.find_spec("torch") is not None:
+        from packctl.torch import PackedDataset
+
+        dataset = PackedDataset(plan)
+        with pytest.raises(PackctlError) as raised:
+            [dataset[i] for i in range(len(dataset))]
+        assert "\n" not in str(raised.value) and all(m in str(raised.value) for m in mentions)
+
+
+def test_a_megatron_pair_changed_before_a_plan_scans_it(tmp_path, monkeypatch):
+    """A plan scans the .idx alone, each block's pair checked against the fingerprint taken when
+    INPUT was resolved: a .bin cut short in between is found though no token is read."""
+    from packctl.pipeline import run
+
+    idx = megatron_pair(tmp_path / "data/c")
+    bin_ = idx.with_suffix(".bin")
+    scan_lengths = run.scan_lengths
+
+    def truncated_first(*args, **kwargs):
+        os.truncate(bin_, 8)
+        return scan_lengths(*args, **kwargs)
+    monkeypatch.setattr(run, "scan_lengths", truncated_first)
+    refused(tmp_path, idx, mentions=[f"{bin_}: changed while packctl was reading it", "size went from 56 to 8"],
+            options=["--plan-only"])
 
 
 @pytest.mark.parametrize("present, missing", [("c.bin", "c.idx"), ("c.idx", "c.bin")])
@@ -744,6 +778,7 @@ def test_empty_megatron_documents(tmp_path):
     documents = [[[1, 2]], [], [[3]], [[]]]
     idx = megatron_pair(tmp_path / "data/c", documents)
     refused(tmp_path, idx, mentions=["c.idx document 1: empty document", "--skip-empty"])
+    refused(tmp_path, idx, mentions=["c.idx document 1: empty document", "--skip-empty"], options=["--plan-only"])
     out = tmp_path / "out"
     assert packctl("pack", str(idx), "-o", str(out), *PACK, "--skip-empty").code == 0
     manifest = json.loads((out / "_manifest.json").read_text())

@@ -247,3 +247,37 @@ def test_limits_under_three_processes_write_the_single_process_bytes(tmp_path, c
         assert max(table.column("images_sum").to_pylist()) <= 3
         assert max(table.column("image_tokens_sum").to_pylist()) <= 2000
     assert json.loads((out / "_manifest.json").read_text())["counts"]["over_limit"] > 0
+
+
+def test_a_plan_under_mpi_is_the_packed_output_without_its_token_columns(tmp_path):
+    """`pack --plan-only` under mpiexec -n 3 counts its loss tokens without moving a token: with a
+    labels column (sample_data, sequences cut by --too-long split), without one, and from Megatron
+    pairs (the .idx alone): every plan column is the column of `pack` in one process."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from packctl.contract.schema import SEQ_STARTS, TOKEN_COLUMNS
+    from support.adversary import packctl
+    from support.megatron import build_with_megatron, random_documents
+
+    (tmp_path / "no-labels").mkdir()
+    for path in sorted((ROOT / "sample_data").glob("*.parquet")):
+        pq.write_table(pq.read_table(path).drop(["labels"]), tmp_path / "no-labels" / path.name, row_group_size=300)
+    for k in range(2):
+        build_with_megatron(tmp_path / "megatron" / f"m{k}", random_documents(k, 200, high=8, max_length=900),
+                            np.uint16)
+    options = ["--capacity", "1024", "--too-long", "split", "--order", "shuffle", "--dp-size", "2",
+               "--micro-batches", "2", "--shard-rows", "40", "-q", "--overwrite"]
+    for source in (ROOT / "sample_data", tmp_path / "no-labels", tmp_path / "megatron"):
+        packs, plan = tmp_path / f"{source.name}-packs", tmp_path / f"{source.name}-plan"
+        assert packctl("pack", str(source), "-o", str(packs), *options).code == 0
+        proc = mpirun(3, sys.executable, "-m", "packctl", "pack", str(source), "-o", str(plan), *options,
+                      "--plan-only")
+        assert proc.returncode == 0, proc.stderr
+        shards = sorted(p.name for p in (packs / "data").glob("*.parquet"))
+        assert shards and shards == sorted(p.name for p in (plan / "data").glob("*.parquet"))
+        for name in shards:
+            packed, planned = pq.read_table(packs / "data" / name), pq.read_table(plan / "data" / name)
+            assert planned.column_names == [n for n in packed.column_names if n not in TOKEN_COLUMNS] + [SEQ_STARTS]
+            for column in planned.column_names[:-1]:
+                assert planned.column(column).equals(packed.column(column)), (source.name, name, column)

@@ -40,3 +40,33 @@ def test_tail_padding_goes_to_the_last_sequence_and_rows_are_independent():
     assert rows.cu_seqlens_padded.tolist() == [0, 4, 8, 0, 8]
     assert rows.labels.tolist() == [I, 2, 3, I, I, 5, I, I, I, 7, 8, 9, 10, I, I, I]
     assert rows.num_tokens.tolist() == [5, 5]
+
+
+def test_a_plans_rows_are_the_packs_without_tokens_and_count_the_same_loss():
+    """`lay_out_sequences` is `lay_out_packs` without the token columns, and `counted_loss_columns`
+    from each piece's labels that are not -100 after its first (padding is -100) is `loss_columns`
+    of the packed labels: labels with -100 inside, pieces cut from a sequence, tokens equal to the pad id."""
+    from packctl.contract.thd import counted_loss_columns, lay_out_sequences, loss_columns
+
+    rng = np.random.default_rng(0)
+    piece_len = rng.integers(1, 9, 40)
+    piece_padded = (piece_len + 3) // 4 * 4
+    bin_offsets = np.array([0, 3, 4, 10, 17, 25, 40])
+    pack_lens = np.add.reduceat(piece_padded, bin_offsets[:-1]) + np.array([0, 4, 0, 8, 0, 4])
+    labels = rng.integers(0, 3, int(piece_len.sum())).astype(np.int32)
+    labels[rng.random(len(labels)) < 0.3] = -100
+    tokens = np.where(labels >= 0, labels, 0).astype(np.int32)  # many tokens equal the pad id 0
+    gids = np.arange(40)
+    packed = build_pack_rows(bin_offsets, piece_len, piece_padded, gids, tokens, labels, pack_lens, pad_token_id=0)
+    plan = lay_out_sequences(bin_offsets, piece_len, piece_padded, gids, pack_lens)
+    assert plan.input_ids is None and plan.labels is None and plan.position_ids is None
+    for name in ("token_offsets", "seq_offsets", "seq_lens", "seq_lens_padded", "sample_ids", "cu_offsets",
+                 "cu_seqlens", "cu_seqlens_padded", "num_tokens"):
+        assert np.array_equal(getattr(plan, name), getattr(packed, name)) and \
+            getattr(plan, name).dtype == getattr(packed, name).dtype, name
+    starts = np.concatenate([[0], np.cumsum(piece_len)[:-1]])
+    piece_loss = [int((labels[s + 1:s + n] != -100).sum()) for s, n in zip(starts, piece_len)]
+    counted, expected = counted_loss_columns(plan, np.array(piece_loss)), loss_columns(packed)
+    for name in ("num_loss_tokens", "seq_loss_tokens", "sum_sq_seqlen"):
+        assert np.array_equal(getattr(counted, name), getattr(expected, name)), name
+        assert getattr(counted, name).dtype == getattr(expected, name).dtype, name

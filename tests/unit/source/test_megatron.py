@@ -80,6 +80,33 @@ def test_multimodal_text_sequences_are_read_and_other_modes_refused(tmp_path):
         decoded_rows(mixed)
 
 
+def test_a_plans_scan_reads_lengths_and_checks_from_the_idx_alone(tmp_path, monkeypatch):
+    """`scan_lengths` (pack --plan-only): the lengths decoding gives, over blocks of several pairs,
+    the same refusals of what the .idx shows, and no read of the .bin."""
+    from packctl.source.parquet import scan_blocks
+
+    for k, dtype in enumerate((np.uint16, np.int64)):
+        build_with_megatron(tmp_path / "d" / f"p{k}", random_documents(k, 50, max_length=30, empty=0.1), dtype)
+    monkeypatch.setattr(megatron, "BLOCK_DOCUMENTS", 7)  # blocks of 7 documents
+    index = megatron.index_inputs(resolve([str(tmp_path / "d")]), "input_ids")
+    assert len(index.blocks) > 10
+    decoded, _ = scan_blocks(index, 3, len(index.blocks) - 2, 1 << 20, skip_empty=True)
+
+    def no_tokens(*args, **kwargs):
+        raise AssertionError("the .bin was read")
+    monkeypatch.setattr(megatron.IndexedPair, "tokens", no_tokens)
+    scanned = megatron.scan_lengths(index, 3, len(index.blocks) - 2, skip_empty=True)
+    assert scanned.gid_lo == decoded.gid_lo and scanned.lengths.tolist() == decoded.lengths.tolist()
+    assert scanned.loss_tokens.tolist() == np.maximum(decoded.lengths - 1, 0).tolist()
+    with pytest.raises(PackctlError, match=r"p0\.idx document \d+: empty document"):
+        megatron.scan_lengths(index, 0, len(index.blocks))
+    mixed = build_with_megatron(tmp_path / "m" / "m", [[[1, 2], [3]], [[4]], [[5, 6]]], multimodal=True,
+                                modes=[[0, 0], [0], [1]])
+    index = megatron.index_inputs(resolve([str(mixed)]), "input_ids")
+    with pytest.raises(PackctlError, match=r"m\.idx document 2: sequence 3 has mode 1 \(not text\)"):
+        megatron.scan_lengths(index, 0, len(index.blocks))
+
+
 @pytest.mark.parametrize("dtype, value", [(np.int8, -3), (np.int16, -1), (np.int32, -7), (np.int64, 2**31),
                                           (np.int64, -2**40)])
 def test_token_ids_outside_int32_are_refused_naming_the_document(tmp_path, dtype, value):
