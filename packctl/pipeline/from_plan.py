@@ -146,7 +146,8 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
     block_bounds = split_blocks(index.blocks, comm.size)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     with timed(timings, "scan"):
-        index, source = scan_blocks(index, lo, hi, budget, skip_empty=source.skip_empty)
+        index, source = scan_blocks(index, lo, hi, budget, skip_empty=source.skip_empty,
+                                    pad_token_id=int(plan.manifest["layout"]["pad_token_id"]))
     scanned = Scanned(index, source, block_bounds)
     amplification = read_amplification(comm, job.plan, index) if comm.size > 1 else 1.0
     config = plan.manifest.get("config", {})
@@ -158,6 +159,7 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
         written = materialize(comm, job, scanned, output, fmt, read_own=read_own, kept=kept,
                               progress=progress.stage("materialize", job.plan.num_bins))
     shards = comm.gather(written.shards)
+    pad_like = comm.allreduce_sum(source.tokens_equal_to_pad_id)  # as pack counts them: every input token
     timings["total"] = time.perf_counter() - started
     # this run's own share of the work (a materialize plans nothing): `ranks`, `scale_out`, `throughput`
     ranks = comm.allgather(rank_report(comm, index, job.plan, written, timings,
@@ -168,7 +170,8 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
     by_number = {n: info for part in shards for n, info in part.items()}
     execution = {"output": str(out), "overwrite": overwrite, "memory_budget": budget, "resume": resume,
                  "token_transfer": token_transfer}
-    run = _RunFigures(ranks, timings, resumed_shards=len(done or {}), blocks=len(index.blocks))
+    run = _RunFigures(ranks, timings, resumed_shards=len(done or {}), blocks=len(index.blocks),
+                      tokens_equal_to_pad_id=pad_like)
     reports, manifests, entries = _reports(plan, by_number, run, execution)
     with guard.deferred():  # a signal now waits: the output is moments from complete
         output.commit(reports=reports, manifests=manifests, shards=entries, overwrite=overwrite)
@@ -312,12 +315,14 @@ def _values(column: pa.ChunkedArray) -> np.ndarray:
 @dataclass(frozen=True)
 class _RunFigures:
     """What a materialize run reports of itself: every rank's report, its timings, the shards an
-    interrupted run had finished, the source's blocks."""
+    interrupted run had finished, the source's blocks, and its input tokens equal to the pad id
+    (a plan of Megatron pairs, which reads no token, records none)."""
 
     ranks: list[dict[str, Any]]
     timings: dict[str, float]
     resumed_shards: int
     blocks: int
+    tokens_equal_to_pad_id: int
 
     def apply(self, metrics: dict[str, Any], *, with_ranks: bool = True) -> dict[str, Any]:
         """`metrics` (a plan's) with this run's ranks, scale-out, throughput and timings in place of
@@ -326,7 +331,7 @@ class _RunFigures:
         counts = metrics.get("counts", {})
         corpus = Corpus(sequences=int(counts.get("sequences_in", 0)), tokens=int(counts.get("tokens_in", 0)),
                         skipped_empty=0, blocks=self.blocks,
-                        tokens_equal_to_pad_id=int(metrics.get("throughput", {}).get("tokens_equal_to_pad_id", 0)))
+                        tokens_equal_to_pad_id=self.tokens_equal_to_pad_id)
         metrics.pop("scale_out", None)
         metrics.pop("ranks", None)
         if with_ranks and len(self.ranks) > 1:  # as pack reports them: with more than one rank

@@ -113,6 +113,8 @@ def test_plan_and_materialize_are_the_same_bytes_for_any_rank_count(tmp_path, co
     assert made["scale_out"]["ranks"] == ranks and made["scale_out"]["sequences_planned"]["max"] == 0
     assert sum(r["packs_written"] for r in made["ranks"]) == made["counts"]["packs"] == plan_metrics["counts"]["packs"]
     assert made["utilization"] == plan_metrics["utilization"]
+    full = json.loads((tmp_path / "full" / "_metrics.json").read_text())
+    assert made["throughput"]["tokens_equal_to_pad_id"] == full["throughput"]["tokens_equal_to_pad_id"]
 
 
 def test_stats_of_a_plan_are_those_of_its_output(tmp_path, corpus):
