@@ -17,7 +17,7 @@ from packctl.source import megatron
 from packctl.stats.whatif import read_lengths
 from packctl.verify import VerifyOptions, verify
 from support.adversary import assert_clean_error, assert_nothing_left, packctl
-from support.megatron import build_with_megatron, data_columns, random_documents, write_twin
+from support.megatron import build_with_megatron, data_columns, random_documents, write_pair, write_twin
 from support.threadcomm import run_ranks
 
 NAMES = ("a", "b", "sub/c")
@@ -166,6 +166,7 @@ def test_a_plan_of_a_megatron_input_reads_its_tokens_from_the_pair(corpus, tmp_p
 
     source = tmp_path / "pairs"
     shutil.copytree(corpus[0], source)
+    write_pair(source / "zeros", [[[0, 0, 5, 0]], [[7, 0]]], np.uint16)  # tokens equal to the pad id (0)
     options = dict(capacity=128, too_long="split", order="shuffle", skip_empty=True, shard_rows=20)
     direct, plan, materialized = tmp_path / "direct", tmp_path / "plan", tmp_path / "materialized"
     pack(PackConfig(inputs=[str(source)], output=str(direct), **options))
@@ -175,6 +176,9 @@ def test_a_plan_of_a_megatron_input_reads_its_tokens_from_the_pair(corpus, tmp_p
     shas = [[s["sha256"] for s in json.loads((out / "_manifest.json").read_text())["shards"]]
             for out in (direct, materialized)]
     assert shas[0] == shas[1]
+    counted = [json.loads((out / "_metrics.json").read_text())["throughput"]["tokens_equal_to_pad_id"]
+               for out in (direct, plan, materialized)]
+    assert counted[0] >= 4 and counted == [counted[0], None, counted[0]]  # a plan of pairs reads no token
     index, _ = plan_source(json.loads((plan / "_manifest.json").read_text()), plan / "_manifest.json")
     assert [f.path for f in index.files] == sorted(str(p) for p in source.rglob("*.idx"))
 
