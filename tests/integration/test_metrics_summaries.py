@@ -44,6 +44,9 @@ CONFIGS = {
     "epochs": dict(order="shuffle", too_long="split", window=90, epochs=3),
     "epochs-balance": dict(algorithm="ffs", order="shuffle", too_long="split", window=120, epochs=2, dp_size=2,
                            micro_batches=2, lr_scaling="sqrt"),
+    # epochs whose steps differ in their reference batch size: the whole run reports epoch 0's
+    "epochs-balance-ref": dict(algorithm="concat", order="shuffle", too_long="split", capacity=512, window=20,
+                               epochs=2, dp_size=2, micro_batches=1),
     "groups": dict(corpus="grouped", capacity=8192, order="shuffle", window=20),
     "groups-split": dict(corpus="grouped", capacity=8192, algorithm="ffd", too_long="split", window=25),
     "groups-step": dict(corpus="grouped", capacity=4096, group_scope="step", dp_size=2, micro_batches=2, window=30),
