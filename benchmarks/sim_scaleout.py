@@ -24,12 +24,13 @@ import time
 import numpy as np
 
 from packctl.mpi.assign import assign, units_of
-from packctl.source.parquet import Block, split_blocks
+from packctl.source.parquet import split_blocks
 from packctl.plan.align import pack_lengths_padded, round_up
 from packctl.plan.order import order_sequences
 from packctl.plan.windows import WindowOptions, plan_windows
 from packctl.pipeline.materialize import READ_AMPLIFICATION_LIMIT, READ_AMPLIFICATION_LIMIT_INPUT_ORDER
 from packctl.sample import sample_lengths
+from packctl.source.index import Block
 
 BLOCK_ROWS = 8192
 

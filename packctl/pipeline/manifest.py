@@ -14,7 +14,7 @@ from packctl.version import __version__
 
 if TYPE_CHECKING:
     from packctl.config import PackConfig
-    from packctl.source.parquet import InputFile
+    from packctl.source.index import InputFile
 
 # Options that say where and how a run executes, never what it writes: kept out of the shards'
 # metadata so the same packing has the same bytes wherever it is written.

@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 
 from packctl.arrays import Scratch, copy_segments, offsets_of
 from packctl.mpi.assign import WriteJob, WriteRun, write_run
-from packctl.source.parquet import SequenceIndex, TokenSource, read_kept_columns
+from packctl.source.parquet import TokenSource, read_kept_columns
 from packctl.source.pieces import place_from_blocks
 from packctl.pipeline.step_loss import piece_loss_tokens
 from packctl.output.stitch import stitch, stitch_chunks
@@ -61,6 +61,7 @@ from packctl.plan.windows import PackPlan
 from packctl.plan.groups import group_ids
 from packctl.contract.schema import GROUP_IDS, NUM_TOKENS, SEQ_STARTS, SEQ_WEIGHTS
 from packctl.contract.thd import counted_loss_columns, lay_out_packs, lay_out_sequences
+from packctl.source.index import SequenceIndex
 
 @dataclass
 class _Bucket:

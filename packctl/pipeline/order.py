@@ -24,8 +24,8 @@ from packctl.plan.groups import (GroupOverLimit, GroupTooLong, check_groups_fit,
                                  group_ids, group_sizes, run_starts, run_totals)
 from packctl.plan.order import order_keys
 from packctl.plan.windows import GroupTooBigForStep, SequenceOverLimit, UncuttableSequence, check_groups_fit_step
-from packctl.source.parquet import SequenceIndex, describe_gid
 from packctl.specs import GroupScope, GroupSpec, LengthSpec, Order, OrderSpec, TooLong, WindowOptions
+from packctl.source.index import SequenceIndex, describe_gid
 
 
 def too_long_message(where: str, length: int, padded: int, capacity: int) -> str:

@@ -29,8 +29,8 @@ from packctl.plan.shapes import (batch_shapes, buckets_from_histogram, length_hi
                                  with_row_length)
 from packctl.plan.windows import (PackPlan, SequenceOverLimit, SequenceTooLong, UncuttableSequence, merge_plans,
                                   plan_windows)
-from packctl.source.parquet import SequenceIndex
 from packctl.specs import BalanceSpec, BatchUnit, LengthSpec, LrScaling, Mode, Specs, StepSpec
+from packctl.source.index import SequenceIndex
 
 
 @dataclass

@@ -43,9 +43,9 @@ from packctl.pipeline.manifest import PLAN_KIND, build_manifest, shard_metadata
 from packctl.compile_ahead import CompileAhead
 from packctl.jit import CompileClock
 from packctl.source.megatron import check_options as check_megatron_options
-from packctl.source.megatron import input_files, is_indexed, scan_lengths
-from packctl.source.parquet import SequenceIndex, TokenSource, index_inputs, scan_blocks, split_blocks
-from packctl.source.resolve import Resolution, normalize_spec, pattern_reaching, resolve, respell
+from packctl.source.megatron import scan_lengths
+from packctl.source.parquet import TokenSource, index_inputs, scan_blocks, split_blocks
+from packctl.source.resolve import normalize_spec, pattern_reaching, resolve, respell
 from packctl.source.groups import read_group_starts
 from packctl.contract.manifest import ShardEntry
 from packctl.output import commit as protocol
@@ -62,6 +62,7 @@ from packctl.pipeline.step_loss import step_loss_columns
 from packctl.pipeline.report import (Corpus, RankSummary, Transfer, epochs_index, epochs_metrics, input_order_lengths,
                                      metrics_of, padded_batching_over_ranks, rank_report, throughput)
 from packctl.pipeline.runtime import Progress, RunInterrupted, SignalGuard, after_failure, in_background, timed
+from packctl.source.index import Resolution, SequenceIndex, input_files, is_indexed
 
 __all__ = ["PackResult", "Progress", "RunInterrupted", "pack", "run_fingerprint"]
 

@@ -20,8 +20,9 @@ import numpy as np
 
 from packctl.contract.schema import STEP_LOSS_SEQUENCES, STEP_LOSS_TOKENS
 from packctl.mpi.comm import Comm
-from packctl.source.parquet import SequenceIndex, TokenSource
+from packctl.source.parquet import TokenSource
 from packctl.plan.windows import PackPlan
+from packctl.source.index import SequenceIndex
 
 
 def step_loss_columns(comm: Comm, plan: PackPlan, step: np.ndarray, index: SequenceIndex, source: TokenSource,

@@ -18,7 +18,8 @@ import pyarrow as pa
 
 from packctl.errors import PackctlError
 from packctl.source.files import open_parquet
-from packctl.source.parquet import RowsByGid, _type_name, describe_gid, field_type
+from packctl.source.parquet import _type_name, field_type
+from packctl.source.index import RowsByGid, describe_gid
 
 
 def _check_type(path: str, schema: pa.Schema, column: str, seen: list[pa.DataType]) -> None:

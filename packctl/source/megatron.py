@@ -42,7 +42,6 @@ import os
 import stat
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -51,12 +50,10 @@ from packctl.contract.schema import INT32_MAX
 from packctl.errors import PackctlError
 from packctl.source.blocks import DecodedBlock
 from packctl.source.files import FileFingerprint, changed_error, file_kind
+from packctl.source.index import (Block, InputFile, Resolution, SequenceIndex, bin_of, describe_document,
+                                  is_indexed)
 
-if TYPE_CHECKING:
-    from packctl.source.parquet import Block, SequenceIndex
-    from packctl.source.resolve import Resolution
 
-IDX, BIN = ".idx", ".bin"
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER_BYTES = 34
@@ -72,34 +69,6 @@ DTYPES: dict[int, np.dtype] = {1: np.dtype(np.uint8), 2: np.dtype(np.int8), 3: n
 BLOCK_TOKENS = 1 << 24
 BLOCK_DOCUMENTS = 1 << 20
 _CHUNK_DOCUMENTS = 1 << 22  # documents whose lengths `document_lengths` reads at once
-
-
-def is_indexed(path: str) -> bool:
-    """Whether a resolved input path names a Megatron pair (by its `.idx`); `.bin` and `.idx` are
-    never read as Parquet."""
-    return path.endswith(IDX)
-
-
-def prefix_of(path: str) -> str | None:
-    """The dataset prefix of a `.bin` or `.idx` path, else None: data/c.bin -> data/c."""
-    for suffix in (IDX, BIN):
-        if path.endswith(suffix) and len(path) > len(suffix):
-            return path[:-len(suffix)]
-    return None
-
-
-def bin_of(idx_path: str) -> str:
-    return idx_path[:-len(IDX)] + BIN
-
-
-def input_files(path: str) -> tuple[str, ...]:
-    """The files a resolved input path stands for: a pair's `.idx` and `.bin`, else the path."""
-    return (path, bin_of(path)) if is_indexed(path) else (path,)
-
-
-def describe_document(idx_path: str, document: int) -> str:
-    """How messages name a document: 'data/c.idx document 7'."""
-    return f"{idx_path} document {document}"
 
 
 @dataclass(frozen=True)
@@ -406,8 +375,8 @@ def checked_documents(pair: IndexedPair, first: int, count: int, *, skip_empty: 
     return docs
 
 
-def scan_lengths(index: "SequenceIndex", block_lo: int, block_hi: int, progress=None, *,
-                 skip_empty: bool = False) -> "SequenceIndex":
+def scan_lengths(index: SequenceIndex, block_lo: int, block_hi: int, progress=None, *,
+                 skip_empty: bool = False) -> SequenceIndex:
     """Scan blocks [block_lo, block_hi) of Megatron inputs for a plan (`pack --plan-only`): the
     documents' lengths and every check of `checked_documents`, from the `.idx` alone, each pair
     checked against its fingerprint; the `.bin` is never read. Its token ids are checked where
@@ -460,13 +429,11 @@ def read_document(idx_path: str, document: int, expected: PairFingerprint | None
         return pair.tokens(docs.first_byte, int(docs.offsets[-1])).astype(np.int64)
 
 
-def blocks_of(pair: IndexedPair, f: int) -> list["Block"]:
+def blocks_of(pair: IndexedPair, f: int) -> list[Block]:
     """The blocks of input f: runs of documents cut every BLOCK_TOKENS tokens and every
     BLOCK_DOCUMENTS documents, found by binary search on the `.idx` (a few reads per block, not
     the whole index). 40M tokens in 3 documents of 1M and one of 37M: cuts where a document
     starts at or after token 2^24 and 2^25."""
-    from packctl.source.parquet import Block
-
     documents = pair.header.documents
     total = pair.fingerprint.bin_size // pair.header.dtype.itemsize
 
@@ -490,11 +457,9 @@ def blocks_of(pair: IndexedPair, f: int) -> list["Block"]:
     return blocks
 
 
-def index_inputs(resolution: "Resolution", tokens_column: str, labels_column: str | None = None) -> "SequenceIndex":
+def index_inputs(resolution: Resolution, tokens_column: str, labels_column: str | None = None) -> SequenceIndex:
     """The SequenceIndex of Megatron inputs: one InputFile per pair (its `.idx` path, documents,
     both files' bytes) and its blocks; no lengths yet (scan reads them)."""
-    from packctl.source.parquet import InputFile, SequenceIndex
-
     files, blocks = [], []
     for f, resolved in enumerate(resolution.files):
         with open_pair(resolved.path, resolved.fingerprint) as pair:
@@ -520,7 +485,7 @@ _COLUMN_OPTIONS = ("keep_columns", "weight_column", "group_column", "labels_colu
 _FLAGS = {"limits": "--limit"}  # the options whose flag is not their name
 
 
-def check_options(resolution: "Resolution", *, tokens_column: str = "input_ids", **columns) -> None:
+def check_options(resolution: Resolution, *, tokens_column: str = "input_ids", **columns) -> None:
     """Refuse, for a Megatron input, the options that need Parquet columns: --tokens-column other
     than input_ids, --labels-column, --keep-columns, --weight-column, --group-column, --limit."""
     if not any(is_indexed(f.path) for f in resolution.files):

@@ -1,10 +1,8 @@
 """Scan tokenized Parquet shards: index the resolved inputs, validate columns, read blocks, know a file again.
 
 The input files come from `packctl.source.resolve` (INPUT specs -> distinct files, each with its
-fingerprint). The **global sample id** (gid) of row r of file f is `file_offsets[f] + r`, files
-sorted by path, so ids do not depend on how many processes read them:
-
-    a.parquet (3 rows) b.parquet (2 rows)  ->  gids 0 1 2 | 3 4,  file_offsets = [0, 3, 5]
+fingerprint); their rows are named by global sample ids (`packctl.source.index`). Megatron pairs
+are read by `packctl.source.megatron`, which `index_inputs` and `TokenSource` hand them to.
 
 Files are read in **blocks** (Parquet row groups). Token values are validated where they are
 decoded; a bad row is reported as `FILE row R column C: what is wrong; what to do`.
@@ -20,8 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -33,86 +30,9 @@ from packctl.errors import PackctlError
 from packctl.source import megatron
 from packctl.source.blocks import DecodedBlock, first_outside_int32
 from packctl.source.files import FileFingerprint, _short, open_parquet
+from packctl.source.index import Block, InputFile, Resolution, SequenceIndex
 from packctl.contract.arrow import arrow_array, numpy_view
-
-if TYPE_CHECKING:
-    from packctl.source.resolve import Resolution
-
-@dataclass(frozen=True)
-class InputFile:
-    path: str
-    rows: int
-    bytes: int
-
-
-@dataclass(frozen=True)
-class Block:
-    """One Parquet row group: the unit in which tokens are decoded, cached and routed."""
-
-    file: int
-    row_group: int
-    first_row: int  # row of the file where the block starts
-    rows: int
-    nbytes: int  # uncompressed size of its columns (what decoding it costs)
-
-
-class RowsByGid:
-    """What an index of input rows by global sample id answers from its `files`, `file_offsets`,
-    `tokens_column` and `fingerprints` (SequenceIndex of pack, LengthIndex of the stats what-if)."""
-
-    files: list[InputFile]
-    file_offsets: np.ndarray
-    tokens_column: str
-    fingerprints: list[FileFingerprint]
-
-    def fingerprint(self, f: int) -> FileFingerprint | None:
-        """What the run first read of file f (None when nothing was recorded)."""
-        return self.fingerprints[f] if self.fingerprints else None
-
-    @property
-    def num_sequences(self) -> int:
-        return int(self.file_offsets[-1])
-
-    def describe(self, gid: int) -> str:
-        """'FILE row R column C' of a gid, as every message names a row."""
-        return describe_gid([f.path for f in self.files], self.file_offsets, gid, self.tokens_column)
-
-
-@dataclass
-class SequenceIndex(RowsByGid):
-    """What scan learns about the corpus: files and blocks in gid order (from Parquet footers, the
-    same on every rank) and the lengths of gids [gid_lo, gid_lo + len(lengths)) (this rank's)."""
-
-    files: list[InputFile]
-    file_offsets: np.ndarray  # int64, len(files) + 1
-    blocks: list[Block]
-    block_offsets: np.ndarray  # int64, len(blocks) + 1: gids of block b are [block_offsets[b], block_offsets[b+1])
-    lengths: np.ndarray  # int64, one per gid of this rank's blocks
-    tokens_column: str
-    labels_column: str | None
-    gid_lo: int = 0
-    weight_column: str | None = None  # --weight-column: checked in every block scan decodes
-    # with `scan_blocks(count_loss_tokens=True)`: per gid of this rank, the labels that are not -100
-    # after its first token (the loss tokens of the sequence as a whole piece of a pack)
-    loss_tokens: np.ndarray | None = None
-    # --group-column: the gid where each group starts, then num_sequences (all ranks; source/groups.py)
-    group_starts: np.ndarray | None = None
-    # one per file: what the run first read of it; every later open checks the file against it
-    fingerprints: list[FileFingerprint] = field(default_factory=list)
-    # --limit COL=N: the limited columns, in --limit order, read in every block scan decodes into
-    # `extra` (int64, one row per gid of this rank, one column each; None without --limit)
-    limit_columns: tuple[str, ...] = ()
-    extra: np.ndarray | None = None
-
-
-def describe_gid(paths: list[str], file_offsets: np.ndarray, gid: int, column: str | None = None) -> str:
-    """Where a global sample id comes from, as every message names a row: 'FILE row R column C'.
-    Files a (3 rows), b: gid 4 -> 'b row 1'."""
-    f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
-    if megatron.is_indexed(paths[f]):  # a Megatron dataset has documents, no columns
-        return megatron.describe_document(paths[f], gid - int(file_offsets[f]))
-    where = f"{paths[f]} row {gid - int(file_offsets[f])}"
-    return f"{where} column '{column}'" if column is not None else where
+from packctl.source.index import is_indexed
 
 
 def check_list_column(path: str, schema: pa.Schema, column: str, role: str) -> None:
@@ -248,7 +168,7 @@ def read_limit_values(path: str, row_group: int, first_row: int, columns: tuple[
     return values
 
 
-def read_kept_columns(index: "SequenceIndex", gids: np.ndarray, columns: list[str]) -> pa.Table:
+def read_kept_columns(index: SequenceIndex, gids: np.ndarray, columns: list[str]) -> pa.Table:
     """The `columns` of rows `gids` (in that order, repeats allowed), read from the row groups that
     hold them: the values --keep-columns carries into the packs."""
     gids = np.asarray(gids, dtype=np.int64)
@@ -488,7 +408,7 @@ class TokenSource:
 
     def decode(self, block: Block, check_values: bool = True) -> DecodedBlock:
         expected = self.fingerprints[block.file] if self.fingerprints else None
-        if megatron.is_indexed(self.paths[block.file]):  # token values are always checked as they are read
+        if is_indexed(self.paths[block.file]):  # token values are always checked as they are read
             return megatron.decode_documents(self.paths[block.file], block.first_row, block.rows,
                                              skip_empty=self.skip_empty, expected=expected)
         return decode_block(self.paths[block.file], block.row_group, block.first_row, self.tokens_column,
@@ -505,14 +425,14 @@ def blocks_of(meta: pq.FileMetaData, f: int) -> tuple[list[Block], int]:
     return blocks, first
 
 
-def index_inputs(resolution: "Resolution", tokens_column: str, labels_column: str | None,
+def index_inputs(resolution: Resolution, tokens_column: str, labels_column: str | None,
                  keep_columns: tuple[str, ...] = (), weight_column: str | None = None,
                  limit_columns: tuple[str, ...] = ()) -> SequenceIndex:
     """Read the footers and schemas of the resolved INPUT (`packctl.source.resolve.resolve`):
     files, blocks and gids, no lengths yet. Each file is opened once, checked against the
     fingerprint the resolver took, and that fingerprint is kept for every later open. Megatron
     pairs are indexed by `packctl.source.megatron.index_inputs`."""
-    if resolution.files and megatron.is_indexed(resolution.files[0].path):
+    if resolution.files and is_indexed(resolution.files[0].path):
         return megatron.index_inputs(resolution, tokens_column, labels_column)
     opened = {r.path: open_parquet(r.path, r.fingerprint) for r in resolution.files}
     labels = resolve_labels_column({p: pf.schema_arrow for p, pf in opened.items()}, labels_column)

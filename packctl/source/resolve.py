@@ -48,36 +48,13 @@ from packctl.contract.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST
 from packctl.contract.schema import METADATA_KEY
 from packctl.errors import PackctlError
 from packctl.source import megatron
-from packctl.source.files import FileFingerprint, changed_error, file_kind, read_fingerprint
+from packctl.source.index import ResolvedFile, Resolution
+from packctl.source.files import changed_error, file_kind, read_fingerprint
+from packctl.source.index import BIN, IDX, bin_of, is_indexed, prefix_of
 
 _GLOB_CHARS = frozenset("*?[")
 # what packctl keeps beside an OUT it is writing or replacing: .OUT.packctl-partial, .OUT.packctl-old-PID
 _BESIDE_OUT = re.compile(r"^\.(?P<out>.+)\.packctl-(partial|old-\d+)$")
-
-
-@dataclass(frozen=True)
-class ResolvedFile:
-    """One input file: the path as found (relative if its INPUT was), the INPUT that reached it,
-    its identity and its fingerprint."""
-
-    path: str
-    spec: str
-    device: int
-    inode: int
-    fingerprint: FileFingerprint
-
-
-@dataclass(frozen=True)
-class Resolution:
-    """The INPUT of a run, normalized (`specs`, what the shards record) and resolved (`files`,
-    sorted by path: the global sample id order)."""
-
-    specs: list[str]
-    files: list[ResolvedFile]
-
-    @property
-    def paths(self) -> list[str]:
-        return [f.path for f in self.files]
 
 
 @dataclass(frozen=True)
@@ -110,12 +87,12 @@ def resolve(inputs: Iterable[str | os.PathLike]) -> Resolution:
     files = []
     distinct = _distinct(found)
     by_path = {item.path: item for item in distinct}
-    inputs = sorted((item for item in distinct if megatron.prefix_of(item.path) is None or megatron.is_indexed(
+    inputs = sorted((item for item in distinct if prefix_of(item.path) is None or is_indexed(
         item.path)), key=lambda f: f.path)
     _refuse_mixed(inputs)
     for item in inputs:
-        if megatron.is_indexed(item.path):
-            files.append(_resolve_pair(item, by_path[megatron.bin_of(item.path)]))
+        if is_indexed(item.path):
+            files.append(_resolve_pair(item, by_path[bin_of(item.path)]))
             continue
         fingerprint, metadata, st = read_fingerprint(item.path)
         if (st.st_dev, st.st_ino) != (item.st.st_dev, item.st.st_ino):
@@ -135,15 +112,15 @@ def _with_partners(found: list[_Found]) -> list[_Found]:
     paths = {item.path for item in found}
     more = []
     for item in found:
-        prefix = megatron.prefix_of(item.path)
+        prefix = prefix_of(item.path)
         if prefix is None:
             continue
-        partner = prefix + (megatron.BIN if megatron.is_indexed(item.path) else megatron.IDX)
+        partner = prefix + (BIN if is_indexed(item.path) else IDX)
         if partner in paths:
             continue
         st = _stat(partner, named=True)
         if st is None:
-            this, missing = ("index", "data file") if megatron.is_indexed(item.path) else ("data file", "index")
+            this, missing = ("index", "data file") if is_indexed(item.path) else ("data file", "index")
             raise PackctlError(f"{item.path}: a Megatron {this} without its {missing} {partner}; packctl reads "
                                f".bin/.idx pairs: restore {partner}, or leave {item.path} out of INPUT")
         if not stat.S_ISREG(st.st_mode):
@@ -155,9 +132,9 @@ def _with_partners(found: list[_Found]) -> list[_Found]:
 
 def _refuse_mixed(inputs: list[_Found]) -> None:
     """One kind of input a run: Parquet files or Megatron pairs."""
-    pairs = [item for item in inputs if megatron.is_indexed(item.path)]
+    pairs = [item for item in inputs if is_indexed(item.path)]
     if pairs and len(pairs) != len(inputs):
-        other = next(item for item in inputs if not megatron.is_indexed(item.path))
+        other = next(item for item in inputs if not is_indexed(item.path))
         raise PackctlError(f"{other.path}: a Parquet input beside the Megatron dataset {pairs[0].path}; one run packs "
                            "one kind of input: pack them in two runs, or narrow INPUT")
 
@@ -241,7 +218,7 @@ def _expand(spec: str) -> list[_Found]:
         return list(found.values())
     st = _stat(spec, named=True)
     if st is None:
-        for suffix in (megatron.IDX, megatron.BIN):  # a Megatron PREFIX: its partner is found after
+        for suffix in (IDX, BIN):  # a Megatron PREFIX: its partner is found after
             pair_st = _stat(spec + suffix, named=True)
             if pair_st is not None:
                 if not stat.S_ISREG(pair_st.st_mode):
@@ -325,7 +302,7 @@ def _walk(directory: str, spec: str, root: str, ancestors: tuple[tuple[int, int]
         st = _stat(path, named=False)
         if stat.S_ISDIR(st.st_mode):
             _walk(path, spec, root, _into(path, st, ancestors), add)
-        elif name.endswith(".parquet") or megatron.prefix_of(name) is not None:
+        elif name.endswith(".parquet") or prefix_of(name) is not None:
             if not stat.S_ISREG(st.st_mode):
                 raise _not_regular(path, st)
             add(_Found(path, spec, root, st))

@@ -38,8 +38,7 @@ from packctl.errors import PackctlError
 from packctl.source import megatron
 from packctl.source.files import FileFingerprint, open_parquet
 from packctl.source.megatron import check_options as check_megatron_options
-from packctl.source.parquet import (InputFile, RowsByGid, check_limit_column, check_list_column, describe_gid,
-                                    is_plain_list, list_lengths)
+from packctl.source.parquet import check_limit_column, check_list_column, is_plain_list, list_lengths
 from packctl.source.resolve import resolve
 from packctl.source.groups import read_group_starts
 from packctl.plan.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
@@ -52,6 +51,7 @@ from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
 from packctl.stats.lazy import collect_streaming
 from packctl.stats.packed import binding_budget
+from packctl.source.index import InputFile, RowsByGid, describe_gid, is_indexed
 
 
 
@@ -94,7 +94,7 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     resolution = resolve(inputs)
     check_megatron_options(resolution, tokens_column=tokens_column, group_column=group_column,
                            limits=limit_columns)
-    if resolution.files and megatron.is_indexed(resolution.files[0].path):
+    if resolution.files and is_indexed(resolution.files[0].path):
         return _megatron_lengths(inputs, resolution, tokens_column, skip_empty)
     paths = resolution.paths
     files = []

@@ -33,11 +33,11 @@ from packctl.errors import PackctlError
 from packctl.source import megatron
 from packctl.source import parquet as reader
 from packctl.source.files import open_parquet
-from packctl.source.parquet import describe_gid
 from packctl.source.resolve import resolve
 from packctl.contract.thd import PackRows
 from packctl.verify.pack_rules import tiled_starts
 from packctl.verify.violation import Violation
+from packctl.source.index import describe_gid, is_indexed
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -356,7 +356,7 @@ def _limit_values(out: Path, pieces: OutputPieces, limits: dict[str, int], src_e
 
 def _source_rows(path: str) -> int:
     """The samples of one source input: a Parquet file's rows, a Megatron pair's documents."""
-    if megatron.is_indexed(path):
+    if is_indexed(path):
         with megatron.open_pair(path) as pair:
             return pair.header.documents
     return open_parquet(path).metadata.num_rows
@@ -365,7 +365,7 @@ def _source_rows(path: str) -> int:
 def _decode_source(path: str, rows: int, tokens_column: str, labels_column: str | None, skip_empty: bool):
     """A whole source input, validated as pack validates it (a Parquet file, or a Megatron pair's
     documents); an output packed with --skip-empty left its empty samples out."""
-    if megatron.is_indexed(path):
+    if is_indexed(path):
         return megatron.decode_documents(path, 0, rows, skip_empty=skip_empty)
     return reader.decode_block(path, None, 0, tokens_column, labels_column,
                                **({"skip_empty": True} if skip_empty else {}))
@@ -381,7 +381,7 @@ def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, s
     out_tokens = np.asarray(table.column(INPUT_IDS)[0].as_py()[offset:offset + n], dtype=np.int64)
     out_labels = np.asarray(table.column(LABELS)[0].as_py()[offset:offset + n], dtype=np.int64)
     f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
-    if megatron.is_indexed(paths[f]):
+    if is_indexed(paths[f]):
         src_tokens = megatron.read_document(paths[f], gid - int(file_offsets[f]))[start:start + n]
         src_labels = src_tokens.copy()
     else:

@@ -1,0 +1,149 @@
+"""What a run knows of its input before reading a token: the files INPUT resolved to, their rows
+and blocks, and the global sample ids that name every row, whatever the input's kind (Parquet
+files, or Megatron `.bin/.idx` pairs named by their `.idx`).
+
+The **global sample id** (gid) of row r of file f is `file_offsets[f] + r`, files sorted by path,
+so ids do not depend on how many processes read them:
+
+    a.parquet (3 rows) b.idx (2 documents)  ->  gids 0 1 2 | 3 4,  file_offsets = [0, 3, 5]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from packctl.source.files import FileFingerprint
+
+IDX, BIN = ".idx", ".bin"
+
+
+@dataclass(frozen=True)
+class ResolvedFile:
+    """One input file: the path as found (relative if its INPUT was), the INPUT that reached it,
+    its identity and its fingerprint."""
+
+    path: str
+    spec: str
+    device: int
+    inode: int
+    fingerprint: FileFingerprint
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The INPUT of a run, normalized (`specs`, what the shards record) and resolved (`files`,
+    sorted by path: the global sample id order)."""
+
+    specs: list[str]
+    files: list[ResolvedFile]
+
+    @property
+    def paths(self) -> list[str]:
+        return [f.path for f in self.files]
+
+
+def is_indexed(path: str) -> bool:
+    """Whether a resolved input path names a Megatron pair (by its `.idx`); `.bin` and `.idx` are
+    never read as Parquet."""
+    return path.endswith(IDX)
+
+
+def prefix_of(path: str) -> str | None:
+    """The dataset prefix of a `.bin` or `.idx` path, else None: data/c.bin -> data/c."""
+    for suffix in (IDX, BIN):
+        if path.endswith(suffix) and len(path) > len(suffix):
+            return path[:-len(suffix)]
+    return None
+
+
+def bin_of(idx_path: str) -> str:
+    return idx_path[:-len(IDX)] + BIN
+
+
+def input_files(path: str) -> tuple[str, ...]:
+    """The files a resolved input path stands for: a pair's `.idx` and `.bin`, else the path."""
+    return (path, bin_of(path)) if is_indexed(path) else (path,)
+
+
+def describe_document(idx_path: str, document: int) -> str:
+    """How messages name a document: 'data/c.idx document 7'."""
+    return f"{idx_path} document {document}"
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: str
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Block:
+    """The unit in which tokens are decoded, cached and routed: one Parquet row group, or a run of
+    documents of a Megatron pair (`packctl.source.megatron.blocks_of`)."""
+
+    file: int
+    row_group: int
+    first_row: int  # row of the file where the block starts
+    rows: int
+    nbytes: int  # uncompressed size of its columns (what decoding it costs)
+
+
+class RowsByGid:
+    """What an index of input rows by global sample id answers from its `files`, `file_offsets`,
+    `tokens_column` and `fingerprints` (SequenceIndex of pack, LengthIndex of the stats what-if)."""
+
+    files: list[InputFile]
+    file_offsets: np.ndarray
+    tokens_column: str
+    fingerprints: list[FileFingerprint]
+
+    def fingerprint(self, f: int) -> FileFingerprint | None:
+        """What the run first read of file f (None when nothing was recorded)."""
+        return self.fingerprints[f] if self.fingerprints else None
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.file_offsets[-1])
+
+    def describe(self, gid: int) -> str:
+        """'FILE row R column C' of a gid, as every message names a row."""
+        return describe_gid([f.path for f in self.files], self.file_offsets, gid, self.tokens_column)
+
+
+@dataclass
+class SequenceIndex(RowsByGid):
+    """What scan learns about the corpus: files and blocks in gid order (from Parquet footers, the
+    same on every rank) and the lengths of gids [gid_lo, gid_lo + len(lengths)) (this rank's)."""
+
+    files: list[InputFile]
+    file_offsets: np.ndarray  # int64, len(files) + 1
+    blocks: list[Block]
+    block_offsets: np.ndarray  # int64, len(blocks) + 1: gids of block b are [block_offsets[b], block_offsets[b+1])
+    lengths: np.ndarray  # int64, one per gid of this rank's blocks
+    tokens_column: str
+    labels_column: str | None
+    gid_lo: int = 0
+    weight_column: str | None = None  # --weight-column: checked in every block scan decodes
+    # with `scan_blocks(count_loss_tokens=True)`: per gid of this rank, the labels that are not -100
+    # after its first token (the loss tokens of the sequence as a whole piece of a pack)
+    loss_tokens: np.ndarray | None = None
+    # --group-column: the gid where each group starts, then num_sequences (all ranks; source/groups.py)
+    group_starts: np.ndarray | None = None
+    # one per file: what the run first read of it; every later open checks the file against it
+    fingerprints: list[FileFingerprint] = field(default_factory=list)
+    # --limit COL=N: the limited columns, in --limit order, read in every block scan decodes into
+    # `extra` (int64, one row per gid of this rank, one column each; None without --limit)
+    limit_columns: tuple[str, ...] = ()
+    extra: np.ndarray | None = None
+
+
+def describe_gid(paths: list[str], file_offsets: np.ndarray, gid: int, column: str | None = None) -> str:
+    """Where a global sample id comes from, as every message names a row: 'FILE row R column C'.
+    Files a (3 rows), b: gid 4 -> 'b row 1'."""
+    f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
+    if is_indexed(paths[f]):  # a Megatron dataset has documents, no columns
+        return describe_document(paths[f], gid - int(file_offsets[f]))
+    where = f"{paths[f]} row {gid - int(file_offsets[f])}"
+    return f"{where} column '{column}'" if column is not None else where
