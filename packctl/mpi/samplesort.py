@@ -2,7 +2,7 @@
 
     rank 0: keys [5, 1, 9]   rank 1: keys [2, 8, 3, 7]
     1. sort locally                      [1, 5, 9]          [2, 3, 7, 8]
-    2. regular samples, allgathered      (p-1 evenly spaced per rank) -> sorted -> p-1 splitters
+    2. regular samples, allgathered      (evenly spaced in each run) -> sorted -> p-1 splitters
     3. cut each local run at the splitters, Alltoall the counts, Alltoallv the pairs
     4. merge the sorted runs that arrived rank 0: [1, 2, 3, 5]   rank 1: [7, 8, 9]
 
@@ -30,11 +30,27 @@ def _lex_order(keys: np.ndarray, gids: np.ndarray) -> np.ndarray:
     return np.lexsort((gids, keys))
 
 
+# The samples every rank holds while choosing splitters: at most this many (key, gid) pairs in
+# all (64 MiB), so that what each rank holds does not grow with the square of the rank count.
+SAMPLES_HELD = 1 << 22
+
+
+def oversampling(ranks: int, oversample: int = 16) -> int:
+    """Samples each rank draws per rank: `oversample`, fewer where `oversample * ranks**2` samples
+    would exceed SAMPLES_HELD, and at least 1. The sorted order never depends on it, only how
+    evenly the sort's buckets come out: with s samples per rank, no bucket exceeds n/p + n/s.
+
+        >>> oversampling(8), oversampling(512), oversampling(1024), oversampling(4096)
+        (16, 16, 4, 1)
+    """
+    return max(1, min(oversample, SAMPLES_HELD // (ranks * ranks)))
+
+
 def sample_sort(comm, keys: np.ndarray, gids: np.ndarray, payload: np.ndarray | None = None,
                 oversample: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Globally sort (key, gid) pairs over the ranks of `comm`; `payload` (int64, one per pair, or
     one row of m per pair: n x m) moves with its pair. Returns this rank's contiguous part of the
-    sorted sequence."""
+    sorted sequence. Each rank draws `oversampling(ranks, oversample) * ranks` samples."""
     keys = np.asarray(keys, dtype=np.int64)
     gids = np.asarray(gids, dtype=np.int64)
     order = _lex_order(keys, gids)
@@ -44,9 +60,10 @@ def sample_sort(comm, keys: np.ndarray, gids: np.ndarray, payload: np.ndarray | 
     if comm.size == 1:
         return keys, gids, payload
 
-    # Regular sampling: `oversample * p` evenly spaced pairs of each sorted run.
+    # Regular sampling: `oversampling * p` evenly spaced pairs of each sorted run.
     p = comm.size
-    picks = np.linspace(0, len(keys), oversample * p, endpoint=False).astype(np.int64) if len(keys) else []
+    picks = np.linspace(0, len(keys), oversampling(p, oversample) * p, endpoint=False).astype(np.int64) \
+        if len(keys) else []
     samples = np.stack([keys[picks], gids[picks]], axis=1) if len(keys) else np.zeros((0, 2), np.int64)
     every = np.concatenate(comm.allgather(samples))
     every = every[_lex_order(every[:, 0], every[:, 1])]
@@ -55,9 +72,8 @@ def sample_sort(comm, keys: np.ndarray, gids: np.ndarray, payload: np.ndarray | 
         splitters = every[at]
     else:
         splitters = np.zeros((p - 1, 2), np.int64)
-    # Destination of each pair: number of splitters (key, gid) <= the pair, lexicographically.
-    dest = _count_le(splitters, keys, gids)
-    counts = np.bincount(dest, minlength=p).astype(np.int64)
+    # The run is sorted by (key, gid): rank r gets the pairs from the r-th splitter's place on.
+    counts = np.diff(np.concatenate([[0], _places(splitters, keys, gids), [len(keys)]])).astype(np.int64)
     width = 0 if payload is None else 1 if payload.ndim == 1 else payload.shape[1]
     rows = np.zeros((len(keys), 0), np.int64) if payload is None else payload.reshape(len(keys), width)
     columns = [keys, gids, *rows.T]
@@ -83,12 +99,13 @@ def merge_runs(keys: np.ndarray, gids: np.ndarray, run_lengths: np.ndarray) -> n
     return _lex_order(keys, gids)
 
 
-def _count_le(splitters: np.ndarray, keys: np.ndarray, gids: np.ndarray) -> np.ndarray:
-    """For each (key, gid): how many splitter pairs are <= it (lexicographic)."""
-    dest = np.zeros(len(keys), dtype=np.int64)
-    for s_key, s_gid in splitters:
-        dest += (keys > s_key) | ((keys == s_key) & (gids >= s_gid))
-    return dest
+def _places(splitters: np.ndarray, keys: np.ndarray, gids: np.ndarray) -> np.ndarray:
+    """For each splitter (key, gid): the number of pairs of the (key, gid)-sorted run that are
+    below it, by binary search (O(p log n)). Run (1,0) (2,5) (2,7) (3,1), splitter (2,6) -> 2."""
+    lo = np.searchsorted(keys, splitters[:, 0], side="left")
+    hi = np.searchsorted(keys, splitters[:, 0], side="right")
+    return np.array([a + int(np.searchsorted(gids[a:b], g, side="left"))
+                     for a, b, g in zip(lo.tolist(), hi.tolist(), splitters[:, 1].tolist())], dtype=np.int64)
 
 
 def redistribute(comm, values: list[np.ndarray], first_position: int, owner_of_position) -> list[np.ndarray]:
