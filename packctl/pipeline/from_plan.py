@@ -51,6 +51,7 @@ from packctl.pipeline.report import Corpus, Transfer, rank_report, scale_out, th
 from packctl.pipeline.runtime import Progress, SignalGuard, after_failure, timed
 from packctl.plan.windows import PackPlan
 from packctl.source.parquet import scan_blocks, split_blocks
+from packctl.source.index import input_files
 from packctl.source.pieces import plan_source
 
 # What a plan's shards hold besides the per-pack and per-sequence values the writer computes again
@@ -192,7 +193,9 @@ def _preflight(plan_path: Path, out: Path, lock: OutputLock, guard: SignalGuard,
                            "output to another -o")
     plan = open_plan(plan_path)
     index, _ = plan_source(plan.manifest, plan.outputs[0].manifest_file)
-    check_output_location(out, inputs=[str(plan.root), *(e["absolute_path"] for e in plan.manifest["inputs"])])
+    # every file of the source: both halves of a Megatron pair (recorded by its .idx)
+    check_output_location(out, inputs=[str(plan.root), *(p for e in plan.manifest["inputs"]
+                                                         for p in input_files(e["absolute_path"]))])
     lock.acquire()
     reached("lock:taken")
     with guard.deferred(stop_after=True):

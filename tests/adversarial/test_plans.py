@@ -15,6 +15,7 @@ import shutil
 import signal
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -165,6 +166,21 @@ def test_materialize_into_the_plan_itself_is_refused(tmp_path, plan):
         assert_clean_error(packctl("materialize", copy, "-o", out, "--overwrite", "-q"), 2, "write the materialized "
                            "output to another -o")
     assert digests(copy) == before
+
+
+def test_materialize_onto_a_half_of_the_plans_megatron_source_is_refused(tmp_path):
+    """A pair is recorded by its .idx: its .bin is the plan's source all the same, never an -o."""
+    from support.megatron import random_documents, write_pair
+
+    idx = write_pair(tmp_path / "pairs" / "c", random_documents(3, 40), np.uint16)
+    plan = tmp_path / "plan"
+    assert packctl("pack", str(idx), "-o", str(plan), "--capacity", "64", "--too-long", "split",
+                   "--plan-only", "-q").code == 0
+    before = {p.name: p.read_bytes() for p in idx.parent.iterdir()}
+    for half in (idx, idx.with_suffix(".bin")):
+        result = packctl("materialize", str(plan), "-o", str(half), "--overwrite", "-q")
+        assert_clean_error(result, 2, str(half))
+    assert {p.name: p.read_bytes() for p in idx.parent.iterdir()} == before
 
 
 def test_materialize_of_an_output_that_is_not_a_plan(tmp_path, corpus):
