@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -782,7 +783,7 @@ def parse_limits(given: list[str]) -> dict[str, int]:
             raise PackctlError(f"--limit {text!r}: expected COL=N, an input column and the most a pack may hold of "
                                "it, e.g. --limit images=8")
         column, number = column.strip(), number.strip().replace("_", "")
-        if not number.lstrip("+-").isdigit():
+        if not re.fullmatch(r"[+-]?[0-9]+", number):  # ASCII digits: int() refuses '²' that isdigit() takes
             raise PackctlError(f"--limit {text!r}: N must be a whole number >= 1 (the most a pack may hold of "
                                f"{column}), e.g. --limit {column}=8")
         if column in limits:

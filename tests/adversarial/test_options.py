@@ -883,6 +883,9 @@ def with_images(tmp_path_factory) -> Path:
     ("images=-3", ["--limit images=-3", "[1, 2,147,483,647]"]),
     ("images=2.5", ["--limit 'images=2.5'", "whole number"]),
     ("images=1e3", ["--limit 'images=1e3'", "whole number"]),
+    ("images=--5", ["--limit 'images=--5'", "whole number"]),  # signs that int() refuses
+    ("images=+-3", ["--limit 'images=+-3'", "whole number"]),
+    ("images=\u00b2", ["--limit 'images=\u00b2'", "whole number"]),  # a digit to str.isdigit, not to int()
     (f"images={BIG}", ["--limit images=", "2,147,483,647"]),  # huge
     ("input_ids=8", ["--limit input_ids=8", "tokens"]),  # the tokens column
     ("labels=8", ["--limit labels=8", "tokens, the labels"]),
