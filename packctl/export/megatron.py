@@ -116,12 +116,16 @@ class IndexedWriter:
         self.dtype = np.dtype(dtype)
         self._bin = open(self.bin_path, "ab")
 
+    def close(self) -> None:
+        """Close the files being written (finalize does; an export that stops early must too)."""
+        for fh in (self._bin, self._lengths, self._ends):
+            fh.close()
+
     def finalize(self) -> None:
         """Write `NAME.idx` as megatron-core's _IndexWriter does: header, version, dtype code,
         sequence and document counts, then sequence lengths (int32), sequence pointers (int64 byte
         offsets into the .bin), document indices (int64: 0, then each document's end)."""
-        for fh in (self._bin, self._lengths, self._ends):
-            fh.close()
+        self.close()
         with open(self.idx_path, "wb") as idx:
             idx.write(INDEX_HEADER)
             idx.write(struct.pack("<Q", 1))
@@ -188,16 +192,26 @@ def _shard_arrays(shard, out: Path, first_pack: int, vocab: int | None):
 
 
 def write(output: PackedOutput, target: Path, options) -> dict:
-    """Write the export into `target` (a new, empty directory); returns what was written."""
-    from packctl.export import read_packs
-
-    check_layout(output, options)
-    out, layout = output.root, output.layout
+    """Write the export into `target` (a new, empty directory); returns what was written. The
+    refusals that need no shard (`check_layout`) come first, in export/__init__.py."""
     vocab = options.vocab_size
     dtype = token_dtype(vocab) if vocab is not None else np.dtype(np.uint16)
-    tokens = IndexedWriter(target, TOKENS, dtype)
-    loss_mask = IndexedWriter(target, LOSS_MASK, np.uint8)
-    cu_seqlens = IndexedWriter(target, CU_SEQLENS, np.int32)
+    writers: list[IndexedWriter] = []
+    try:
+        for name, kind in ((TOKENS, dtype), (LOSS_MASK, np.uint8), (CU_SEQLENS, np.int32)):
+            writers.append(IndexedWriter(target, name, kind))
+        return _write_packs(output, target, options, *writers)
+    finally:  # a refused pack, a full disk: no file left open (finalize has closed them otherwise)
+        for writer in writers:
+            writer.close()
+
+
+def _write_packs(output: PackedOutput, target: Path, options, tokens: IndexedWriter, loss_mask: IndexedWriter,
+                 cu_seqlens: IndexedWriter) -> dict:
+    from packctl.export import read_packs
+
+    out, layout = output.root, output.layout
+    vocab = options.vocab_size
     packs = sequences = true_tokens = all_tokens = loss_tokens = 0
     largest = -1
     for shard in read_packs(output):

@@ -10,7 +10,9 @@ and the writer's bytes are compared with megatron-core's own `IndexedDatasetBuil
 from __future__ import annotations
 
 import json
+import os
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -198,11 +200,20 @@ def test_megatron_export_refuses_ids_beyond_the_vocabulary(tmp_path, rows, optio
     assert not (tmp_path / "meg").exists()
 
 
+def _files_open_under(directory: Path) -> list[str]:
+    """The files this process holds open under `directory` (Linux: /proc/self/fd)."""
+    fds = Path("/proc/self/fd")
+    held = [os.path.realpath(fd) for fd in fds.iterdir()] if fds.is_dir() else []
+    return [path for path in held if path.startswith(str(directory.resolve()) + os.sep)]
+
+
 def test_megatron_export_refuses_labels_that_are_not_the_tokens(tmp_path):
     write_table(tmp_path / "in" / "a.parquet", {"input_ids": [[5, 6, 7, 8]], "labels": [[-100, 6, 9, 8]]})
     _, out = pack_to(tmp_path, [tmp_path / "in"], capacity=8)
-    with pytest.raises(PackctlError, match="row 0 .pack 0 of the output.: a label differs from its token"):
+    with pytest.raises(PackctlError, match="row 0 .pack 0 of the output.: a label differs from its token") as refused:
         export(out, tmp_path / "meg", "megatron")
+    # closed by the export itself, even while its frames live on in the error's traceback
+    assert refused.tb is not None and _files_open_under(tmp_path) == []
 
 
 def test_megatron_export_records_the_data_parallel_plan(corpus, tmp_path):
