@@ -231,14 +231,15 @@ def _units(plan: Plan, shards: range, window_starts: set[int]) -> Units:
     for g in shards:
         o, k = plan.shard_output[g]
         output = plan.outputs[o]
-        table = output.read_shard(k, [SEQ_LENS_PADDED])
-        parquet = pq.ParquetFile(output.shard_path(k))  # the row groups; the bytes were checked just now
+        # the lengths and row groups only: the packs are read checked (sha256) when written (`_job`)
+        table = output.read_unchecked(k, [SEQ_LENS_PADDED])
+        metadata = pq.read_metadata(output.shard_path(k))
         at = 0
         offsets = table.column(SEQ_LENS_PADDED).combine_chunks()
         sums = np.concatenate([[0], np.cumsum(offsets.values.to_numpy(), dtype=np.int64)])
         row_offsets = offsets.offsets.to_numpy().astype(np.int64)
-        for rg in range(parquet.metadata.num_row_groups):
-            rows = parquet.metadata.row_group(rg).num_rows
+        for rg in range(metadata.num_row_groups):
+            rows = metadata.row_group(rg).num_rows
             bounds.append(bounds[-1] + rows)
             first.append(rg == 0)
             tokens.append(int(sums[row_offsets[at + rows]] - sums[row_offsets[at]]))

@@ -320,8 +320,11 @@ def _source_limit_values(paths: list[str], file_rows: np.ndarray, columns: tuple
         pf = open_parquet(path)
         for column in columns:
             reader.check_limit_column(path, pf.schema_arrow, column)
-        parts += [reader.read_limit_values(path, g, sum(pf.metadata.row_group(h).num_rows for h in range(g)), columns,
-                                           pf.metadata.row_group(g).num_rows) for g in range(pf.metadata.num_row_groups)]
+        first = 0  # the file's row where row group g starts
+        for g in range(pf.metadata.num_row_groups):
+            group_rows = pf.metadata.row_group(g).num_rows
+            parts.append(reader.read_limit_values(path, g, first, columns, group_rows))
+            first += group_rows
     return np.concatenate(parts) if parts else np.zeros((0, len(columns)), np.int64)
 
 
