@@ -39,7 +39,7 @@ from packctl.contract.reader import open_output
 from packctl.contract.schema import (BALANCE_COLUMNS, COLUMN, COLUMNS, CU_SEQLENS, CU_SEQLENS_PADDED, DP_RANK,
                                      GROUP_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, LR_SCALE, MICRO_BATCH,
                                      NUM_LOSS_TOKENS, POSITION_IDS, SEQ_LENS, SEQ_LOSS_TOKENS, SEQ_STARTS, SEQ_WEIGHTS, STEP, STEP_LOSS_COLUMNS,
-                                     STEP_LOSS_SEQUENCES, STEP_LOSS_TOKENS, TOKEN_COLUMNS)
+                                     STEP_LOSS_SEQUENCES, STEP_LOSS_TOKENS, TOKEN_COLUMNS, limit_sum_name)
 from packctl.contract.thd import cp_partition_indices
 from packctl.source.pieces import BlockCache, plan_rows, plan_source
 
@@ -143,7 +143,7 @@ class PackedDataset(torch.utils.data.Dataset):
         # --limit COL=N: each COL per sequence (a list column) and its sum per pack
         self.limits: dict[str, int] = dict(self.layout.get("limits") or {})
         self._limit_lists = [name for name in self.limits if name in names]
-        self._limit_sums = [f"{name}_sum" for name in self.limits if f"{name}_sum" in names]
+        self._limit_sums = [limit_sum_name(name) for name in self.limits if limit_sum_name(name) in names]
         self._planned_balance: np.ndarray | None = None  # the balance columns the order was planned from
         if self.balanced:
             self.order = self._balanced_order(dp_rank, dp_size)
@@ -574,7 +574,7 @@ def _loss_fields(packs: Sequence[Mapping[str, Any]], seq_offsets: np.ndarray) ->
 def limit_columns(pack: Mapping[str, Any]) -> list[str]:
     """The `--limit` columns a pack carries: every COL that comes with its `COL_sum` (no declared
     column of the format has such a pair, so the pair identifies a limited column)."""
-    return [name for name in pack if isinstance(name, str) and f"{name}_sum" in pack]
+    return [name for name in pack if isinstance(name, str) and limit_sum_name(name) in pack]
 
 
 def _limit_fields(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -587,11 +587,11 @@ def _limit_fields(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         packs {images [2, 0], images_sum 2} {images [1], images_sum 1}
         -> images tensor([2, 0, 1]), images_sum tensor([2, 1])
     """
-    names = [n for n in limit_columns(packs[0]) if all(n in p and f"{n}_sum" in p for p in packs)]
+    names = [n for n in limit_columns(packs[0]) if all(n in p and limit_sum_name(n) in p for p in packs)]
     out: dict[str, Any] = {}
     for name in names:
         out[name] = torch.from_numpy(_flat(packs, name))
-        out[f"{name}_sum"] = torch.tensor([int(p[f"{name}_sum"]) for p in packs], dtype=torch.int64)
+        out[limit_sum_name(name)] = torch.tensor([int(p[limit_sum_name(name)]) for p in packs], dtype=torch.int64)
     return out
 
 
@@ -602,8 +602,7 @@ def split_limit_fields(batch: dict[str, Any]) -> dict[str, Any]:
         media = split_limit_fields(batch)      # {"images": tensor([...]), "images_sum": tensor([...])}
         logits = model(**batch, use_cache=False).logits
     """
-    names = [name for name in list(batch) if isinstance(name, str) and f"{name}_sum" in batch]
-    return {key: batch.pop(key) for name in names for key in (name, f"{name}_sum")}
+    return {key: batch.pop(key) for name in limit_columns(batch) for key in (name, limit_sum_name(name))}
 
 
 def split_loss_fields(batch: dict[str, Any]) -> dict[str, Any]:

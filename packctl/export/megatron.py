@@ -45,11 +45,12 @@ from packctl.contract.manifest import sha256_file
 from packctl.contract.reader import PackedOutput
 from packctl.contract.schema import IGNORE_INDEX
 from packctl.errors import PackctlError
+from packctl.source.megatron import DTYPES, MAGIC
 
 INFO_FILE = "megatron.json"
 TOKENS, LOSS_MASK, CU_SEQLENS = "tokens", "loss_mask", "cu_seqlens"
-INDEX_HEADER = b"MMIDIDX\x00\x00"  # megatron-core's _INDEX_HEADER, then version 1 as <Q
-DTYPE_CODES = {"uint8": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "float64": 6, "float32": 7, "uint16": 8}
+INDEX_HEADER = MAGIC  # megatron-core's _INDEX_HEADER, then version 1 as <Q
+DTYPE_CODES = {dtype.name: code for code, dtype in DTYPES.items()}  # the codes the input side reads
 UINT16_BELOW = 65_500  # megatron-core's DType.optimal_dtype: uint16 for a cardinality below it, else int32
 _CHUNK = 1 << 22  # entries per block when an index or a widened .bin is rewritten
 

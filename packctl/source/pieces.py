@@ -70,11 +70,12 @@ def plan_rows(table: pa.Table, block: "BlockCache", pad_token_id: int) -> PackRo
     with their token columns gathered from the source."""
     lens = table.column(SEQ_LENS).combine_chunks()
     bin_offsets = lens.offsets.to_numpy().astype(np.int64)
+    bin_offsets -= bin_offsets[0]  # a slice of a table starts its list offsets anywhere
     flat = {name: table.column(name).combine_chunks().flatten().to_numpy().astype(np.int64)
             for name in (SEQ_LENS, SEQ_LENS_PADDED, SAMPLE_IDS, SEQ_STARTS)}
     padded = flat[SEQ_LENS_PADDED]
     sums = np.concatenate([[0], np.cumsum(padded)])
-    return build_from_source(block.index, bin_offsets - bin_offsets[0], flat[SAMPLE_IDS], flat[SEQ_STARTS],
+    return build_from_source(block.index, bin_offsets, flat[SAMPLE_IDS], flat[SEQ_STARTS],
                              flat[SEQ_LENS], padded, sums[bin_offsets[1:]] - sums[bin_offsets[:-1]], block,
                              pad_token_id=pad_token_id)
 

@@ -31,7 +31,8 @@ from packctl.plan.metrics import (attention_cost, batch_metrics, dp_balance, fil
 from packctl.contract.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST, manifest_path
 from packctl.contract.reader import PackedOutput, open_output
 from packctl.contract.schema import (BALANCE_COLUMNS, BATCH_COLUMNS, BATCH_SIZE, CU_SEQLENS_PADDED, DP_RANK,
-                                     METADATA_KEY, MICRO_BATCH, NUM_TOKENS, PADDED_LEN, SAMPLE_IDS, SEQ_LENS, STEP)
+                                     METADATA_KEY, MICRO_BATCH, NUM_TOKENS, PADDED_LEN, SAMPLE_IDS, SEQ_LENS, STEP,
+                                     limit_sum_name)
 
 READ_COLUMNS = (SEQ_LENS, SAMPLE_IDS, NUM_TOKENS)
 LIST_COLUMNS = (SEQ_LENS, SAMPLE_IDS, CU_SEQLENS_PADDED)
@@ -78,7 +79,7 @@ def read_packed(output: PackedOutput) -> PackedArrays:
     the output's reader (checked against the manifest unless opened with verify=False)."""
     parts: list[dict[str, np.ndarray]] = []
     balance_columns: tuple[str, ...] | None = None
-    sums = [f"{name}_sum" for name in limit_names(output.layout)]
+    sums = [limit_sum_name(name) for name in limit_names(output.layout)]
     for k, entry in enumerate(output.shards):
         path = output.shard_path(k)
         names = output.column_names(k)
@@ -107,7 +108,7 @@ def read_packed(output: PackedOutput) -> PackedArrays:
         seq_lens=cat(SEQ_LENS), seq_offsets=seq_offsets, sample_ids=cat(SAMPLE_IDS),
         num_tokens=cat(NUM_TOKENS), pack_lens=cat("pack_len"),
         balance={c: cat(c) for c in balance_columns} if balance_columns else None,
-        limit_sums={name: cat(f"{name}_sum") for name in limit_names(output.layout)},
+        limit_sums={name: cat(limit_sum_name(name)) for name in limit_names(output.layout)},
     )
 
 
