@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from packctl.arrays import offsets_of
 from packctl.source.files import FileFingerprint
 
 IDX, BIN = ".idx", ".bin"
@@ -137,6 +138,16 @@ class SequenceIndex(RowsByGid):
     # `extra` (int64, one row per gid of this rank, one column each; None without --limit)
     limit_columns: tuple[str, ...] = ()
     extra: np.ndarray | None = None
+
+    @classmethod
+    def of_files(cls, files: list[InputFile], blocks: list[Block], fingerprints: list[FileFingerprint], *,
+                 tokens_column: str, labels_column: str | None, **options) -> "SequenceIndex":
+        """The index of `files` and their `blocks`, before scan: gid offsets from their rows, no
+        lengths yet. `options`: the other fields (weight_column, limit_columns)."""
+        return cls(files=files, file_offsets=offsets_of(np.array([f.rows for f in files], dtype=np.int64)),
+                   blocks=blocks, block_offsets=offsets_of(np.array([b.rows for b in blocks], dtype=np.int64)),
+                   lengths=np.zeros(0, np.int64), tokens_column=tokens_column, labels_column=labels_column,
+                   fingerprints=fingerprints, **options)
 
 
 def describe_gid(paths: list[str], file_offsets: np.ndarray, gid: int, column: str | None = None) -> str:

@@ -465,16 +465,8 @@ def index_inputs(resolution: Resolution, tokens_column: str, labels_column: str 
         with open_pair(resolved.path, resolved.fingerprint) as pair:
             files.append(InputFile(path=resolved.path, rows=pair.header.documents, bytes=pair.fingerprint.size))
             blocks += blocks_of(pair, f)
-    index = SequenceIndex(
-        files=files,
-        file_offsets=offsets_of(np.array([f.rows for f in files], dtype=np.int64)),
-        blocks=blocks,
-        block_offsets=offsets_of(np.array([b.rows for b in blocks], dtype=np.int64)),
-        lengths=np.zeros(0, np.int64),
-        tokens_column=tokens_column,
-        labels_column=labels_column,
-        fingerprints=[r.fingerprint for r in resolution.files],
-    )
+    index = SequenceIndex.of_files(files, blocks, [r.fingerprint for r in resolution.files],
+                                   tokens_column=tokens_column, labels_column=labels_column)
     if index.num_sequences == 0:
         raise PackctlError(f"{', '.join(resolution.specs)}: the input holds no documents")
     return index

@@ -452,18 +452,9 @@ def index_inputs(resolution: Resolution, tokens_column: str, labels_column: str 
             check_limit_column(path, schema, column)
         files.append(InputFile(path=path, rows=rows, bytes=resolved.fingerprint.size))
         blocks += file_blocks
-    index = SequenceIndex(
-        files=files,
-        file_offsets=offsets_of(np.array([f.rows for f in files], dtype=np.int64)),
-        blocks=blocks,
-        block_offsets=offsets_of(np.array([b.rows for b in blocks], dtype=np.int64)),
-        lengths=np.zeros(0, np.int64),
-        tokens_column=tokens_column,
-        labels_column=labels,
-        weight_column=weight_column,
-        fingerprints=[r.fingerprint for r in resolution.files],
-        limit_columns=tuple(limit_columns),
-    )
+    index = SequenceIndex.of_files(files, blocks, [r.fingerprint for r in resolution.files],
+                                   tokens_column=tokens_column, labels_column=labels, weight_column=weight_column,
+                                   limit_columns=tuple(limit_columns))
     if index.num_sequences == 0:
         raise PackctlError(f"{', '.join(resolution.specs)}: the input holds no rows")
     return index

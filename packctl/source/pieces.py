@@ -172,13 +172,8 @@ def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
     tokens_column, labels_column = config.get("tokens_column"), config.get("labels_column")
     if not isinstance(tokens_column, str):
         raise PackctlError(f"{manifest_file}: config.tokens_column is missing; run packctl pack --plan-only again")
-    index = SequenceIndex(
-        files=files,
-        file_offsets=np.concatenate([[0], np.cumsum([f.rows for f in files])]).astype(np.int64),
-        blocks=blocks,
-        block_offsets=np.concatenate([[0], np.cumsum([b.rows for b in blocks])]).astype(np.int64),
-        lengths=np.zeros(0, np.int64), tokens_column=tokens_column,
-        labels_column=labels_column if isinstance(labels_column, str) else None, fingerprints=fingerprints)
+    index = SequenceIndex.of_files(files, blocks, fingerprints, tokens_column=tokens_column,
+                                   labels_column=labels_column if isinstance(labels_column, str) else None)
     source = TokenSource([f.path for f in files], tokens_column, index.labels_column, budget,
                          skip_empty=bool(config.get("skip_empty", False)), fingerprints=fingerprints)
     return index, source
