@@ -258,3 +258,30 @@ def test_the_documented_megatron_recipe_yields_packctls_thd_batches(packed, tmp_
         assert params.qkv_format == "thd" and torch.equal(params.cu_seqlens_q, want["cu_seqlens"])
         assert (params.cu_seqlens_q_padded is params.cu_seqlens_q) == torch.equal(want["cu_seqlens"],
                                                                                    want["cu_seqlens_padded"])
+
+
+def test_megatron_in_packctl_in_between_megatron_out(tmp_path):
+    """The whole way a Megatron user takes: a corpus written by megatron-core's own builder packs,
+    verifies against its pairs, and exports to indexed datasets that megatron-core reads back,
+    each pack's tokens the documents its sample_ids name, in order, each cut where its pieces are."""
+    from support.megatron import build_with_megatron, random_documents
+
+    documents = random_documents(21, 120, high=30000, max_length=70)
+    idx = build_with_megatron(tmp_path / "corpus" / "web", documents, np.uint16)
+    _, out = pack_to(tmp_path, [idx], capacity=128, too_long="split", seq_multiple=4)
+    result = packctl("verify", str(out), "--source", str(idx), "--no-attention")
+    assert result.code == 0, result.stdout + result.stderr
+    export(out, tmp_path / "meg", "megatron")
+    got, _ = assert_round_trip(out, tmp_path / "meg")
+    joined = [np.array([t for sequence in document for t in sequence], dtype=np.int64) for document in documents]
+    starts = {}
+    manifest = json.loads((out / "_manifest.json").read_text())
+    packs = [row for s in manifest["shards"] for row in pq.read_table(out / s["path"]).to_pylist()]
+    assert len(packs) == len(got)
+    for row, (tokens, _, cu, _) in zip(packs, got):
+        for k, sample in enumerate(row["sample_ids"]):
+            start = starts.get(sample, 0)
+            piece = tokens[row["cu_seqlens_padded"][k]:row["cu_seqlens_padded"][k] + row["seq_lens"][k]]
+            assert np.array_equal(piece, joined[sample][start:start + len(piece)]), (sample, start)
+            starts[sample] = start + len(piece)
+    assert all(starts.get(s, 0) == len(d) for s, d in enumerate(joined))  # every document whole, once
