@@ -14,12 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from packctl.contract.manifest import ShardEntry
 from packctl.contract.manifest import epoch_dir
 from packctl.plan.metrics import PackSummary, padded_batching_tokens
 from packctl.plan.balance import imbalance_summary_of_steps, step_figures
 from packctl.plan.groups import group_ids
-from packctl.plan.windows import PackPlan, merge_plans
+from packctl.plan.windows import PackPlan
 from packctl.pipeline.runtime import peak_rss_bytes
 from packctl.contract.schema import BATCH_SIZE, DP_RANK, FORMAT_VERSION, STEP
 from packctl.specs import Mode, ReportSpec
@@ -46,18 +45,6 @@ class Transfer:
 
     read_own: bool
     amplification: float
-
-
-@dataclass
-class RankShare:
-    """The plan of a whole corpus in one process (the what-if of `packctl stats`), for `assemble_metrics`."""
-
-    planned: Any  # planning.Planned
-    shards: dict[int, ShardEntry]
-
-    @classmethod
-    def of(cls, planned, shards: dict[int, ShardEntry]) -> "RankShare":
-        return cls(planned=planned, shards=shards)
 
 
 @dataclass
@@ -388,18 +375,16 @@ def metrics_of(spec: ReportSpec, summary: RankSummary, baseline_tokens: int, ran
     return metrics
 
 
-def assemble_metrics(spec: ReportSpec, shares: list[RankShare], ranks: list[dict[str, Any]], corpus: Corpus, *,
+def assemble_metrics(spec: ReportSpec, planned, corpus: Corpus, *,
                      group_starts: np.ndarray | None = None) -> tuple[dict[str, Any], PackPlan]:
-    """metrics.json of plans held in one process (the what-if of `packctl stats`: one share, the
-    whole corpus), without throughput and timings, by the summaries `pack` adds up over ranks;
-    `group_starts` (--group-column) adds `groups`. Returns the whole plan too."""
-    summaries = [RankSummary.of(s.planned, spec, epoch=0, rank=r, group_starts=group_starts)
-                 for r, s in enumerate(shares)]
-    summary = sum(summaries[1:], summaries[0])
-    whole = merge_plans([s.planned.plan for s in shares])
+    """metrics.json of the plan of a whole corpus in one process (`planned`: pipeline.plan.Planned;
+    the what-if of `packctl stats`), without throughput and timings, by the summary `pack` adds up
+    over ranks; `group_starts` (--group-column) adds `groups`. Returns the plan too."""
+    summary = RankSummary.of(planned, spec, epoch=0, rank=0, group_starts=group_starts)
+    whole = planned.plan
     baseline = padded_batching_tokens(whole.piece_len[np.argsort(whole.piece_gid, kind="stable")],
                                       summary.packs.baseline_batch_size)
-    metrics = metrics_of(spec, summary, baseline, ranks, corpus, buckets=shares[0].planned.buckets,
+    metrics = metrics_of(spec, summary, baseline, [], corpus, buckets=planned.buckets,
                          groups=group_starts is not None)
     return metrics, whole
 

@@ -46,7 +46,7 @@ from packctl.plan.groups import group_ids
 from packctl.plan.windows import PackPlan
 from packctl.pipeline.order import Ordered, order_corpus
 from packctl.pipeline.plan import plan_corpus
-from packctl.pipeline.report import Corpus, RankShare, assemble_metrics
+from packctl.pipeline.report import Corpus, assemble_metrics
 from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
 from packctl.stats.lazy import collect_streaming
@@ -227,8 +227,7 @@ def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None 
     plan_seconds = time.perf_counter() - t0
     skipped = int(np.count_nonzero(index.lengths == 0)) if config.skip_empty else 0
     corpus = Corpus(sequences=index.num_sequences, tokens=int(index.lengths.sum()), skipped_empty=skipped, blocks=0)
-    row, plan = assemble_metrics(specs.report, [RankShare.of(planned, {})], [], corpus,
-                                 group_starts=index.group_starts)
+    row, plan = assemble_metrics(specs.report, planned, corpus, group_starts=index.group_starts)
     row["fill_histogram"] = fill_histogram(plan.loads(padded=False), config.capacity)
     if "limits" in row:  # --limit: which budget binds (packctl.stats.packed.binding_budget)
         row["binding"] = binding_budget(row["packs_at_capacity"], row["limits"])
