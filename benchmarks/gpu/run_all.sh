@@ -64,5 +64,6 @@ else
     export PYTHONPATH="$repo:$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
+export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=${FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED:-1}  # FA4 compiles each kernel once, not once per verify
 exec "$python" benchmarks/gpu/run_all.py --out "$out" ${work:+--work "$work"} --budget-s "$budget" \
     --install "$install" $([ $dry_run = 1 ] && echo --dry-run)
