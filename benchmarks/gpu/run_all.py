@@ -1,7 +1,7 @@
 """The steps of run_all.sh: pack, verify every backend in bf16 and fp16 with --bench, the loss and
 gradient equivalence tests, the train example on flash-attn; one results file, JSON and markdown.
 
-    python benchmarks/gpu/run_all.py --out DIR [--dry-run] [--budget-s 420]
+    python benchmarks/gpu/run_all.py --out DIR [--dry-run] [--budget-s 390]
 
 Each step is a subprocess with its own timeout, cut further so that the whole run ends within
 --budget-s; a step that runs out of time is recorded as `timeout`, one that finds no time left as
@@ -51,7 +51,7 @@ class Plan:
     generate: tuple[str, ...]  # packctl sample options of the rl-longtail corpus
     small: tuple[str, ...]  # packctl sample options standing in for sample_data ('' = sample_data itself)
     corpora: tuple[Corpus, ...]
-    equivalence: tuple[str, ...]  # pytest arguments
+    equivalence: tuple[str, ...]  # pytest arguments: the loss and gradient proofs (and on a GPU flash-attn's own test)
     train: tuple[str, ...]  # train_tiny.py arguments
     timeouts: dict[str, int] = field(default_factory=dict)
 
@@ -66,7 +66,8 @@ def gpu_plan(work: Path) -> Plan:
                  Corpus("rl-longtail, 16384", rl, ("--capacity", "16384")),
                  Corpus("rl-longtail, 16384, cp 2", rl, ("--capacity", "16384", "--cp-size", "2"))),
         equivalence=("tests/integration/torch/test_torch_equivalence.py",
-                     "tests/integration/torch/test_loss_normalization.py"),
+                     "tests/integration/torch/test_loss_normalization.py",
+                     "tests/integration/torch/test_torch_loaders.py::test_flash_attn_varlen_matches_sdpa_on_gpu"),
         train=("--device", "cuda", "--attention", "flash-attn", "--steps", "6"),
         timeouts={"sample": 60, "pack": 60, "verify": 75, "wide": 90, "equivalence": 150, "train": 120})
 
@@ -290,7 +291,7 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny corpora, backend sdpa")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "packctl-gpu-work",
                         help="folder of the corpora and packed outputs (kept out of --out: they are large)")
-    parser.add_argument("--budget-s", type=float, default=420, help="the whole run ends within this")
+    parser.add_argument("--budget-s", type=float, default=390, help="the whole run ends within this")
     parser.add_argument("--install", default="not recorded", help="what run_all.sh's install step did")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")

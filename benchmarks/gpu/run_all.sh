@@ -3,7 +3,7 @@
 # sample_data and an rl-longtail corpus (16384, cp 1 and 2), `packctl verify --device cuda
 # --dtype bf16,fp16 --bench` with flash-attn, torch-varlen, sdpa and flex, the loss and gradient
 # equivalence tests and the train example on flash-attn; results.json and results.md in --out
-# (docs/verify.md, "flash-attn on a GPU"). The whole run stays within --budget-s (420 by default,
+# (docs/verify.md, "flash-attn on a GPU"). The whole run stays within --budget-s (390 by default,
 # the install's minute apart), so it fits one device call of 8 minutes.
 #
 #   bash benchmarks/gpu/run_all.sh --dry-run --out /tmp/gpu-results   # CPU, tiny corpora, sdpa (CI)
@@ -24,7 +24,7 @@ out=${OUT:-$repo/out/gpu-results}
 work=""
 dry_run=0
 stage_only=0
-budget=420
+budget=390
 while [ $# -gt 0 ]; do
     case $1 in
         --dry-run) dry_run=1 ;;
