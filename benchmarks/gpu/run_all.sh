@@ -61,7 +61,9 @@ echo "install: $install"
 if [ $dry_run = 1 ]; then
     export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 else
-    export PYTHONPATH="$repo:$site${PYTHONPATH:+:$PYTHONPATH}"
+    # The CuTe DSL's wheel puts `cutlass` on sys.path with a .pth file, which Python reads in site
+    # directories only, not in a PYTHONPATH folder: its folder is named here instead.
+    export PYTHONPATH="$repo:$site:$site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=${FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED:-1}  # FA4 compiles each kernel once, not once per verify
