@@ -68,7 +68,7 @@ def gpu_plan(work: Path) -> Plan:
         equivalence=("tests/integration/torch/test_torch_equivalence.py",
                      "tests/integration/torch/test_loss_normalization.py",
                      "tests/integration/torch/test_torch_loaders.py::test_flash_attn_varlen_matches_sdpa_on_gpu"),
-        train=("--device", "cuda", "--attention", "flash-attn", "--steps", "6"),
+        train=("--device", "cuda", "--attention", "flash-attn", "--head-dim", "64", "--steps", "6"),
         timeouts={"sample": 60, "pack": 60, "verify": 75, "wide": 90, "equivalence": 150, "train": 120})
 
 
@@ -82,7 +82,7 @@ def dry_plan(work: Path) -> Plan:
                  Corpus("rl-longtail, 2048", rl, ("--capacity", "2048")),
                  Corpus("rl-longtail, 2048, cp 2", rl, ("--capacity", "2048", "--cp-size", "2"))),
         equivalence=("tests/integration/torch/test_torch_equivalence.py", "-k", "hf_padding_free"),
-        train=("--device", "cpu", "--attention", "sdpa", "--steps", "2", "--packs-per-step", "2"),
+        train=("--device", "cpu", "--attention", "sdpa", "--head-dim", "16", "--steps", "2", "--packs-per-step", "2"),
         timeouts={"sample": 60, "pack": 90, "verify": 120, "wide": 120, "equivalence": 180, "train": 180})
 
 

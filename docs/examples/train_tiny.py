@@ -35,10 +35,11 @@ from packctl.torch import PackedDataset, collate_hf, varlen_attention
 IGNORE_INDEX = -100
 
 
-def tiny_llama(seed: int) -> LlamaForCausalLM:
+def tiny_llama(seed: int, head_dim: int | None = None) -> LlamaForCausalLM:
+    """hidden 32, 4 query heads and 2 key/value heads of head_dim (32 / 4 = 8 unless given)."""
     config = LlamaConfig(vocab_size=32000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2,
-                         tie_word_embeddings=False, use_cache=False)
+                         tie_word_embeddings=False, use_cache=False, head_dim=head_dim)
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).float().train()
@@ -92,6 +93,7 @@ def main() -> None:
                         help="the packed model's attention (see above)")
     parser.add_argument("--attention-dtype", choices=["fp32", "bf16", "fp16"],
                         help="dtype of q, k, v in a packctl kernel [bf16 for flash-attn and torch-varlen, else fp32]")
+    parser.add_argument("--head-dim", type=int, help="attention head size [8]; GPU kernels want 64 or 128")
     args = parser.parse_args()
     torch.set_num_threads(min(2, torch.get_num_threads()))
     half = args.attention in ("flash-attn", "torch-varlen")
@@ -107,7 +109,7 @@ def main() -> None:
         # each step: the packs as one packed row, and the same sequences as a padded batch
         loader = DataLoader(dataset, batch_size=args.packs_per_step,
                             collate_fn=lambda packs: (collate_hf(packs), padded_batch(packs)))
-        packed_model = tiny_llama(seed=0).to(args.device)
+        packed_model = tiny_llama(seed=0, head_dim=args.head_dim).to(args.device)
         unpacked_model = copy.deepcopy(packed_model)
         if args.attention != "hf":
             packed_model.config._attn_implementation = register_varlen_attention(args.attention, attention_dtype)
