@@ -218,10 +218,22 @@ class FlexBackend(Backend):
 
 
 class FlashAttnBackend(Backend):
-    """flash-attn's `flash_attn_varlen_func(q, k, v, cu, cu, max, max, causal=True)`.
+    """flash-attn's varlen kernel, whichever FlashAttention is installed.
 
-    FlashAttention 2 (`flash_attn.flash_attn_varlen_func`) when installed, else FlashAttention 4
-    (`flash_attn.cute.flash_attn_varlen_func`, which may return `(out, lse)`).
+    FlashAttention 2 (`flash_attn.flash_attn_varlen_func`, the `flash-attn` source build) when its
+    package is there, else FlashAttention 4 (`flash_attn.cute.flash_attn_varlen_func`, the
+    `flash-attn-4` wheel of the `gpu` extra, kernels compiled at run time by the CuTe DSL). The two
+    entry points differ:
+
+        FA2: flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal)
+             -> out
+        FA4: flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=, cu_seqlens_k=, max_seqlen_q=,
+             max_seqlen_k=, ..., softmax_scale=, causal=, ...) -> (out, lse)
+
+    FA4's fourth positional parameter is `qv`, so it is called with keywords only. Both take q
+    (T, Hq, D) and k, v (T, Hkv, D) in fp16 or bf16 with the last dimension contiguous, Hq a
+    multiple of Hkv (grouped-query attention without repeating k and v), cu_seqlens as contiguous
+    int32 on q's device and the max lengths as Python ints.
     """
 
     name = "flash-attn"
@@ -236,21 +248,51 @@ class FlashAttnBackend(Backend):
             self.mode = f"FlashAttention {getattr(flash_attn, '__version__', '2')}"
             self._keywords = False
         else:
-            cute = require("flash_attn.cute", "gpu", PURPOSE + " with --backend flash-attn")
+            cute = _import_flash_attn_cute()
             self._fn = cute.flash_attn_varlen_func
-            self.mode = "FlashAttention 4 (flash_attn.cute)"
+            version = _distribution_version("flash-attn-4")
+            self.mode = f"FlashAttention 4{' ' + version if version else ''} (flash_attn.cute)"
             self._keywords = True
 
     def __call__(self, q, k, v, cu_seqlens_padded, max_seqlen, causal=True, softmax_scale=None):
-        cu = cu_seqlens_padded.to(device=q.device, dtype=self.torch.int32).contiguous()
+        torch = self.torch
+        half = (torch.float16, torch.bfloat16)
+        if q.dtype not in half or k.dtype != q.dtype or v.dtype != q.dtype:
+            raise PackctlError(f"flash-attn takes fp16 or bf16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, "
+                               f"{v.dtype}: cast them (verify's --dtype bf16,fp16), or use backend sdpa")
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        cu = cu_seqlens_padded.to(device=q.device, dtype=torch.int32).contiguous()
         max_seqlen = int(max_seqlen)
         if self._keywords:
-            scale = {} if softmax_scale is None else {"softmax_scale": softmax_scale}
             out = self._fn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_seqlen,
-                           max_seqlen_k=max_seqlen, causal=causal, **scale)
+                           max_seqlen_k=max_seqlen, softmax_scale=softmax_scale, causal=causal)
         else:
             out = self._fn(q, k, v, cu, cu, max_seqlen, max_seqlen, softmax_scale=softmax_scale, causal=causal)
         return out[0] if isinstance(out, tuple) else out
+
+
+def _import_flash_attn_cute():
+    """flash_attn.cute, or one line naming what it lacks: FA4 imports the CuTe DSL (`cutlass`), quack
+    and tvm-ffi, which come as separate wheels."""
+    import importlib
+
+    try:
+        return importlib.import_module("flash_attn.cute")
+    except ImportError as exc:
+        missing = getattr(exc, "name", None) or str(exc)
+        raise PackctlError(f"{PURPOSE} with --backend flash-attn: flash_attn has neither flash_attn_varlen_func "
+                           f"(FlashAttention 2) nor a usable flash_attn.cute (FlashAttention 4; importing it "
+                           f"failed on {missing!r}): pip install 'packctl[gpu]'") from exc
+
+
+def _distribution_version(name: str) -> str:
+    """The installed version of a distribution, '' when its metadata is absent (a source tree)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return ""
 
 
 class TorchVarlenBackend(Backend):

@@ -15,13 +15,18 @@ EXAMPLE = DOCS / "examples" / "train_tiny.py"
 pytestmark = pytest.mark.slow  # a proof on a real model (tiny Llama, CPU)
 
 
-def test_train_tiny_prints_matching_losses(monkeypatch, capsys):
+@pytest.mark.parametrize("attention", ["hf", "sdpa"])
+def test_train_tiny_prints_matching_losses(attention, monkeypatch, capsys):
+    """hf: transformers' SDPA finds the boundaries from position_ids; sdpa: packctl's varlen
+    kernel, registered as a transformers attention, takes them from cu_seq_lens (the path
+    flash-attn runs on a GPU)."""
     spec = importlib.util.spec_from_file_location("train_tiny", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    monkeypatch.setattr(sys, "argv", ["train_tiny.py", "--steps", "2", "--packs-per-step", "2"])
+    monkeypatch.setattr(sys, "argv", ["train_tiny.py", "--steps", "2", "--packs-per-step", "2", "--attention", attention])
     module.main()
     lines = capsys.readouterr().out.splitlines()
+    assert f"attention {attention} on cpu" in lines[0]
     steps = [line.split() for line in lines if line.split() and line.split()[0].isdigit()]
     assert [int(s[0]) for s in steps] == [0, 1]
     for step in steps:

@@ -257,7 +257,8 @@ def test_flash_attn_2_and_4_calls(packs, monkeypatch):
         seen["fa2"] = causal
         return _segment_attention(q, k, v, cu_q, max_q)
 
-    def fa4(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, causal=False):
+    def fa4(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+            softmax_scale=None, causal=False):
         seen["fa4"] = causal
         return _segment_attention(q, k, v, cu_seqlens_q, max_seqlen_q), None  # (out, lse)
 
@@ -292,3 +293,78 @@ def test_backend_interface_reports_unsupported_dtype_and_device():
 
     assert CudaOnly(torch, "cpu").unsupported("bf16") == "x runs on cuda only"
     assert CudaOnly(torch, "cuda").unsupported("fp32") == "x supports bf16 only"
+
+
+def _recording_flash_attn(monkeypatch, version: int, calls: list):
+    """A fake flash_attn 2 or 4 in sys.modules that records what the backend passes and answers
+    the way the real entry point does (FA2: out; FA4: (out, lse))."""
+
+    def record(args, kwargs):
+        q, k, v = args[:3]
+        cu = kwargs.get("cu_seqlens_q", args[3] if len(args) > 3 else None)
+        max_q = kwargs.get("max_seqlen_q", args[5] if len(args) > 5 else None)
+        calls.append({"positional": len(args), "keywords": sorted(kwargs), "dtypes": {q.dtype, k.dtype, v.dtype},
+                      "contiguous": all(t.is_contiguous() for t in (q, k, v)), "heads": (q.shape[1], k.shape[1]),
+                      "cu": (cu.dtype, cu.device, cu.is_contiguous()), "max": type(max_q), "causal": kwargs["causal"],
+                      "softmax_scale": kwargs["softmax_scale"]})
+        return _segment_attention(q, k, v, cu, max_q)
+
+    def fa2(*args, **kwargs):
+        return record(args, kwargs)
+
+    def fa4(q, k, v, qv=None, **kwargs):
+        assert qv is None, "FA4's fourth positional parameter is qv"
+        return record((q, k, v), kwargs), torch.zeros(q.shape[1], q.shape[0])
+
+    if version == 2:
+        root = types.ModuleType("flash_attn")
+        root.flash_attn_varlen_func = fa2
+        monkeypatch.setitem(sys.modules, "flash_attn", root)
+    else:
+        root, cute = types.ModuleType("flash_attn"), types.ModuleType("flash_attn.cute")
+        cute.flash_attn_varlen_func = fa4
+        root.cute = cute
+        monkeypatch.setitem(sys.modules, "flash_attn", root)
+        monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+
+
+@pytest.mark.parametrize("version", [2, 4])
+def test_flash_attn_call_marshals_its_arguments(version, monkeypatch):
+    """What the kernels demand, pinned without a GPU: q, k, v contiguous in one half dtype, k and v
+    with their own (fewer) heads, cu_seqlens contiguous int32 on q's device, the max lengths plain
+    ints, causal=True; FA4 by keyword (its fourth positional is qv) and its (out, lse) unwrapped."""
+    calls: list = []
+    _recording_flash_attn(monkeypatch, version, calls)
+    backend = FlashAttnBackend(torch, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(4, 10, 16, generator=gen, dtype=torch.bfloat16).transpose(0, 1)  # (T, H, D), not contiguous
+    k, v = (torch.randn(10, 2, 16, generator=gen, dtype=torch.bfloat16) for _ in range(2))
+    cu = torch.tensor([0, 3, 10], dtype=torch.int64)[::1]
+    out = backend(q, k, v, cu, np.int64(7))
+    (call,) = calls
+    assert call["dtypes"] == {torch.bfloat16} and call["contiguous"] and call["heads"] == (4, 2)
+    assert call["cu"] == (torch.int32, q.device, True) and call["max"] is int and call["causal"] is True
+    assert call["softmax_scale"] is None
+    if version == 2:
+        assert call["positional"] == 7
+    else:
+        assert call["positional"] == 3 and "FlashAttention 4" in backend.mode
+        assert {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"} <= set(call["keywords"])
+    assert isinstance(out, torch.Tensor) and out.shape == (10, 4, 16)
+    assert torch.equal(out, _segment_attention(q.contiguous(), k, v, cu.to(torch.int32), 7))
+
+
+def test_flash_attn_refuses_fp32_in_one_line(monkeypatch):
+    _recording_flash_attn(monkeypatch, 4, [])
+    x = torch.zeros(4, 1, 8)
+    with pytest.raises(PackctlError, match="flash-attn takes fp16 or bf16 q, k, v of one dtype"):
+        FlashAttnBackend(torch, "cpu")(x, x, x, torch.tensor([0, 4]), 4)
+
+
+def test_flash_attn_4_without_its_dsl_names_the_install_line(monkeypatch):
+    """FA4's wheel installs `flash_attn` as a namespace package: importing it works even when the
+    CuTe DSL it needs is missing, so the failure comes from flash_attn.cute."""
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
+    with pytest.raises(PackctlError, match=r"flash_attn\.cute.*pip install 'packctl\[gpu\]'"):
+        FlashAttnBackend(torch, "cuda")
