@@ -21,13 +21,15 @@ VERIFY_BACKENDS = ("flash-attn", "torch-varlen", "flex", "sdpa")
 def choice(values) -> dict:
     """typer.Option arguments for an option with a fixed set of values: --help shows them
     (`[input|shuffle|curriculum]`) and shell completion offers them. A value outside them is
-    refused by the option's own check (one line naming the option and the choices, exit 2)."""
+    refused by the option's own check (one line naming the option and the choices, exit 2).
+    Completion is typer's `autocompletion` (a callback taking the word typed so far):
+    `--too-long tr` -> `truncate`."""
     values = tuple(values)
 
-    def complete(ctx, param, incomplete: str) -> list[str]:
+    def complete(incomplete: str) -> list[str]:
         return [v for v in values if v.startswith(incomplete)]
 
-    return {"metavar": f"[{'|'.join(values)}]", "shell_complete": complete}
+    return {"metavar": f"[{'|'.join(values)}]", "autocompletion": complete}
 
 
 def config_options(names) -> list[inspect.Parameter]:

@@ -217,3 +217,22 @@ def test_pack_summary_shows_every_budget_and_the_samples_dropped_over_a_limit(tm
         assert f"limit {figures['limit']:,}: utilization" in proc.stdout, name
         assert f"({figures['total']:,} in all)" in proc.stdout, name
     assert "binding: " in proc.stdout
+
+
+def test_options_use_no_deprecated_typer_api():
+    """Building every command's options warns nothing from typer (its `shell_complete=` is
+    deprecated and on its way out; completion goes through `autocompletion=`)."""
+    import warnings
+
+    import click
+    import typer
+
+    from packctl.cli import app
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", category=DeprecationWarning, module=r"typer(\.|$)")
+        group = typer.main.get_command(app)
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            assert command.get_params(click.Context(command, parent=ctx, info_name=name))
