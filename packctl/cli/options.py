@@ -44,7 +44,10 @@ def config_options(names) -> list[inspect.Parameter]:
         if kind is list:  # a repeated flag: --keep-columns a --keep-columns b
             kind = List[str]
         choices = choice(meta["choices"]) if meta["choices"] else {}
-        option = typer.Option(None, *decls, help=option_help(name, with_choices=not choices), **choices)
+        if meta["metavar"]:
+            choices["metavar"] = meta["metavar"]
+        option = typer.Option(None, *decls, help=option_help(name, with_choices=not choices),
+                              rich_help_panel=meta["panel"], **choices)
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
                                         default=option))
     return params

@@ -26,7 +26,8 @@ _PACK_OWN = [
     inspect.Parameter("inputs", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[List[str]],
                       default=typer.Argument(None, metavar="INPUT...", help=FIELDS["inputs"].metadata["help"])),
     inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
-                      default=typer.Option(None, "--config", help="TOML file with any of these options.")),
+                      default=typer.Option(None, "--config", help="TOML file with any of these options.",
+                                           rich_help_panel="Run")),
 ]
 
 @app.command("pack", cls=Command, help=_PACK_EXAMPLE, no_args_is_help=True)
