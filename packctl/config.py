@@ -634,7 +634,46 @@ def _type_problem(name: str, value: Any) -> str | None:
     wanted, accepts = _TYPES[declared.removesuffix(" | None")]
     if accepts(value):
         return None
+    if name in _COUNTS:
+        wanted = f"{wanted} of {_COUNTS[name]}"
     return _LISTS.get(name, wanted) + (" (or unset)" if optional else "")
+
+
+# What a whole-number option counts, named where a value is not one: `--capacity 4096.5: must be
+# a whole number of tokens`.
+_COUNTS = {"capacity": "tokens", "max_tokens": "tokens", "step_tokens": "tokens", "pack_multiple": "tokens",
+           "seq_multiple": "tokens", "seq_round": "tokens", "window": "sequences", "max_seqs_per_bin": "sequences",
+           "pool_size": "sequences", "shard_rows": "packs", "micro_batches": "packs", "shape_buckets": "shapes",
+           "epochs": "epochs", "cp_size": "ranks", "tp_size": "ranks", "dp_size": "ranks"}
+
+
+def from_command_line(name: str, text: str) -> Any:
+    """The value of PackConfig's number option `name` as typed on the command line: a whole number
+    for a whole-number option, any number Python writes for a number option; other text is kept as
+    typed, and validate() refuses it in the words it has for a value of the wrong type from a
+    --config file or the Python API alike (`check_types`):
+
+        >>> from_command_line("capacity", "4096"), from_command_line("attn_coeff", "1e-3")
+        (4096, 0.001)
+        >>> from_command_line("capacity", "4096.0")   # -> --capacity '4096.0': must be a whole number of tokens
+        '4096.0'
+    """
+    declared = FIELDS[name].type.removesuffix(" | None")
+    if declared == "int" and re.fullmatch(r"[+-]?[0-9]+", text.replace("_", "")):  # ASCII digits, as int() needs
+        return int(text)
+    if declared == "float" and re.fullmatch(r"[+-]?([0-9_.]+([eE][+-]?[0-9]+)?|inf|infinity|nan)", text.strip().lower()):
+        try:
+            return float(text)
+        except ValueError:
+            return text
+    return text
+
+
+def command_line_values(flags: dict[str, Any]) -> dict[str, Any]:
+    """PackConfig field values from the flags of a command: each number option's text read by
+    `from_command_line` (None: not given)."""
+    return {name: from_command_line(name, value) if isinstance(value, str) and FIELDS[name].type.removesuffix(
+        " | None") in ("int", "float") else value for name, value in flags.items()}
 
 
 # The range of each whole-number option, and why its bound: (lowest, highest, why). The others are

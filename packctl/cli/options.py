@@ -40,12 +40,13 @@ def config_options(names) -> list[inspect.Parameter]:
         meta = FIELDS[name].metadata
         flag = meta["flag"] or f"--{name.replace('_', '-')}"
         decls = [f"{flag}/--no-{flag[2:]}" if meta["switch"] else flag] + ([meta["short"]] if meta["short"] else [])
-        kind = meta["cli"] or _CLI_TYPES[str(FIELDS[name].type).replace(" | None", "")]
+        declared = str(FIELDS[name].type).replace(" | None", "")
+        kind = meta["cli"] or _CLI_TYPES[declared]
         if kind is list:  # a repeated flag: --keep-columns a --keep-columns b
             kind = List[str]
         choices = choice(meta["choices"]) if meta["choices"] else {}
-        if meta["metavar"]:
-            choices["metavar"] = meta["metavar"]
+        if meta["metavar"] or declared in _NUMBERS:
+            choices["metavar"] = meta["metavar"] or _NUMBERS[declared]
         option = typer.Option(None, *decls, help=option_help(name, with_choices=not choices),
                               rich_help_panel=meta["panel"], **choices)
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
@@ -53,7 +54,10 @@ def config_options(names) -> list[inspect.Parameter]:
     return params
 
 
-_CLI_TYPES = {"int": int, "str": str, "bool": bool, "float": float, "list[str]": list}
+# Numbers are taken as typed and read by packctl (config.from_command_line), so that a value that
+# is not one is refused in the words a --config file and the Python API get (`--capacity 4096.5`).
+_CLI_TYPES = {"int": str, "str": str, "bool": bool, "float": str, "list[str]": list}
+_NUMBERS = {"int": "N", "float": "NUMBER"}
 
 
 def with_signature(params: list[inspect.Parameter]):

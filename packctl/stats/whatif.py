@@ -33,7 +33,7 @@ from typing import Any, Iterable
 import numpy as np
 import polars as pl
 
-from packctl.config import PLANNING_OPTIONS, PackConfig  # noqa: F401  (PLANNING_OPTIONS re-exported)
+from packctl.config import PLANNING_OPTIONS, PackConfig, as_python  # noqa: F401  (PLANNING_OPTIONS re-exported)
 from packctl.errors import PackctlError
 from packctl.source import megatron
 from packctl.source.files import FileFingerprint, open_parquet
@@ -305,7 +305,7 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     started = time.perf_counter()
     config = config or PackConfig()
     grouped = config.group_column is not None
-    capacities = list(dict.fromkeys(int(c) for c in capacities))
+    capacities = list(dict.fromkeys(as_python(c) for c in capacities))  # each checked below, as pack checks it
     if not capacities:
         raise PackctlError("no --capacity given: pass one or more, e.g. --capacity 4096 --capacity 8192")
     if grouped:  # the configured algorithm too (pack refuses --algorithm split with groups)
