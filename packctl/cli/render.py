@@ -188,10 +188,9 @@ def pack_table(result: PackResult) -> Table:
             ("  tokens max/mean", f"{b['before']['tokens']['mean']:.3f} -> {b['after']['tokens']['mean']:.3f}"),
         ]
     if m.get("limits"):
-        from packctl.stats.packed import binding_budget  # here: --help loads no stats code
+        from packctl.stats.packed import binding_of  # here: --help loads no stats code
 
-        rows += limit_rows({**m, "layout": {"capacity": m["capacity"]},
-                            "binding": binding_budget(m["packs_at_capacity"], m["limits"])})
+        rows += limit_rows({**m, "layout": {"capacity": m["capacity"]}, "binding": binding_of(m)})
     rows += scale_out_rows(m.get("scale_out"))
     for key, value in rows:
         table.add_row(key, value)
@@ -405,7 +404,7 @@ def limit_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
 
     def binds(name: str) -> str:
         return " · binds" if binding == name else ""
-    rows = [("budgets", f"tokens and {', '.join(limits)}; binding: {binding or 'none (no pack at any limit)'}"),
+    rows = [("budgets", f"tokens and {', '.join(limits)}; binding: {binding or 'none (no packs)'}"),
             ("  tokens", f"capacity {r['layout']['capacity']:,}: utilization {_pct(r['utilization'])}, "
                          f"{r['packs_at_capacity']:,} packs at it ({r['packs_at_capacity'] / packs:.1%}){binds('tokens')}")]
     for name, f in limits.items():
@@ -448,8 +447,9 @@ def what_if_table(r: dict[str, Any]) -> Table:
     """One row per (capacity, algorithm), then padded batching; the best row bold green with a star.
 
     `+L2`: packs above the Martello-Toth lower bound (over whole groups with --group-column);
-    with --limit, each limited column's utilization and `binds`, the budget with the most packs
-    at it, instead of +L2, efficiency, padding, split and plan time;
+    with --limit, each limited column's utilization and `binds`, the budget whose total alone
+    needs the most packs (`binding_budget`), instead of +L2, efficiency, padding, split and plan
+    time;
     `no groups`: the packs of the same options without groups; `padding`: alignment + tail tokens;
     `DP imb`: with --dp-size, the slowest rank over the mean rank of the balanced cost, summed over
     steps (metrics.json `balance.after.<cost>.weighted`)."""
@@ -497,7 +497,7 @@ def what_if_table(r: dict[str, Any]) -> Table:
 
 def _limit_cells(row: dict[str, Any]) -> tuple[str, ...]:
     """A what-if row's --limit cells: each limited column's utilization (in --limit order), and
-    the binding budget (the one with the most packs at it; `binding_budget`)."""
+    the binding budget (the one whose total alone needs the most packs; `binding_budget`)."""
     limits = row.get("limits") or {}
     return (*(f"{f['utilization']:.0%}" for f in limits.values()), row.get("binding") or "none")
 

@@ -11,12 +11,15 @@ contract-conforming output whatever wrote it.
 
 An output packed with `--limit COL=N` (the manifest's `layout.limits`) has each pack's sum in
 `COL_sum`; the report gives each budget's utilization and packs at the limit (`limit_figures`,
-the `limits` and `packs_at_capacity` of metrics.json) and which budget binds (`binding`).
+the `limits` and `packs_at_capacity` of metrics.json) and which budget binds (`binding`: the one
+whose total alone needs the most packs).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +137,8 @@ def limit_figures(padded_loads: np.ndarray, capacity: int, limit_sums: dict[str,
     of the capacity), plus `binding` (`binding_budget`).
 
         capacity 10, padded loads [10, 4], images_sum [1, 8], limit 8
-        -> images: total 9, utilization 9/16, packs_at_limit 1; packs_at_capacity 1; binding tokens
+        -> images: total 9, utilization 9/16, packs_at_limit 1; packs_at_capacity 1;
+           binding tokens (14 tokens need 2 packs of 10, 9 images 2 packs of 8; 14/10 > 9/8)
     """
     packs = len(padded_loads)
     out: dict[str, Any] = {"limits": {}}
@@ -144,23 +148,39 @@ def limit_figures(padded_loads: np.ndarray, capacity: int, limit_sums: dict[str,
         out["limits"][name] = {"limit": int(limit), "total": total,
                                "utilization": total / (packs * limit) if packs else 0.0,
                                "packs_at_limit": int(np.count_nonzero(sums * 100 >= 99 * int(limit)))}
-    out["packs_at_capacity"] = int(np.count_nonzero(np.asarray(padded_loads, np.int64) * 100 >= 99 * int(capacity)))
-    out["binding"] = binding_budget(out["packs_at_capacity"], out["limits"])
+    loads = np.asarray(padded_loads, np.int64)
+    out["packs_at_capacity"] = int(np.count_nonzero(loads * 100 >= 99 * int(capacity)))
+    out["binding"] = binding_budget(int(loads.sum()), int(capacity), out["limits"])
     return out
 
 
-def binding_budget(packs_at_capacity: int, limits: dict[str, dict[str, Any]]) -> str | None:
-    """Which budget binds: the one with the most packs at it (>= 99%): "tokens" or a limited
-    column; None when no pack is at any. Ties go to tokens, then to the first in --limit order.
+def binding_budget(padded_tokens: int, capacity: int, limits: dict[str, dict[str, Any]]) -> str | None:
+    """Which budget binds: the one that alone needs the most packs, its lower bound
+    ceil(total / limit) (for tokens ceil(padded tokens / capacity), metrics.json's
+    lower_bound_packs), ties going to the fuller budget (total / limit, which is its utilization
+    times the packs), then to tokens, then to the first in --limit order. "tokens" or a limited
+    column; None when the packs hold nothing.
 
-        >>> binding_budget(3, {"images": {"packs_at_limit": 7}, "image_tokens": {"packs_at_limit": 7}})
-        'images'
+    The README's example (capacity 16,384, --limit images=8 --limit image_tokens=8192, 3,979
+    packs): tokens 42,936,921 -> 2,621 packs (65.9% full), images 18,168 -> 2,271 (57.1%),
+    image_tokens 31,502,016 -> 3,846 (96.6%): image_tokens binds, though no pack reaches 99% of
+    8,192 (tiles of 576 tokens stop at 8,064).
+
+    Each needs 3 packs below (28/10, 17/8, 23/8), and the image tokens are the fullest:
+
+        >>> binding_budget(28, 10, {"images": {"limit": 8, "total": 17}, "image_tokens": {"limit": 8, "total": 23}})
+        'image_tokens'
     """
-    most, binding = packs_at_capacity, "tokens" if packs_at_capacity else None
-    for name, figures in limits.items():
-        if figures["packs_at_limit"] > most:
-            most, binding = figures["packs_at_limit"], name
-    return binding
+    need = {"tokens": Fraction(padded_tokens, capacity)}  # packs needed, before rounding up
+    need.update((name, Fraction(f["total"], f["limit"])) for name, f in limits.items())
+    binding = max(need, key=lambda name: (math.ceil(need[name]), need[name]))  # the first of equals
+    return binding if need[binding] > 0 else None
+
+
+def binding_of(metrics: dict[str, Any]) -> str | None:
+    """`binding_budget` of a `_metrics.json` with `limits` (`pack`'s, or a what-if row)."""
+    padded = metrics["tokens"] + metrics["padding"]["alignment_tokens"]
+    return binding_budget(padded, metrics["capacity"], metrics["limits"])
 
 
 def _shard_arrays(path: Path, table: pa.Table, balance: tuple[str, ...], rows: int) -> dict[str, np.ndarray]:
