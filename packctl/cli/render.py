@@ -418,7 +418,7 @@ def _order_line(q: dict[str, Any] | None) -> str:
         line += (f"; worst window |rho| {q['worst_abs_spearman']:.3f} (window {q['worst_window']}), "
                  f"{q['windows_over_bound']} of {sized} window(s) over {q['bound']:g}")
     if q["tiny_windows"]:
-        line += f"; {q['tiny_windows']} window(s) under {q['tiny_window_packs']} packs"
+        line += f"; {q['tiny_windows']} window(s) under {q['tiny_window_packs']} {q.get('window_unit', 'packs')}"
     return line
 
 

@@ -311,7 +311,8 @@ def _packed_report(path: str | Path, *, attn_coeff: float | None = None,
     # how the ranks of an MPI run shared it: a fact of the run, not of the shards
     if _fits(recorded.get("scale_out"), SCALE_OUT_SHAPE):
         report["scale_out"] = recorded["scale_out"]
-    report["pack_order"] = order_quality(longest_per_pack(packed), window_of_pack(manifest, output.shards))
+    report["pack_order"] = order_quality(longest_per_pack(packed), window_of_pack(manifest, output.shards),
+                                         (packed.balance or {}).get(STEP))
     t2 = time.perf_counter()
     report["stats_seconds"] = {"read": t1 - t0, "compute": t2 - t1, "total": t2 - t0}
     return report, packed
@@ -343,12 +344,13 @@ def window_of_pack(manifest: dict[str, Any], shards: list) -> np.ndarray | None:
 ORDER_BOUND = 0.05  # the |Spearman| a window of --pack-order shuffle stays within (docs/cli.md)
 
 
-def order_quality(longest: np.ndarray, window: np.ndarray | None) -> dict[str, Any]:
+def order_quality(longest: np.ndarray, window: np.ndarray | None, step: np.ndarray | None = None) -> dict[str, Any]:
     """How much pack position says about pack length: Spearman's rank correlation of position and
     longest sequence, over the whole output and in each planning window (`window`: each pack's;
     None: not recorded, the whole output counts as one). Windows under TINY_WINDOW packs are
-    counted apart: a correlation over so few packs means nothing. Packs longest first give -1,
-    ascending +1, a shuffle about 0.
+    counted apart: a correlation over so few packs means nothing. With --dp-size (`step`: each
+    pack's) the shuffle orders whole steps, so a window counts by its steps: under TINY_WINDOW
+    steps it is counted apart. Packs longest first give -1, ascending +1, a shuffle about 0.
 
         longest [900 500 300 100], one window -> overall -1.0, worst_abs 1.0
     """
@@ -363,8 +365,8 @@ def order_quality(longest: np.ndarray, window: np.ndarray | None) -> dict[str, A
     starts = np.concatenate([[0], bounds]) if len(longest) else np.zeros(0, np.int64)
     ends = np.concatenate([bounds, [len(longest)]]) if len(longest) else np.zeros(0, np.int64)
     rhos = [spearman(longest[lo:hi]) for lo, hi in zip(starts.tolist(), ends.tolist())]
-    sized = [(abs(r), k) for k, (r, lo, hi) in enumerate(zip(rhos, starts.tolist(), ends.tolist()))
-             if hi - lo >= TINY_WINDOW]
+    units = [hi - lo if step is None else len(np.unique(step[lo:hi])) for lo, hi in zip(starts.tolist(), ends.tolist())]
+    sized = [(abs(r), k) for k, (r, size) in enumerate(zip(rhos, units)) if size >= TINY_WINDOW]
     worst = max(sized) if sized else None
     return {
         "spearman_overall": spearman(longest),
@@ -372,6 +374,7 @@ def order_quality(longest: np.ndarray, window: np.ndarray | None) -> dict[str, A
         "windows_recorded": recorded,
         "tiny_windows": len(rhos) - len(sized),
         "tiny_window_packs": TINY_WINDOW,
+        "window_unit": "packs" if step is None else "steps",
         "worst_abs_spearman": worst[0] if worst else None,
         "worst_window": worst[1] if worst else None,
         "windows_over_bound": sum(1 for r, _ in sized if r > ORDER_BOUND),
