@@ -625,17 +625,23 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
 def _step_priority(plan: PackPlan, packs: np.ndarray, bounds: np.ndarray, spec: BalanceSpec, window: int,
                    warm_steps: int, linked: np.ndarray | None = None,
                    written: list[np.ndarray] | None = None) -> np.ndarray:
-    """The run position of each of a window's steps for `spec.step_order` (plan/pack_order.py),
-    keyed by the step's longest sequence (or mean sequence length): a step is kept whole, and the
-    window's short step (fewer than D x M packs) runs wherever the order puts it. Warm-up steps
-    stay first.
+    """The run position of each of a window's steps for `spec.step_order` (plan/pack_order.py): a
+    step is kept whole, and the window's short step (fewer than D x M packs) runs wherever the
+    order puts it. Warm-up steps stay first. `longest` and `mean` key a step by its longest
+    sequence or its mean sequence length.
 
-    `linked` (`_split_step_pairs`: step a holds an earlier piece of a sequence than step b) makes
-    the steps of a split sequence one unit of `shuffle`, side by side, as packs are without
-    --dp-size (`pack_order.split_units`). Dealt apart, each step to its own place, the topological
-    order of `_steps_in_split_order` then put a sequence's full pieces (long) before its tail
-    (short) everywhere: |Spearman(position, longest)| of 0.03 on average over 30 seeds, up to 0.10,
-    with --dp-size 4 --micro-batches 2 on sample_data, over the 0.05 bound (docs/cli.md)."""
+    `shuffle` leaves no trend of the packs' longest sequence with their position, which is what
+    `packctl stats` checks: a step is keyed by the ranks of its packs' longest sequences as
+    balanced (`written`, each step's), less the window's mean rank, summed; the shuffle
+    decorrelates position from those sums, so a step of one long pack and seven short ones
+    counts for what it adds: packs of ranks [9 8] in step A and [1 0] in step B, the window's
+    mean rank 4.5, key A +8 and B -8. `linked` (`_split_step_pairs`: step a holds an earlier piece of a
+    sequence than step b) makes the steps of a split sequence one unit, side by side, as packs
+    are without --dp-size (`pack_order.split_units`); dealt apart, the topological order of
+    `_steps_in_split_order` then put a sequence's full pieces (long) before its tail (short).
+    Keyed by the step's longest sequence with its split steps apart, 10 of 40 seeds of
+    sample_data at --dp-size 4 --micro-batches 2 were over the 0.05 bound (up to 0.15); so keyed
+    and linked, none is over 0.011 (docs/algorithms.md)."""
     num = len(bounds) - 1
     keys = pack_keys(plan, "mean" if spec.step_order == "mean" else "longest")
     step = np.repeat(np.arange(num), np.diff(bounds))

@@ -80,6 +80,10 @@ def stratified_permutation(keys: np.ndarray, rng: np.random.Generator, before: P
     sequence's first packs (full pieces, the longest) would always come before its last (a
     shorter tail with other sequences): a trend of length with position that grows with the
     number of split sequences (-0.02 over 5,916 packs with 200 of them).
+
+    `values` (default the ranks of `keys`): what the swaps bring uncorrelated with position,
+    |Pearson(position, values)| <= RHO_TARGET; the steps of --dp-size give the sums of their
+    packs' ranks (plan/balance.py `_step_priority`).
     """
     keys = np.asarray(keys, dtype=np.float64)
     unit_of, members = split_units(len(keys), before)
