@@ -72,3 +72,9 @@ def test_the_table_of_epochs_fits_with_its_headers_whole(tmp_path):
     for header in ("utilization", "Spearman overall", "same packs as epoch 0", "packs of 1 sequence"):
         assert header in text, header
     assert all(_pct(r["utilization"]) in text for r in report["epochs"])
+    # the report of one output: its overview and histograms
+    one = stats([str(out / "epoch-00000")])
+    for width in (80, 60):
+        text = _printed(one, width)
+        assert "…" not in text and max(len(line.rstrip()) for line in text.splitlines()) <= width
+        assert f"{one['tokens']:,}" in text and _pct(one["utilization"]) in text
