@@ -640,7 +640,7 @@ def _step_priority(plan: PackPlan, packs: np.ndarray, bounds: np.ndarray, spec: 
     are without --dp-size (`pack_order.split_units`); dealt apart, the topological order of
     `_steps_in_split_order` then put a sequence's full pieces (long) before its tail (short).
     Keyed by the step's longest sequence with its split steps apart, 10 of 40 seeds of
-    sample_data at --dp-size 4 --micro-batches 2 were over the 0.05 bound (up to 0.15); so keyed
+    sample_data at --dp-size 4 --micro-batches 2 are over the 0.05 bound (up to 0.15); so keyed
     and linked, none is over 0.011 (docs/algorithms.md)."""
     num = len(bounds) - 1
     keys = pack_keys(plan, "mean" if spec.step_order == "mean" else "longest")

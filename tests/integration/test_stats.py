@@ -576,9 +576,10 @@ def test_stats_of_several_epochs_summarises_each_and_their_overlap(sample_data, 
 
 def test_stats_flags_no_window_of_shuffled_steps(sample_data, tmp_path):
     """`pack sample_data --order shuffle --epochs 3 --dp-size 4 --micro-batches 2 --too-long split`:
-    steps are what the shuffle orders, and every epoch's packs stay within 0.05 (the third epoch
-    was at -0.118 and flagged); a window is counted by its steps, and one of fewer than 20 steps
-    is counted apart (`tiny_windows`, "under 20 steps")."""
+    steps are what the shuffle orders, and every epoch's packs stay within 0.05 (steps keyed by
+    their longest sequence alone put the third epoch at -0.118, flagged); a window is counted by
+    its steps, and one of fewer than 20 steps is counted apart (`tiny_windows`, "under 20
+    steps")."""
     from packctl.cli.render import _order_line
 
     _, out = pack_to(tmp_path, [sample_data], too_long="split", order="shuffle", epochs=3, dp_size=4, micro_batches=2)

@@ -179,10 +179,10 @@ def _reference_pack_spearman(result) -> float:
                                                               (4, 2, "order")])
 def test_shuffled_steps_hold_the_bound_over_their_packs_with_split_sequences(dp_size, micro_batches, grouping):
     """--order shuffle --dp-size: whole steps are shuffled, and the packs they hold, as written
-    (after the balance moved sequences between them), meet the bound too, with sequences split
+    (after the balance moves sequences between them), meet the bound too, with sequences split
     over steps (8 of 2,000 here, as sample_data has 7 at --capacity 4096). Keyed by each step's
     longest sequence and dealt apart from the steps of its split sequences, 10 of 40 seeds of
-    sample_data at (4, 2) were over 0.05 (up to 0.15)."""
+    sample_data at (4, 2) are over 0.05 (up to 0.15)."""
     capacity = 4096
     lengths = np.minimum(_lengths(2000, 7, capacity), capacity)
     lengths[np.random.default_rng(7).choice(len(lengths), 8, replace=False)] = capacity * 3 // 2
@@ -204,7 +204,7 @@ def test_the_steps_of_sample_data_hold_the_bound_under_dp_size():
     """`packctl pack sample_data --order shuffle --too-long split --dp-size 4 --micro-batches 2`
     (7 sequences split over steps): |Spearman| of the packs within 0.05 for every seed tried.
     Keyed by each step's longest sequence, the steps of a split sequence dealt apart, the worst
-    of these seeds was 0.073, and `packctl stats` flagged it."""
+    of these seeds is 0.073, which `packctl stats` flags."""
     from support.paths import SAMPLE_DATA
 
     from packctl.config import PackConfig
