@@ -86,17 +86,25 @@ def default_memory_budget() -> int:
         return 4 * 2**30
 
 
-def option(default: Any = dataclasses.MISSING, *, help: str, choices: tuple[str, ...] | None = None,
+# The groups of `packctl pack --help`, in the order it shows them; every option names its own.
+PANELS = ("Input", "Packing", "Order", "Balance", "Output", "Run")
+
+
+def option(default: Any = dataclasses.MISSING, *, help: str, panel: str, choices: tuple[str, ...] | None = None,
            shown_default: str | None = None, flag: str | None = None, short: str | None = None,
-           switch: bool = False, cli: type | None = None, factory: Any = dataclasses.MISSING,
-           planning: bool = False) -> Any:
+           metavar: str | None = None, switch: bool = False, cli: type | None = None,
+           factory: Any = dataclasses.MISSING, planning: bool = False) -> Any:
     """A PackConfig field with everything the CLI, the TOML file and the validation need: its help,
-    its choices, its default (`shown_default` where the real one depends on other options), the
-    flag when it is not `--field-name`, a short flag, `switch` for --x/--no-x booleans, the
-    type typed on the command line (`cli`) when it is not the field's, and `planning` when it
-    changes which packs `pack` plans (then `packctl stats INPUT` takes it too, for its what-if)."""
-    metadata = {"help": help, "choices": choices, "shown_default": shown_default, "flag": flag, "short": short,
-                "switch": switch, "cli": cli, "planning": planning}
+    its group in --help (`panel`, one of PANELS), its choices, its default (`shown_default` where
+    the real one depends on other options), the flag when it is not `--field-name`, a short flag,
+    the name of its value in --help (`metavar`: `--limit COL=N`; N, NUMBER or TEXT by its type
+    otherwise), `switch` for --x/--no-x booleans, the type typed on the command line (`cli`) when
+    it is not the field's, and `planning` when it changes which packs `pack` plans (then
+    `packctl stats INPUT` takes it too, for its what-if)."""
+    if panel not in PANELS:
+        raise ValueError(f"panel {panel!r}: one of {PANELS}")
+    metadata = {"help": help, "panel": panel, "choices": choices, "shown_default": shown_default, "flag": flag,
+                "short": short, "metavar": metavar, "switch": switch, "cli": cli, "planning": planning}
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -108,122 +116,122 @@ class PackConfig:
     `packctl pack --help` prints, and the field name is the flag (`too_long` -> `--too-long`) and the
     TOML key (either spelling)."""
 
-    inputs: list[str] = option(factory=list, help="Parquet files, directories (every *.parquet below) or globs.")
-    output: str = option("", help="Output directory OUT (required); refused if it exists unless --overwrite.",
+    inputs: list[str] = option(panel="Input", factory=list, help="Parquet files, directories (every *.parquet below) or globs.")
+    output: str = option("", panel="Output", metavar="OUT", help="Output directory OUT (required); refused if it exists unless --overwrite.",
                          short="-o")
-    capacity: int = option(4096, help="Tokens per pack (the bin size).")
-    algorithm: str = option("bfd", planning=True, choices=ALGORITHMS, help="Packing algorithm (docs/algorithms.md).")
-    pool_size: int = option(128, planning=True, help="Items waiting in the pool of --algorithm pool (at most this many packs of "
+    capacity: int = option(4096, panel="Packing", help="Tokens per pack (the bin size).")
+    algorithm: str = option("bfd", panel="Packing", planning=True, choices=ALGORITHMS, help="Packing algorithm (docs/algorithms.md).")
+    pool_size: int = option(128, panel="Packing", planning=True, help="Items waiting in the pool of --algorithm pool (at most this many packs of "
                                       "reordering).")
-    pool_strategy: str = option("closest", planning=True, choices=PoolStrategy.values(),
+    pool_strategy: str = option("closest", panel="Packing", planning=True, choices=PoolStrategy.values(),
                                 help="--algorithm pool places the largest item that fits, or the oldest.")
-    order: str = option("input", planning=True, choices=Order.values(),
+    order: str = option("input", panel="Order", planning=True, choices=Order.values(),
                         help="Sequence order: as read, seeded shuffle, or by padded length (ties by global id).")
-    curriculum_order: str = option("asc", planning=True, choices=CurriculumOrder.values(), help="Direction of --order curriculum.")
-    pack_order: str = option("auto", planning=True, choices=PackOrder.values(),
+    curriculum_order: str = option("asc", panel="Order", planning=True, choices=CurriculumOrder.values(), help="Direction of --order curriculum.")
+    pack_order: str = option("auto", panel="Order", planning=True, choices=PackOrder.values(),
                              help="Order of each window's packs (with --dp-size, steps): auto (shuffle with --order "
                                   "shuffle, else planner), planner (as the algorithm opens them), shuffle (stratified, "
                                   "seeded), longest or mean (ascending by the longest or mean sequence).")
-    seed: int = option(0, planning=True, help="Seed of --order shuffle, of --algorithm ffs and of step grouping.")
-    epochs: int = option(1, help="Epochs to write, each a full pass in its own shuffled order and packing, one "
+    seed: int = option(0, panel="Order", planning=True, help="Seed of --order shuffle, of --algorithm ffs and of step grouping.")
+    epochs: int = option(1, panel="Order", help="Epochs to write, each a full pass in its own shuffled order and packing, one "
                                  "output each (OUT/epoch-00000, ...; docs/training.md); needs --order shuffle.")
-    window: int = option(100_000, planning=True, help="Sequences per planning window (global positions; each window is packed "
+    window: int = option(100_000, panel="Packing", planning=True, help="Sequences per planning window (global positions; each window is packed "
                                        "on its own).")
-    cp_size: int = option(1, planning=True, help="Context-parallel size; with cp > 1 each sequence is padded to a multiple of "
+    cp_size: int = option(1, panel="Packing", planning=True, help="Context-parallel size; with cp > 1 each sequence is padded to a multiple of "
                                   "2*cp (Transformer Engine's THD split into 2*cp chunks).")
-    tp_size: int = option(1, planning=True, help="Tensor-parallel size; with --sequence-parallel each sequence is padded to a "
+    tp_size: int = option(1, panel="Packing", planning=True, help="Tensor-parallel size; with --sequence-parallel each sequence is padded to a "
                                   "multiple of cp*tp.")
-    sequence_parallel: bool = option(True, planning=True, switch=True, help="Megatron sequence parallelism is on (with --tp-size "
+    sequence_parallel: bool = option(True, panel="Packing", planning=True, switch=True, help="Megatron sequence parallelism is on (with --tp-size "
                                                              "> 1): each CP rank's share of a sequence splits "
                                                              "evenly over the tp ranks.")
-    seq_multiple: int = option(1, planning=True, help="Extra per-sequence length multiple (e.g. 8 or 64 for kernels that like "
+    seq_multiple: int = option(1, panel="Packing", planning=True, help="Extra per-sequence length multiple (e.g. 8 or 64 for kernels that like "
                                        "aligned lengths).")
-    pad_to: str = option("capacity", planning=True, choices=PadTo.values(),
+    pad_to: str = option("capacity", panel="Packing", planning=True, choices=PadTo.values(),
                          help="Every pack exactly --capacity tokens, or rounded up to --pack-multiple.")
-    pack_multiple: int | None = option(None, planning=True, shown_default="the alignment",
+    pack_multiple: int | None = option(None, panel="Packing", planning=True, shown_default="the alignment",
                                        help="Pack length multiple for --pad-to multiple.")
-    pad_token_id: int = option(0, help="Token id written into padding.")
-    max_seqs_per_bin: int | None = option(None, planning=True, help="At most this many sequences in a pack.",
+    pad_token_id: int = option(0, panel="Output", help="Token id written into padding.")
+    max_seqs_per_bin: int | None = option(None, panel="Packing", planning=True, help="At most this many sequences in a pack.",
                                           shown_default="no limit")
-    too_long: str = option("error", planning=True, choices=TooLong.values(),
+    too_long: str = option("error", panel="Packing", planning=True, choices=TooLong.values(),
                            help="What to do with a sequence longer than the capacity.")
-    tokens_column: str = option("input_ids", planning=True, help="Input column of token ids.")
-    labels_column: str | None = option(None, shown_default="labels if every input file has it, else the tokens",
+    tokens_column: str = option("input_ids", panel="Input", metavar="COL", planning=True, help="Input column of token ids.")
+    labels_column: str | None = option(None, panel="Input", metavar="COL", shown_default="labels if every input file has it, else the tokens",
                                        help="Input column of labels.")
-    keep_columns: list[str] = option(factory=list, shown_default="none",
+    keep_columns: list[str] = option(panel="Input", metavar="COL", factory=list, shown_default="none",
                                      help="Input columns carried into the packs, one value per sequence, as list "
                                           "columns aligned with sample_ids (repeat the flag for several).")
-    weight_column: str | None = option(None, shown_default="none",
+    weight_column: str | None = option(None, panel="Input", metavar="COL", shown_default="none",
                                        help="Input column of one float weight per sequence, written per pack as "
                                             "seq_weights (aligned with sample_ids) for packctl.torch.loss_fn.")
-    limits: dict[str, int] = option(factory=dict, planning=True, flag="--limit", cli=list, shown_default="none",
+    limits: dict[str, int] = option(panel="Packing", metavar="COL=N", factory=dict, planning=True, flag="--limit", cli=list, shown_default="none",
                                     help="COL=N: every pack holds at most N of the integer input column COL (images, "
                                          "image tokens, any per-sample cost) summed over its sequences, beside "
                                          "--capacity; repeat for several budgets. Written per sequence as COL and per "
                                          "pack as COL_sum (docs/cli.md#limits).")
-    group_column: str | None = option(None, planning=True, shown_default="none",
+    group_column: str | None = option(None, panel="Input", metavar="COL", planning=True, shown_default="none",
                                       help="Input column naming each row's group (preference pairs, rollouts of one "
                                            "prompt): a run of consecutive rows with one value is kept whole in one "
                                            "pack, in input order, or one step (--group-scope; "
                                            "docs/algorithms.md#groups).")
-    group_scope: str = option("pack", planning=True, choices=GroupScope.values(),
+    group_scope: str = option("pack", panel="Packing", planning=True, choices=GroupScope.values(),
                               help="Where a group is kept whole: one pack (members adjacent, in input order), or "
                                    "one optimizer step (members in any packs of the step: groups larger than a "
                                    "pack; needs --dp-size).")
-    shard_rows: int = option(1024, help="Packs per output Parquet shard.")
-    plan_only: bool = option(False, switch=True,
+    shard_rows: int = option(1024, panel="Output", help="Packs per output Parquet shard.")
+    plan_only: bool = option(False, panel="Output", switch=True,
                              help="Write a plan: every column but the token columns, and where each piece's "
                                   "tokens are in the source (seq_starts), a few percent of the bytes. The loader reads "
                                   "its tokens from the source; packctl materialize writes the full output "
                                   "(docs/format.md#plans).")
-    skip_empty: bool = option(False, planning=True, switch=True, help="Leave empty sequences out instead of refusing them; they "
+    skip_empty: bool = option(False, panel="Input", planning=True, switch=True, help="Leave empty sequences out instead of refusing them; they "
                               "are counted in the manifest (sequences_skipped_empty, among sequences_dropped).")
-    overwrite: bool = option(False, switch=True, help="Replace an existing OUT.")
-    memory_budget: int | str | None = option(None, cli=str, shown_default="a quarter of RAM",
+    overwrite: bool = option(False, panel="Output", switch=True, help="Replace an existing OUT.")
+    memory_budget: int | str | None = option(None, panel="Run", metavar="SIZE", cli=str, shown_default="a quarter of RAM",
                                              help="Decoded tokens held in memory at once, e.g. 8GiB (per rank).")
-    resume: bool = option(False, switch=True, help="Continue an interrupted run of the same command and inputs, "
+    resume: bool = option(False, panel="Run", switch=True, help="Continue an interrupted run of the same command and inputs, "
                           "keeping the shards it finished; on an OUT that already holds this command's output, "
                           "exit 0 \"already complete\" (docs/errors.md).")
-    token_transfer: str = option("auto", choices=TokenTransfer.values(),
+    token_transfer: str = option("auto", panel="Run", choices=TokenTransfer.values(),
                                  help="Under MPI, how a rank gets the tokens of the packs it writes: sent by the rank "
                                       "that scanned their block, or read by itself (a filesystem every rank sees); "
                                       "auto reads when that decodes little more than the input "
                                       "(docs/distributed.md).")
-    mode: str = option("pack", planning=True, choices=Mode.values(),
+    mode: str = option("pack", panel="Packing", planning=True, choices=Mode.values(),
                        help="THD packs, or padded micro-batches (dynamic batching: sequences sorted by length in "
                             "each window, grouped while rows x padded length <= --max-tokens; docs/format.md).")
-    max_tokens: int | None = option(None, planning=True, shown_default="--capacity",
+    max_tokens: int | None = option(None, panel="Packing", planning=True, shown_default="--capacity",
                                     help="Batch mode: tokens of a padded micro-batch, rows x padded length.")
-    seq_round: int = option(1, planning=True, help="Batch mode: round a micro-batch's padded length up to this multiple.")
-    shape_buckets: int | None = option(None, planning=True, help="At most K distinct padded lengths (batch mode) or pack lengths "
+    seq_round: int = option(1, panel="Packing", planning=True, help="Batch mode: round a micro-batch's padded length up to this multiple.")
+    shape_buckets: int | None = option(None, panel="Packing", planning=True, help="At most K distinct padded lengths (batch mode) or pack lengths "
                                                   "(--pad-to multiple), chosen for least padding: few shapes for "
                                                   "torch.compile.")
-    warmup_shapes: bool = option(False, planning=True, switch=True, help="With --dp-size: the first steps show every shape to "
+    warmup_shapes: bool = option(False, panel="Balance", planning=True, switch=True, help="With --dp-size: the first steps show every shape to "
                                                           "every rank, so each shape compiles up front.")
-    dp_size: int | None = option(None, planning=True, help="Data-parallel ranks: give every pack a step, dp_rank and micro_batch "
+    dp_size: int | None = option(None, panel="Balance", planning=True, help="Data-parallel ranks: give every pack a step, dp_rank and micro_batch "
                                             "(docs/balancing.md); needs --micro-batches or --step-tokens.")
-    micro_batches: int | None = option(None, planning=True, help="Packs per rank per optimizer step.")
-    step_tokens: int | None = option(None, planning=True, help="Instead of --micro-batches: close a step once it holds this many "
+    micro_batches: int | None = option(None, panel="Balance", planning=True, help="Packs per rank per optimizer step.")
+    step_tokens: int | None = option(None, panel="Balance", planning=True, help="Instead of --micro-batches: close a step once it holds this many "
                                                 "tokens (steps of varying size).")
-    balance: str = option("attention", planning=True, choices=Cost.values(),
+    balance: str = option("attention", panel="Balance", planning=True, choices=Cost.values(),
                           help="Cost shared out evenly over ranks (attention: a*L + L^2 per sequence).")
     balance_cost: str | None = option(
-        None, planning=True, help="With --dp-size and --limit COL=N: also share out the sum of COL (vision work: "
+        None, panel="Balance", metavar="COL", planning=True, help="With --dp-size and --limit COL=N: also share out the sum of COL (vision work: "
                                   "images, image tokens) evenly over ranks and micro-batches, with the --balance "
                                   "cost (docs/balancing.md).")
-    attn_coeff: float = option(0.0, planning=True, help="a of the attention cost a*L + L^2 (12 x hidden size weighs per-token "
+    attn_coeff: float = option(0.0, panel="Balance", planning=True, help="a of the attention cost a*L + L^2 (12 x hidden size weighs per-token "
                                          "and attention FLOPs alike; 0: attention alone).")
-    balance_scope: str = option("sequences", planning=True, choices=BalanceScope.values(),
+    balance_scope: str = option("sequences", panel="Balance", planning=True, choices=BalanceScope.values(),
                                 help="Share whole packs out, or also move single sequences between a step's packs.")
-    step_grouping: str = option("cost", planning=True, choices=StepGrouping.values(),
+    step_grouping: str = option("cost", panel="Balance", planning=True, choices=StepGrouping.values(),
                                 help="Steps of packs of similar cost (in a seeded order), or of consecutive packs.")
-    equal_counts: bool = option(True, planning=True, switch=True, help="Same number of packs for every rank in every step "
+    equal_counts: bool = option(True, panel="Balance", planning=True, switch=True, help="Same number of packs for every rank in every step "
                                                         "(packs are split to make up the count).")
-    lr_scaling: str = option("none", planning=True, choices=LrScaling.values(),
+    lr_scaling: str = option("none", panel="Balance", planning=True, choices=LrScaling.values(),
                              help="Record lr_scale = (batch / --ref-batch-size)^p per step.")
-    ref_batch_size: float | None = option(None, planning=True, shown_default="the mean batch",
+    ref_batch_size: float | None = option(None, panel="Balance", planning=True, shown_default="the mean batch",
                                           help="Batch size the learning rate was tuned for, in --batch-unit.")
-    batch_unit: str = option("tokens", planning=True, choices=BatchUnit.values(), help="What a batch size counts.")
+    batch_unit: str = option("tokens", panel="Balance", planning=True, choices=BatchUnit.values(), help="What a batch size counts.")
 
     @property
     def balanced(self) -> bool:
@@ -626,7 +634,46 @@ def _type_problem(name: str, value: Any) -> str | None:
     wanted, accepts = _TYPES[declared.removesuffix(" | None")]
     if accepts(value):
         return None
+    if name in _COUNTS:
+        wanted = f"{wanted} of {_COUNTS[name]}"
     return _LISTS.get(name, wanted) + (" (or unset)" if optional else "")
+
+
+# What a whole-number option counts, named where a value is not one: `--capacity 4096.5: must be
+# a whole number of tokens`.
+_COUNTS = {"capacity": "tokens", "max_tokens": "tokens", "step_tokens": "tokens", "pack_multiple": "tokens",
+           "seq_multiple": "tokens", "seq_round": "tokens", "window": "sequences", "max_seqs_per_bin": "sequences",
+           "pool_size": "sequences", "shard_rows": "packs", "micro_batches": "packs", "shape_buckets": "shapes",
+           "epochs": "epochs", "cp_size": "ranks", "tp_size": "ranks", "dp_size": "ranks"}
+
+
+def from_command_line(name: str, text: str) -> Any:
+    """The value of PackConfig's number option `name` as typed on the command line: a whole number
+    for a whole-number option, any number Python writes for a number option; other text is kept as
+    typed, and validate() refuses it in the words it has for a value of the wrong type from a
+    --config file or the Python API alike (`check_types`):
+
+        >>> from_command_line("capacity", "4096"), from_command_line("attn_coeff", "1e-3")
+        (4096, 0.001)
+        >>> from_command_line("capacity", "4096.0")   # -> --capacity '4096.0': must be a whole number of tokens
+        '4096.0'
+    """
+    declared = FIELDS[name].type.removesuffix(" | None")
+    if declared == "int" and re.fullmatch(r"[+-]?[0-9]+", text.replace("_", "")):  # ASCII digits, as int() needs
+        return int(text)
+    if declared == "float" and re.fullmatch(r"[+-]?([0-9_.]+([eE][+-]?[0-9]+)?|inf|infinity|nan)", text.strip().lower()):
+        try:
+            return float(text)
+        except ValueError:
+            return text
+    return text
+
+
+def command_line_values(flags: dict[str, Any]) -> dict[str, Any]:
+    """PackConfig field values from the flags of a command: each number option's text read by
+    `from_command_line` (None: not given)."""
+    return {name: from_command_line(name, value) if isinstance(value, str) and FIELDS[name].type.removesuffix(
+        " | None") in ("int", "float") else value for name, value in flags.items()}
 
 
 # The range of each whole-number option, and why its bound: (lowest, highest, why). The others are

@@ -9,6 +9,7 @@ import re
 import sys
 import traceback
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator, get_args, get_origin
 
 import typer
@@ -74,21 +75,87 @@ def _take_plain_values(params: list) -> list:
 
 
 class Command(TyperCommand):
-    """A packctl command: typer's, taking plain option values as they are (`_PlainValues`).
-    Every command registers with `@app.command(NAME, cls=Command)`."""
+    """A packctl command: typer's, taking plain option values as they are (`_PlainValues`), with
+    its --help in groups (each option's `rich_help_panel`: Input, Packing, ... for `pack`) and
+    values named as a user types them (`--capacity N`, `--output OUT`, `INPUT...`), not as
+    Python types. Every command registers with `@app.command(NAME, cls=Command)`."""
 
     def get_params(self, ctx):
-        return _take_plain_values(super().get_params(ctx))
+        return _readable(_take_plain_values(super().get_params(ctx)))
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        """`[OPTIONS] PLAN`, `[OPTIONS] [INPUT...]`: an optional argument in brackets."""
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                name = _argument_name(param)
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+    def format_options(self, ctx, formatter) -> None:
+        """Arguments, then the options panel by panel (config.PANELS order), then the others
+        under "Options"."""
+        from packctl.config import PANELS
+
+        arguments, panels = [], {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                arguments.append((_argument_name(param), record[1]))
+            else:
+                panels.setdefault(getattr(param, "rich_help_panel", None) or "Options", []).append(record)
+        if arguments:
+            with formatter.section("Arguments"):
+                formatter.write_dl(arguments)
+        for title in sorted(panels, key=lambda t: PANELS.index(t) if t in PANELS else len(PANELS)):
+            with formatter.section(title):
+                formatter.write_dl(panels[title])
+
+
+# How --help names the value of an option by its type, where the option names none itself.
+_METAVARS = {int: "N", float: "NUMBER", str: "TEXT", Path: "PATH"}
+
+
+def _readable(params: list) -> list:
+    for param in params:
+        descriptor = getattr(param, "type_descriptor", None)
+        if param.param_type_name == "option" and param.metavar is None and not param.is_flag and descriptor:
+            param.metavar = _METAVARS.get(descriptor.annotation, "TEXT")
+    return params
+
+
+def _argument_name(param) -> str:
+    """An argument as --help and the usage line name it: its metavar, else its name in capitals;
+    `...` when it takes several."""
+    name = param.metavar or param.name.upper()
+    return name if param.nargs == 1 or name.endswith("...") else f"{name}..."
 
 
 class _Group(TyperGroup):
-    """The `packctl` group (its own options: --version, --help, completion), as `Command`."""
+    """The `packctl` group (its own options: --version, --help, completion), as `Command`; its
+    list of commands gives each command's first sentence whole, wrapped to the terminal."""
 
     def get_params(self, ctx):
-        return _take_plain_values(super().get_params(ctx))
+        return _readable(_take_plain_values(super().get_params(ctx)))
+
+    def format_commands(self, ctx, formatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=_SENTENCE)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+_SENTENCE = 1_000  # characters: a command's first sentence, never cut
 
 
 app = typer.Typer(cls=_Group, add_completion=True, no_args_is_help=True, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Pack variable-length tokenized Parquet datasets into THD shards for LLM training.")
 
 

@@ -21,13 +21,15 @@ VERIFY_BACKENDS = ("flash-attn", "torch-varlen", "flex", "sdpa")
 def choice(values) -> dict:
     """typer.Option arguments for an option with a fixed set of values: --help shows them
     (`[input|shuffle|curriculum]`) and shell completion offers them. A value outside them is
-    refused by the option's own check (one line naming the option and the choices, exit 2)."""
+    refused by the option's own check (one line naming the option and the choices, exit 2).
+    Completion is typer's `autocompletion` (a callback taking the word typed so far):
+    `--too-long tr` -> `truncate`."""
     values = tuple(values)
 
-    def complete(ctx, param, incomplete: str) -> list[str]:
+    def complete(incomplete: str) -> list[str]:
         return [v for v in values if v.startswith(incomplete)]
 
-    return {"metavar": f"[{'|'.join(values)}]", "shell_complete": complete}
+    return {"metavar": f"[{'|'.join(values)}]", "autocompletion": complete}
 
 
 def config_options(names) -> list[inspect.Parameter]:
@@ -38,17 +40,24 @@ def config_options(names) -> list[inspect.Parameter]:
         meta = FIELDS[name].metadata
         flag = meta["flag"] or f"--{name.replace('_', '-')}"
         decls = [f"{flag}/--no-{flag[2:]}" if meta["switch"] else flag] + ([meta["short"]] if meta["short"] else [])
-        kind = meta["cli"] or _CLI_TYPES[str(FIELDS[name].type).replace(" | None", "")]
+        declared = str(FIELDS[name].type).replace(" | None", "")
+        kind = meta["cli"] or _CLI_TYPES[declared]
         if kind is list:  # a repeated flag: --keep-columns a --keep-columns b
             kind = List[str]
         choices = choice(meta["choices"]) if meta["choices"] else {}
-        option = typer.Option(None, *decls, help=option_help(name, with_choices=not choices), **choices)
+        if meta["metavar"] or declared in _NUMBERS:
+            choices["metavar"] = meta["metavar"] or _NUMBERS[declared]
+        option = typer.Option(None, *decls, help=option_help(name, with_choices=not choices),
+                              rich_help_panel=meta["panel"], **choices)
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
                                         default=option))
     return params
 
 
-_CLI_TYPES = {"int": int, "str": str, "bool": bool, "float": float, "list[str]": list}
+# Numbers are taken as typed and read by packctl (config.from_command_line), so that a value that
+# is not one is refused in the words a --config file and the Python API get (`--capacity 4096.5`).
+_CLI_TYPES = {"int": str, "str": str, "bool": bool, "float": str, "list[str]": list}
+_NUMBERS = {"int": "N", "float": "NUMBER"}
 
 
 def with_signature(params: list[inspect.Parameter]):

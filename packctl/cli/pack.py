@@ -11,7 +11,7 @@ import typer
 
 from packctl.cli.app import Command, StdoutFailed, app, console, fail, loading_modules, ranks_stop_together
 from packctl.cli.options import JSON_OUTPUT, QUIET, config_options, with_signature
-from packctl.config import FIELDS, build_config, load_config
+from packctl.config import FIELDS, build_config, command_line_values, load_config
 from packctl.errors import PackctlError
 
 _PACK_EXAMPLE = """Pack tokenized Parquet shards into THD packs.
@@ -26,7 +26,8 @@ _PACK_OWN = [
     inspect.Parameter("inputs", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[List[str]],
                       default=typer.Argument(None, metavar="INPUT...", help=FIELDS["inputs"].metadata["help"])),
     inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
-                      default=typer.Option(None, "--config", help="TOML file with any of these options.")),
+                      default=typer.Option(None, "--config", help="TOML file with any of these options.",
+                                           rich_help_panel="Run")),
 ]
 
 @app.command("pack", cls=Command, help=_PACK_EXAMPLE, no_args_is_help=True)
@@ -44,7 +45,7 @@ def pack_command(*, inputs: Optional[List[str]], config: Optional[Path], json_ou
     with ranks_stop_together(comm):
         try:
             file_values = load_config(config) if config is not None else {}
-            cfg = build_config(file_values, inputs=inputs or None, **options)
+            cfg = build_config(file_values, inputs=inputs or None, **command_line_values(options))
         except PackctlError as exc:
             exc.everywhere = True  # every rank reads the same file and flags: rank 0 says it once
             raise

@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import (BarColumn, Progress as RichProgressBar, ProgressColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
@@ -188,10 +189,9 @@ def pack_table(result: PackResult) -> Table:
             ("  tokens max/mean", f"{b['before']['tokens']['mean']:.3f} -> {b['after']['tokens']['mean']:.3f}"),
         ]
     if m.get("limits"):
-        from packctl.stats.packed import binding_budget  # here: --help loads no stats code
+        from packctl.stats.packed import binding_of  # here: --help loads no stats code
 
-        rows += limit_rows({**m, "layout": {"capacity": m["capacity"]},
-                            "binding": binding_budget(m["packs_at_capacity"], m["limits"])})
+        rows += limit_rows({**m, "layout": {"capacity": m["capacity"]}, "binding": binding_of(m)})
     rows += scale_out_rows(m.get("scale_out"))
     for key, value in rows:
         table.add_row(key, value)
@@ -227,24 +227,122 @@ def bar(value: float, top: float, width: int = BAR_WIDTH) -> str:
 
 
 def histogram_table(title: str, labels: list[str], counts: list[int], *, width: int = BAR_WIDTH,
-                    weights: list[int] | None = None) -> Table:
+                    weights: list[int] | None = None) -> Histogram:
     """Label, bar, count and share of each bucket (and the share of `weights`, e.g. tokens)."""
-    table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 1))
-    table.add_column(justify="right", style="dim")
-    table.add_column(style="cyan", no_wrap=True)
-    table.add_column(justify="right")
-    table.add_column(justify="right", style="dim")
-    if weights is not None:
-        table.add_column(justify="right")
-    total = sum(counts) or 1
-    weight_total = sum(weights or []) or 1
-    top = max(counts, default=0)
-    for k, (label, count) in enumerate(zip(labels, counts)):
-        cells = [label, bar(count, top, width), f"{count:,}", f"{count / total:.1%}"]
-        if weights is not None:
-            cells.append(f"{weights[k] / weight_total:.1%} of tokens")
-        table.add_row(*cells)
-    return table
+    return Histogram(title, labels, counts, width=width, weights=weights)
+
+
+class Histogram:
+    """A histogram table (`histogram_table`) drawn within the width it is printed in: its bars
+    are `width` cells at most, shorter where the terminal is narrow (at least `MIN_BAR`), so
+    that labels and numbers stay whole on one line."""
+
+    MIN_BAR = 4
+
+    def __init__(self, title: str, labels: list[str], counts: list[int], *, width: int = BAR_WIDTH,
+                 weights: list[int] | None = None) -> None:
+        self.title, self.labels, self.counts, self.width, self.weights = title, labels, counts, width, weights
+
+    def table(self, width: int) -> Table:
+        """The table with bars `width` cells long at most."""
+        table = Table(title=self.title, title_justify="left", show_header=False, box=None, padding=(0, 1))
+        table.add_column(justify="right", style="dim", overflow="fold")
+        table.add_column(style="cyan", no_wrap=True)
+        table.add_column(justify="right", overflow="fold")
+        table.add_column(justify="right", style="dim", overflow="fold")
+        if self.weights is not None:
+            table.add_column(justify="right", overflow="fold")
+        total = sum(self.counts) or 1
+        weight_total = sum(self.weights or []) or 1
+        top = max(self.counts, default=0)
+        for k, (label, count) in enumerate(zip(self.labels, self.counts)):
+            cells = [label, bar(count, top, width), f"{count:,}", f"{count / total:.1%}"]
+            if self.weights is not None:
+                cells.append(f"{self.weights[k] / weight_total:.1%} of tokens")
+            table.add_row(*cells)
+        return table
+
+    def _bar_width(self, console, options) -> int:
+        full = _natural_width(console, options, self.table(self.width))
+        return max(self.MIN_BAR, self.width - max(0, full - options.max_width))
+
+    def __rich_console__(self, console, options):
+        yield self.table(self._bar_width(console, options))
+
+    def __rich_measure__(self, console, options) -> Measurement:
+        widest = Measurement.get(console, options, self.table(self.width))
+        return Measurement(Measurement.get(console, options, self.table(self.MIN_BAR)).maximum, widest.maximum)
+
+
+class FittedTable:
+    """A rich Table (built as one: `add_column`, `add_row`) drawn within the width it is printed
+    in, no number cut: the columns that do not fit beside the others go to a second table (a
+    third ...), as many in each, each table repeating the first `keys` columns, which name the
+    rows. The what-if of the README at 60 columns:
+
+             C  algorithm    packs     +L2    util    effic
+         8,192  concat      30,276  +4,828  83.99%   84.05%
+        ...
+             C  algorithm       padding   split   plan
+         8,192  concat       39,709,039   2,458  0.01s
+
+    A cell wider than even its column beside the keys folds onto the next line, whole."""
+
+    def __init__(self, *, keys: int = 1, **options: Any) -> None:
+        self.keys, self.options = keys, options
+        self.columns: list[tuple[str, dict[str, Any]]] = []
+        self.rows: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+
+    def add_column(self, header: str = "", **options: Any) -> None:
+        self.columns.append((header, options))
+
+    def add_row(self, *cells: Any, **options: Any) -> None:
+        self.rows.append((cells, options))
+
+    def table(self, picked: list[int] | None = None, *, first: bool = True) -> Table:
+        """The table of the columns `picked` (all by default); the title only on the first."""
+        picked = list(range(len(self.columns))) if picked is None else picked
+        table = Table(**{**self.options, **({} if first else {"title": None})})
+        for k in picked:
+            header, options = self.columns[k]
+            table.add_column(header, **{**options, "no_wrap": False, "overflow": "fold"})
+        for cells, options in self.rows:
+            table.add_row(*(cells[k] if k < len(cells) else "" for k in picked), **options)
+        return table
+
+    def tables(self, console, options) -> list[Table]:
+        """As many tables as the width needs, the columns in their order."""
+        def fits(picked: list[int]) -> bool:
+            return _natural_width(console, options, self.table(picked)) <= options.max_width
+
+        every = list(range(len(self.columns)))
+        if fits(every):
+            return [self.table(every)]
+        keys, rest = every[:self.keys], every[self.keys:]
+        groups: list[list[int]] = [[]]
+        for k in rest:  # as many columns in each table as fit, in order
+            if groups[-1] and not fits(keys + groups[-1] + [k]):
+                groups.append([])
+            groups[-1].append(k)
+        size = -(-len(rest) // len(groups))  # as many tables, and as many columns in each as may be
+        even = [rest[i:i + size] for i in range(0, len(rest), size)]
+        if len(even) == len(groups) and all(fits(keys + group) for group in even):
+            groups = even
+        return [self.table(keys + group, first=i == 0) for i, group in enumerate(groups)]
+
+    def __rich_console__(self, console, options):
+        yield from self.tables(console, options)
+
+    def __rich_measure__(self, console, options) -> Measurement:
+        return Measurement.get(console, options, self.table())
+
+
+def _natural_width(console, options, table: Table) -> int:
+    """The width `table` takes where nothing bounds it (rich's measure stops at the width given)."""
+    return Measurement.get(console, options.update_width(_UNBOUNDED), table).maximum
+
+
+_UNBOUNDED = 100_000
 
 
 def _trimmed(edges: list, counts: list[int]) -> tuple[list, list[int]]:
@@ -320,13 +418,13 @@ def _order_line(q: dict[str, Any] | None) -> str:
         line += (f"; worst window |rho| {q['worst_abs_spearman']:.3f} (window {q['worst_window']}), "
                  f"{q['windows_over_bound']} of {sized} window(s) over {q['bound']:g}")
     if q["tiny_windows"]:
-        line += f"; {q['tiny_windows']} window(s) under {q['tiny_window_packs']} packs"
+        line += f"; {q['tiny_windows']} window(s) under {q['tiny_window_packs']} {q.get('window_unit', 'packs')}"
     return line
 
 
 def epochs_renderables(r: dict[str, Any]) -> list:
     """The OUT of `pack --epochs K`: one row per epoch, then how much each epoch repeats epoch 0."""
-    table = Table(title=f"packctl stats {r['path']}: {len(r['epochs'])} epochs", title_justify="left")
+    table = FittedTable(title=f"packctl stats {r['path']}: {len(r['epochs'])} epochs", title_justify="left")
     for column in ("epoch", "packs", "utilization", "Spearman overall", "worst window |rho|",
                    "same packs as epoch 0", "of 2+ sequences", "packs of 1 sequence"):
         table.add_column(column, justify="left" if column == "epoch" else "right")
@@ -405,7 +503,7 @@ def limit_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
 
     def binds(name: str) -> str:
         return " · binds" if binding == name else ""
-    rows = [("budgets", f"tokens and {', '.join(limits)}; binding: {binding or 'none (no pack at any limit)'}"),
+    rows = [("budgets", f"tokens and {', '.join(limits)}; binding: {binding or 'none (no packs)'}"),
             ("  tokens", f"capacity {r['layout']['capacity']:,}: utilization {_pct(r['utilization'])}, "
                          f"{r['packs_at_capacity']:,} packs at it ({r['packs_at_capacity'] / packs:.1%}){binds('tokens')}")]
     for name, f in limits.items():
@@ -419,7 +517,7 @@ def packed_renderables(r: dict[str, Any]) -> list:
 
     table = Table(title=f"packctl stats {r['path']}", show_header=False, title_justify="left")
     table.add_column(style="bold")
-    table.add_column()
+    table.add_column(overflow="fold")
     for key, value in packed_overview_rows(r):
         table.add_row(key, value)
     return [table, Columns([length_histogram_table(r["length_histogram"]),
@@ -433,8 +531,8 @@ def compare_renderables(r: dict[str, Any]) -> list:
     outputs = r["outputs"]
     table = Table(title="packctl stats: side by side", title_justify="left")
     table.add_column("", style="bold")
-    for o in outputs:
-        table.add_column(o["path"])
+    for o in outputs:  # side by side, the values wrapped at spaces, a word longer than its column folded
+        table.add_column(o["path"], overflow="fold")
     rows = [packed_overview_rows(o) for o in outputs]
     labels = list(dict.fromkeys(label for per in rows for label, _ in per))
     for label in labels:
@@ -444,12 +542,13 @@ def compare_renderables(r: dict[str, Any]) -> list:
     return [table, Columns(fills, padding=(0, 4)), Columns(lengths, padding=(0, 4))]
 
 
-def what_if_table(r: dict[str, Any]) -> Table:
+def what_if_table(r: dict[str, Any]) -> FittedTable:
     """One row per (capacity, algorithm), then padded batching; the best row bold green with a star.
 
     `+L2`: packs above the Martello-Toth lower bound (over whole groups with --group-column);
-    with --limit, each limited column's utilization and `binds`, the budget with the most packs
-    at it, instead of +L2, efficiency, padding, split and plan time;
+    with --limit, each limited column's utilization and `binds`, the budget whose total alone
+    needs the most packs (`binding_budget`), instead of +L2, efficiency, padding, split and plan
+    time;
     `no groups`: the packs of the same options without groups; `padding`: alignment + tail tokens;
     `DP imb`: with --dp-size, the slowest rank over the mean rank of the balanced cost, summed over
     steps (metrics.json `balance.after.<cost>.weighted`)."""
@@ -461,9 +560,9 @@ def what_if_table(r: dict[str, Any]) -> Table:
     limited = [name for name in next((row["limits"] for row in r["what_if"] if row.get("limits")), {})]
     title = f"what if: {r['sequences']:,} sequences" + (
         f" in {r['groups']['groups']:,} groups (--group-column {r['groups']['column']})" if grouped else "")
-    table = Table(title=title + ", " + ", ".join(
+    table = FittedTable(keys=2, title=title + ", " + ", ".join(
         f"--capacity {c['capacity']}" for c in r["capacities"]), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
-        padding=(0, 1), pad_edge=False)
+        padding=(0, 1), pad_edge=False, collapse_padding=True)
     # with --dp-size the balance replaces packing efficiency (close to utilization), to fit 80 columns
     # with --limit each budget's utilization and the binding one replace efficiency, padding, split
     # and plan time, to fit 80 columns, and +L2 (a bound of tokens alone, not of every budget)
@@ -497,7 +596,7 @@ def what_if_table(r: dict[str, Any]) -> Table:
 
 def _limit_cells(row: dict[str, Any]) -> tuple[str, ...]:
     """A what-if row's --limit cells: each limited column's utilization (in --limit order), and
-    the binding budget (the one with the most packs at it; `binding_budget`)."""
+    the binding budget (the one whose total alone needs the most packs; `binding_budget`)."""
     limits = row.get("limits") or {}
     return (*(f"{f['utilization']:.0%}" for f in limits.values()), row.get("binding") or "none")
 
@@ -509,7 +608,7 @@ def input_renderables(r: dict[str, Any]) -> list:
     head = Table(title=f"packctl stats: {len(r['inputs'])} file(s), column '{r['tokens_column']}'",
                  show_header=False, title_justify="left")
     head.add_column(style="bold")
-    head.add_column()
+    head.add_column(overflow="fold")
     head.add_row("sequences / tokens", f"{r['sequences']:,} / {r['tokens']:,}")
     head.add_row("lengths", _lengths_line(r["lengths"]))
     g = r.get("groups")

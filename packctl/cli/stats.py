@@ -10,7 +10,7 @@ import typer
 
 from packctl.cli.app import Command, app, console, fail, loading_modules
 from packctl.cli.options import config_options, with_signature
-from packctl.config import PLANNING_OPTIONS, load_config
+from packctl.config import PLANNING_OPTIONS, command_line_values, from_command_line, load_config
 from packctl.errors import PackctlError
 
 _STATS_EXAMPLE = """How good a packing is, or what-if planning before one (docs/stats.md).
@@ -34,8 +34,8 @@ _STATS_OWN = [
     inspect.Parameter("paths", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[List[str]],
                       default=typer.Argument(None, metavar="PATH...", help="Packed output(s), or raw Parquet files, "
                                                                            "directories or globs.")),
-    inspect.Parameter("capacity", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[List[int]],
-                      default=typer.Option(None, help="What-if capacity; repeat it to compare capacities "
+    inspect.Parameter("capacity", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[List[str]],
+                      default=typer.Option(None, metavar="N", help="What-if capacity; repeat it to compare capacities "
                                                       "(--capacity 4096 --capacity 8192).  [default: 4096]")),
     inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
                       default=typer.Option(None, "--config", help="TOML file of pack options for the what-if.")),
@@ -54,16 +54,16 @@ _STATS_REPORT = [
 
 @app.command("stats", cls=Command, help=_STATS_EXAMPLE)
 @with_signature(_STATS_OWN + config_options(PLANNING_OPTIONS) + _STATS_REPORT)
-def stats_command(*, paths: Optional[List[str]], capacity: Optional[List[int]], config: Optional[Path],
+def stats_command(*, paths: Optional[List[str]], capacity: Optional[List[str]], config: Optional[Path],
                   json_output: bool, plot: Optional[Path], verify_checksums: bool, **planning) -> None:
     with loading_modules():
         from packctl.cli.render import stats_renderables
         from packctl.stats import stats
 
     try:
-        report = stats(paths or [], capacities=capacity or None,
+        report = stats(paths or [], capacities=[from_command_line("capacity", c) for c in capacity or ()] or None,
                        file_values=load_config(config) if config is not None else {}, verify=verify_checksums,
-                       **planning)
+                       **command_line_values(planning))
         if plot is not None:
             from packctl.stats.plot import write_plot
 

@@ -62,7 +62,8 @@ def spearman(values: np.ndarray) -> float:
     return float((p * r).sum() / norm) if norm > 0 else 0.0
 
 
-def stratified_permutation(keys: np.ndarray, rng: np.random.Generator, before: Precedence | None = None) -> np.ndarray:
+def stratified_permutation(keys: np.ndarray, rng: np.random.Generator, before: Precedence | None = None,
+                           values: np.ndarray | None = None) -> np.ndarray:
     """A seeded order of n items (perm[position] = item) in which position says nothing about key.
 
     n < STRATIFY_MIN: a plain permutation. Otherwise, with B = ceil(sqrt(n)) blocks of positions:
@@ -79,6 +80,10 @@ def stratified_permutation(keys: np.ndarray, rng: np.random.Generator, before: P
     sequence's first packs (full pieces, the longest) would always come before its last (a
     shorter tail with other sequences): a trend of length with position that grows with the
     number of split sequences (-0.02 over 5,916 packs with 200 of them).
+
+    `values` (default the ranks of `keys`): what the swaps bring uncorrelated with position,
+    |Pearson(position, values)| <= RHO_TARGET; the steps of --dp-size give the sums of their
+    packs' ranks (plan/balance.py `_step_priority`).
     """
     keys = np.asarray(keys, dtype=np.float64)
     unit_of, members = split_units(len(keys), before)
@@ -96,7 +101,8 @@ def stratified_permutation(keys: np.ndarray, rng: np.random.Generator, before: P
     sizes = np.diff(members)
     fixed = None if n == len(keys) else (sizes[unit_of] > 1)[perm]
     block_sizes = np.bincount(block_of, weights=sizes, minlength=blocks).astype(np.int64)
-    return _decorrelate(perm, average_ranks(keys), block_sizes, fixed)
+    return _decorrelate(perm, average_ranks(keys) if values is None else np.asarray(values, np.float64), block_sizes,
+                        fixed)
 
 
 Precedence = np.ndarray  # int64 (k, 2): item [i, 0] must come before item [i, 1]
@@ -207,14 +213,15 @@ def _swap_within(perm: np.ndarray, r: np.ndarray, cov: float, norm: float, bound
 
 
 def window_permutation(keys: np.ndarray, pack_order: str, rng: np.random.Generator,
-                       before: Precedence | None = None) -> np.ndarray:
+                       before: Precedence | None = None, values: np.ndarray | None = None) -> np.ndarray:
     """The order of one window's packs (or steps), perm[position] = planner index, for `pack_order`;
-    the packs `before` links side by side in index order (`split_units`)."""
+    the packs `before` links side by side in index order (`split_units`). `values`: what the
+    shuffle leaves uncorrelated with position (default the ranks of `keys`)."""
     n = len(keys)
     if pack_order == "planner" or n < 2:
         return np.arange(n, dtype=np.int64)
     if pack_order == "shuffle":
-        return stratified_permutation(keys, rng, before)
+        return stratified_permutation(keys, rng, before, values)
     if pack_order in ("longest", "mean"):
         return unit_order(keys, before)
     raise ValueError(f"unknown pack order {pack_order!r}")

@@ -11,12 +11,15 @@ contract-conforming output whatever wrote it.
 
 An output packed with `--limit COL=N` (the manifest's `layout.limits`) has each pack's sum in
 `COL_sum`; the report gives each budget's utilization and packs at the limit (`limit_figures`,
-the `limits` and `packs_at_capacity` of metrics.json) and which budget binds (`binding`).
+the `limits` and `packs_at_capacity` of metrics.json) and which budget binds (`binding`: the one
+whose total alone needs the most packs).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +137,8 @@ def limit_figures(padded_loads: np.ndarray, capacity: int, limit_sums: dict[str,
     of the capacity), plus `binding` (`binding_budget`).
 
         capacity 10, padded loads [10, 4], images_sum [1, 8], limit 8
-        -> images: total 9, utilization 9/16, packs_at_limit 1; packs_at_capacity 1; binding tokens
+        -> images: total 9, utilization 9/16, packs_at_limit 1; packs_at_capacity 1;
+           binding tokens (14 tokens need 2 packs of 10, 9 images 2 packs of 8; 14/10 > 9/8)
     """
     packs = len(padded_loads)
     out: dict[str, Any] = {"limits": {}}
@@ -144,23 +148,39 @@ def limit_figures(padded_loads: np.ndarray, capacity: int, limit_sums: dict[str,
         out["limits"][name] = {"limit": int(limit), "total": total,
                                "utilization": total / (packs * limit) if packs else 0.0,
                                "packs_at_limit": int(np.count_nonzero(sums * 100 >= 99 * int(limit)))}
-    out["packs_at_capacity"] = int(np.count_nonzero(np.asarray(padded_loads, np.int64) * 100 >= 99 * int(capacity)))
-    out["binding"] = binding_budget(out["packs_at_capacity"], out["limits"])
+    loads = np.asarray(padded_loads, np.int64)
+    out["packs_at_capacity"] = int(np.count_nonzero(loads * 100 >= 99 * int(capacity)))
+    out["binding"] = binding_budget(int(loads.sum()), int(capacity), out["limits"])
     return out
 
 
-def binding_budget(packs_at_capacity: int, limits: dict[str, dict[str, Any]]) -> str | None:
-    """Which budget binds: the one with the most packs at it (>= 99%): "tokens" or a limited
-    column; None when no pack is at any. Ties go to tokens, then to the first in --limit order.
+def binding_budget(padded_tokens: int, capacity: int, limits: dict[str, dict[str, Any]]) -> str | None:
+    """Which budget binds: the one that alone needs the most packs, its lower bound
+    ceil(total / limit) (for tokens ceil(padded tokens / capacity), metrics.json's
+    lower_bound_packs), ties going to the fuller budget (total / limit, which is its utilization
+    times the packs), then to tokens, then to the first in --limit order. "tokens" or a limited
+    column; None when the packs hold nothing.
 
-        >>> binding_budget(3, {"images": {"packs_at_limit": 7}, "image_tokens": {"packs_at_limit": 7}})
-        'images'
+    The README's example (capacity 16,384, --limit images=8 --limit image_tokens=8192, 3,979
+    packs): tokens 42,936,921 -> 2,621 packs (65.9% full), images 18,168 -> 2,271 (57.1%),
+    image_tokens 31,502,016 -> 3,846 (96.6%): image_tokens binds, though no pack reaches 99% of
+    8,192 (tiles of 576 tokens stop at 8,064).
+
+    Each needs 3 packs below (28/10, 17/8, 23/8), and the image tokens are the fullest:
+
+        >>> binding_budget(28, 10, {"images": {"limit": 8, "total": 17}, "image_tokens": {"limit": 8, "total": 23}})
+        'image_tokens'
     """
-    most, binding = packs_at_capacity, "tokens" if packs_at_capacity else None
-    for name, figures in limits.items():
-        if figures["packs_at_limit"] > most:
-            most, binding = figures["packs_at_limit"], name
-    return binding
+    need = {"tokens": Fraction(padded_tokens, capacity)}  # packs needed, before rounding up
+    need.update((name, Fraction(f["total"], f["limit"])) for name, f in limits.items())
+    binding = max(need, key=lambda name: (math.ceil(need[name]), need[name]))  # the first of equals
+    return binding if need[binding] > 0 else None
+
+
+def binding_of(metrics: dict[str, Any]) -> str | None:
+    """`binding_budget` of a `_metrics.json` with `limits` (`pack`'s, or a what-if row)."""
+    padded = metrics["tokens"] + metrics["padding"]["alignment_tokens"]
+    return binding_budget(padded, metrics["capacity"], metrics["limits"])
 
 
 def _shard_arrays(path: Path, table: pa.Table, balance: tuple[str, ...], rows: int) -> dict[str, np.ndarray]:
@@ -291,7 +311,8 @@ def _packed_report(path: str | Path, *, attn_coeff: float | None = None,
     # how the ranks of an MPI run shared it: a fact of the run, not of the shards
     if _fits(recorded.get("scale_out"), SCALE_OUT_SHAPE):
         report["scale_out"] = recorded["scale_out"]
-    report["pack_order"] = order_quality(longest_per_pack(packed), window_of_pack(manifest, output.shards))
+    report["pack_order"] = order_quality(longest_per_pack(packed), window_of_pack(manifest, output.shards),
+                                         (packed.balance or {}).get(STEP))
     t2 = time.perf_counter()
     report["stats_seconds"] = {"read": t1 - t0, "compute": t2 - t1, "total": t2 - t0}
     return report, packed
@@ -323,12 +344,13 @@ def window_of_pack(manifest: dict[str, Any], shards: list) -> np.ndarray | None:
 ORDER_BOUND = 0.05  # the |Spearman| a window of --pack-order shuffle stays within (docs/cli.md)
 
 
-def order_quality(longest: np.ndarray, window: np.ndarray | None) -> dict[str, Any]:
+def order_quality(longest: np.ndarray, window: np.ndarray | None, step: np.ndarray | None = None) -> dict[str, Any]:
     """How much pack position says about pack length: Spearman's rank correlation of position and
     longest sequence, over the whole output and in each planning window (`window`: each pack's;
     None: not recorded, the whole output counts as one). Windows under TINY_WINDOW packs are
-    counted apart: a correlation over so few packs means nothing. Packs longest first give -1,
-    ascending +1, a shuffle about 0.
+    counted apart: a correlation over so few packs means nothing. With --dp-size (`step`: each
+    pack's) the shuffle orders whole steps, so a window counts by its steps: under TINY_WINDOW
+    steps it is counted apart. Packs longest first give -1, ascending +1, a shuffle about 0.
 
         longest [900 500 300 100], one window -> overall -1.0, worst_abs 1.0
     """
@@ -343,8 +365,8 @@ def order_quality(longest: np.ndarray, window: np.ndarray | None) -> dict[str, A
     starts = np.concatenate([[0], bounds]) if len(longest) else np.zeros(0, np.int64)
     ends = np.concatenate([bounds, [len(longest)]]) if len(longest) else np.zeros(0, np.int64)
     rhos = [spearman(longest[lo:hi]) for lo, hi in zip(starts.tolist(), ends.tolist())]
-    sized = [(abs(r), k) for k, (r, lo, hi) in enumerate(zip(rhos, starts.tolist(), ends.tolist()))
-             if hi - lo >= TINY_WINDOW]
+    units = [hi - lo if step is None else len(np.unique(step[lo:hi])) for lo, hi in zip(starts.tolist(), ends.tolist())]
+    sized = [(abs(r), k) for k, (r, size) in enumerate(zip(rhos, units)) if size >= TINY_WINDOW]
     worst = max(sized) if sized else None
     return {
         "spearman_overall": spearman(longest),
@@ -352,6 +374,7 @@ def order_quality(longest: np.ndarray, window: np.ndarray | None) -> dict[str, A
         "windows_recorded": recorded,
         "tiny_windows": len(rhos) - len(sized),
         "tiny_window_packs": TINY_WINDOW,
+        "window_unit": "packs" if step is None else "steps",
         "worst_abs_spearman": worst[0] if worst else None,
         "worst_window": worst[1] if worst else None,
         "windows_over_bound": sum(1 for r, _ in sized if r > ORDER_BOUND),

@@ -20,7 +20,7 @@ Martello-Toth bound over whole groups and the packs of the same options without 
 With `--limit COL=N` the limited columns are read in the same lazy scan as the lengths (one int64
 value per row and column, `LengthIndex.extra`), checked as `pack` checks them, and planned with
 them: each row has the `limits` and `packs_at_capacity` of pack's metrics.json, and `binding`,
-the budget with the most packs at their limit (`packctl.stats.packed.limit_figures`).
+the budget whose total alone needs the most packs (`packctl.stats.packed.binding_budget`).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from typing import Any, Iterable
 import numpy as np
 import polars as pl
 
-from packctl.config import PLANNING_OPTIONS, PackConfig  # noqa: F401  (PLANNING_OPTIONS re-exported)
+from packctl.config import PLANNING_OPTIONS, PackConfig, as_python  # noqa: F401  (PLANNING_OPTIONS re-exported)
 from packctl.errors import PackctlError
 from packctl.source import megatron
 from packctl.source.files import FileFingerprint, open_parquet
@@ -50,7 +50,7 @@ from packctl.pipeline.report import Corpus, assemble_metrics
 from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
 from packctl.stats.lazy import collect_streaming
-from packctl.stats.packed import binding_budget
+from packctl.stats.packed import binding_of
 from packctl.source.index import InputFile, RowsByGid, describe_gid, is_indexed
 
 
@@ -230,7 +230,7 @@ def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None 
     row, plan = assemble_metrics(specs.report, planned, corpus, group_starts=index.group_starts)
     row["fill_histogram"] = fill_histogram(plan.loads(padded=False), config.capacity)
     if "limits" in row:  # --limit: which budget binds (packctl.stats.packed.binding_budget)
-        row["binding"] = binding_budget(row["packs_at_capacity"], row["limits"])
+        row["binding"] = binding_of(row)
     row["plan_seconds"] = plan_seconds
     if index.group_starts is not None:
         row["group_cost"] = group_cost(index, config, plan, ungrouped)
@@ -305,7 +305,7 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     started = time.perf_counter()
     config = config or PackConfig()
     grouped = config.group_column is not None
-    capacities = list(dict.fromkeys(int(c) for c in capacities))
+    capacities = list(dict.fromkeys(as_python(c) for c in capacities))  # each checked below, as pack checks it
     if not capacities:
         raise PackctlError("no --capacity given: pass one or more, e.g. --capacity 4096 --capacity 8192")
     if grouped:  # the configured algorithm too (pack refuses --algorithm split with groups)

@@ -64,12 +64,13 @@ def packed(corpus, tmp_path_factory) -> Path:
 # packctl pack: every option's bad values
 
 PACK_BAD = [
-    # wrong type (the parser's own line)
-    (["--capacity", "abc"], "Invalid value for '--capacity'"),
-    (["--capacity", "4096.5"], "Invalid value for '--capacity'"),
+    # wrong type: the words a --config file and the API get (test_a_number_is_checked_alike_...)
+    (["--capacity", "abc"], "--capacity 'abc': must be a whole number of tokens"),
+    (["--capacity", "4096.5"], "--capacity '4096.5': must be a whole number of tokens"),
+    (["--capacity", "4096.0"], "--capacity '4096.0': must be a whole number of tokens"),
     (["--capacity"], "--capacity"),  # no value
-    (["--seed", "1e3"], "Invalid value for '--seed'"),
-    (["--attn-coeff", "x", "--dp-size", "2", "--micro-batches", "1"], "Invalid value for '--attn-coeff'"),
+    (["--seed", "1e3"], "--seed '1e3': must be a whole number"),
+    (["--attn-coeff", "x", "--dp-size", "2", "--micro-batches", "1"], "--attn-coeff 'x': must be a number"),
     (["--no-such-flag"], "No such option"),
     # zero and negative
     (["--capacity", "0"], "--capacity 0: must be a whole number >= 1"),
@@ -145,6 +146,28 @@ PACK_BAD = [
 def test_pack_refuses_a_bad_option_before_any_work(corpus, tmp_path, args, mention):
     out = tmp_path / "out"
     assert_clean_error(packctl("pack", corpus, "-o", out, *args), 2, mention)
+    assert_nothing_left(out)
+
+
+def test_a_number_is_checked_alike_on_the_command_line_in_a_config_file_and_the_api(corpus, tmp_path):
+    """`--capacity 4096.0` is refused as `capacity = 4096.0` in a --config file and
+    PackConfig(capacity=4096.0) are, in packctl's words: one check (PackConfig.check_types) for
+    the three; and `packctl.stats` takes no fractional capacity (it would be cut to 4096)."""
+    from packctl.stats import stats
+
+    out = tmp_path / "out"
+    command_line = assert_clean_error(packctl("pack", corpus, "-o", out, "--capacity", "4096.0"), 2,
+                                      "--capacity '4096.0': must be a whole number of tokens")
+    config = tmp_path / "pack.toml"
+    config.write_text("capacity = 4096.0\n")
+    in_file = assert_clean_error(packctl("pack", corpus, "-o", out, "--config", config), 2,
+                                 "capacity = 4096.0: must be a whole number of tokens")
+    with pytest.raises(PackctlError, match="^--capacity 4096.0: must be a whole number of tokens$"):
+        pack(PackConfig(inputs=[str(corpus)], output=str(out), capacity=4096.0))
+    with pytest.raises(PackctlError, match="^--capacity 4096.5: must be a whole number of tokens$"):
+        stats([str(corpus)], capacities=[4096.5])
+    for line in (command_line, in_file):
+        assert "Invalid value" not in line and "Input should be" not in line
     assert_nothing_left(out)
 
 
@@ -278,7 +301,7 @@ API_BAD = [
     ({"memory_budget": [1]}, "--memory-budget [1]: must be a size such as 4GiB"),
     ({"memory_budget": float("inf")}, "--memory-budget inf: not a finite size"),
     ({"attn_coeff": "1"}, "--attn-coeff '1': must be a number"),
-    ({"max_seqs_per_bin": 2.5}, "--max-seqs-per-bin 2.5: must be a whole number (or unset)"),
+    ({"max_seqs_per_bin": 2.5}, "--max-seqs-per-bin 2.5: must be a whole number of sequences (or unset)"),
     ({"pad_token_id": np.float32(0)}, "--pad-token-id 0.0: must be a whole number"),
 ]
 
@@ -437,6 +460,9 @@ STATS_BAD = [
     (["--pool-size", BIG], "--pool-size"),
     (["--seed", "-1"], "--seed -1: must be a whole number >= 0"),
     (["--too-long", "never"], "--too-long 'never': choose one of"),
+    (["--capacity", "4096.0"], "--capacity '4096.0': must be a whole number of tokens"),
+    (["--capacity", "64", "--capacity", "64.5"], "--capacity '64.5': must be a whole number of tokens"),
+    (["--window", "1e5"], "--window '1e5': must be a whole number of sequences"),
 ]
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from support.runs import run_cli
 from packctl.version import __version__
@@ -217,3 +218,58 @@ def test_pack_summary_shows_every_budget_and_the_samples_dropped_over_a_limit(tm
         assert f"limit {figures['limit']:,}: utilization" in proc.stdout, name
         assert f"({figures['total']:,} in all)" in proc.stdout, name
     assert "binding: " in proc.stdout
+
+
+def test_options_use_no_deprecated_typer_api():
+    """Building every command's options warns nothing from typer (its `shell_complete=` is
+    deprecated and on its way out; completion goes through `autocompletion=`)."""
+    import warnings
+
+    import click
+    import typer
+
+    from packctl.cli import app
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", category=DeprecationWarning, module=r"typer(\.|$)")
+        group = typer.main.get_command(app)
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            assert command.get_params(click.Context(command, parent=ctx, info_name=name))
+
+
+def test_help_groups_the_options_and_names_values_as_typed():
+    """`pack --help` at 80 columns: the options in their panels (config.PANELS), each value named
+    as it is typed (`--capacity N`, `--limit COL=N`), never as a Python type; `-h` is --help."""
+    from packctl.config import PANELS
+
+    env = {**os.environ, "COLUMNS": "80"}
+    proc = run_cli("pack", "--help", env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for title in ("Arguments", *PANELS):
+        assert f"{title}:" in lines, title
+    for python_type in ("list[str]", "<int>", "<str>", "<path>", "{", "<float>"):
+        assert python_type not in proc.stdout, python_type
+    assert "Usage: packctl pack [OPTIONS] [INPUT...]" in proc.stdout
+    for shown in ("--capacity N", "--limit COL=N", "-o, --output OUT", "--memory-budget SIZE"):
+        assert shown in proc.stdout, shown
+    packing = lines[lines.index("Packing:"):lines.index("Order:")]
+    assert any(line.lstrip().startswith("--too-long") for line in packing)
+    assert run_cli("pack", "-h", env=env).stdout == proc.stdout
+    for command in ("materialize", "stats", "verify", "export", "sample"):
+        shown = run_cli(command, "-h", env=env)
+        assert shown.returncode == 0 and shown.stdout.startswith(f"Usage: packctl {command}"), command
+        assert "<" not in shown.stdout.replace("<=", "") and "{" not in shown.stdout, command
+
+
+def test_command_list_gives_each_description_whole():
+    """`packctl --help` at 80 columns: each command's first sentence whole (wrapped), none cut
+    with "..."."""
+    proc = run_cli("-h", env={**os.environ, "COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    commands = proc.stdout.split("Commands:")[1]
+    assert "..." not in commands
+    assert "tokens read from the plan's source." in " ".join(commands.split())
+    assert all(len(line) <= 80 for line in proc.stdout.splitlines())

@@ -117,9 +117,10 @@ def test_stats_out_figures_are_the_sums_of_the_shards(vlm, tmp_path):
         assert f["packs_at_limit"] == at[name]
     at_capacity = sum(1 for lens in cols["seq_lens"] if sum(lens) * 100 >= 99 * 4096)  # align 1: padded = true
     assert report["packs_at_capacity"] == at_capacity
-    expected = max([("tokens", at_capacity), *at.items()], key=lambda kv: kv[1])[0] if max(
-        [at_capacity, *at.values()]) else None
-    assert report["binding"] == expected
+    assert report["binding"] == _binding_by_lower_bounds(sum(sum(lens) for lens in cols["seq_lens"]), 4096,
+                                                         {name: (sum(cols[f"{name}_sum"]), limit)
+                                                          for name, limit in limits.items()})
+    expected = report["binding"]
     # the rendered table names every budget and the binding one
     from packctl.cli.render import stats_renderables
     from rich.console import Console
@@ -129,6 +130,46 @@ def test_stats_out_figures_are_the_sums_of_the_shards(vlm, tmp_path):
     text = console.export_text()
     assert "budgets" in text and f"binding: {expected}" in text
     assert "limit 1,728: utilization" in text and "· binds" in text
+
+
+def _binding_by_lower_bounds(padded_tokens: int, capacity: int, budgets: dict[str, tuple[int, int]]) -> str:
+    """The reference: the budget that alone needs the most packs, ceil(total / limit); among equals
+    the fullest (total / limit), then tokens, then the first limit."""
+    import math
+
+    needs = [("tokens", padded_tokens, capacity), *((name, t, n) for name, (t, n) in budgets.items())]
+    best = needs[0]
+    for need in needs[1:]:
+        name, total, limit = need
+        if (math.ceil(total / limit), total * best[2]) > (math.ceil(best[1] / best[2]), best[1] * limit):
+            best = need
+    return best[0]
+
+
+def test_binding_budget_is_the_one_that_sets_the_pack_count(tmp_path):
+    """The README's multimodal example, smaller: 576-token tiles stop a pack at 8,064 image tokens,
+    under 99% of --limit image_tokens=8192, so no pack is "at" that limit; yet the image tokens
+    need the most packs (ceil(total / 8192)) and fill 96% of their budget while tokens fill 66%:
+    image_tokens binds, in the what-if, in `pack`'s summary and in `stats OUT`."""
+    from rich.console import Console
+
+    from packctl.cli.render import pack_table
+
+    corpus = tmp_path / "vlm"
+    write_sample(corpus, SampleSpec(sequences=2000, shards=2, max_length=8192, modality="image", max_tiles=5))
+    options = dict(capacity=16384, limits={"images": 8, "image_tokens": 8192}, too_long="drop", algorithm="bfd")
+    row = input_stats([str(corpus)], [16384], PackConfig(**{k: v for k, v in options.items() if k != "capacity"}),
+                      algorithms=["bfd"])["what_if"][0]
+    image_tokens = row["limits"]["image_tokens"]
+    assert image_tokens["packs_at_limit"] == 0 and image_tokens["utilization"] > 0.9 > 0.7 > row["utilization"]
+    assert row["binding"] == "image_tokens" == _binding_by_lower_bounds(
+        row["tokens"] + row["padding"]["alignment_tokens"], 16384,
+        {name: (f["total"], f["limit"]) for name, f in row["limits"].items()})
+    result, out = pack_to(tmp_path, [corpus], **options)
+    assert packed_stats(out)["binding"] == "image_tokens"
+    screen = Console(width=120, record=True, file=io.StringIO())
+    screen.print(pack_table(result))
+    assert "binding: image_tokens" in screen.export_text()
 
 
 def test_stats_json_of_an_output_with_limits(vlm, tmp_path):

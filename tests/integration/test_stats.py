@@ -572,3 +572,24 @@ def test_stats_of_several_epochs_summarises_each_and_their_overlap(sample_data, 
     assert report["overlap"][0]["same_as_epoch_0"] == 1.0
     table = packctl("stats", str(out))
     assert table.code == 0 and "epochs" in table.stdout and "same" in table.stdout
+
+
+def test_stats_flags_no_window_of_shuffled_steps(sample_data, tmp_path):
+    """`pack sample_data --order shuffle --epochs 3 --dp-size 4 --micro-batches 2 --too-long split`:
+    steps are what the shuffle orders, and every epoch's packs stay within 0.05 (steps keyed by
+    their longest sequence alone put the third epoch at -0.118, flagged); a window is counted by
+    its steps, and one of fewer than 20 steps is counted apart (`tiny_windows`, "under 20
+    steps")."""
+    from packctl.cli.render import _order_line
+
+    _, out = pack_to(tmp_path, [sample_data], too_long="split", order="shuffle", epochs=3, dp_size=4, micro_batches=2)
+    report = stats([str(out)])
+    for epoch in report["epochs"]:
+        q = epoch["pack_order"]
+        assert q["window_unit"] == "steps" and q["tiny_windows"] == 0
+        assert q["windows_over_bound"] == 0 and abs(q["spearman_overall"]) <= 0.05, q["spearman_overall"]
+    _, small = pack_to(tmp_path / "small", [sample_data], too_long="split", order="shuffle", dp_size=4,
+                       micro_batches=2, window=500)  # 4 windows of about 9 steps
+    q = packed_stats(small)["pack_order"]
+    assert q["windows"] == 4 and q["tiny_windows"] == 4 and q["worst_abs_spearman"] is None
+    assert "4 window(s) under 20 steps" in _order_line(q)
