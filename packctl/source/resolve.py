@@ -30,8 +30,10 @@ The rules (docs/errors.md, "Input resolution"); nothing is ever skipped silently
   its partner is refused naming the missing file. One run reads Parquet or Megatron input, not
   both: the two kinds are refused together.
 - packctl outputs are never input: a file whose Parquet metadata has the `packctl` key (a shard),
-  a file in a directory holding packctl's `_manifest.json` or `_epochs.json` (a complete output),
-  or in `.OUT.packctl-partial` (a run in progress or interrupted) is refused naming the output.
+  a file in a directory holding packctl's `_manifest.json` or `_epochs.json` (a complete output)
+  or `_packctl_export.json` (an export: `packctl export --format nemo|olmo|megatron`), or in
+  `.OUT.packctl-partial` or `.DIR.packctl-export-partial` (a run or an export in progress or
+  interrupted) is refused naming the output.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ import stat
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from packctl.contract.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST
+from packctl.contract.manifest import EPOCHS, EXPORT_MARK, LEGACY_MANIFEST, MANIFEST
 from packctl.contract.schema import METADATA_KEY
 from packctl.errors import PackctlError
 from packctl.source import megatron
@@ -53,8 +55,9 @@ from packctl.source.files import changed_error, file_kind, read_fingerprint
 from packctl.source.index import BIN, IDX, bin_of, is_indexed, prefix_of
 
 _GLOB_CHARS = frozenset("*?[")
-# what packctl keeps beside an OUT it is writing or replacing: .OUT.packctl-partial, .OUT.packctl-old-PID
-_BESIDE_OUT = re.compile(r"^\.(?P<out>.+)\.packctl-(partial|old-\d+)$")
+# what packctl keeps beside an OUT it is writing or replacing: .OUT.packctl-partial, .OUT.packctl-old-PID,
+# and beside an export's DIR: .DIR.packctl-export-partial, .DIR.packctl-export-old
+_BESIDE_OUT = re.compile(r"^\.(?P<out>.+)\.packctl-(?P<what>partial|old-\d+|export-partial|export-old)$")
 
 
 @dataclass(frozen=True)
@@ -385,8 +388,9 @@ def _refuse_outputs(found: list[_Found]) -> None:
             if beside:
                 where = os.sep.join(parts[:k + 1])
                 out = os.path.join(os.path.dirname(where), beside["out"])
+                run = "packctl export" if beside["what"].startswith("export") else "packctl run"
                 raise PackctlError(
-                    f"{item.path}: inside {where}, the unfinished output of a packctl run writing {out}; packctl "
+                    f"{item.path}: inside {where}, the unfinished output of a {run} writing {out}; packctl "
                     f"outputs are never read as input: narrow INPUT {item.spec} to leave it out, or move it")
         outputs = []  # from the file's folder up: the last is the output the user named (an epoch's is inside)
         for directory in _directories_up_to(item.path, item.root):
@@ -395,9 +399,10 @@ def _refuse_outputs(found: list[_Found]) -> None:
             if marker_of[directory] is not None:
                 outputs.append(directory)
         if outputs:
+            what = "export" if marker_of[outputs[-1]] == EXPORT_MARK else "output"
             raise PackctlError(
-                f"{item.path}: part of the packctl output {outputs[-1]} (it holds {marker_of[outputs[-1]]}); packctl "
-                f"outputs are never read as input: narrow INPUT {item.spec} to leave it out, or move the output")
+                f"{item.path}: part of the packctl {what} {outputs[-1]} (it holds {marker_of[outputs[-1]]}); packctl "
+                f"outputs are never read as input: narrow INPUT {item.spec} to leave it out, or move the {what}")
 
 
 def _directories_up_to(path: str, root: str) -> list[str]:
@@ -413,9 +418,10 @@ def _directories_up_to(path: str, root: str) -> list[str]:
 
 
 def _packctl_marker(directory: str) -> str | None:
-    """The name of the file that makes `directory` a complete packctl output (a manifest, or the
-    _epochs.json of --epochs: JSON naming a `packctl_version`), or None."""
-    for name in (MANIFEST, EPOCHS, LEGACY_MANIFEST):
+    """The name of the file that makes `directory` a complete packctl output (a manifest, the
+    _epochs.json of --epochs, or the _packctl_export.json of `packctl export`: JSON naming a
+    `packctl_version`), or None."""
+    for name in (MANIFEST, EPOCHS, EXPORT_MARK, LEGACY_MANIFEST):
         path = os.path.join(directory, name)
         if not os.path.isfile(path):
             continue

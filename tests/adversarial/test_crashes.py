@@ -620,9 +620,9 @@ def test_a_signal_during_an_export_leaves_nothing(tmp_path, monkeypatch, signum,
 @pytest.mark.parametrize("step, count", [("add", 4), ("finalize", 2)])
 def test_a_kill_during_a_megatron_export_leaves_nothing_that_looks_complete(tmp_path, step, count):
     """SIGKILL (nothing can clean up) when shard 1 arrives, or after tokens.bin/.idx are complete:
-    there is no -o, so nothing a reader given DIR could open; what is left is the staging directory,
-    named as packctl's (.DIR.packctl-export-*) and without megatron.json (written last); the same
-    export run again beside it completes with the bytes of an export never interrupted."""
+    there is no -o, so nothing a reader given DIR could open; what is left is the partial directory,
+    named as packctl's (.DIR.packctl-export-partial) and without megatron.json, and the lock; the
+    same export run again removes both and completes with the bytes of an export never interrupted."""
     from support.data import write_table
 
     write_table(tmp_path / "in" / "a.parquet", {"input_ids": [[5, 6, 2], [7, 2], [8, 9, 4, 2]] * 8})
@@ -652,10 +652,11 @@ def test_a_kill_during_a_megatron_export_leaves_nothing_that_looks_complete(tmp_
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
     assert not os.path.lexists(target)
     left = leftovers(target)
-    assert len(left) == 1 and left[0].name.startswith(".megatron.packctl-export-"), left
+    assert [p.name for p in left] == [".megatron.packctl-export-partial", ".megatron.packctl-lock"], left
     assert (left[0] / "tokens.bin").exists() and not (left[0] / "megatron.json").exists()
     assert (left[0] / "tokens.idx").exists() == (step == "finalize")
-    assert packctl(*argv).code == 0  # beside the stale staging directory
+    assert packctl(*argv).code == 0  # the killed export's lock is stale and its partial directory removed
+    assert leftovers(target) == []
     assert packctl("export", packed, "-o", tmp_path / "clean", "--format", "megatron").code == 0
     assert ({p.name: p.read_bytes() for p in target.iterdir()} ==
             {p.name: p.read_bytes() for p in (tmp_path / "clean").iterdir()})
