@@ -39,6 +39,7 @@ from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults
 from packctl.output.paths import check_output_location
 from packctl.source.index import input_files
+from packctl.pipeline.runtime import Interrupted, RunInterrupted, SignalGuard
 from packctl.version import __version__
 
 FORMATS = ("nemo", "nemo-npy", "olmo", "megatron")
@@ -145,9 +146,6 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
     SIGKILL is finished or undone by the next export of `target`. A `target` that is or holds an
     input of `out` is refused. `faults` stops the process at a named step (tests).
     """
-    from packctl.export import megatron, nemo, olmo
-    from packctl.pipeline.runtime import Interrupted, RunInterrupted, SignalGuard
-
     options = check_options(fmt, overwrite=overwrite, eos_token_id=eos_token_id, bos_token_id=bos_token_id,
                             vocab_size=vocab_size)
     output = open_output(out, verify=verify)
@@ -324,3 +322,8 @@ def _undo(staging: Path | None, made: list[Path], lock: OutputLock) -> None:
             p.rmdir()
         except OSError:
             break
+
+
+# The formats last: each reads shards with `read_packs` above. Loaded with the package, so that a
+# signal never arrives inside their imports (cli/app.py `loading_modules`).
+from packctl.export import megatron, nemo, olmo  # noqa: E402
