@@ -81,7 +81,8 @@ def open_plan(path: str | Path) -> Plan:
     line when it is not a plan."""
     root = Path(path)
     epochs = epoch_outputs(root)
-    outputs = [open_output(p) for p in epochs] if epochs is not None else [open_output(root)]
+    remedy = "make the plan again (packctl pack --plan-only); materialize reads a plan only checked"
+    outputs = [open_output(p, remedy=remedy) for p in (epochs if epochs is not None else [root])]
     for output in outputs:
         if output.manifest.get("kind") != PLAN_KIND:
             raise PackctlError(f"{output.manifest_file}: not a plan (packctl pack --plan-only writes one); this "
