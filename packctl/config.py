@@ -21,6 +21,7 @@ from typing import Any
 from packctl.contract.schema import INT32_MAX, RESERVED_COLUMNS, limit_sum_name
 from packctl.errors import PackctlError
 from packctl.plan.names import ALGORITHMS
+from packctl.urls import refuse_url
 from packctl.specs import (BalanceScope, BalanceSpec, BatchUnit, Cost, CurriculumOrder, GroupScope, GroupSpec,
                            LengthSpec, LrScaling, Mode, Order, OrderSpec, PackOrder, PadTo, PoolStrategy, ReportSpec,
                            ScanSpec, Specs, StepGrouping, StepSpec, TokenTransfer, TooLong, WindowOptions,
@@ -349,6 +350,7 @@ class PackConfig:
             wanted = _type_problem(name, getattr(self, name))
             if wanted:
                 raise PackctlError(f"{_flag(name)} {getattr(self, name)!r}: must be {wanted}", everywhere=True)
+        refuse_url(self.output, "output")
 
     def _check_pack_size(self) -> None:
         """The largest pack (a micro-batch in batch mode) fits a shard and the memory budget."""

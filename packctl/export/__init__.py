@@ -40,6 +40,7 @@ from packctl.output.outdir import Faults
 from packctl.output.paths import check_output_location
 from packctl.source.index import input_files
 from packctl.pipeline.runtime import Interrupted, RunInterrupted, SignalGuard
+from packctl.urls import refuse_url
 from packctl.version import __version__
 
 FORMATS = ("nemo", "nemo-npy", "olmo", "megatron")
@@ -148,6 +149,8 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
     """
     options = check_options(fmt, overwrite=overwrite, eos_token_id=eos_token_id, bos_token_id=bos_token_id,
                             vocab_size=vocab_size)
+    refuse_url(out, "input")
+    refuse_url(target, "output")
     output = open_output(out, verify=verify)
     out = output.root
     if output.manifest.get("kind") == "plan":  # no tokens to export: they are in its source

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.config import default_memory_budget, parse_bytes
+from packctl.urls import refuse_url
 from packctl.contract.manifest import EPOCHS, MANIFEST, METRICS, epoch_dir, epoch_outputs, read_json_object
 from packctl.contract.reader import PackedOutput, open_output
 from packctl.contract.schema import (COLUMN, METADATA_KEY, PACK, PACK_COLUMNS, SAMPLE_IDS, SEQ_LENS,
@@ -109,6 +110,8 @@ def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bo
     >>> materialize_plan("plan", "out")          # doctest: +SKIP
     """
     comm = comm or get_comm()
+    refuse_url(plan_path, "input")
+    refuse_url(output, "output")
     progress = progress if (progress is not None and comm.rank == 0) else Progress()
     out = Path(output)
     lock = OutputLock(out)

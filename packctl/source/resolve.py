@@ -53,6 +53,7 @@ from packctl.source import megatron
 from packctl.source.index import ResolvedFile, Resolution
 from packctl.source.files import changed_error, file_kind, read_fingerprint
 from packctl.source.index import BIN, IDX, bin_of, is_indexed, prefix_of
+from packctl.urls import refuse_url
 
 _GLOB_CHARS = frozenset("*?[")
 # what packctl keeps beside an OUT it is writing or replacing: .OUT.packctl-partial, .OUT.packctl-old-PID,
@@ -74,6 +75,7 @@ class _Found:
 def normalize_spec(spec: str | os.PathLike) -> str:
     """An INPUT as the run records it: `./data/` -> `data`, `/abs/data//x.parquet` -> `/abs/data/x.parquet`."""
     text = os.fspath(spec)
+    refuse_url(text, "input")  # normpath would make s3://b/x "s3:/b/x", which does not exist
     return os.path.normpath(text) if text else text
 
 
