@@ -37,7 +37,7 @@ from packctl.output.fs import write_failed
 from packctl.output.journal import fsync_dir
 from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults
-from packctl.output.paths import check_output_location
+from packctl.output.paths import check_output_location, missing_parents, remove_empty
 from packctl.source.index import input_files
 from packctl.pipeline.runtime import Interrupted, RunInterrupted, SignalGuard
 from packctl.urls import refuse_url
@@ -171,7 +171,7 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
         megatron.check_layout(output, options)
     reached = (faults or Faults()).reached
     guard = SignalGuard()
-    made = _make_parents(target.parent)
+    made = _make_parents(target)
     lock = OutputLock(target)
     staging = None
     try:
@@ -279,14 +279,10 @@ def _check_replaceable(target: Path) -> None:
                                    "choose an empty or new -o")
 
 
-def _make_parents(parent: Path) -> list[Path]:
+def _make_parents(target: Path) -> list[Path]:
     """Create the missing directories above the export; returns them, deepest first, so a failed
     export removes them again."""
-    missing = []
-    for p in [parent, *parent.parents]:
-        if p.exists():
-            break
-        missing.append(p)
+    missing, parent = missing_parents(target), target.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -320,11 +316,7 @@ def _undo(staging: Path | None, made: list[Path], lock: OutputLock) -> None:
     if staging is not None:
         shutil.rmtree(staging, ignore_errors=True)
     lock.release()
-    for p in made:
-        try:
-            p.rmdir()
-        except OSError:
-            break
+    remove_empty(made)
 
 
 # The formats last: each reads shards with `read_packs` above. Loaded with the package, so that a

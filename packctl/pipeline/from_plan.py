@@ -43,7 +43,7 @@ from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
 from packctl.output import commit as protocol
 from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults
-from packctl.output.paths import check_output_location
+from packctl.output.paths import check_output_location, missing_parents, remove_empty
 from packctl.output.resume import inspect_output
 from packctl.pipeline.manifest import PLAN_KIND
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
@@ -117,11 +117,13 @@ def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bo
     lock = OutputLock(out)
     guard = SignalGuard()
     opened: dict[str, Any] = {}
+    made, failed = missing_parents(out), False  # the directories above OUT this run creates
     try:
         with guard.installed():
             return _materialize(Path(plan_path), out, overwrite, resume, memory_budget, token_transfer, comm,
                                 progress, lock, guard, opened, faults)
     except BaseException as exc:
+        failed = True
         failure = after_failure(comm, opened.get("output"), exc)
         if failure is exc:
             raise
@@ -129,6 +131,8 @@ def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bo
     finally:
         lock.release()
         progress.close()
+        if failed:
+            remove_empty(made)
 
 
 def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memory_budget, token_transfer: str,

@@ -52,7 +52,7 @@ from packctl.output import commit as protocol
 from packctl.output.journal import RUN_FILE, partial_dir
 from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults, OutputDir
-from packctl.output.paths import check_output_location
+from packctl.output.paths import check_output_location, missing_parents, remove_empty
 from packctl.output.resume import inspect_output
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.plan.order import epoch_seed
@@ -111,11 +111,13 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
     lock = OutputLock(out)
     guard = SignalGuard()
     run = _Run()
+    made, failed = missing_parents(out), False  # the directories above OUT this run creates
     try:
         with guard.installed():
             run.ahead = CompileAhead.start(comm.size)
             return _pack(config, comm, progress, out, lock, guard, run, faults)
     except BaseException as exc:
+        failed = True
         failure = after_failure(comm, run.output, exc)
         if failure is exc:
             raise
@@ -125,6 +127,8 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
             run.ahead.stop()
         lock.release()
         progress.close()
+        if failed:
+            remove_empty(made)
 
 
 @dataclass
