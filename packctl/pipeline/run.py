@@ -77,8 +77,8 @@ class PackResult:
     metrics: dict[str, Any]
     timings: dict[str, float]
     shards: list[ShardEntry] = field(default_factory=list)
-    # "OUT: already complete ...": a `--resume` that found its output written (counts, metrics,
-    # timings and shards are then OUT's); the CLI prints it on stderr
+    # "OUT: already complete ...": a run that found its output written (counts, metrics, timings
+    # and shards are then OUT's); the CLI prints it on stderr
     note: str | None = None
 
 
@@ -100,8 +100,8 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
     interrupted (SIGINT, SIGTERM: `RunInterrupted`, exit 130 / 143) after finishing some keeps
     them there, and `config.resume` continues it (output/journal.py). The partial directory becomes
     OUT by the commit protocol (output/commit.py), and every run first finishes or undoes a commit
-    a crash interrupted. `config.resume` on an OUT that already holds this run's output changes
-    nothing and returns it (`PackResult.note`: "already complete"). `faults` simulates a crash at
+    a crash interrupted. A run (without `config.overwrite`, or with `config.resume`) on an OUT that
+    already holds its output changes nothing and returns it (`PackResult.note`: "already complete"). `faults` simulates a crash at
     any named step, or a full disk (tests).
     """
     comm = comm or get_comm()
@@ -367,7 +367,7 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
         return config, None, None, None, (f"{out}: already complete: the interrupted run had written all of it; "
                                           "it is now in place")
     if found.complete:
-        return config, None, None, None, f"{out}: already complete: it holds the output of these options and inputs"
+        return config, None, None, None, f"{out}: already complete with these inputs and options; nothing to do"
     return config, index, fingerprint, found.done, None
 
 
