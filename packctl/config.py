@@ -149,6 +149,11 @@ class PackConfig:
     too_long: str = option("error", planning=True, choices=TooLong.values(),
                            help="What to do with a sequence longer than the capacity.")
     tokens_column: str = option("input_ids", planning=True, help="Input column of token ids.")
+    split: str | None = option(None, planning=True,
+                               help="The dataset split to read from a directory INPUT that holds several (the Hugging "
+                                    "Face Hub's layouts: train-*.parquet beside test-*.parquet, "
+                                    "data/train-00000-of-00002.parquet, train/ beside validation/); such a directory "
+                                    "is refused without it.")
     labels_column: str | None = option(None, shown_default="labels if every input file has it, else the tokens",
                                        help="Input column of labels.")
     keep_columns: list[str] = option(factory=list, shown_default="none",

@@ -342,7 +342,7 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
     check_output_location(out)
     specs = [normalize_spec(s) for s in config.inputs]
     _refuse_output_in_reach(out, specs)
-    resolution = resolve(specs)
+    resolution = resolve(specs, split=config.split)
     if config.resume:
         resolution = _spelled_as_earlier_run(out, resolution)
     config = dataclasses.replace(config, inputs=resolution.specs)

@@ -53,6 +53,7 @@ from packctl.source import megatron
 from packctl.source.index import ResolvedFile, Resolution
 from packctl.source.files import changed_error, file_kind, read_fingerprint
 from packctl.source.index import BIN, IDX, bin_of, is_indexed, prefix_of
+from packctl.source.splits import select_split
 from packctl.urls import refuse_url
 
 _GLOB_CHARS = frozenset("*?[")
@@ -79,14 +80,15 @@ def normalize_spec(spec: str | os.PathLike) -> str:
     return os.path.normpath(text) if text else text
 
 
-def resolve(inputs: Iterable[str | os.PathLike]) -> Resolution:
+def resolve(inputs: Iterable[str | os.PathLike], *, split: str | None = None) -> Resolution:
     """INPUT specs -> the run's input files (module docstring): found, checked not to belong to a
     packctl output, distinct by identity, then each opened once for its fingerprint (a shard of
-    packctl is recognised by its Parquet metadata here)."""
+    packctl is recognised by its Parquet metadata here). A directory INPUT holding dataset splits
+    gives the files of `split` (`--split`, source/splits.py)."""
     specs = [normalize_spec(s) for s in inputs]
     found: list[_Found] = []
     for spec in specs:
-        found += _expand(spec)
+        found += _in_split(spec, _expand(spec), split)
     found = _with_partners(found)
     _refuse_outputs(found)
     files = []
@@ -109,6 +111,18 @@ def resolve(inputs: Iterable[str | os.PathLike]) -> Resolution:
         files.append(ResolvedFile(path=item.path, spec=item.spec, device=st.st_dev, inode=st.st_ino,
                                   fingerprint=fingerprint))
     return Resolution(specs=specs, files=files)
+
+
+def _in_split(spec: str, found: list[_Found], split: str | None) -> list[_Found]:
+    """The files of a directory INPUT that `select_split` keeps (all, without splits); the files
+    of any other INPUT as they are.
+
+        data/train-0.parquet, data/test-0.parquet, split "train"  ->  data/train-0.parquet
+    """
+    if _is_pattern(spec) or not os.path.isdir(spec):
+        return found
+    below = {os.path.relpath(item.path, spec).replace(os.sep, "/"): item for item in found}
+    return [below[path] for path in select_split(spec, sorted(below), split)]
 
 
 def _with_partners(found: list[_Found]) -> list[_Found]:
