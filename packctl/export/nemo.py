@@ -47,8 +47,9 @@ def _rows(shard, align: int, eos: int | None, out: Path, first_pack: int):
     runtime = -(-(n - 1) // align) * align  # positions each sub-sequence trains, NeMo's padding
     stored = runtime + 1
     if eos is None and (stored != n).any():
-        raise PackctlError(f"{out / shard.name}: the output is aligned to {align} (--cp-size/--tp-size/--seq-multiple), "
-                           "and NeMo pads sub-sequences with the tokenizer's EOS id: pass --eos-token-id")
+        raise PackctlError(f"{out / shard.name}: the output is aligned to {align} (--cp-size/--tp-size/"
+                           "--seq-multiple), and NeMo pads sub-sequences with the tokenizer's EOS id: pass "
+                           "--eos-token-id")
     src = shard.flat_starts()
     per_pack = np.diff(shard.seq_offsets)
     pack_of = np.repeat(np.arange(shard.num_packs), per_pack)

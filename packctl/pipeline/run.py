@@ -101,8 +101,8 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
     them there, and `config.resume` continues it (output/journal.py). The partial directory becomes
     OUT by the commit protocol (output/commit.py), and every run first finishes or undoes a commit
     a crash interrupted. A run (without `config.overwrite`, or with `config.resume`) on an OUT that
-    already holds its output changes nothing and returns it (`PackResult.note`: "already complete"). `faults` simulates a crash at
-    any named step, or a full disk (tests).
+    already holds its output changes nothing and returns it (`PackResult.note`: "already
+    complete"). `faults` simulates a crash at any named step, or a full disk (tests).
     """
     comm = comm or get_comm()
     config.check_types()  # OUT's path is used at once: a value of the wrong type is refused first
