@@ -18,15 +18,31 @@ os.environ.setdefault("MIMALLOC_PURGE_DELAY", "1000")
 from packctl.version import __version__  # noqa: E402
 
 from packctl.config import PackConfig, load_config  # noqa: E402
-from packctl.errors import PackctlError  # noqa: E402
+from packctl.errors import PackctlError, in_api_terms  # noqa: E402
 
 __all__ = ["PackConfig", "PackResult", "PackctlError", "load_config", "pack", "__version__"]
 
 
+def pack(config: PackConfig, **options):
+    """`packctl.pipeline.pack` (its docstring says what it does) for Python callers: an error
+    advises keyword arguments of `PackConfig` (`overwrite=True`), not the command line's flags.
+
+    >>> packctl.pack(packctl.PackConfig(inputs=["sample_data"], output="out"))   # doctest: +SKIP
+    PackctlError: out: already exists; pass overwrite=True to replace it or choose another -o
+    """
+    # the pipeline (numba kernels, pyarrow) loads on first use, so that `packctl --help` and the
+    # options need not pay for it
+    from packctl import pipeline
+
+    try:
+        return pipeline.pack(config, **options)
+    except PackctlError as exc:
+        exc.args = (in_api_terms(str(exc)),)
+        raise
+
+
 def __getattr__(name: str):
-    # `pack` pulls in the whole pipeline (numba kernels, pyarrow): loaded on first use, so that
-    # `packctl --help` and the options need not pay for it.
-    if name in ("pack", "PackResult"):
+    if name == "PackResult":
         from packctl import pipeline
 
         return getattr(pipeline, name)

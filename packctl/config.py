@@ -21,6 +21,7 @@ from typing import Any
 from packctl.contract.schema import INT32_MAX, RESERVED_COLUMNS, limit_sum_name
 from packctl.errors import PackctlError
 from packctl.plan.names import ALGORITHMS
+from packctl.urls import refuse_url
 from packctl.specs import (BalanceScope, BalanceSpec, BatchUnit, Cost, CurriculumOrder, GroupScope, GroupSpec,
                            LengthSpec, LrScaling, Mode, Order, OrderSpec, PackOrder, PadTo, PoolStrategy, ReportSpec,
                            ScanSpec, Specs, StepGrouping, StepSpec, TokenTransfer, TooLong, WindowOptions,
@@ -156,6 +157,11 @@ class PackConfig:
     too_long: str = option("error", panel="Packing", planning=True, choices=TooLong.values(),
                            help="What to do with a sequence longer than the capacity.")
     tokens_column: str = option("input_ids", panel="Input", metavar="COL", planning=True, help="Input column of token ids.")
+    split: str | None = option(None, panel="Input", metavar="NAME", planning=True,
+                               help="The dataset split to read from a directory INPUT that holds several (the Hugging "
+                                    "Face Hub's layouts: train-*.parquet beside test-*.parquet, "
+                                    "data/train-00000-of-00002.parquet, train/ beside validation/); such a directory "
+                                    "is refused without it.")
     labels_column: str | None = option(None, panel="Input", metavar="COL", shown_default="labels if every input file has it, else the tokens",
                                        help="Input column of labels.")
     keep_columns: list[str] = option(panel="Input", metavar="COL", factory=list, shown_default="none",
@@ -357,6 +363,7 @@ class PackConfig:
             wanted = _type_problem(name, getattr(self, name))
             if wanted:
                 raise PackctlError(f"{_flag(name)} {getattr(self, name)!r}: must be {wanted}", everywhere=True)
+        refuse_url(self.output, "output")
 
     def _check_pack_size(self) -> None:
         """The largest pack (a micro-batch in batch mode) fits a shard and the memory budget."""

@@ -1,6 +1,8 @@
 """Errors users can act on, and the exit codes the CLI maps them to."""
 from __future__ import annotations
 
+import re
+
 EXIT_OK = 0
 EXIT_VERIFY_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -46,3 +48,19 @@ def require(module: str, extra: str, purpose: str):
         return importlib.import_module(module)
     except ImportError as exc:
         raise MissingExtraError(module.split(".")[0], extra, purpose) from exc
+
+
+# The switches errors advise, as the Python API takes them (the CLI's flags otherwise)
+_KEYWORDS = {"--resume --overwrite": "resume=True, overwrite=True", "--overwrite": "overwrite=True",
+             "--resume": "resume=True"}
+_ADVISED = re.compile(r"\b(pass|with|without|and) (--resume --overwrite|--overwrite|--resume)\b")
+
+
+def in_api_terms(message: str) -> str:
+    """An error's advice as a Python caller follows it: the keyword arguments of `PackConfig`, not
+    the command line's flags.
+
+        in_api_terms("out: already exists; pass --overwrite to replace it or choose another -o")
+        -> "out: already exists; pass overwrite=True to replace it or choose another -o"
+    """
+    return _ADVISED.sub(lambda m: f"{m[1]} {_KEYWORDS[m[2]]}", message)

@@ -6,7 +6,9 @@ import errno
 import gc
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
@@ -173,6 +175,14 @@ def _root(version: bool = typer.Option(False, "--version", is_eager=True, callba
     """Pack variable-length tokenized Parquet datasets into THD shards for LLM training."""
 
 
+class _Stopped(PackctlError):
+    """SIGINT or SIGTERM while a command loaded its modules (`loading_modules`)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 def fail(exc: PackctlError) -> None:
     raise typer.Exit(_fail_line(str(exc), exc.exit_code))
 
@@ -216,18 +226,20 @@ def run(argv: list[str] | None = None) -> int:
     except StdoutFailed as exc:
         return _stdout_failed(exc.cause, stdout, exc.note)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return _fail_line(INTERRUPTED_EARLY, 130)
+    except PackctlError as exc:  # raised outside a command's own handling (`loading_modules`)
+        return _fail_line(str(exc), exc.exit_code)
     except MemoryError:
         command = next((a for a in args if a in MEMORY_ADVICE), None)
         return _fail_line(f"out of memory while running packctl {command or ''}".rstrip() +
                           f"; {MEMORY_ADVICE.get(command, 'free memory on this machine')}", 2)
     except Exception as exc:  # the parser's own exceptions (click's, or typer's copy of click)
         if _is(exc, "Exit"):
+            if isinstance(exc.__cause__, KeyboardInterrupt):  # typer's Exit(130) for a SIGINT it caught
+                return _fail_line(INTERRUPTED_EARLY, 130)
             return int(exc.exit_code)
         if _is(exc, "Abort"):
-            print("interrupted", file=sys.stderr)
-            return 130
+            return _fail_line(INTERRUPTED_EARLY, 130)
         if _is(exc, "NoArgsIsHelpError"):  # `packctl` or `packctl pack` alone: the help
             print(exc.ctx.get_help(), file=sys.stderr)
             return 2
@@ -243,6 +255,9 @@ def run(argv: list[str] | None = None) -> int:
             sys.stdout = stdout
     return code if isinstance(code, int) else 0
 
+
+# SIGINT before a command's own handling of signals began (while Python and packctl load)
+INTERRUPTED_EARLY = "interrupted by SIGINT before the command started; nothing was written"
 
 # What to change when a command runs out of memory (packctl pack says it per stage: cli/pack.py).
 MEMORY_ADVICE = {
@@ -341,16 +356,30 @@ def loading_modules() -> Iterator[None]:
     objects that live as long as the process, which the collector would otherwise scan again and
     again (about 0.04 s of a pack of sample_data). In the `packctl` executable they are then left
     out of every later collection (`gc.freeze`); a program calling `run` keeps its collector as it
-    was."""
+    was.
+
+    SIGINT and SIGTERM wait for the imports, then stop the command in one line (exit 130, 143):
+    raised inside an import, their exception could be lost (an extension module that imports
+    with errors ignored) or end in a traceback."""
     paused = gc.isenabled()
     gc.disable()
+    came: list[int] = []
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, lambda signum, frame: came.append(signum))
     try:
         yield
     finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         if _EXECUTABLE:
             gc.freeze()
         if paused:
             gc.enable()
+    if came:
+        name = signal.Signals(came[0]).name
+        raise _Stopped(f"interrupted by {name} before the command started; nothing was written", 128 + came[0])
 
 
 _EXECUTABLE = False  # True in the `packctl` process (main)

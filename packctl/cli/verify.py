@@ -28,6 +28,8 @@ def verify_command(
     output: str = typer.Argument(..., metavar="OUT", help="Output directory of packctl pack."),
     source: Optional[List[str]] = typer.Option(None, "--source", help="The INPUT given to packctl pack (repeat for "
                                                                       "several); checks conservation."),
+    split: Optional[str] = typer.Option(None, "--split", help="The dataset split of a --source directory that holds "
+                                                              "several.  [default: the one OUT was packed from]"),
     sample: int = typer.Option(8, help="Packs drawn for the attention checks."),
     seed: int = typer.Option(0, help="Seed of the pack sample and of the probe embedding."),
     backend: str = typer.Option("auto", **choice(("auto", *VERIFY_BACKENDS)),
@@ -49,9 +51,9 @@ def verify_command(
         from packctl.verify import VerifyOptions, verify
 
     try:
-        options = VerifyOptions(source=source or [], attention=attention, sample=sample, seed=seed, backend=backend,
-                                device=device, dtype=dtype, heads=heads, head_dim=head_dim, cp_size=cp_size,
-                                bench=bench)
+        options = VerifyOptions(source=source or [], split=split, attention=attention, sample=sample, seed=seed,
+                                backend=backend, device=device, dtype=dtype, heads=heads, head_dim=head_dim,
+                                cp_size=cp_size, bench=bench)
         outputs = epoch_outputs(output)  # the OUT of pack --epochs: every epoch's output is checked
         reports = [verify(o, options) for o in outputs or [output]]
     except PackctlError as exc:

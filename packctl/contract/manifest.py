@@ -43,6 +43,9 @@ EPOCHS = "_epochs.json"  # the OUT of --epochs > 1: one output per epoch, in epo
 METRICS = "_metrics.json"
 DATA_DIR = "data"
 LEGACY_MANIFEST = "manifest.json"  # format version 1
+# In every directory `packctl export` writes (written last: the export is complete), so that
+# INPUT never reads an export back as samples: {"packctl_version", "format", "source"}
+EXPORT_MARK = "_packctl_export.json"
 LEGACY_METRICS = "metrics.json"
 READABLE_VERSIONS = (1, FORMAT_VERSION)
 # The counts every manifest holds (DESIGN.md's list); `packs` and `pieces` are written since they

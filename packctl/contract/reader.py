@@ -44,6 +44,9 @@ from packctl.contract.schema import METADATA_KEY, NUM_TOKENS
 from packctl.errors import PackctlError
 
 SKIP_CHECKS = "pass verify=False (--no-verify-checksums) to read it unchecked"
+# What a reader's error advises for a shard that fails its checks; a reader that never reads
+# unchecked (materialize reading a plan) says its own.
+REMEDY = f"pack again, or {SKIP_CHECKS}"
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,7 @@ class PackedOutput:
         manifest: the manifest, every field a reader uses checked.
         shards: the manifest's shard entries, in order.
         verify: whether `read_shard` checks the bytes it returns (sha256, rows, tokens, layout).
+        remedy: what the error of a shard that fails its checks advises.
     """
 
     root: Path
@@ -189,6 +193,7 @@ class PackedOutput:
     manifest: dict[str, Any]
     shards: list[ShardEntry]
     verify: bool = True
+    remedy: str = REMEDY
 
     @property
     def layout(self) -> dict[str, Any]:
@@ -238,7 +243,7 @@ class PackedOutput:
                                "again") from None
         checked = check_shard_bytes(data, self.shards[k], self.manifest, columns)
         if checked.findings:
-            raise PackctlError(shard_error(path, checked.findings[0], self.manifest_file))
+            raise PackctlError(shard_error(path, checked.findings[0], self.manifest_file, self.remedy))
         return checked.table
 
     def read_unchecked(self, k: int, columns: Sequence[str]) -> pa.Table:
@@ -277,18 +282,20 @@ class PackedOutput:
         return report if isinstance(report, dict) else None
 
 
-def shard_error(path: Path, finding: Finding, manifest_file: Path) -> str:
+def shard_error(path: Path, finding: Finding, manifest_file: Path, remedy: str = REMEDY) -> str:
     """The one-line error of a reader for the first finding on a shard."""
     if finding.rule in ("readable", "schema"):  # unreadable unchecked too
         return f"{path}: {finding.message}; pack again (packctl verify OUT tells what else is wrong)"
-    return f"{path}: {finding.message} (checked against {manifest_file.name}); pack again, or {SKIP_CHECKS}"
+    return f"{path}: {finding.message} (checked against {manifest_file.name}); {remedy}"
 
 
-def open_output(path: str | Path, epoch: int | None = None, *, verify: bool = True) -> PackedOutput:
+def open_output(path: str | Path, epoch: int | None = None, *, verify: bool = True,
+                remedy: str = REMEDY) -> PackedOutput:
     """The packed output at `path` (OUT or its manifest; with `epoch`, that epoch of the OUT of
     `pack --epochs K`), its manifest read and validated once: one PackctlError line (exit 2) naming
     the manifest and the field when a reader cannot trust it. With `verify` (the default), OUT must
-    hold no Parquet file the manifest does not list, and `read_shard` checks every shard it reads.
+    hold no Parquet file the manifest does not list, and `read_shard` checks every shard it reads;
+    `remedy` is what their errors advise.
 
         >>> output = open_output("out")                      # doctest: +SKIP
         >>> len(output.shards), output.layout["capacity"]   # doctest: +SKIP
@@ -298,13 +305,13 @@ def open_output(path: str | Path, epoch: int | None = None, *, verify: bool = Tr
     shards = [ShardEntry(path=s["path"], rows=s["rows"], tokens=s["tokens"], sha256=s["sha256"])
               for s in manifest["shards"]]
     output = PackedOutput(root=root, manifest_file=manifest_path(root), manifest=manifest, shards=shards,
-                          verify=verify)
+                          verify=verify, remedy=remedy)
     if verify:
         stray = unlisted_parquet(root, [s.path for s in shards])
         if stray:
             raise PackctlError(f"{root / stray[0]}: a Parquet file that {output.manifest_file.name} does not list "
                                f"({len(stray)} such file(s)): a manifest entry was dropped, or another output's "
-                               f"shard copied in; pack again, or {SKIP_CHECKS}")
+                               f"shard copied in; {remedy}")
     return output
 
 

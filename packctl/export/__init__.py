@@ -15,9 +15,9 @@ test_olmo_core.py (OLMo-core's own) and test_megatron_export.py (megatron-core's
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
-import secrets
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +30,18 @@ from packctl.config import as_python
 from packctl.contract.schema import INT32_MAX
 from packctl.contract.reader import PackedOutput, open_output
 from packctl.contract.schema import CU_SEQLENS_PADDED, INPUT_IDS, LABELS, SEQ_LENS
+from packctl.contract.manifest import EXPORT_MARK
 from packctl.errors import PackctlError
+from packctl.output.commit import exists, remove, settle
 from packctl.output.fs import write_failed
+from packctl.output.journal import fsync_dir
+from packctl.output.lock import OutputLock
+from packctl.output.outdir import Faults
+from packctl.output.paths import check_output_location, missing_parents, remove_empty
+from packctl.source.index import input_files
+from packctl.pipeline.runtime import Interrupted, RunInterrupted, SignalGuard
+from packctl.urls import refuse_url
+from packctl.version import __version__
 
 FORMATS = ("nemo", "nemo-npy", "olmo", "megatron")
 
@@ -125,20 +135,22 @@ def check_options(fmt: str, *, overwrite: bool = False, eos_token_id: int | None
 
 def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = False,
            eos_token_id: int | None = None, bos_token_id: int | None = None, vocab_size: int | None = None,
-           verify: bool = True) -> dict:
+           verify: bool = True, faults: Faults | None = None) -> dict:
     """Write the packed output `out` to `target` in format `fmt`; returns what was written.
 
     Every shard is read checked against the manifest (sha256, rows, tokens, layout) unless
     `verify=False` (`--no-verify-checksums`). The export is written into a directory of its own
-    beside `target` (`.TARGET.packctl-export-*`) and renamed to `target` when complete, so a
-    refusal, a failure or SIGINT/SIGTERM part-way leaves nothing: no `target`, no partial files,
-    and with --overwrite the previous export untouched.
+    beside `target` (`.TARGET.packctl-export-partial`), marked complete (`_packctl_export.json`,
+    which keeps INPUT from reading it back) and swapped in by the commit protocol of pack
+    (output/commit.py `EXPORT_STEPS`), so a refusal, a failure or SIGINT/SIGTERM part-way leaves
+    nothing: no `target`, no partial files, and with --overwrite the previous export untouched; a
+    SIGKILL is finished or undone by the next export of `target`. A `target` that is or holds an
+    input of `out` is refused. `faults` stops the process at a named step (tests).
     """
-    from packctl.export import megatron, nemo, olmo
-    from packctl.pipeline.runtime import Interrupted, RunInterrupted, SignalGuard
-
     options = check_options(fmt, overwrite=overwrite, eos_token_id=eos_token_id, bos_token_id=bos_token_id,
                             vocab_size=vocab_size)
+    refuse_url(out, "input")
+    refuse_url(target, "output")
     output = open_output(out, verify=verify)
     out = output.root
     if output.manifest.get("kind") == "plan":  # no tokens to export: they are in its source
@@ -147,10 +159,9 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
     target = Path(target)
     if target.resolve() == out.resolve() or out.resolve() in target.resolve().parents:
         raise PackctlError(f"{target}: inside the packed output {out}; choose a -o outside it")
-    if target.exists() or target.is_symlink():
-        if not overwrite:
-            raise PackctlError(f"{target}: exists; choose another -o or pass --overwrite")
-        _check_replaceable(target)
+    _refuse_replacing_inputs(target, out, output.manifest)
+    if (target.exists() or target.is_symlink()) and not overwrite:
+        raise PackctlError(f"{target}: exists; choose another -o or pass --overwrite")
     if output.layout.get("pad_to") == "batch":
         raise PackctlError(f"{out}: a batch-mode output (padded micro-batches); exports take packs: pack "
                            "without --mode batch")
@@ -158,13 +169,23 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
         olmo.check_layout(output, options)  # refusals that need no shard, before anything is created
     elif fmt == "megatron":
         megatron.check_layout(output, options)
+    reached = (faults or Faults()).reached
     guard = SignalGuard()
-    made = _make_parents(target.parent)
+    made = _make_parents(target)
+    lock = OutputLock(target)
     staging = None
     try:
         with guard.installed():
             try:
-                staging = _fresh_dir(target, "export")
+                lock.acquire()
+                with guard.deferred(stop_after=True):  # finishing an interrupted swap: a signal waits for it
+                    recover(target)
+                if target.exists() or target.is_symlink():
+                    if not overwrite:
+                        raise PackctlError(f"{target}: exists; choose another -o or pass --overwrite")
+                    _check_replaceable(target)
+                staging = partial_export(target)
+                staging.mkdir()
             except OSError as exc:
                 raise PackctlError(f"{target.parent}: cannot write there ({exc.strerror or exc}); "
                                    "choose another -o") from None
@@ -174,32 +195,72 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
                 result = olmo.write(output, staging, options)
             else:
                 result = megatron.write(output, staging, options)
+            _write_mark(staging, fmt, out)
+            reached("export:written")
             with guard.deferred():
-                _put_in_place(staging, target)
+                _put_in_place(staging, target, reached)
+            staging = None
     except Interrupted as exc:
-        _undo(staging, made)
+        _undo(staging, made, lock)
         name = signal.Signals(exc.signum).name
         raise RunInterrupted(f"{target}: export interrupted by {name}; nothing was written", exc.signum) from None
     except KeyboardInterrupt:
-        _undo(staging, made)
+        _undo(staging, made, lock)
         raise RunInterrupted(f"{target}: export interrupted by SIGINT; nothing was written",
                              signal.SIGINT) from None
     except OSError as exc:  # a full disk, a quota, a read-only place: said in one line, nothing left
-        _undo(staging, made)
-        raise write_failed(target, exc, "nothing was written: free space or choose another -o") from None
+        _undo(staging, made, lock)
+        raise write_failed(Path(exc.filename or target), exc,
+                           "nothing was written: free space or choose another -o") from None
     except BaseException:
-        _undo(staging, made)
+        _undo(staging, made, lock)
         raise
+    lock.release()
     result["output"] = str(target)
     return result
 
 
-def _fresh_dir(target: Path, kind: str) -> Path:
-    """A new directory `.TARGET.packctl-<kind>-<pid>-<random>` beside `target`, made with the
-    process's umask (it becomes `target`: readable as any directory the user makes)."""
-    path = target.parent / f".{target.name}.packctl-{kind}-{os.getpid()}-{secrets.token_hex(4)}"
-    path.mkdir()
-    return path
+def partial_export(target: Path) -> Path:
+    """Where an export of `target` is written before it becomes `target`: `.TARGET.packctl-export-partial`
+    (a fixed name, so the next export of `target` finds what a killed one left)."""
+    return target.parent / f".{target.name}.packctl-export-partial"
+
+
+def old_export(target: Path) -> Path:
+    """Where a `target` being replaced (--overwrite) waits for the new one."""
+    return target.parent / f".{target.name}.packctl-export-old"
+
+
+def recover(target: Path) -> str | None:
+    """Under the lock of `target`: finish or undo the swap of an export that a crash interrupted
+    (output/commit.py `settle`: the old DIR back, or the complete new one in place), and remove the
+    partial directory of an export killed while writing (nothing in it is kept: an export is rerun
+    whole)."""
+    staging, old = partial_export(target), old_export(target)
+    done = settle(target, staging, [old] if exists(old) else [], complete=lambda d: (d / EXPORT_MARK).is_file(),
+                  finish=lambda: _swap(staging, target, old, lambda step: None))
+    if exists(staging):
+        remove(staging)
+        fsync_dir(target.parent)
+    return done
+
+
+def _write_mark(directory: Path, fmt: str, source: Path) -> None:
+    """The mark of a complete export (written last, durable): what reads INPUT recognises it by."""
+    path = directory / EXPORT_MARK
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps({"packctl_version": __version__, "format": fmt, "source": str(source)}, indent=2) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    fsync_dir(directory)
+
+
+def _refuse_replacing_inputs(target: Path, out: Path, manifest: dict) -> None:
+    """An export must not replace the corpus `out` was packed from: a -o that is, or holds, one of
+    its input files is refused, as pack and materialize refuse an OUT that would replace INPUT."""
+    paths = [entry.get("absolute_path") or entry.get("path") for entry in manifest.get("inputs") or []
+             if isinstance(entry, dict)]
+    check_output_location(target, inputs=[p for path in paths if isinstance(path, str) for p in input_files(path)])
 
 
 def _check_replaceable(target: Path) -> None:
@@ -218,14 +279,10 @@ def _check_replaceable(target: Path) -> None:
                                    "choose an empty or new -o")
 
 
-def _make_parents(parent: Path) -> list[Path]:
+def _make_parents(target: Path) -> list[Path]:
     """Create the missing directories above the export; returns them, deepest first, so a failed
     export removes them again."""
-    missing = []
-    for p in [parent, *parent.parents]:
-        if p.exists():
-            break
-        missing.append(p)
+    missing, parent = missing_parents(target), target.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -233,29 +290,35 @@ def _make_parents(parent: Path) -> list[Path]:
     return missing
 
 
-def _put_in_place(staging: Path, target: Path) -> None:
-    """The complete export becomes `target`; a previous one (--overwrite) is removed after."""
-    old = None
-    if target.exists() or target.is_symlink():
-        old = _fresh_dir(target, "export-old")
-        os.rename(target, old / "previous")
-    try:
-        os.rename(staging, target)
-    except BaseException:
-        if old is not None:
-            os.rename(old / "previous", target)
-            old.rmdir()
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+def _put_in_place(staging: Path, target: Path, reached) -> None:
+    """The complete export becomes `target` by the steps of output/commit.py `EXPORT_STEPS`; a
+    previous one (--overwrite) is set aside first and removed after, so a crash at any step
+    leaves `target` or what the next export's `recover` puts in its place."""
+    _swap(staging, target, old_export(target), reached)
 
 
-def _undo(staging: Path | None, made: list[Path]) -> None:
-    """Remove what a failed export created: its staging directory and the parents it made."""
+def _swap(staging: Path, target: Path, old: Path, reached) -> None:
+    if exists(target) and not exists(old):
+        os.replace(target, old)
+        fsync_dir(target.parent)
+        reached("export:old-set-aside")
+    os.replace(staging, target)
+    fsync_dir(target.parent)
+    reached("export:renamed")
+    if exists(old):
+        remove(old)
+        fsync_dir(target.parent)
+    reached("export:old-removed")
+
+
+def _undo(staging: Path | None, made: list[Path], lock: OutputLock) -> None:
+    """Remove what a failed export created: its partial directory, its lock and the parents it made."""
     if staging is not None:
         shutil.rmtree(staging, ignore_errors=True)
-    for p in made:
-        try:
-            p.rmdir()
-        except OSError:
-            break
+    lock.release()
+    remove_empty(made)
+
+
+# The formats last: each reads shards with `read_packs` above. Loaded with the package, so that a
+# signal never arrives inside their imports (cli/app.py `loading_modules`).
+from packctl.export import megatron, nemo, olmo  # noqa: E402

@@ -38,15 +38,18 @@ from packctl.contract.schema import IGNORE_INDEX
 METADATA_FILE = "packing_metadata.json"
 
 
-def _rows(shard, align: int, eos: int | None):
+def _rows(shard, align: int, eos: int | None, out: Path, first_pack: int):
     """One shard's packs in NeMo's layout: (row offsets, input_ids, loss_mask, seq_start offsets,
-    seq_start_id, run-time lengths)."""
+    seq_start_id, run-time lengths). `out` and `first_pack` (the output's number of the shard's
+    first pack) name a pack that cannot be exported: `out/data/train-00001.parquet row 3 (pack 43
+    of the output)`."""
     n = shard.seq_lens
     runtime = -(-(n - 1) // align) * align  # positions each sub-sequence trains, NeMo's padding
     stored = runtime + 1
     if eos is None and (stored != n).any():
-        raise PackctlError(f"{shard.name}: the output is aligned to {align} (--cp-size/--tp-size/--seq-multiple), "
-                           "and NeMo pads sub-sequences with the tokenizer's EOS id: pass --eos-token-id")
+        raise PackctlError(f"{out / shard.name}: the output is aligned to {align} (--cp-size/--tp-size/"
+                           "--seq-multiple), and NeMo pads sub-sequences with the tokenizer's EOS id: pass "
+                           "--eos-token-id")
     src = shard.flat_starts()
     per_pack = np.diff(shard.seq_offsets)
     pack_of = np.repeat(np.arange(shard.num_packs), per_pack)
@@ -60,8 +63,12 @@ def _rows(shard, align: int, eos: int | None):
     supervised = shard.labels[targets] != IGNORE_INDEX
     differ = supervised & (shard.labels[targets] != shard.input_ids[targets])
     if differ.any():
-        raise PackctlError(f"{shard.name}: a label differs from its token, and NeMo's format derives labels from "
-                           "input_ids (labels = the next token); such outputs cannot be exported to nemo")
+        at = int(targets[np.argmax(differ)])  # the first differing token, in the shard's flat input_ids
+        pack = int(np.searchsorted(shard.token_offsets, at, side="right")) - 1
+        raise PackctlError(f"{out / shard.name} row {pack} (pack {first_pack + pack} of the output): a label "
+                           f"differs from its token (label {int(shard.labels[at])}, token {int(shard.input_ids[at])}), "
+                           "and NeMo's format derives labels from input_ids (labels = the next token); such outputs "
+                           "cannot be exported to nemo: read them with packctl.torch's PackedDataset")
     loss_mask = np.zeros(len(tokens), dtype=np.int8)
     loss_mask[ranges(dst, n - 1)[supervised]] = 1
     seq_start_id = (dst - row_offsets[pack_of]).astype(np.int32)
@@ -78,9 +85,11 @@ def write(output: PackedOutput, target: Path, *, npy: bool, eos_token_id: int | 
     max_seqlen = max_per_bin = 0
     min_packed = None
     runtime_total = 0
+    first_pack = 0
     for k, shard in enumerate(read_packs(output)):
-        row_offsets, tokens, loss_mask, seq_offsets, seq_start_id, runtime, pack_of = _rows(shard, align,
-                                                                                          eos_token_id)
+        row_offsets, tokens, loss_mask, seq_offsets, seq_start_id, runtime, pack_of = _rows(
+            shard, align, eos_token_id, output.root, first_pack)
+        first_pack += shard.num_packs
         packed = np.bincount(pack_of, weights=runtime, minlength=shard.num_packs).astype(np.int64)
         packs += shard.num_packs
         sequences += len(runtime)

@@ -41,6 +41,9 @@ So a rerun after a kill at any step (with `--resume` where a partial directory h
 work) ends with the output an uninterrupted run writes, and an OUT being replaced is never lost:
 it is OUT, or `-old` beside a complete new output that the next run puts in its place.
 
+`packctl export` swaps its directory in by the same steps 4, 6 and 7 (`EXPORT_STEPS`, its mark
+`_packctl_export.json` written last in place of the manifest) and recovers by the same `settle`.
+
 Kill points: every step has a name (the tuples below), and `Faults(kill_at=NAME)`
 (output/outdir.py) stops the process there: the crash tests iterate these tuples.
 """
@@ -88,6 +91,13 @@ COMMIT_STEPS = (
     "commit:old-removed",
 )
 STEPS = OPEN_STEPS + SHARD_STEPS + JOIN_STEPS + RESUME_STEPS + COMMIT_STEPS
+EXPORT_STEPS = (                 # `packctl export`: the same swap, for a directory of another format
+    "export:written",            # the export complete in `.DIR.packctl-export-partial`, its mark written last
+    "export:old-set-aside",      # (--overwrite) DIR renamed to `.DIR.packctl-export-old`
+    "export:renamed",            # the partial directory renamed to DIR
+    "export:old-removed",        # `.DIR.packctl-export-old` removed
+)
+KILL_POINTS = STEPS + EXPORT_STEPS  # where `Faults(kill_at=)` may stop pack, materialize or export
 
 Reached = Callable[[str], None]  # called with a step's name as the run passes it (Faults.reached)
 
@@ -216,7 +226,21 @@ def recover(out: Path, reached: Reached = _nothing) -> str | None:
     """Finish or undo a commit that a crash interrupted (module docstring); the caller holds the
     lock. Returns what it did ("finished", "restored", "removed"), or None when no commit was
     under way."""
+    tmp = partial_dir(out)
+
+    def intact(directory: Path) -> bool:
+        shards = listed_shards(directory)
+        return shards is not None and not damaged_shards(directory, shards)
+
     olds = [p for p in [old_dir(out), *legacy_old_dirs(out)] if exists(p)]
+    return settle(out, tmp, olds, complete=intact, finish=lambda: _finish(out, tmp, olds, reached))
+
+
+def settle(out: Path, tmp: Path, olds: list[Path], *, complete: Callable[[Path], bool],
+           finish: Callable[[], None]) -> str | None:
+    """The recovery of a swap that a crash interrupted, for any directory swapped in this way (a
+    pack's OUT, an export's DIR): `olds` are the set-aside previous outputs that exist, `tmp` the
+    new one, `complete(tmp)` whether it may become `out`, `finish()` the rest of the swap."""
     if not olds:
         return None
     try:
@@ -225,10 +249,8 @@ def recover(out: Path, reached: Reached = _nothing) -> str | None:
                 remove(old)
             fsync_dir(out.parent)
             return "removed"
-        tmp = partial_dir(out)
-        shards = listed_shards(tmp) if tmp.is_dir() else None
-        if shards is not None and not damaged_shards(tmp, shards):
-            _finish(out, tmp, olds, reached)
+        if tmp.is_dir() and complete(tmp):
+            finish()
             return "finished"
         os.replace(olds[0], out)  # no complete new output: the old one comes back
         fsync_dir(out.parent)

@@ -33,7 +33,7 @@ from typing import Callable
 from packctl.contract.manifest import DATA_DIR, ShardEntry, sha256_file
 from packctl.errors import PackctlError
 from packctl.output import commit as protocol
-from packctl.output.commit import STEPS
+from packctl.output.commit import KILL_POINTS
 from packctl.output.fs import write_failed
 from packctl.output.journal import JOURNAL, RUN_FILE, fsync_dir, journal_line, partial_dir, read_journal
 from packctl.output.paths import check_output_path
@@ -43,7 +43,7 @@ from packctl.output.paths import check_output_path
 class Faults:
     """Failures to simulate at chosen points of a real run: tests pass one to `pack(..., faults=)`.
 
-    kill_at: a step of `STEPS` (output/commit.py); this process sends itself `kill_signal` the
+    kill_at: a step of `KILL_POINTS` (output/commit.py); this process sends itself `kill_signal` the
         `kill_count`-th time it passes that step (under MPI: only on `kill_rank`, if given).
         At "shard:journal-torn" half of the journal line is written first.
     kill_after_shards: the same as kill_at="shard:journaled", kill_count=k.
@@ -64,8 +64,8 @@ class Faults:
     _passed: dict = field(default_factory=dict, compare=False, repr=False)  # step -> times passed, per process
 
     def __post_init__(self) -> None:
-        if self.kill_at is not None and self.kill_at not in STEPS:
-            raise ValueError(f"kill_at={self.kill_at!r}: not a step; steps: {', '.join(STEPS)}")
+        if self.kill_at is not None and self.kill_at not in KILL_POINTS:
+            raise ValueError(f"kill_at={self.kill_at!r}: not a step; steps: {', '.join(KILL_POINTS)}")
         if self.kill_after_shards is not None:
             if self.kill_at is not None:
                 raise ValueError("give kill_after_shards or kill_at, not both")
@@ -74,7 +74,7 @@ class Faults:
 
     def due(self, step: str, rank: int = 0) -> bool:
         """Count a pass of `step`; whether the kill is due now."""
-        if step not in STEPS:
+        if step not in KILL_POINTS:
             raise AssertionError(f"unnamed step {step!r}: add it to output/commit.py")
         if self.on_step is not None:
             self.on_step(step)

@@ -17,9 +17,12 @@ def check_output_path(out: Path, *, overwrite: bool, inputs: list[str] | None = 
 
 
 def check_output_location(out: Path, *, inputs: list[str] | None = None, input_dirs: list[str] | None = None) -> None:
-    """Refuse an OUT that is or holds an input file, an OUT inside an input directory (its shards
-    would be read as input next time), and an OUT whose parent cannot be written. (Whether OUT
-    exists is decided under the lock, once an interrupted commit is finished: pipeline/run.py.)"""
+    """Refuse an OUT that is or holds the working directory (`-o .`, `-o ..`: OUT is written beside
+    itself and renamed into place, which a directory the process stands in cannot be), an OUT
+    that is or holds an input file, an OUT inside an input directory (its shards would be read as
+    input next time), and an OUT whose parent cannot be written. (Whether OUT exists is decided
+    under the lock, once an interrupted commit is finished: pipeline/run.py.)"""
+    _refuse_working_directory(out)
     ancestor = out.absolute().parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
@@ -38,3 +41,35 @@ def check_output_location(out: Path, *, inputs: list[str] | None = None, input_d
             real = os.path.realpath(path)
             if real == out_real or real.startswith(out_real + os.sep):
                 raise PackctlError(f"{out}: the output would replace the input {path}; choose another -o")
+
+
+def _refuse_working_directory(out: Path) -> None:
+    real, here = os.path.realpath(out), os.path.realpath(os.getcwd())
+    if real == here or here.startswith(real.rstrip(os.sep) + os.sep):
+        what = "the working directory" if real == here else f"a directory above the working directory {here}"
+        raise PackctlError(f"{out}: is {what}; OUT is a directory packctl writes whole and puts in place (replaces, "
+                           "with --overwrite): choose an -o inside it, e.g. -o packed")
+
+
+def missing_parents(out: Path) -> list[Path]:
+    """The directories above OUT that do not exist yet, deepest first: a run creates them, and a
+    run that fails removes them again (`remove_empty`), so a refused input leaves no trace.
+
+        missing_parents(Path("nope2/deeper/out"))  ->  [nope2/deeper, nope2]   (neither exists)
+    """
+    missing = []
+    for parent in out.absolute().parents:
+        if os.path.lexists(parent):
+            break
+        missing.append(parent)
+    return missing
+
+
+def remove_empty(directories: list[Path]) -> None:
+    """Remove `directories` (deepest first) while each is empty: those a failed run created;
+    one that holds something (a partial directory kept for --resume) stays, with those above it."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:
+            return

@@ -1,7 +1,8 @@
 """What a run does with what earlier runs left at OUT, decided under the lock once `recover`
 (output/commit.py) has finished or undone an interrupted commit:
 
-    OUT exists, --resume, and OUT is this run's complete output   -> nothing to do: "already complete"
+    OUT exists and is this run's complete output, with --resume   -> nothing to do: "already complete"
+        or without --overwrite
     OUT exists otherwise, no --overwrite                          -> "already exists" (with --resume:
                                                                      naming what differs)
     a complete partial directory (its manifest written):
@@ -13,9 +14,10 @@
 "This run's output" is compared as `--resume` compares an interrupted run (journal.py
 `differences`): the options but those of where and how a run executes, the layout, the inputs
 (paths, rows, sizes, none modified since the output was written), the format and packctl version.
-So a scheduler's retry loop may rerun `pack --resume` after success: it exits 0 and changes
-nothing. With `--resume --overwrite`, an OUT that is this run's output is kept as it is, any
-other OUT is replaced.
+So a scheduler's retry loop may rerun `pack --resume` after success, and a user the command that
+made OUT: it exits 0 and changes nothing. `--overwrite` alone replaces OUT whatever it holds; with
+`--resume --overwrite`, an OUT that is this run's output is kept as it is, any other OUT is
+replaced.
 """
 from __future__ import annotations
 
@@ -43,10 +45,12 @@ class Outcome:
 def inspect_output(out: Path, fingerprint: dict, *, resume: bool, overwrite: bool) -> Outcome:
     """The decision of the module docstring; raises PackctlError where the run must not go on."""
     if exists(out):
-        why = not_this_output(out, fingerprint) if resume else None
-        if resume and why is None:
+        keep = resume or not overwrite  # the run would keep OUT if it is its output
+        why = not_this_output(out, fingerprint) if keep else None
+        if keep and why is None:
             _drop_partial_of_same_run(out, fingerprint)
             return Outcome(complete=True)
+        why = why if resume else None  # without --resume: the usual line
         if not overwrite:
             detail = f" and is not the output of this command: {why}" if why else ""
             raise PackctlError(f"{out}: already exists{detail}; pass --overwrite to replace it or choose another -o")

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.config import default_memory_budget, parse_bytes
+from packctl.urls import refuse_url
 from packctl.contract.manifest import EPOCHS, MANIFEST, METRICS, epoch_dir, epoch_outputs, read_json_object
 from packctl.contract.reader import PackedOutput, open_output
 from packctl.contract.schema import (COLUMN, METADATA_KEY, PACK, PACK_COLUMNS, SAMPLE_IDS, SEQ_LENS,
@@ -42,7 +43,7 @@ from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
 from packctl.output import commit as protocol
 from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults
-from packctl.output.paths import check_output_location
+from packctl.output.paths import check_output_location, missing_parents, remove_empty
 from packctl.output.resume import inspect_output
 from packctl.pipeline.manifest import PLAN_KIND
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
@@ -81,7 +82,8 @@ def open_plan(path: str | Path) -> Plan:
     line when it is not a plan."""
     root = Path(path)
     epochs = epoch_outputs(root)
-    outputs = [open_output(p) for p in epochs] if epochs is not None else [open_output(root)]
+    remedy = "make the plan again (packctl pack --plan-only); materialize reads a plan only checked"
+    outputs = [open_output(p, remedy=remedy) for p in (epochs if epochs is not None else [root])]
     for output in outputs:
         if output.manifest.get("kind") != PLAN_KIND:
             raise PackctlError(f"{output.manifest_file}: not a plan (packctl pack --plan-only writes one); this "
@@ -108,16 +110,20 @@ def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bo
     >>> materialize_plan("plan", "out")          # doctest: +SKIP
     """
     comm = comm or get_comm()
+    refuse_url(plan_path, "input")
+    refuse_url(output, "output")
     progress = progress if (progress is not None and comm.rank == 0) else Progress()
     out = Path(output)
     lock = OutputLock(out)
     guard = SignalGuard()
     opened: dict[str, Any] = {}
+    made, failed = missing_parents(out), False  # the directories above OUT this run creates
     try:
         with guard.installed():
             return _materialize(Path(plan_path), out, overwrite, resume, memory_budget, token_transfer, comm,
                                 progress, lock, guard, opened, faults)
     except BaseException as exc:
+        failed = True
         failure = after_failure(comm, opened.get("output"), exc)
         if failure is exc:
             raise
@@ -125,6 +131,8 @@ def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bo
     finally:
         lock.release()
         progress.close()
+        if failed:
+            remove_empty(made)
 
 
 def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memory_budget, token_transfer: str,

@@ -62,6 +62,8 @@ def layout_of(config: PackConfig) -> dict[str, Any]:
 def resolved_config(config: PackConfig, labels_column: str | None) -> dict[str, Any]:
     out = config.to_dict()
     out["labels_column"] = labels_column
+    if out.get("split") is None:  # recorded only where it selects files: other outputs keep their bytes
+        out.pop("split", None)
     return out
 
 

@@ -55,7 +55,7 @@ from packctl.output.stitch import stitch, stitch_chunks
 from packctl.output.encode import encode_table, rows_to_table
 from packctl.contract.manifest import ShardEntry
 from packctl.errors import PackctlError
-from packctl.output.fs import write_failed
+from packctl.output.fs import error_number, write_failed
 from packctl.output.outdir import OutputDir, StagedShard
 from packctl.plan.windows import PackPlan
 from packctl.plan.groups import group_ids
@@ -91,7 +91,7 @@ class _Bucket:
                     np.save(fh, np.concatenate(part), allow_pickle=False)
         except OSError as exc:
             path.unlink(missing_ok=True)  # a partial spill only takes the space the run needs
-            raise write_failed(path, exc, _SPILL_ADVICE.get(exc.errno)) from None
+            raise write_failed(path, exc, _SPILL_ADVICE.get(error_number(exc))) from None
         self.spill_files.append(path)
         freed, self.nbytes = self.nbytes, 0
         self.pieces, self.tokens, self.labels = [], [], []

@@ -52,7 +52,7 @@ from packctl.output import commit as protocol
 from packctl.output.journal import RUN_FILE, partial_dir
 from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults, OutputDir
-from packctl.output.paths import check_output_location
+from packctl.output.paths import check_output_location, missing_parents, remove_empty
 from packctl.output.resume import inspect_output
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.plan.order import epoch_seed
@@ -77,8 +77,8 @@ class PackResult:
     metrics: dict[str, Any]
     timings: dict[str, float]
     shards: list[ShardEntry] = field(default_factory=list)
-    # "OUT: already complete ...": a `--resume` that found its output written (counts, metrics,
-    # timings and shards are then OUT's); the CLI prints it on stderr
+    # "OUT: already complete ...": a run that found its output written (counts, metrics, timings
+    # and shards are then OUT's); the CLI prints it on stderr
     note: str | None = None
 
 
@@ -100,9 +100,9 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
     interrupted (SIGINT, SIGTERM: `RunInterrupted`, exit 130 / 143) after finishing some keeps
     them there, and `config.resume` continues it (output/journal.py). The partial directory becomes
     OUT by the commit protocol (output/commit.py), and every run first finishes or undoes a commit
-    a crash interrupted. `config.resume` on an OUT that already holds this run's output changes
-    nothing and returns it (`PackResult.note`: "already complete"). `faults` simulates a crash at
-    any named step, or a full disk (tests).
+    a crash interrupted. A run (without `config.overwrite`, or with `config.resume`) on an OUT that
+    already holds its output changes nothing and returns it (`PackResult.note`: "already
+    complete"). `faults` simulates a crash at any named step, or a full disk (tests).
     """
     comm = comm or get_comm()
     config.check_types()  # OUT's path is used at once: a value of the wrong type is refused first
@@ -111,11 +111,13 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
     lock = OutputLock(out)
     guard = SignalGuard()
     run = _Run()
+    made, failed = missing_parents(out), False  # the directories above OUT this run creates
     try:
         with guard.installed():
             run.ahead = CompileAhead.start(comm.size)
             return _pack(config, comm, progress, out, lock, guard, run, faults)
     except BaseException as exc:
+        failed = True
         failure = after_failure(comm, run.output, exc)
         if failure is exc:
             raise
@@ -125,6 +127,8 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
             run.ahead.stop()
         lock.release()
         progress.close()
+        if failed:
+            remove_empty(made)
 
 
 @dataclass
@@ -338,7 +342,7 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
     check_output_location(out)
     specs = [normalize_spec(s) for s in config.inputs]
     _refuse_output_in_reach(out, specs)
-    resolution = resolve(specs)
+    resolution = resolve(specs, split=config.split)
     if config.resume:
         resolution = _spelled_as_earlier_run(out, resolution)
     config = dataclasses.replace(config, inputs=resolution.specs)
@@ -363,7 +367,7 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
         return config, None, None, None, (f"{out}: already complete: the interrupted run had written all of it; "
                                           "it is now in place")
     if found.complete:
-        return config, None, None, None, f"{out}: already complete: it holds the output of these options and inputs"
+        return config, None, None, None, f"{out}: already complete with these inputs and options; nothing to do"
     return config, index, fingerprint, found.done, None
 
 

@@ -49,12 +49,18 @@ class SignalGuard:
     """SIGINT and SIGTERM stop the run by raising in the main thread; writer threads finish the
     shard they are writing (journaled), the others are not started. During the final commit a
     signal is deferred, and the run completes; while a run finishes an earlier run's interrupted
-    commit (before it packs), a signal waits for that, then stops the run."""
+    commit (before it packs), a signal waits for that, then stops the run.
+
+    The exception a signal raises can be lost: raised while a C extension runs Python code whose
+    errors it cannot pass on (pyarrow importing pandas on first use: "Exception ignored in ..."),
+    it never reaches the run. So the signal is also remembered, and `deferred()` (every run passes
+    it before its commit) raises it again: a run that got SIGTERM never completes."""
 
     def __init__(self) -> None:
         self._defer = False
         self._stopping = False
         self._waiting: int | None = None  # a signal that came while deferred
+        self._raised: int | None = None  # the signal whose Interrupted was raised
 
     def _handle(self, signum, frame) -> None:
         if self._stopping:
@@ -63,6 +69,7 @@ class SignalGuard:
             self._waiting = signum
             return
         self._stopping = True
+        self._raised = signum
         raise Interrupted(signum)
 
     @contextmanager
@@ -81,7 +88,10 @@ class SignalGuard:
 
     @contextmanager
     def deferred(self, *, stop_after: bool = False) -> Iterator[None]:
-        """A signal waits for the block; with `stop_after` it then stops the run."""
+        """A signal waits for the block; with `stop_after` it then stops the run. A signal whose
+        Interrupted was lost on its way (class docstring) stops the run here, before the block."""
+        if self._raised is not None:
+            raise Interrupted(self._raised)
         self._defer = True
         try:
             yield

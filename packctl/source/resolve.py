@@ -30,8 +30,10 @@ The rules (docs/errors.md, "Input resolution"); nothing is ever skipped silently
   its partner is refused naming the missing file. One run reads Parquet or Megatron input, not
   both: the two kinds are refused together.
 - packctl outputs are never input: a file whose Parquet metadata has the `packctl` key (a shard),
-  a file in a directory holding packctl's `_manifest.json` or `_epochs.json` (a complete output),
-  or in `.OUT.packctl-partial` (a run in progress or interrupted) is refused naming the output.
+  a file in a directory holding packctl's `_manifest.json` or `_epochs.json` (a complete output)
+  or `_packctl_export.json` (an export: `packctl export --format nemo|olmo|megatron`), or in
+  `.OUT.packctl-partial` or `.DIR.packctl-export-partial` (a run or an export in progress or
+  interrupted) is refused naming the output.
 """
 from __future__ import annotations
 
@@ -44,17 +46,20 @@ import stat
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from packctl.contract.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST
+from packctl.contract.manifest import EPOCHS, EXPORT_MARK, LEGACY_MANIFEST, MANIFEST
 from packctl.contract.schema import METADATA_KEY
 from packctl.errors import PackctlError
 from packctl.source import megatron
 from packctl.source.index import ResolvedFile, Resolution
 from packctl.source.files import changed_error, file_kind, read_fingerprint
 from packctl.source.index import BIN, IDX, bin_of, is_indexed, prefix_of
+from packctl.source.splits import select_split
+from packctl.urls import refuse_url
 
 _GLOB_CHARS = frozenset("*?[")
-# what packctl keeps beside an OUT it is writing or replacing: .OUT.packctl-partial, .OUT.packctl-old-PID
-_BESIDE_OUT = re.compile(r"^\.(?P<out>.+)\.packctl-(partial|old-\d+)$")
+# what packctl keeps beside an OUT it is writing or replacing: .OUT.packctl-partial, .OUT.packctl-old-PID,
+# and beside an export's DIR: .DIR.packctl-export-partial, .DIR.packctl-export-old
+_BESIDE_OUT = re.compile(r"^\.(?P<out>.+)\.packctl-(?P<what>partial|old-\d+|export-partial|export-old)$")
 
 
 @dataclass(frozen=True)
@@ -71,17 +76,19 @@ class _Found:
 def normalize_spec(spec: str | os.PathLike) -> str:
     """An INPUT as the run records it: `./data/` -> `data`, `/abs/data//x.parquet` -> `/abs/data/x.parquet`."""
     text = os.fspath(spec)
+    refuse_url(text, "input")  # normpath would make s3://b/x "s3:/b/x", which does not exist
     return os.path.normpath(text) if text else text
 
 
-def resolve(inputs: Iterable[str | os.PathLike]) -> Resolution:
+def resolve(inputs: Iterable[str | os.PathLike], *, split: str | None = None) -> Resolution:
     """INPUT specs -> the run's input files (module docstring): found, checked not to belong to a
     packctl output, distinct by identity, then each opened once for its fingerprint (a shard of
-    packctl is recognised by its Parquet metadata here)."""
+    packctl is recognised by its Parquet metadata here). A directory INPUT holding dataset splits
+    gives the files of `split` (`--split`, source/splits.py)."""
     specs = [normalize_spec(s) for s in inputs]
     found: list[_Found] = []
     for spec in specs:
-        found += _expand(spec)
+        found += _in_split(spec, _expand(spec), split)
     found = _with_partners(found)
     _refuse_outputs(found)
     files = []
@@ -104,6 +111,18 @@ def resolve(inputs: Iterable[str | os.PathLike]) -> Resolution:
         files.append(ResolvedFile(path=item.path, spec=item.spec, device=st.st_dev, inode=st.st_ino,
                                   fingerprint=fingerprint))
     return Resolution(specs=specs, files=files)
+
+
+def _in_split(spec: str, found: list[_Found], split: str | None) -> list[_Found]:
+    """The files of a directory INPUT that `select_split` keeps (all, without splits); the files
+    of any other INPUT as they are.
+
+        data/train-0.parquet, data/test-0.parquet, split "train"  ->  data/train-0.parquet
+    """
+    if _is_pattern(spec) or not os.path.isdir(spec):
+        return found
+    below = {os.path.relpath(item.path, spec).replace(os.sep, "/"): item for item in found}
+    return [below[path] for path in select_split(spec, sorted(below), split)]
 
 
 def _with_partners(found: list[_Found]) -> list[_Found]:
@@ -385,8 +404,9 @@ def _refuse_outputs(found: list[_Found]) -> None:
             if beside:
                 where = os.sep.join(parts[:k + 1])
                 out = os.path.join(os.path.dirname(where), beside["out"])
+                run = "packctl export" if beside["what"].startswith("export") else "packctl run"
                 raise PackctlError(
-                    f"{item.path}: inside {where}, the unfinished output of a packctl run writing {out}; packctl "
+                    f"{item.path}: inside {where}, the unfinished output of a {run} writing {out}; packctl "
                     f"outputs are never read as input: narrow INPUT {item.spec} to leave it out, or move it")
         outputs = []  # from the file's folder up: the last is the output the user named (an epoch's is inside)
         for directory in _directories_up_to(item.path, item.root):
@@ -395,9 +415,10 @@ def _refuse_outputs(found: list[_Found]) -> None:
             if marker_of[directory] is not None:
                 outputs.append(directory)
         if outputs:
+            what = "export" if marker_of[outputs[-1]] == EXPORT_MARK else "output"
             raise PackctlError(
-                f"{item.path}: part of the packctl output {outputs[-1]} (it holds {marker_of[outputs[-1]]}); packctl "
-                f"outputs are never read as input: narrow INPUT {item.spec} to leave it out, or move the output")
+                f"{item.path}: part of the packctl {what} {outputs[-1]} (it holds {marker_of[outputs[-1]]}); packctl "
+                f"outputs are never read as input: narrow INPUT {item.spec} to leave it out, or move the {what}")
 
 
 def _directories_up_to(path: str, root: str) -> list[str]:
@@ -413,9 +434,10 @@ def _directories_up_to(path: str, root: str) -> list[str]:
 
 
 def _packctl_marker(directory: str) -> str | None:
-    """The name of the file that makes `directory` a complete packctl output (a manifest, or the
-    _epochs.json of --epochs: JSON naming a `packctl_version`), or None."""
-    for name in (MANIFEST, EPOCHS, LEGACY_MANIFEST):
+    """The name of the file that makes `directory` a complete packctl output (a manifest, the
+    _epochs.json of --epochs, or the _packctl_export.json of `packctl export`: JSON naming a
+    `packctl_version`), or None."""
+    for name in (MANIFEST, EPOCHS, EXPORT_MARK, LEGACY_MANIFEST):
         path = os.path.join(directory, name)
         if not os.path.isfile(path):
             continue

@@ -75,7 +75,8 @@ class LengthIndex(RowsByGid):
 
 
 def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_column: str | None = None, *,
-                 skip_empty: bool = False, limit_columns: tuple[str, ...] = ()) -> LengthIndex:
+                 skip_empty: bool = False, limit_columns: tuple[str, ...] = (), split: str | None = None
+                 ) -> LengthIndex:
     """Sequence lengths of raw tokenized shards, in global sample id order (and with
     `group_column`, where each group starts: `packctl.source.groups.read_group_starts`, which refuses
     a null or a group value found again with the error `pack` gives).
@@ -91,7 +92,7 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     per-row integer column with no null and no negative value, as `pack` requires
     (`check_limit_column`, `check_limit_values`).
     """
-    resolution = resolve(inputs)
+    resolution = resolve(inputs, split=split)
     check_megatron_options(resolution, tokens_column=tokens_column, group_column=group_column,
                            limits=limit_columns)
     if resolution.files and is_indexed(resolution.files[0].path):
@@ -318,7 +319,7 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
                for c in capacities for a in algorithms}
 
     index = read_lengths(inputs, config.tokens_column, config.group_column, skip_empty=config.skip_empty,
-                         limit_columns=tuple(config.limits))
+                         limit_columns=tuple(config.limits), split=config.split)
     read_seconds = time.perf_counter() - started
     # With --too-long error, pack would stop at the first over-long sequence: the what-if reports
     # where, and plans that capacity's rows with split (every token kept) instead of stopping.

@@ -116,8 +116,10 @@ def _suffix_match(a: str, b: str) -> int:
     return n
 
 
-def match_sources(manifest: dict[str, Any], sources: list[str]) -> list[str]:
-    """The --source files in the manifest's `inputs` order (the global sample id order).
+def match_sources(manifest: dict[str, Any], sources: list[str], split: str | None = None) -> list[str]:
+    """The --source files in the manifest's `inputs` order (the global sample id order); of a
+    directory holding dataset splits, those of `split`, by default the split the output was packed
+    from (its manifest's `config.split`).
 
     A file matches a manifest input by its real path, else by the longest common path suffix (so
     the output can be verified from another working directory). Every input must be matched and
@@ -126,7 +128,8 @@ def match_sources(manifest: dict[str, Any], sources: list[str]) -> list[str]:
     inputs = manifest.get("inputs")
     if not isinstance(inputs, list) or not inputs or not all(isinstance(i, dict) and "path" in i for i in inputs):
         raise PackctlError("the manifest lists no inputs, so --source cannot be matched to sample ids")
-    resolved = resolve(sources).paths
+    config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    resolved = resolve(sources, split=split if split is not None else config.get("split")).paths
     by_real = {os.path.realpath(p): p for p in resolved}
     matched: list[str] = []
     for entry in inputs:

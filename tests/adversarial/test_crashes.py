@@ -51,12 +51,12 @@ KILL_COUNT = {"shard:staged": 1, "shard:renamed": 3, "shard:journal-torn": 3, "s
 
 # The same command run again WITHOUT --resume after a kill at each step: "ok" completes; "resume"
 # refuses in one line saying to pass --resume (finished work waits: nothing is thrown away
-# without being asked); "exists": OUT is complete already ("already exists"; with --resume:
-# "already complete").
+# without being asked); "complete": OUT is this command's complete output already: exit 0,
+# "already complete with these inputs and options; nothing to do".
 _PLAIN = {"lock:taken": "ok", "open:created": "ok", "shard:staged": "ok", "shard:renamed": "resume",
           "shard:journal-torn": "resume", "shard:journaled": "resume", "commit:metrics-written": "resume",
           "commit:manifest-written": "resume", "commit:old-set-aside": "resume", "commit:journal-removed": "resume",
-          "commit:renamed": "exists", "commit:old-removed": "exists",
+          "commit:renamed": "complete", "commit:old-removed": "complete",
           **{step: "resume" for step in RESUME_STEPS}}  # the journal of the kept shards is there
 PLAIN_RERUN = {
     False: _PLAIN,
@@ -177,12 +177,14 @@ def assert_both_reruns(tmp_path: Path, out: Path, argv: list[str], step: str, ov
     restore(saved, tmp_path)
     plain = packctl(*argv)
     expected = PLAIN_RERUN[overwrite][step]
-    if expected == "ok":
+    if expected in ("ok", "complete"):
         assert plain.code == 0, plain.stderr
         assert snapshot(out) == new.snapshot
         assert_complete(out)
+        if expected == "complete":
+            assert plain.lines == [f"{out}: already complete with these inputs and options; nothing to do"]
         return
-    assert_clean_error(plain, 2, "pass --resume" if expected == "resume" else "already exists")
+    assert_clean_error(plain, 2, "pass --resume")
     assert_never_lost(out, old, new)
     assert_resume_completes(out, argv, new, kept)
 
@@ -416,14 +418,42 @@ def test_a_retry_loop_after_success_exits_0_and_changes_nothing(tmp_path, corpus
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
     for _ in range(2):
         again = packctl(*argv, "--json")
-        assert again.code == 0 and again.lines == [f"{out}: already complete: it holds the output of these options "
-                                                   "and inputs"], again.stderr
+        assert again.code == 0 and again.lines == [f"{out}: already complete with these inputs and options; "
+                                                   "nothing to do"], again.stderr
         assert json.loads(again.stdout)["shards"] == SHARDS
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
     assert snapshot(out) == reference.snapshot
     assert_every_sample_once(out, [corpus])
     summary = packctl(*command(corpus, out)[:-1], "--resume")  # without -q: the summary as usual
     assert summary.code == 0 and "packctl pack ->" in summary.stdout and "already complete" in summary.stderr
+
+
+def test_the_same_command_again_exits_0_and_changes_nothing(tmp_path, corpus, reference):
+    """Running the command that made OUT again (a README run twice, a notebook cell) is not an
+    error: OUT holds its result already. Other options, or inputs changed since, still need
+    --overwrite."""
+    out = tmp_path / "out"
+    assert packctl(*command(corpus, out)).code == 0
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    again = packctl(*command(corpus, out))
+    assert again.code == 0 and again.lines == [f"{out}: already complete with these inputs and options; nothing "
+                                               "to do"], again.stderr
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    assert_complete(out)
+    other = packctl(*command(corpus, out), "--seed", "3")
+    assert_clean_error(other, 2, f"{out}: already exists; pass --overwrite")
+    assert snapshot(out) == reference.snapshot
+
+
+def test_the_python_api_advises_keyword_arguments(tmp_path, corpus):
+    from packctl import PackConfig, PackctlError, pack
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(PackctlError) as refused:
+        pack(PackConfig(inputs=[str(corpus)], output=str(out), capacity=256, too_long="split"))
+    assert str(refused.value) == f"{out}: already exists; pass overwrite=True to replace it or choose another -o"
 
 
 def test_resume_on_a_complete_out_of_other_options_is_refused_naming_what_differs(tmp_path, corpus, reference):
@@ -620,9 +650,9 @@ def test_a_signal_during_an_export_leaves_nothing(tmp_path, monkeypatch, signum,
 @pytest.mark.parametrize("step, count", [("add", 4), ("finalize", 2)])
 def test_a_kill_during_a_megatron_export_leaves_nothing_that_looks_complete(tmp_path, step, count):
     """SIGKILL (nothing can clean up) when shard 1 arrives, or after tokens.bin/.idx are complete:
-    there is no -o, so nothing a reader given DIR could open; what is left is the staging directory,
-    named as packctl's (.DIR.packctl-export-*) and without megatron.json (written last); the same
-    export run again beside it completes with the bytes of an export never interrupted."""
+    there is no -o, so nothing a reader given DIR could open; what is left is the partial directory,
+    named as packctl's (.DIR.packctl-export-partial) and without megatron.json, and the lock; the
+    same export run again removes both and completes with the bytes of an export never interrupted."""
     from support.data import write_table
 
     write_table(tmp_path / "in" / "a.parquet", {"input_ids": [[5, 6, 2], [7, 2], [8, 9, 4, 2]] * 8})
@@ -652,10 +682,11 @@ def test_a_kill_during_a_megatron_export_leaves_nothing_that_looks_complete(tmp_
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
     assert not os.path.lexists(target)
     left = leftovers(target)
-    assert len(left) == 1 and left[0].name.startswith(".megatron.packctl-export-"), left
+    assert [p.name for p in left] == [".megatron.packctl-export-partial", ".megatron.packctl-lock"], left
     assert (left[0] / "tokens.bin").exists() and not (left[0] / "megatron.json").exists()
     assert (left[0] / "tokens.idx").exists() == (step == "finalize")
-    assert packctl(*argv).code == 0  # beside the stale staging directory
+    assert packctl(*argv).code == 0  # the killed export's lock is stale and its partial directory removed
+    assert leftovers(target) == []
     assert packctl("export", packed, "-o", tmp_path / "clean", "--format", "megatron").code == 0
     assert ({p.name: p.read_bytes() for p in target.iterdir()} ==
             {p.name: p.read_bytes() for p in (tmp_path / "clean").iterdir()})

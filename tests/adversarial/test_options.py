@@ -783,8 +783,8 @@ def test_megatron_export_into_an_existing_directory(tmp_path):
     args = ("export", packed, "-o", target, "--format", "megatron")
     assert packctl(*args).code == 0
     before = {p.name: p.read_bytes() for p in target.iterdir()}
-    assert sorted(before) == ["cu_seqlens.bin", "cu_seqlens.idx", "loss_mask.bin", "loss_mask.idx", "megatron.json",
-                              "tokens.bin", "tokens.idx"]
+    assert sorted(before) == ["_packctl_export.json", "cu_seqlens.bin", "cu_seqlens.idx", "loss_mask.bin",
+                              "loss_mask.idx", "megatron.json", "tokens.bin", "tokens.idx"]
     assert_clean_error(packctl(*args), 2, f"{target}: exists; choose another -o or pass --overwrite")
     assert_clean_error(packctl(*args, "--vocab-size", "8", "--overwrite"), 2,
                        "row 1 (pack 1 of the output)", "token id 8 is not in [0, 8)")

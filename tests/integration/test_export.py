@@ -142,8 +142,11 @@ def test_nemo_export_needs_the_eos_id_for_aligned_outputs(packed, tmp_path):
 def test_nemo_export_refuses_labels_that_are_not_the_tokens(tmp_path):
     write_table(tmp_path / "in" / "a.parquet", {"input_ids": [[5, 6, 7, 8]], "labels": [[-100, 6, 9, 8]]})
     _, out = pack_to(tmp_path, [tmp_path / "in"], capacity=8)
-    with pytest.raises(PackctlError, match="a label differs from its token"):
+    with pytest.raises(PackctlError) as refused:
         export(out, tmp_path / "nemo", "nemo")
+    # OUT, the shard, its row and the pack's number in the output, the values that differ
+    assert str(refused.value).startswith(f"{out}/data/train-00000.parquet row 0 (pack 0 of the output): a label "
+                                         "differs from its token (label 9, token 7)")
 
 
 def test_export_cli(packed, tmp_path):

@@ -22,7 +22,7 @@ from support.adversary import packctl
 from support.data import write_table
 from support.docs import run_docs_block
 from support.runs import pack_to
-from packctl.contract.manifest import sha256_file
+from packctl.contract.manifest import EXPORT_MARK, sha256_file
 from packctl.errors import PackctlError
 from packctl.export import export
 
@@ -109,7 +109,8 @@ def test_megatron_export_round_trips(packed, tmp_path):
     assert info["loss_tokens"] == sum(int(m.sum()) for _, m, _, _ in got)
     assert info["align"] == (4 if name.startswith("cp2") else 1) and info["token_dtype"] == "uint16"
     assert info["source"]["manifest_sha256"] == sha256_file(out / "_manifest.json")
-    assert sorted(p.name for p in (tmp_path / "meg").iterdir()) == sorted(result["files"] + ["megatron.json"])
+    assert (sorted(p.name for p in (tmp_path / "meg").iterdir()) ==
+            sorted(result["files"] + ["megatron.json", EXPORT_MARK]))
     if name == "cp2-capacity":
         assert all(len(t) == 512 for t, *_ in got)
     if name.startswith("cp2"):  # every sequence with its alignment padding a multiple of 2 x cp

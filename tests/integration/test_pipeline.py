@@ -151,7 +151,7 @@ def test_existing_output_is_refused_then_replaced(tmp_path, sample_data):
     out.mkdir()
     (out / "keep.txt").write_text("x")
     cfg = dict(inputs=[str(sample_data)], output=str(out), too_long="drop")
-    with pytest.raises(PackctlError, match="--overwrite"):
+    with pytest.raises(PackctlError, match="already exists; pass overwrite=True to replace it"):  # the API's words
         pack(PackConfig(**cfg))
     assert (out / "keep.txt").exists()
     pack(PackConfig(**cfg, overwrite=True))

@@ -171,3 +171,15 @@ def test_kept_columns_weights_and_groups_travel_through_a_plan(tmp_path):
     assert digests(made) == digests(full)
     names = pq.read_schema(next((plan / "data").glob("*.parquet"))).names
     assert {"doc", "seq_weights", "group_ids", "seq_starts"} <= set(names)
+
+
+def test_a_tampered_plan_is_refused_with_advice_materialize_has(tmp_path, corpus):
+    """materialize always checks a plan's shards: its error names no option it lacks."""
+    plan = tmp_path / "plan"
+    assert packctl("pack", corpus, "-o", plan, "--capacity", "4096", "--too-long", "split", "--plan-only",
+                   "-q").code == 0
+    shard = plan / "data" / "train-00000.parquet"
+    pq.write_table(pq.read_table(shard), shard, compression="gzip")  # the same rows, other bytes: another sha256
+    result = packctl("materialize", plan, "-o", tmp_path / "out", "-q")
+    line = assert_clean_error(result, 2, str(shard), "make the plan again (packctl pack --plan-only)")
+    assert "--no-verify-checksums" not in line and "verify=False" not in line

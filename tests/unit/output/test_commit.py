@@ -177,8 +177,7 @@ def _complete_out(tmp_path, **config):
 
 def test_inspect_output_on_an_existing_out(tmp_path):
     out = _complete_out(tmp_path)
-    with pytest.raises(PackctlError, match=r"out: already exists; pass --overwrite"):
-        inspect_output(out, FINGERPRINT, resume=False, overwrite=False)
+    assert inspect_output(out, FINGERPRINT, resume=False, overwrite=False).complete  # the same command again
     assert inspect_output(out, FINGERPRINT, resume=True, overwrite=False).complete
     assert inspect_output(out, FINGERPRINT, resume=True, overwrite=True).complete  # kept as it is
     assert not inspect_output(out, FINGERPRINT, resume=False, overwrite=True).complete
@@ -187,6 +186,8 @@ def test_inspect_output_on_an_existing_out(tmp_path):
                                            r"seed; pass --overwrite"):
         inspect_output(out, changed, resume=True, overwrite=False)
     assert not inspect_output(out, changed, resume=True, overwrite=True).complete  # replaced
+    with pytest.raises(PackctlError, match=r"out: already exists; pass --overwrite"):
+        inspect_output(out, changed, resume=False, overwrite=False)
     (out / "data/train-00000.parquet").unlink()
     with pytest.raises(PackctlError, match="its shard data/train-00000.parquet is missing"):
         inspect_output(out, FINGERPRINT, resume=True, overwrite=False)

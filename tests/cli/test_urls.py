@@ -1,0 +1,51 @@
+"""A URL where packctl takes a local path (`s3://`, `gs://`, `hf://`, `http(s)://`, any
+`scheme://`) is refused in one line saying that URLs are not read yet and how to copy the files
+locally, never mangled into a missing path (docs/errors.md "Input resolution")."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from support.adversary import assert_clean_error, packctl
+from support.data import write_table
+from support.runs import pack_to
+
+URLS = ["s3://bucket/corpus", "gs://bucket/corpus/", "hf://datasets/org/name", "https://example.com/a.parquet",
+        "abfss://container@account.dfs.core.windows.net/corpus"]
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("urls")
+    return pack_to(root, [write_table(root / "a.parquet", {"input_ids": [[1, 2, 3], [4, 5]] * 4})], capacity=8)[1]
+
+
+@pytest.mark.parametrize("url", URLS)
+@pytest.mark.parametrize("command", ["pack", "stats", "verify --source", "materialize"])
+def test_a_url_input_is_refused_in_one_line(tmp_path, packed, url, command):
+    argv = {"pack": ["pack", url, "-o", tmp_path / "out", "--capacity", "64"],
+            "stats": ["stats", url],
+            "verify --source": ["verify", packed, "--source", url],
+            "materialize": ["materialize", url, "-o", tmp_path / "out"]}[command]
+    line = assert_clean_error(packctl(*argv), 2, f"{url}: object-store and URL inputs are not read yet; copy the "
+                              "files locally (e.g. `")
+    assert line.endswith("and pass the local directory")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_copy_command_fits_the_store(tmp_path):
+    line = assert_clean_error(packctl("pack", "s3://bucket/corpus", "-o", tmp_path / "out"), 2)
+    assert "(e.g. `aws s3 sync s3://bucket/corpus DIR`)" in line
+
+
+@pytest.mark.parametrize("command", ["pack", "materialize", "export"])
+def test_a_url_output_is_refused_in_one_line(tmp_path, sample_data, command):
+    url = "s3://bucket/out"
+    argv = {"pack": ["pack", sample_data, "-o", url, "--capacity", "64"],
+            "materialize": ["materialize", tmp_path / "plan", "-o", url],
+            "export": ["export", tmp_path / "packed", "-o", url, "--format", "nemo"]}[command]
+    assert_clean_error(packctl(*argv), 2, f"{url}: object-store and URL outputs are not written yet; write to a "
+                       "local directory and copy it there (e.g. `aws s3 sync DIR s3://bucket/out`)")
+    assert not os.path.exists("s3:")  # nothing made of the mangled path
