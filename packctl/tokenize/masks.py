@@ -32,6 +32,11 @@ def _last_token(encoding, start: int, end: int) -> int | None:
     for char in range(end - 1, start - 1, -1):
         token = encoding.char_to_token(char)
         if token is not None:
+            # char_to_token gives the first token of a character; a character split over several
+            # tokens (the two bytes of "é" in a byte-level BPE) ends at the last of them.
+            count = len(encoding)
+            while token + 1 < count and (chars := encoding.token_to_chars(token + 1)) is not None and chars[0] <= char < chars[1]:
+                token += 1
             return token
     return None
 
@@ -40,7 +45,8 @@ def token_spans(encoding, char_spans: list[tuple[int, int]]) -> list[tuple[int, 
     """The [first, last + 1) token range of each character span of the encoded text.
 
     Only the characters at the span boundaries are looked up (`Encoding.char_to_token`), moving
-    inward where one maps to no token. An empty span gives an empty range; a non-empty span none
+    inward where one maps to no token; a token is in the range when it holds a character of the
+    span (the rule of transformers' `return_assistant_tokens_mask`). An empty span gives an empty range; a non-empty span none
     of whose characters maps to a token raises `SpanError`.
     """
     ranges = []
