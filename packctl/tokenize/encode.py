@@ -82,6 +82,10 @@ PREFIX_RULE_MESSAGE = (
     "the chat template does not reproduce earlier turns verbatim (it rewrites history, e.g. drops reasoning of "
     "earlier turns); use a template with {% generation %} or --loss-on all"
 )
+COMPLETION_RULE_MESSAGE = (
+    "prompt + completion does not start with the prompt as the chat template renders it for generation (the "
+    "completion must start with an assistant turn, and the template must not rewrite the prompt's turns)"
+)
 
 
 @dataclass(frozen=True)
@@ -252,7 +256,7 @@ class _RowBuilder:
         if completion_from is not None:
             prompt = self._render(index, name, messages[:completion_from], tools, True).text
             if not full.text.startswith(prompt):
-                raise RowError(index, name, PREFIX_RULE_MESSAGE)
+                raise RowError(index, name, COMPLETION_RULE_MESSAGE)
             completion_char = len(prompt)
         if self.loss_on is LossOn.ALL:
             spans = None
