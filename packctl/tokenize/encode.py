@@ -84,7 +84,8 @@ PREFIX_RULE_MESSAGE = (
 )
 COMPLETION_RULE_MESSAGE = (
     "prompt + completion does not start with the prompt as the chat template renders it for generation (the "
-    "completion must start with an assistant turn, and the template must not rewrite the prompt's turns)"
+    "completion must start with an assistant turn, and the template must not rewrite the prompt's turns); fix the "
+    "record or pass --on-bad-row drop"
 )
 
 
@@ -237,12 +238,8 @@ class _RowBuilder:
         spans = []
         text = full.text
         for i in turns:
-            if i == 0:
-                start = 0
-                prompt = ""
-            else:
-                prompt = self._render(index, name, messages[:i], tools, True).text
-                start = len(prompt)
+            prompt = self._render(index, name, messages[:i], tools, True).text
+            start = len(prompt)
             turn = text if i == len(messages) - 1 else self._render(index, name, messages[: i + 1], tools, False).text
             if not (text.startswith(turn) and turn.startswith(prompt)):
                 raise RowError(index, name, PREFIX_RULE_MESSAGE)
