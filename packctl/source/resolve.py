@@ -53,6 +53,7 @@ from packctl.source.files import changed_error, file_kind, read_fingerprint
 from packctl.source.index import BIN, IDX, bin_of, is_indexed, prefix_of
 
 _GLOB_CHARS = frozenset("*?[")
+TOKENIZED = "tokenized"  # the manifest kind of `packctl tokenize`'s output
 # what packctl keeps beside an OUT it is writing or replacing: .OUT.packctl-partial, .OUT.packctl-old-PID
 _BESIDE_OUT = re.compile(r"^\.(?P<out>.+)\.packctl-(partial|old-\d+)$")
 
@@ -424,8 +425,8 @@ def _packctl_marker(directory: str) -> str | None:
                 content = json.load(fh)
         except (OSError, ValueError):
             continue
-        if isinstance(content, dict) and "packctl_version" in content:
-            return name
+        if isinstance(content, dict) and "packctl_version" in content and content.get("kind") != TOKENIZED:
+            return name  # a tokenized corpus (`packctl tokenize`) is input to pack, not one of its outputs
     return None
 
 

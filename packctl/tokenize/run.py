@@ -414,7 +414,7 @@ def tokenize_unit(unit: Unit, raw: RawFile, spec, tokenizer, config: TokenizeCon
         batch = tokenize_records([r.fields for r in records], spec, tokenizer)
     except RowError as exc:
         where = records[exc.record]
-        raise PackctlError(f"{raw.describe(where.row, where.line)} field '{exc.field}': {exc.message}; fix the row, "
+        raise PackctlError(f"{raw.describe(where.row, where.line)} field '{exc.field}': {exc.reason}; fix the row, "
                            "or pass --on-bad-row drop to count and skip such rows") from None
     rows = len(batch.offsets) - 1
     record_ids = unit.record_id + batch.record.astype(np.int64)
