@@ -49,11 +49,11 @@ from packctl.contract.schema import METADATA_KEY
 from packctl.errors import PackctlError
 from packctl.source import megatron
 from packctl.source.index import ResolvedFile, Resolution
+from packctl.source.tokenized import TOKENIZED
 from packctl.source.files import changed_error, file_kind, read_fingerprint
 from packctl.source.index import BIN, IDX, bin_of, is_indexed, prefix_of
 
 _GLOB_CHARS = frozenset("*?[")
-TOKENIZED = "tokenized"  # the manifest kind of `packctl tokenize`'s output
 # what packctl keeps beside an OUT it is writing or replacing: .OUT.packctl-partial, .OUT.packctl-old-PID
 _BESIDE_OUT = re.compile(r"^\.(?P<out>.+)\.packctl-(partial|old-\d+)$")
 

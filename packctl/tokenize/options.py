@@ -57,7 +57,7 @@ def build_spec(config: "TokenizeConfig", files: Sequence["RawFile"]) -> Tokenize
             raise PackctlError(f"{pb}: its records are {b.value} and those of {pa_} are {a.value}; one run "
                                "tokenizes one format: split the inputs, or pass --format")
         fmt = next(iter(found))
-    resolve_loss_on(fmt, loss_on)
+    loss_on = resolve_loss_on(fmt, loss_on)  # recorded as the rule applied, not as given
     spec = TokenizeSpec(format=fmt, columns=columns, loss_on=loss_on, add_bos=spec.add_bos, add_eos=spec.add_eos,
                         on_bad_row=spec.on_bad_row)
     wanted = [c for c in ([config.group_column] if config.group_column else []) + list(config.keep_columns)]

@@ -48,10 +48,11 @@ from packctl.output.outdir import Faults, OutputDir
 from packctl.output.paths import check_output_location
 from packctl.output.resume import inspect_output
 from packctl.pipeline.runtime import Progress, SignalGuard, after_failure, timed
+from packctl.source.tokenized import TOKENIZED
 from packctl.tokenize.rawfiles import RawFile, RawIndex, TextUnit, find_inputs, index_file, read_records
 from packctl.version import __version__
 
-TOKENIZED_KIND = "tokenized"
+TOKENIZED_KIND = TOKENIZED
 TOKENIZED_FORMAT_VERSION = 1
 # Parquet metadata key of a tokenized shard: what made it (tokenizer, template, mask rule) and the
 # shard's own counts. Not pack's `packctl` key: a tokenized corpus is input to pack, not an output.

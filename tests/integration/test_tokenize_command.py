@@ -115,6 +115,10 @@ def test_every_format_tokenizes_packs_and_verifies(tmp_path, tok, kind):
     assert packctl("pack", out, "-o", packed, "--capacity", "256", "--too-long", "split", "-q",
                    *pack_options).code == 0
     assert_every_sample_once(packed, [out])
+    recorded = json.loads((packed / "_manifest.json").read_text())["tokenization"]
+    assert recorded == [{"source": str(out), "tokenizer": manifest["tokenizer"], "tokenize": manifest["tokenize"]}]
+    assert recorded[0]["tokenizer"]["template_hash"] and recorded[0]["tokenize"]["loss_on"] == {
+        "messages": "assistant", "text": "all"}.get(kind, "completion")
     verified = packctl("verify", packed, "--source", out, "--no-attention")
     assert verified.code == 0, verified.stdout + verified.stderr
 
