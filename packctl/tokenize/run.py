@@ -231,7 +231,7 @@ def _tokenize(config: TokenizeConfig, comm: Comm, progress: Progress, out: Path,
                "throughput": {"tokens_per_s": (fresh / elapsed) if elapsed > 0 else None,
                               "records_per_s": (sum(s[1]["records"] for s in written.values()) / elapsed
                                                 if elapsed > 0 else None),
-                              "workers": _workers(config, comm.size), "ranks": comm.size,
+                              "workers": min(_workers(config, comm.size), max(1, len(todo))), "ranks": comm.size,
                               "note": "this rank's work in this run (shards kept by --resume not counted)"}}
     manifest = _manifest(config, prepared, listed, counts)
     with guard.deferred():
