@@ -23,6 +23,7 @@ Where the loss spans of a chat come from:
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -77,6 +78,9 @@ class RowOptionError(RowError):
     """A record the options do not apply to (`--loss-on assistant` on a plain completion): an
     error under `--on-bad-row drop` too, since every such record would be dropped."""
 
+
+# Records rendered while the previous chunk is encoded (see tokenize_records).
+_CHUNK = 256
 
 PREFIX_RULE_MESSAGE = (
     "the chat template does not reproduce earlier turns verbatim (it rewrites history, e.g. drops reasoning of "
@@ -220,7 +224,7 @@ class _RowBuilder:
 
     def _render(self, index: int, name: str, messages, tools, add_generation_prompt: bool):
         try:
-            return self.tok.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+            return self.tok.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, prepared=True)
         except jinja2.TemplateError as exc:
             raise RowError(index, name, f"the chat template refuses it: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
@@ -248,6 +252,7 @@ class _RowBuilder:
 
     def _chat_row(self, index, branch, name, messages, tools, completion_from: int | None) -> _Row:
         """A conversation; `completion_from`: the message the completion starts at (None: no completion)."""
+        messages = self.tok.prepare_messages(messages)
         full = self._render(index, name, messages, tools, False)
         completion_char = None
         if completion_from is not None:
@@ -401,8 +406,8 @@ def tokenize_records(records: list[dict], spec: TokenizeSpec, tokenizer: LocalTo
 
     A chat (messages, or conversational prompt-completion and preference) is encoded without the
     tokenizer's special tokens: the template writes its own, as transformers does. Errors under
-    `on_bad_row=error` raise `RowError`; under `drop` the record is left out (a preference record
-    with both its rows) and listed in `dropped`.
+    `on_bad_row=error` raise the `RowError` of the first bad record; under `drop` the record is
+    left out (a preference record with both its rows) and listed in `dropped`.
 
     >>> batch = tokenize_records([{"text": "hi"}], TokenizeSpec(format=RecordFormat.TEXT), tok)
     >>> batch.offsets, batch.record, batch.branch
@@ -415,34 +420,43 @@ def tokenize_records(records: list[dict], spec: TokenizeSpec, tokenizer: LocalTo
                 names.update(record)
     fmt, loss_on = spec.resolve(names)
     builder = _RowBuilder(spec, fmt, loss_on, tokenizer)
-    drop = spec.on_bad_row is OnBadRow.DROP
-    dropped: list[tuple[int, str, str]] = []
-    rows: list[_Row] = []
-    for index, record in enumerate(records):
-        try:
-            rows.extend(builder.rows(index, record))
-        except RowOptionError:
-            raise
-        except RowError as exc:
-            if not drop:
-                raise
-            dropped.append((exc.record, exc.field, exc.reason))
-    encodings = tokenizer.encode_batch([row.text for row in rows], add_special_tokens=False) if rows else []
-    encoded = []
-    bad_records: set[int] = set()
-    for row, encoding in zip(rows, encodings):
-        if row.record in bad_records:
-            continue
-        try:
-            encoded.append((row, *_encode_row(spec, loss_on, tokenizer, row, encoding)))
-        except RowError as exc:
-            if not drop:
-                raise
-            dropped.append((exc.record, exc.field, exc.reason))
-            bad_records.add(row.record)
-    if bad_records:
-        encoded = [item for item in encoded if item[0].record not in bad_records]
-    dropped.sort(key=lambda item: item[0])
+    errors: dict[int, RowError] = {}  # record -> its first error
+    encoded: list[tuple] = []
+
+    def finish(rows: list[_Row], encodings) -> None:
+        for row, encoding in zip(rows, encodings):
+            if row.record not in errors:
+                try:
+                    encoded.append((row, *_encode_row(spec, loss_on, tokenizer, row, encoding)))
+                except RowError as exc:
+                    errors[row.record] = exc
+
+    # The records go in chunks: the Rust encoder (which releases the GIL) encodes one chunk on its
+    # threads while this thread renders the next, so rendering costs little wall time. The ids do
+    # not depend on the chunks: each text is encoded alone.
+    with ThreadPoolExecutor(max_workers=1) as encoder:
+        pending = None
+        for start in range(0, len(records), _CHUNK):
+            rows = []
+            for index in range(start, min(start + _CHUNK, len(records))):
+                try:
+                    rows.extend(builder.rows(index, records[index]))
+                except RowOptionError:
+                    raise
+                except RowError as exc:
+                    errors[index] = exc
+            submitted = encoder.submit(tokenizer.encode_batch, [row.text for row in rows], add_special_tokens=False)
+            if pending is not None:
+                finish(pending[0], pending[1].result())
+            pending = (rows, submitted)
+            if errors and spec.on_bad_row is OnBadRow.ERROR:
+                break
+        if pending is not None:
+            finish(pending[0], pending[1].result())
+    if errors and spec.on_bad_row is OnBadRow.ERROR:
+        raise errors[min(errors)]
+    encoded = [item for item in encoded if item[0].record not in errors]
+    dropped = [(index, exc.field, exc.reason) for index, exc in sorted(errors.items())]
     lengths = np.fromiter((len(item[1]) for item in encoded), dtype=np.int64, count=len(encoded))
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])

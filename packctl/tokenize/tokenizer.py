@@ -287,31 +287,51 @@ class LocalTokenizer:
             where = jinja_path if jinja_path.is_file() else config_path
             raise PackctlError(f"{where}: the chat template does not compile (line {exc.lineno}: {exc.message}); fix the template") from None
 
-    def render(self, messages: list[dict], *, tools: list[dict] | None = None, add_generation_prompt: bool = False, **extra) -> RenderedChat:
+    def render(
+        self,
+        messages: list[dict],
+        *,
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = False,
+        prepared: bool = False,
+        **extra,
+    ) -> RenderedChat:
         """The chat as `apply_chat_template(messages, tools=tools, tokenize=False,
-        add_generation_prompt=..., **extra)` renders it, with the `{% generation %}` spans."""
+        add_generation_prompt=..., **extra)` renders it, with the `{% generation %}` spans.
+
+        `prepared`: the messages come from `prepare_messages` (a caller that renders several
+        prefixes of one conversation prepares it once).
+        """
         if self._template is None:
             raise PackctlError(
                 f"tokenizer {self.directory}: has no chat template (no chat_template.jinja, none in tokenizer_config.json); "
                 "use a tokenizer with a chat template or a plain-text format"
             )
-        variables = {**self.special_tokens, **extra}
+        variables = {
+            **self.special_tokens,
+            **extra,
+            "messages": messages if prepared else self.prepare_messages(messages),
+            "tools": tools,
+            "documents": None,
+            "add_generation_prompt": add_generation_prompt,
+        }
+        if not self.has_generation_block:
+            return RenderedChat(self._template.render(variables), None)
         blocks: list[str] = []
         spans: list[tuple[int, int]] = []
         tracking = self._template.environment.generation_tracking
         token = tracking.set((blocks, spans))
         try:
-            for block in self._template.generate(
-                messages=[_template_message(message) for message in messages],
-                tools=tools,
-                documents=None,
-                add_generation_prompt=add_generation_prompt,
-                **variables,
-            ):
+            for block in self._template.generate(variables):
                 blocks.append(block)
         finally:
             tracking.reset(token)
-        return RenderedChat("".join(blocks), spans if self.has_generation_block else None)
+        return RenderedChat("".join(blocks), spans)
+
+    @staticmethod
+    def prepare_messages(messages: list[dict]) -> list[dict]:
+        """The messages as the template sees them (see `_template_message`)."""
+        return [_template_message(message) for message in messages]
 
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list:
         """`tokenizers.Encoding`s of `texts`, encoded by the Rust batch encoder on its own threads

@@ -232,3 +232,25 @@ def test_describe():
                     "chosen": "chosen", "rejected": "rejected", "tools": "tools"},
         "add_bos": "auto", "add_eos": "auto", "on_bad_row": "error",
     }
+
+
+def test_error_names_the_first_bad_record(chatml):
+    records = [{"messages": [USER, BLUE]}, {"messages": [USER]}, {"messages": None}]
+    with pytest.raises(RowError, match=r"^record 1 field 'messages': no token carries a loss"):
+        tokenize_records(records, TokenizeSpec(), chatml)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+def test_chunks_do_not_change_the_batch(chatml, monkeypatch, chunk):
+    import packctl.tokenize.encode as encode
+
+    records = [{"prompt": [USER], "chosen": [BLUE], "rejected": [GREEN]}, {"prompt": [USER], "chosen": None, "rejected": [GREEN]},
+               {"prompt": [USER], "chosen": [GREEN], "rejected": [USER]}, {"prompt": [USER], "chosen": [GREEN], "rejected": [BLUE]},
+               {"prompt": [BLUE], "chosen": [GREEN], "rejected": [BLUE]}]
+    spec = TokenizeSpec(on_bad_row=OnBadRow.DROP)
+    whole = tokenize_records(records, spec, chatml)
+    monkeypatch.setattr(encode, "_CHUNK", chunk)
+    chunked = tokenize_records(records, spec, chatml)
+    assert rows(chunked) == rows(whole) and chunked.dropped == whole.dropped
+    assert chunked.record.tolist() == whole.record.tolist() == [0, 0, 3, 3, 4, 4]
+    assert [r for r, _, _ in whole.dropped] == [1, 2]
