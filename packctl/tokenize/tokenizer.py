@@ -62,7 +62,7 @@ class _GenerationTracker(jinja2.ext.Extension):
 
     def __init__(self, environment: jinja2.Environment):
         super().__init__(environment)
-        self._tracking: ContextVar[tuple[list[str], list[tuple[int, int]]] | None] = ContextVar(
+        self._tracking: ContextVar[tuple[list[str], list[tuple[int, int]], list[int]] | None] = ContextVar(
             "packctl_generation_tracker", default=None
         )
         environment.extend(generation_tracking=self._tracking)
@@ -76,9 +76,11 @@ class _GenerationTracker(jinja2.ext.Extension):
         body = caller()
         tracking = self._tracking.get()
         if tracking is not None:
-            blocks, spans = tracking
-            start = sum(len(block) for block in blocks)
-            spans.append((start, start + len(body)))
+            blocks, spans, counted = tracking
+            # counted = [blocks measured so far, their length]: each block is measured once
+            counted[1] += sum(len(block) for block in blocks[counted[0]:])
+            counted[0] = len(blocks)
+            spans.append((counted[1], counted[1] + len(body)))
         return body
 
 
@@ -320,7 +322,7 @@ class LocalTokenizer:
         blocks: list[str] = []
         spans: list[tuple[int, int]] = []
         tracking = self._template.environment.generation_tracking
-        token = tracking.set((blocks, spans))
+        token = tracking.set((blocks, spans, [0, 0]))
         try:
             for block in self._template.generate(variables):
                 blocks.append(block)
