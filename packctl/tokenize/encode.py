@@ -23,6 +23,8 @@ Where the loss spans of a chat come from:
 """
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -113,11 +115,13 @@ class TokenizeSpec:
         fmt = detect_format(names, self.columns) if self.format is RecordFormat.AUTO else self.format
         return fmt, resolve_loss_on(fmt, self.loss_on)
 
-    def describe(self) -> dict:
-        """What the output's metadata records of the options."""
+    def describe(self, names: Iterable[str] | None = None) -> dict:
+        """What the output's metadata records of the options; given the column `names` of the
+        input, the format and loss rule are the resolved ones (auto detected, the default rule)."""
+        fmt, loss_on = self.resolve(names) if names is not None else (self.format, self.loss_on)
         return {
-            "format": self.format.value,
-            "loss_on": self.loss_on.value if self.loss_on is not None else None,
+            "format": fmt.value,
+            "loss_on": loss_on.value if loss_on is not None else None,
             "columns": self.columns.describe(),
             "add_bos": self.add_bos.value,
             "add_eos": self.add_eos.value,
@@ -164,10 +168,6 @@ class _Row:
     chat: bool
 
 
-class _Skip(Exception):
-    pass
-
-
 def _strip_end(text: str, start: int, end: int) -> int:
     while end > start and text[end - 1].isspace():
         end -= 1
@@ -212,8 +212,6 @@ class _RowBuilder:
         if tools is None:
             return None
         if isinstance(tools, str):
-            import json
-
             try:
                 tools = json.loads(tools)
             except json.JSONDecodeError as exc:

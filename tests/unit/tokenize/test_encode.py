@@ -232,6 +232,8 @@ def test_describe():
                     "chosen": "chosen", "rejected": "rejected", "tools": "tools"},
         "add_bos": "auto", "add_eos": "auto", "on_bad_row": "error",
     }
+    resolved = TokenizeSpec().describe(["prompt", "completion"])
+    assert (resolved["format"], resolved["loss_on"]) == ("prompt-completion", "completion")
 
 
 def test_error_names_the_first_bad_record(chatml):
