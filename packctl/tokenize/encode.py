@@ -35,7 +35,7 @@ import numpy as np
 from packctl.errors import PackctlError
 from packctl.tokenize.formats import Columns, LossOn, RecordFormat, detect_format, resolve_loss_on
 from packctl.tokenize.masks import IGNORE_INDEX, SpanError, token_spans
-from packctl.tokenize.tokenizer import LocalTokenizer
+from packctl.tokenize.tokenizer import LocalTokenizer, first_line
 
 
 class AddSpecial(StrEnum):
@@ -204,7 +204,8 @@ class _RowBuilder:
             if content is None and not message.get("tool_calls"):
                 raise RowError(index, name, f"message {position} has no 'content' (nor 'tool_calls')")
             if content is not None and not isinstance(content, (str, list)):
-                raise RowError(index, name, f"message {position} 'content' is a {type(content).__name__}, expected a string or a list")
+                kind = type(content).__name__
+                raise RowError(index, name, f"message {position} 'content' is a {kind}, expected a string or a list")
         return value
 
     def _tools(self, index: int, record: dict):
@@ -224,9 +225,10 @@ class _RowBuilder:
         try:
             return self.tok.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, prepared=True)
         except jinja2.TemplateError as exc:
-            raise RowError(index, name, f"the chat template refuses it: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+            raise RowError(index, name, f"the chat template refuses it: {first_line(exc)}") from None
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-            raise RowError(index, name, f"the chat template fails on it ({type(exc).__name__}: {exc})") from None
+            reason = f"{type(exc).__name__}: {first_line(exc)}"
+            raise RowError(index, name, f"the chat template fails on it ({reason})") from None
 
     # --- chats ------------------------------------------------------------------------------
     def _assistant_spans(self, index: int, name: str, messages: list[dict], tools, full) -> list[tuple[int, int]]:
@@ -310,7 +312,8 @@ class _RowBuilder:
         if self.fmt is RecordFormat.PROMPT_COMPLETION:
             prompt = self._get(index, record, c.prompt)
             completion = self._get(index, record, c.completion)
-            return [self._completion_row(index, 0, c.prompt, c.completion, prompt, completion, self._tools(index, record))]
+            tools = self._tools(index, record)
+            return [self._completion_row(index, 0, c.prompt, c.completion, prompt, completion, tools)]
         chosen = self._get(index, record, c.chosen)
         rejected = self._get(index, record, c.rejected)
         prompt = record.get(c.prompt)
@@ -369,8 +372,8 @@ def _encode_row(spec: TokenizeSpec, loss_on: LossOn, tok: LocalTokenizer, row: _
         completion = None
         if row.completion_char is not None:
             # The first token of the completion; an empty completion starts after the last token.
-            tail = (row.completion_char, len(row.text))
-            completion = token_spans(encoding, [tail])[0][0] if tail[0] < tail[1] else n
+            rest = (row.completion_char, len(row.text))
+            completion = token_spans(encoding, [rest])[0][0] if rest[0] < rest[1] else n
     except SpanError as exc:
         raise RowError(row.record, row.field, str(exc)) from None
     labels = np.full(n, IGNORE_INDEX, dtype=np.int32)
@@ -383,12 +386,14 @@ def _encode_row(spec: TokenizeSpec, loss_on: LossOn, tok: LocalTokenizer, row: _
         # An added EOS is trained where the token before it is (the end of a completion, a text).
         eos_label = tok.eos_token_id if tail and n and labels[-1] != IGNORE_INDEX else IGNORE_INDEX
         bos_label = tok.bos_token_id if head and row.spans is None else IGNORE_INDEX
-        ids = np.concatenate([[tok.bos_token_id] if head else [], ids, [tok.eos_token_id] if tail else []]).astype(np.int32)
-        labels = np.concatenate([[bos_label] if head else [], labels, [eos_label] if tail else []]).astype(np.int32)
+        before, after = int(head), int(tail)  # 0 or 1 token each
+        ids = np.concatenate([[tok.bos_token_id] * before, ids, [tok.eos_token_id] * after]).astype(np.int32)
+        labels = np.concatenate([[bos_label] * before, labels, [eos_label] * after]).astype(np.int32)
     trained = np.flatnonzero(labels != IGNORE_INDEX)
     if trained.size == 0:
         raise RowError(
-            row.record, row.field, f"no token carries a loss under --loss-on {loss_on.value}; give it the turns the rule trains"
+            row.record, row.field,
+            f"no token carries a loss under --loss-on {loss_on.value}; give it the turns the rule trains",
         )
     if completion is not None:
         prompt_length = completion + int(head)
