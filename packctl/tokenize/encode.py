@@ -90,8 +90,7 @@ PREFIX_RULE_MESSAGE = (
 )
 COMPLETION_RULE_MESSAGE = (
     "prompt + completion does not start with the prompt as the chat template renders it for generation (the "
-    "completion must start with an assistant turn, and the template must not rewrite the prompt's turns); fix the "
-    "record or pass --on-bad-row drop"
+    "completion must start with an assistant turn, and the template must not rewrite the prompt's turns)"
 )
 
 
@@ -186,7 +185,7 @@ class _RowBuilder:
     def _get(self, index: int, record: dict, name: str):
         value = record.get(name)
         if value is None:
-            raise RowError(index, name, "is missing or null; fill it or pass --on-bad-row drop")
+            raise RowError(index, name, "is missing or null")
         return value
 
     def _string(self, index: int, name: str, value) -> str:
@@ -290,7 +289,7 @@ class _RowBuilder:
             self._messages(index, prompt_name, prompt, allow_empty=True)
             self._messages(index, name, completion)
             if not prompt:
-                raise RowError(index, prompt_name, "is an empty list of messages; give the prompt's messages")
+                raise RowError(index, prompt_name, "is an empty list of messages")
             return self._chat_row(index, branch, name, prompt + completion, tools, len(prompt))
         raise RowError(
             index, name, f"{prompt_name} is a {type(prompt).__name__} and {name} a {type(completion).__name__}; "
@@ -319,6 +318,8 @@ class _RowBuilder:
         prompt = record.get(c.prompt)
         if prompt is None:
             prompt, chosen, rejected = implicit_prompt(chosen, rejected)
+            if isinstance(prompt, list) and not prompt:
+                raise RowError(index, c.chosen, f"{c.chosen} and {c.rejected} share no leading message to be the prompt")
         tools = self._tools(index, record)
         return [
             self._completion_row(index, 0, c.prompt, c.chosen, prompt, chosen, tools),
@@ -393,7 +394,7 @@ def _encode_row(spec: TokenizeSpec, loss_on: LossOn, tok: LocalTokenizer, row: _
     if trained.size == 0:
         raise RowError(
             row.record, row.field,
-            f"no token carries a loss under --loss-on {loss_on.value}; give it the turns the rule trains",
+            f"no token carries a loss under --loss-on {loss_on.value} (it has no part the rule trains)",
         )
     if completion is not None:
         prompt_length = completion + int(head)

@@ -59,7 +59,7 @@ def token_spans(encoding, char_spans: list[tuple[int, int]]) -> list[tuple[int, 
             continue
         first = _first_token(encoding, start, end)
         if first is None:
-            raise SpanError(f"the span of characters {start}..{end} cannot be located in the tokens")
+            raise SpanError("a loss span cannot be located in the tokens: none of its characters maps to a token")
         last = _last_token(encoding, start, end)
         ranges.append((first, last + 1))
     return ranges

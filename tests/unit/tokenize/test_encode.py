@@ -150,8 +150,10 @@ def test_preference_implicit_prompt(chatml):
 
 
 def test_preference_without_a_shared_prompt_is_a_bad_row(chatml):
-    with pytest.raises(RowError, match=r"record 0 field 'prompt': is an empty list of messages"):
+    with pytest.raises(RowError, match=r"^record 0 field 'chosen': chosen and rejected share no leading message"):
         tokenize_records([{"chosen": [BLUE], "rejected": [GREEN]}], TokenizeSpec(), chatml)
+    with pytest.raises(RowError, match=r"^record 0 field 'prompt': is an empty list of messages$"):
+        tokenize_records([{"prompt": [], "chosen": [BLUE], "rejected": [GREEN]}], TokenizeSpec(), chatml)
 
 
 def test_tools_column_reaches_the_template(tmp_path):
