@@ -13,7 +13,7 @@ character spans of the template's `{% generation %}` blocks:
 
     >>> tok.render([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}])
     RenderedChat(text='<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\nYo<|im_end|>\\n',
-                 generation_spans=[(42, 55)])
+                 generation_spans=[(52, 64)])
 """
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ def test_labels_from_ranges():
 
 # A generation block that ends on a newline: with a tokenizer that drops whitespace, the newline
 # maps to no token, and a mask that looks up char_to_token(end - 1) and takes the length of the
-# sequence when it is None (as transformers' did) runs to the end of the conversation.
+# sequence when it is None runs to the end of the conversation.
 TRAILING_NEWLINE = (
     "{%- for message in messages %}"
     "{%- if message['role'] == 'assistant' %}"
