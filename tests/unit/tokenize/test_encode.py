@@ -258,3 +258,12 @@ def test_chunks_do_not_change_the_batch(chatml, monkeypatch, chunk):
     assert rows(chunked) == rows(whole) and chunked.dropped == whole.dropped
     assert chunked.record.tolist() == whole.record.tolist() == [0, 0, 3, 3, 4, 4]
     assert [r for r, _, _ in whole.dropped] == [1, 2]
+
+
+def test_batch_does_not_depend_on_the_encoder_threads(chatml, monkeypatch):
+    records = [{"messages": [USER, {"role": "assistant", "content": "It is blue. " * k}]} for k in range(1, 40)]
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # the Rust encoder on the calling thread only
+    one = tokenize_records(records, TokenizeSpec(), chatml)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    many = tokenize_records(records, TokenizeSpec(), chatml)
+    assert rows(one) == rows(many) and one.prompt_length.tolist() == many.prompt_length.tolist()
