@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import os
 import random
 import sys
@@ -90,7 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tokenizers import trainers
+    from tokenizers import pre_tokenizers, trainers
 
     from packctl.tokenize.encode import TokenizeSpec, tokenize_records
     from packctl.tokenize.formats import RecordFormat
@@ -99,7 +100,7 @@ def main() -> None:
 
     texts = docstrings(2_000_000)
     tok = support.train_tokenizer(vocab_size=256)
-    trainer = trainers.BpeTrainer(vocab_size=args.vocab, initial_alphabet=__import__("tokenizers").pre_tokenizers.ByteLevel.alphabet(),
+    trainer = trainers.BpeTrainer(vocab_size=args.vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False, special_tokens=support.SPECIAL_TOKENS + ["<think>", "</think>"])
     tok.train_from_iterator(texts, trainer=trainer)
     convs = conversations(texts, args.conversations)
@@ -114,15 +115,15 @@ def main() -> None:
                 directory = Path(tmp) / f"{name}-{label}".replace(" ", "_")
                 directory.mkdir()
                 tok.save(str(directory / "tokenizer.json"))
-                (directory / "tokenizer_config.json").write_text(__import__("json").dumps(
+                (directory / "tokenizer_config.json").write_text(json.dumps(
                     {"bos_token": "<|begin_of_text|>", "eos_token": "</s>", "chat_template": text}))
                 local = LocalTokenizer.load(str(directory))
                 rendered = [local.render(conv).text for conv in convs]
                 encode, full = best_times([lambda: local.encode_batch(rendered, add_special_tokens=False),
                                            lambda: tokenize_records(records, spec, local)], args.repeats)
                 tokens = len(tokenize_records(records, spec, local).input_ids)
-                print(f"| {name}, {label} | {tokens:,} | {encode[0]:.3f} ({encode[1]:.3f}) | {full[0]:.3f} ({full[1]:.3f}) "
-                      f"| {full[0] / encode[0]:.2f} ({full[1] / encode[1]:.2f}) |")
+                print(f"| {name}, {label} | {tokens:,} | {encode[0]:.3f} ({encode[1]:.3f}) "
+                      f"| {full[0]:.3f} ({full[1]:.3f}) | {full[0] / encode[0]:.2f} ({full[1] / encode[1]:.2f}) |")
 
 
 if __name__ == "__main__":

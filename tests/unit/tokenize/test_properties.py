@@ -12,7 +12,8 @@ from packctl.tokenize.tokenizer import LocalTokenizer
 from support.profiles import examples
 from support.tokenizers import CHATML, LLAMA3, tokenizer_dir, without_generation
 
-PIECES = ["the", " sky", "blue", "é", "東京", "👋", " ", "  ", "\n", "\n\n", "\t", ".", "?", "0", "ab", "<b>", "{}"]
+PIECES = ["the", " sky", "blue", "é", "東京", "👋", " ", "  ", "\n", "\n\n", "\t", ".", "?", "0", "ab", "<b>",
+          "{}"]
 CONTENT = st.lists(st.sampled_from(PIECES), max_size=8).map("".join)
 MESSAGE = st.builds(lambda role, content: {"role": role, "content": content},
                     st.sampled_from(["system", "user", "assistant"]), CONTENT)
@@ -27,7 +28,8 @@ def pairs(tmp_path_factory):
     for name, template in (("chatml", CHATML), ("llama3", LLAMA3)):
         made[name] = (
             LocalTokenizer.load(str(tokenizer_dir(tmp_path_factory.mktemp(name), template=template))),
-            LocalTokenizer.load(str(tokenizer_dir(tmp_path_factory.mktemp(name + "n"), template=without_generation(template)))),
+            LocalTokenizer.load(str(tokenizer_dir(tmp_path_factory.mktemp(name + "n"),
+                                                  template=without_generation(template)))),
         )
     return made
 
