@@ -387,9 +387,14 @@ def _load_backend(root: Path):
             f"tokenizer {root}: no tokenizer.json (nor a sentencepiece .model or vocab.json); "
             "pass the directory that holds the model's tokenizer files"
         )
-    from packctl.errors import require
-
-    transformers = require("transformers", "tokenize", "reading a tokenizer without tokenizer.json")
+    try:
+        import transformers
+    except ImportError:
+        raise PackctlError(
+            f"tokenizer {root}: no tokenizer.json, and reading its other files needs transformers, which is not "
+            "installed: pip install transformers sentencepiece, or write its tokenizer.json with "
+            "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)"
+        ) from None
     try:
         fast = transformers.AutoTokenizer.from_pretrained(str(root), local_files_only=True)
     except Exception as exc:

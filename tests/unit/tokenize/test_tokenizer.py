@@ -176,3 +176,14 @@ def test_sentencepiece_directory_falls_back_to_transformers(tmp_path, monkeypatc
     tok = LocalTokenizer.load(str(directory))
     assert calls == [(str(directory), {"local_files_only": True})]
     assert tok.backend is Fast.backend_tokenizer
+
+
+def test_sentencepiece_directory_without_transformers_says_what_to_install(tmp_path, monkeypatch):
+    import sys
+
+    directory = tokenizer_dir(tmp_path)
+    (directory / "tokenizer.json").unlink()
+    (directory / "spiece.model").write_bytes(b"")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+    with pytest.raises(PackctlError, match=r"needs transformers, which is not installed: pip install transformers"):
+        LocalTokenizer.load(str(directory))
