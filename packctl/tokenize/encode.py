@@ -23,6 +23,9 @@ Where the loss spans of a chat come from:
 """
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -32,7 +35,7 @@ import numpy as np
 from packctl.errors import PackctlError
 from packctl.tokenize.formats import Columns, LossOn, RecordFormat, detect_format, resolve_loss_on
 from packctl.tokenize.masks import IGNORE_INDEX, SpanError, token_spans
-from packctl.tokenize.tokenizer import LocalTokenizer
+from packctl.tokenize.tokenizer import LocalTokenizer, first_line
 
 
 class AddSpecial(StrEnum):
@@ -78,14 +81,16 @@ class RowOptionError(RowError):
     error under `--on-bad-row drop` too, since every such record would be dropped."""
 
 
+# Records rendered while the previous chunk is encoded (see tokenize_records).
+_CHUNK = 256
+
 PREFIX_RULE_MESSAGE = (
     "the chat template does not reproduce earlier turns verbatim (it rewrites history, e.g. drops reasoning of "
     "earlier turns); use a template with {% generation %} or --loss-on all"
 )
 COMPLETION_RULE_MESSAGE = (
     "prompt + completion does not start with the prompt as the chat template renders it for generation (the "
-    "completion must start with an assistant turn, and the template must not rewrite the prompt's turns); fix the "
-    "record or pass --on-bad-row drop"
+    "completion must start with an assistant turn, and the template must not rewrite the prompt's turns)"
 )
 
 
@@ -109,11 +114,13 @@ class TokenizeSpec:
         fmt = detect_format(names, self.columns) if self.format is RecordFormat.AUTO else self.format
         return fmt, resolve_loss_on(fmt, self.loss_on)
 
-    def describe(self) -> dict:
-        """What the output's metadata records of the options."""
+    def describe(self, names: Iterable[str] | None = None) -> dict:
+        """What the output's metadata records of the options; given the column `names` of the
+        input, the format and loss rule are the resolved ones (auto detected, the default rule)."""
+        fmt, loss_on = self.resolve(names) if names is not None else (self.format, self.loss_on)
         return {
-            "format": self.format.value,
-            "loss_on": self.loss_on.value if self.loss_on is not None else None,
+            "format": fmt.value,
+            "loss_on": loss_on.value if loss_on is not None else None,
             "columns": self.columns.describe(),
             "add_bos": self.add_bos.value,
             "add_eos": self.add_eos.value,
@@ -160,10 +167,6 @@ class _Row:
     chat: bool
 
 
-class _Skip(Exception):
-    pass
-
-
 def _strip_end(text: str, start: int, end: int) -> int:
     while end > start and text[end - 1].isspace():
         end -= 1
@@ -182,7 +185,7 @@ class _RowBuilder:
     def _get(self, index: int, record: dict, name: str):
         value = record.get(name)
         if value is None:
-            raise RowError(index, name, "is missing or null; fill it or pass --on-bad-row drop")
+            raise RowError(index, name, "is missing or null")
         return value
 
     def _string(self, index: int, name: str, value) -> str:
@@ -200,7 +203,8 @@ class _RowBuilder:
             if content is None and not message.get("tool_calls"):
                 raise RowError(index, name, f"message {position} has no 'content' (nor 'tool_calls')")
             if content is not None and not isinstance(content, (str, list)):
-                raise RowError(index, name, f"message {position} 'content' is a {type(content).__name__}, expected a string or a list")
+                kind = type(content).__name__
+                raise RowError(index, name, f"message {position} 'content' is a {kind}, expected a string or a list")
         return value
 
     def _tools(self, index: int, record: dict):
@@ -208,8 +212,6 @@ class _RowBuilder:
         if tools is None:
             return None
         if isinstance(tools, str):
-            import json
-
             try:
                 tools = json.loads(tools)
             except json.JSONDecodeError as exc:
@@ -220,11 +222,12 @@ class _RowBuilder:
 
     def _render(self, index: int, name: str, messages, tools, add_generation_prompt: bool):
         try:
-            return self.tok.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+            return self.tok.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, prepared=True)
         except jinja2.TemplateError as exc:
-            raise RowError(index, name, f"the chat template refuses it: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+            raise RowError(index, name, f"the chat template refuses it: {first_line(exc)}") from None
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-            raise RowError(index, name, f"the chat template fails on it ({type(exc).__name__}: {exc})") from None
+            reason = f"{type(exc).__name__}: {first_line(exc)}"
+            raise RowError(index, name, f"the chat template fails on it ({reason})") from None
 
     # --- chats ------------------------------------------------------------------------------
     def _assistant_spans(self, index: int, name: str, messages: list[dict], tools, full) -> list[tuple[int, int]]:
@@ -248,6 +251,7 @@ class _RowBuilder:
 
     def _chat_row(self, index, branch, name, messages, tools, completion_from: int | None) -> _Row:
         """A conversation; `completion_from`: the message the completion starts at (None: no completion)."""
+        messages = self.tok.prepare_messages(messages)
         full = self._render(index, name, messages, tools, False)
         completion_char = None
         if completion_from is not None:
@@ -285,7 +289,7 @@ class _RowBuilder:
             self._messages(index, prompt_name, prompt, allow_empty=True)
             self._messages(index, name, completion)
             if not prompt:
-                raise RowError(index, prompt_name, "is an empty list of messages; give the prompt's messages")
+                raise RowError(index, prompt_name, "is an empty list of messages")
             return self._chat_row(index, branch, name, prompt + completion, tools, len(prompt))
         raise RowError(
             index, name, f"{prompt_name} is a {type(prompt).__name__} and {name} a {type(completion).__name__}; "
@@ -307,12 +311,15 @@ class _RowBuilder:
         if self.fmt is RecordFormat.PROMPT_COMPLETION:
             prompt = self._get(index, record, c.prompt)
             completion = self._get(index, record, c.completion)
-            return [self._completion_row(index, 0, c.prompt, c.completion, prompt, completion, self._tools(index, record))]
+            tools = self._tools(index, record)
+            return [self._completion_row(index, 0, c.prompt, c.completion, prompt, completion, tools)]
         chosen = self._get(index, record, c.chosen)
         rejected = self._get(index, record, c.rejected)
         prompt = record.get(c.prompt)
         if prompt is None:
             prompt, chosen, rejected = implicit_prompt(chosen, rejected)
+            if isinstance(prompt, list) and not prompt:
+                raise RowError(index, c.chosen, f"{c.chosen} and {c.rejected} share no leading message to be the prompt")
         tools = self._tools(index, record)
         return [
             self._completion_row(index, 0, c.prompt, c.chosen, prompt, chosen, tools),
@@ -366,8 +373,8 @@ def _encode_row(spec: TokenizeSpec, loss_on: LossOn, tok: LocalTokenizer, row: _
         completion = None
         if row.completion_char is not None:
             # The first token of the completion; an empty completion starts after the last token.
-            tail = (row.completion_char, len(row.text))
-            completion = token_spans(encoding, [tail])[0][0] if tail[0] < tail[1] else n
+            rest = (row.completion_char, len(row.text))
+            completion = token_spans(encoding, [rest])[0][0] if rest[0] < rest[1] else n
     except SpanError as exc:
         raise RowError(row.record, row.field, str(exc)) from None
     labels = np.full(n, IGNORE_INDEX, dtype=np.int32)
@@ -380,12 +387,14 @@ def _encode_row(spec: TokenizeSpec, loss_on: LossOn, tok: LocalTokenizer, row: _
         # An added EOS is trained where the token before it is (the end of a completion, a text).
         eos_label = tok.eos_token_id if tail and n and labels[-1] != IGNORE_INDEX else IGNORE_INDEX
         bos_label = tok.bos_token_id if head and row.spans is None else IGNORE_INDEX
-        ids = np.concatenate([[tok.bos_token_id] if head else [], ids, [tok.eos_token_id] if tail else []]).astype(np.int32)
-        labels = np.concatenate([[bos_label] if head else [], labels, [eos_label] if tail else []]).astype(np.int32)
+        before, after = int(head), int(tail)  # 0 or 1 token each
+        ids = np.concatenate([[tok.bos_token_id] * before, ids, [tok.eos_token_id] * after]).astype(np.int32)
+        labels = np.concatenate([[bos_label] * before, labels, [eos_label] * after]).astype(np.int32)
     trained = np.flatnonzero(labels != IGNORE_INDEX)
     if trained.size == 0:
         raise RowError(
-            row.record, row.field, f"no token carries a loss under --loss-on {loss_on.value}; give it the turns the rule trains"
+            row.record, row.field,
+            f"no token carries a loss under --loss-on {loss_on.value} (it has no part the rule trains)",
         )
     if completion is not None:
         prompt_length = completion + int(head)
@@ -401,8 +410,8 @@ def tokenize_records(records: list[dict], spec: TokenizeSpec, tokenizer: LocalTo
 
     A chat (messages, or conversational prompt-completion and preference) is encoded without the
     tokenizer's special tokens: the template writes its own, as transformers does. Errors under
-    `on_bad_row=error` raise `RowError`; under `drop` the record is left out (a preference record
-    with both its rows) and listed in `dropped`.
+    `on_bad_row=error` raise the `RowError` of the first bad record; under `drop` the record is
+    left out (a preference record with both its rows) and listed in `dropped`.
 
     >>> batch = tokenize_records([{"text": "hi"}], TokenizeSpec(format=RecordFormat.TEXT), tok)
     >>> batch.offsets, batch.record, batch.branch
@@ -415,34 +424,43 @@ def tokenize_records(records: list[dict], spec: TokenizeSpec, tokenizer: LocalTo
                 names.update(record)
     fmt, loss_on = spec.resolve(names)
     builder = _RowBuilder(spec, fmt, loss_on, tokenizer)
-    drop = spec.on_bad_row is OnBadRow.DROP
-    dropped: list[tuple[int, str, str]] = []
-    rows: list[_Row] = []
-    for index, record in enumerate(records):
-        try:
-            rows.extend(builder.rows(index, record))
-        except RowOptionError:
-            raise
-        except RowError as exc:
-            if not drop:
-                raise
-            dropped.append((exc.record, exc.field, exc.reason))
-    encodings = tokenizer.encode_batch([row.text for row in rows], add_special_tokens=False) if rows else []
-    encoded = []
-    bad_records: set[int] = set()
-    for row, encoding in zip(rows, encodings):
-        if row.record in bad_records:
-            continue
-        try:
-            encoded.append((row, *_encode_row(spec, loss_on, tokenizer, row, encoding)))
-        except RowError as exc:
-            if not drop:
-                raise
-            dropped.append((exc.record, exc.field, exc.reason))
-            bad_records.add(row.record)
-    if bad_records:
-        encoded = [item for item in encoded if item[0].record not in bad_records]
-    dropped.sort(key=lambda item: item[0])
+    errors: dict[int, RowError] = {}  # record -> its first error
+    encoded: list[tuple] = []
+
+    def finish(rows: list[_Row], encodings) -> None:
+        for row, encoding in zip(rows, encodings):
+            if row.record not in errors:
+                try:
+                    encoded.append((row, *_encode_row(spec, loss_on, tokenizer, row, encoding)))
+                except RowError as exc:
+                    errors[row.record] = exc
+
+    # The records go in chunks: the Rust encoder (which releases the GIL) encodes one chunk on its
+    # threads while this thread renders the next, so rendering costs little wall time. The ids do
+    # not depend on the chunks: each text is encoded alone.
+    with ThreadPoolExecutor(max_workers=1) as encoder:
+        pending = None
+        for start in range(0, len(records), _CHUNK):
+            rows = []
+            for index in range(start, min(start + _CHUNK, len(records))):
+                try:
+                    rows.extend(builder.rows(index, records[index]))
+                except RowOptionError:
+                    raise
+                except RowError as exc:
+                    errors[index] = exc
+            submitted = encoder.submit(tokenizer.encode_batch, [row.text for row in rows], add_special_tokens=False)
+            if pending is not None:
+                finish(pending[0], pending[1].result())
+            pending = (rows, submitted)
+            if errors and spec.on_bad_row is OnBadRow.ERROR:
+                break
+        if pending is not None:
+            finish(pending[0], pending[1].result())
+    if errors and spec.on_bad_row is OnBadRow.ERROR:
+        raise errors[min(errors)]
+    encoded = [item for item in encoded if item[0].record not in errors]
+    dropped = [(index, exc.field, exc.reason) for index, exc in sorted(errors.items())]
     lengths = np.fromiter((len(item[1]) for item in encoded), dtype=np.int64, count=len(encoded))
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])

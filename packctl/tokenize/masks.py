@@ -35,7 +35,10 @@ def _last_token(encoding, start: int, end: int) -> int | None:
             # char_to_token gives the first token of a character; a character split over several
             # tokens (the two bytes of "é" in a byte-level BPE) ends at the last of them.
             count = len(encoding)
-            while token + 1 < count and (chars := encoding.token_to_chars(token + 1)) is not None and chars[0] <= char < chars[1]:
+            while token + 1 < count:
+                chars = encoding.token_to_chars(token + 1)
+                if chars is None or not chars[0] <= char < chars[1]:
+                    break
                 token += 1
             return token
     return None
@@ -46,8 +49,8 @@ def token_spans(encoding, char_spans: list[tuple[int, int]]) -> list[tuple[int, 
 
     Only the characters at the span boundaries are looked up (`Encoding.char_to_token`), moving
     inward where one maps to no token; a token is in the range when it holds a character of the
-    span (the rule of transformers' `return_assistant_tokens_mask`). An empty span gives an empty range; a non-empty span none
-    of whose characters maps to a token raises `SpanError`.
+    span (the rule of transformers' `return_assistant_tokens_mask`). An empty span gives an empty
+    range; a non-empty span none of whose characters maps to a token raises `SpanError`.
     """
     ranges = []
     for start, end in char_spans:
@@ -56,7 +59,7 @@ def token_spans(encoding, char_spans: list[tuple[int, int]]) -> list[tuple[int, 
             continue
         first = _first_token(encoding, start, end)
         if first is None:
-            raise SpanError(f"the span of characters {start}..{end} cannot be located in the tokens")
+            raise SpanError("a loss span cannot be located in the tokens: none of its characters maps to a token")
         last = _last_token(encoding, start, end)
         ranges.append((first, last + 1))
     return ranges

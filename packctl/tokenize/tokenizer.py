@@ -13,7 +13,7 @@ character spans of the template's `{% generation %}` blocks:
 
     >>> tok.render([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}])
     RenderedChat(text='<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\nYo<|im_end|>\\n',
-                 generation_spans=[(42, 55)])
+                 generation_spans=[(52, 64)])
 """
 from __future__ import annotations
 
@@ -40,6 +40,13 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # A probe text the post-processor is run on, to learn which special tokens it adds.
 _PROBE = "packctl"
+_RESTORE = "restore the file from the model's repository"
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to one line (the name of its type when it has none)."""
+    text = str(exc)
+    return text.splitlines()[0] if text.strip() else type(exc).__name__
 
 
 @dataclass
@@ -62,7 +69,7 @@ class _GenerationTracker(jinja2.ext.Extension):
 
     def __init__(self, environment: jinja2.Environment):
         super().__init__(environment)
-        self._tracking: ContextVar[tuple[list[str], list[tuple[int, int]]] | None] = ContextVar(
+        self._tracking: ContextVar[tuple[list[str], list[tuple[int, int]], list[int]] | None] = ContextVar(
             "packctl_generation_tracker", default=None
         )
         environment.extend(generation_tracking=self._tracking)
@@ -76,9 +83,11 @@ class _GenerationTracker(jinja2.ext.Extension):
         body = caller()
         tracking = self._tracking.get()
         if tracking is not None:
-            blocks, spans = tracking
-            start = sum(len(block) for block in blocks)
-            spans.append((start, start + len(body)))
+            blocks, spans, counted = tracking
+            # counted = [blocks measured so far, their length]: each block is measured once
+            counted[1] += sum(len(block) for block in blocks[counted[0]:])
+            counted[0] = len(blocks)
+            spans.append((counted[1], counted[1] + len(body)))
         return body
 
 
@@ -159,9 +168,9 @@ def _read_json(path: Path) -> dict:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PackctlError(f"{path}: cannot be read as JSON ({exc}); restore the file from the model's repository") from None
+        raise PackctlError(f"{path}: cannot be read as JSON ({exc}); {_RESTORE}") from None
     if not isinstance(value, dict):
-        raise PackctlError(f"{path}: expected a JSON object, found {type(value).__name__}; restore the file from the model's repository")
+        raise PackctlError(f"{path}: expected a JSON object, found {type(value).__name__}; {_RESTORE}")
     return value
 
 
@@ -176,13 +185,18 @@ def _pick_template(value: Any, template_name: str | None, where: Path) -> str | 
     """tokenizer_config.json's `chat_template`: a string, or a list of {name, template}."""
     if value is None or isinstance(value, str):
         if template_name is not None and template_name != "default":
-            raise PackctlError(f"{where}: has one chat template, no template named {template_name!r}; drop the template name")
+            raise PackctlError(
+                f"{where}: has one chat template, no template named {template_name!r}; drop the template name"
+            )
         return value
-    if isinstance(value, list) and all(isinstance(item, dict) and "name" in item and "template" in item for item in value):
+    named_items = isinstance(value, list) and all(isinstance(item, dict) and "name" in item for item in value)
+    if named_items and all("template" in item for item in value):
         named = {item["name"]: item["template"] for item in value}
         name = template_name or "default"
         if name not in named:
-            raise PackctlError(f"{where}: no chat template named {name!r} (it has {', '.join(sorted(named))}); name one of them")
+            raise PackctlError(
+                f"{where}: no chat template named {name!r} (it has {', '.join(sorted(named))}); name one of them"
+            )
         return named[name]
     raise PackctlError(f"{where}: chat_template is neither a string nor a list of {{name, template}}; fix the file")
 
@@ -247,26 +261,32 @@ class LocalTokenizer:
         root = Path(directory)
         if not root.is_dir():
             if root.exists():
-                raise PackctlError(f"tokenizer {directory}: is a file, not a directory; pass the directory that holds tokenizer.json")
+                raise PackctlError(
+                    f"tokenizer {directory}: is a file, not a directory; pass the directory that holds tokenizer.json"
+                )
             raise PackctlError(
-                f"tokenizer {directory}: not a local directory; packctl reads tokenizers from disk and never downloads: "
-                f"fetch it first (e.g. `huggingface-cli download {directory} --local-dir DIR`) and pass --tokenizer DIR"
+                f"tokenizer {directory}: not a local directory; packctl reads tokenizers from disk and never "
+                f"downloads: fetch it first (e.g. `huggingface-cli download {directory} --local-dir DIR`) and pass "
+                "--tokenizer DIR"
             )
         config_path = root / "tokenizer_config.json"
         config = _read_json(config_path) if config_path.is_file() else {}
         backend = _load_backend(root)
-        special_tokens = {name: text for name in SPECIAL_TOKEN_NAMES if (text := _token_text(config.get(name))) is not None}
+        special_tokens = {
+            name: text for name in SPECIAL_TOKEN_NAMES if (text := _token_text(config.get(name))) is not None
+        }
         map_path = root / "special_tokens_map.json"
         if map_path.is_file():
             for name, value in _read_json(map_path).items():
-                if name in SPECIAL_TOKEN_NAMES and name not in special_tokens and (text := _token_text(value)) is not None:
+                text = _token_text(value)
+                if name in SPECIAL_TOKEN_NAMES and name not in special_tokens and text is not None:
                     special_tokens[name] = text
         jinja_path = root / "chat_template.jinja"
         if jinja_path.is_file():
             try:
                 chat_template = jinja_path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
-                raise PackctlError(f"{jinja_path}: cannot be read ({exc}); restore the file from the model's repository") from None
+                raise PackctlError(f"{jinja_path}: cannot be read ({exc}); {_RESTORE}") from None
         else:
             chat_template = _pick_template(config.get("chat_template"), template_name, config_path)
         digest = hashlib.sha256()
@@ -285,33 +305,55 @@ class LocalTokenizer:
             )
         except jinja2.TemplateSyntaxError as exc:
             where = jinja_path if jinja_path.is_file() else config_path
-            raise PackctlError(f"{where}: the chat template does not compile (line {exc.lineno}: {exc.message}); fix the template") from None
+            raise PackctlError(
+                f"{where}: the chat template does not compile (line {exc.lineno}: {exc.message}); fix the template"
+            ) from None
 
-    def render(self, messages: list[dict], *, tools: list[dict] | None = None, add_generation_prompt: bool = False, **extra) -> RenderedChat:
+    def render(
+        self,
+        messages: list[dict],
+        *,
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = False,
+        prepared: bool = False,
+        **extra,
+    ) -> RenderedChat:
         """The chat as `apply_chat_template(messages, tools=tools, tokenize=False,
-        add_generation_prompt=..., **extra)` renders it, with the `{% generation %}` spans."""
+        add_generation_prompt=..., **extra)` renders it, with the `{% generation %}` spans.
+
+        `prepared`: the messages come from `prepare_messages` (a caller that renders several
+        prefixes of one conversation prepares it once).
+        """
         if self._template is None:
             raise PackctlError(
-                f"tokenizer {self.directory}: has no chat template (no chat_template.jinja, none in tokenizer_config.json); "
-                "use a tokenizer with a chat template or a plain-text format"
+                f"tokenizer {self.directory}: has no chat template (no chat_template.jinja, none in "
+                "tokenizer_config.json); use a tokenizer with a chat template or a plain-text format"
             )
-        variables = {**self.special_tokens, **extra}
+        variables = {
+            **self.special_tokens,
+            **extra,
+            "messages": messages if prepared else self.prepare_messages(messages),
+            "tools": tools,
+            "documents": None,
+            "add_generation_prompt": add_generation_prompt,
+        }
+        if not self.has_generation_block:
+            return RenderedChat(self._template.render(variables), None)
         blocks: list[str] = []
         spans: list[tuple[int, int]] = []
         tracking = self._template.environment.generation_tracking
-        token = tracking.set((blocks, spans))
+        token = tracking.set((blocks, spans, [0, 0]))
         try:
-            for block in self._template.generate(
-                messages=[_template_message(message) for message in messages],
-                tools=tools,
-                documents=None,
-                add_generation_prompt=add_generation_prompt,
-                **variables,
-            ):
+            for block in self._template.generate(variables):
                 blocks.append(block)
         finally:
             tracking.reset(token)
-        return RenderedChat("".join(blocks), spans if self.has_generation_block else None)
+        return RenderedChat("".join(blocks), spans)
+
+    @staticmethod
+    def prepare_messages(messages: list[dict]) -> list[dict]:
+        """The messages as the template sees them (see `_template_message`)."""
+        return [_template_message(message) for message in messages]
 
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list:
         """`tokenizers.Encoding`s of `texts`, encoded by the Rust batch encoder on its own threads
@@ -339,21 +381,26 @@ def _load_backend(root: Path):
         try:
             return Tokenizer.from_file(str(path))
         except Exception as exc:  # the Rust loader raises a bare Exception on a malformed file
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise PackctlError(f"{path}: not a valid tokenizer.json ({reason}); restore the file from the model's repository") from None
+            raise PackctlError(f"{path}: not a valid tokenizer.json ({first_line(exc)}); {_RESTORE}") from None
     if not any(root.glob("*.model")) and not (root / "vocab.json").is_file():
         raise PackctlError(
             f"tokenizer {root}: no tokenizer.json (nor a sentencepiece .model or vocab.json); "
             "pass the directory that holds the model's tokenizer files"
         )
-    from packctl.errors import require
-
-    transformers = require("transformers", "tokenize", "reading a tokenizer without tokenizer.json")
+    try:
+        import transformers
+    except ImportError:
+        raise PackctlError(
+            f"tokenizer {root}: no tokenizer.json, and reading its other files needs transformers, which is not "
+            "installed: pip install transformers sentencepiece, or write its tokenizer.json with "
+            "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)"
+        ) from None
     try:
         fast = transformers.AutoTokenizer.from_pretrained(str(root), local_files_only=True)
     except Exception as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise PackctlError(f"tokenizer {root}: transformers cannot load it from disk ({reason}); add its tokenizer.json") from None
+        raise PackctlError(
+            f"tokenizer {root}: transformers cannot load it from disk ({first_line(exc)}); add its tokenizer.json"
+        ) from None
     backend = getattr(fast, "backend_tokenizer", None)
     if backend is None:
         raise PackctlError(f"tokenizer {root}: transformers has no fast tokenizer for it; add its tokenizer.json")

@@ -1,6 +1,8 @@
 """tokenize_records: formats and their detection, column names, loss rules, BOS/EOS, bad rows."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -19,7 +21,8 @@ GREEN = {"role": "assistant", "content": "It is green."}
 
 def rows(batch):
     """Each row's (ids, labels) as lists."""
-    return [(batch.input_ids[a:b].tolist(), batch.labels[a:b].tolist()) for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
+    bounds = zip(batch.offsets[:-1], batch.offsets[1:])
+    return [(batch.input_ids[a:b].tolist(), batch.labels[a:b].tolist()) for a, b in bounds]
 
 
 def trained_text(tok, batch, row=0):
@@ -78,7 +81,8 @@ def test_tokenizer_config_add_bos_eos_decide_auto(tmp_path):
     assert ids[0] != tok.bos_token_id and ids[-1] == tok.eos_token_id
 
 
-@pytest.mark.parametrize("add_bos, add_eos", [(AddSpecial.ALWAYS, AddSpecial.ALWAYS), (AddSpecial.NEVER, AddSpecial.NEVER)])
+@pytest.mark.parametrize("add_bos, add_eos", [(AddSpecial.ALWAYS, AddSpecial.ALWAYS),
+                                              (AddSpecial.NEVER, AddSpecial.NEVER)])
 def test_always_never_doubles_and_never_adds_none(chatml, add_bos, add_eos):
     spec = TokenizeSpec(format=RecordFormat.TEXT, add_bos=add_bos, add_eos=add_eos)
     bos, eos = chatml.bos_token_id, chatml.eos_token_id
@@ -96,7 +100,8 @@ def test_chat_gets_only_its_template_tokens_unless_always(chatml):
     record = {"messages": [USER, BLUE]}
     (auto, _), = rows(tokenize_records([record], TokenizeSpec(), chatml))
     assert chatml.bos_token_id not in auto and chatml.eos_token_id not in auto
-    (always, labels), = rows(tokenize_records([record], TokenizeSpec(add_bos=AddSpecial.ALWAYS, add_eos=AddSpecial.ALWAYS), chatml))
+    spec = TokenizeSpec(add_bos=AddSpecial.ALWAYS, add_eos=AddSpecial.ALWAYS)
+    (always, labels), = rows(tokenize_records([record], spec, chatml))
     assert always == [chatml.bos_token_id] + auto + [chatml.eos_token_id]
     assert labels[0] == -100 and labels[-1] == -100  # the newline after <|im_end|> is not trained, nor what follows
 
@@ -150,8 +155,10 @@ def test_preference_implicit_prompt(chatml):
 
 
 def test_preference_without_a_shared_prompt_is_a_bad_row(chatml):
-    with pytest.raises(RowError, match=r"record 0 field 'prompt': is an empty list of messages"):
+    with pytest.raises(RowError, match=r"^record 0 field 'chosen': chosen and rejected share no leading message"):
         tokenize_records([{"chosen": [BLUE], "rejected": [GREEN]}], TokenizeSpec(), chatml)
+    with pytest.raises(RowError, match=r"^record 0 field 'prompt': is an empty list of messages$"):
+        tokenize_records([{"prompt": [], "chosen": [BLUE], "rejected": [GREEN]}], TokenizeSpec(), chatml)
 
 
 def test_tools_column_reaches_the_template(tmp_path):
@@ -161,8 +168,7 @@ def test_tools_column_reaches_the_template(tmp_path):
     tools = [{"type": "function", "function": {"name": "weather"}}]
     with_tools = tokenize_records([{"messages": [USER, BLUE], "functions": tools}],
                                   TokenizeSpec(columns=Columns(tools="functions")), tok)
-    as_json = tokenize_records([{"messages": [USER, BLUE], "tools": '[{"type": "function", "function": {"name": "weather"}}]'}],
-                               TokenizeSpec(), tok)
+    as_json = tokenize_records([{"messages": [USER, BLUE], "tools": json.dumps(tools)}], TokenizeSpec(), tok)
     assert rows(with_tools) == rows(as_json)
     assert "weather" in tok.backend.decode(with_tools.input_ids.tolist(), skip_special_tokens=False)
 
@@ -191,13 +197,15 @@ def test_bad_rows_raise_one_line_naming_record_and_field(chatml, record, field, 
 
 def test_bad_text_rows(chatml):
     spec = TokenizeSpec(format=RecordFormat.TEXT)
-    for record, reason in (({"text": ""}, "empty text"), ({"text": 5}, "expected a string, found int"), ({}, "missing")):
+    for record, reason in (({"text": ""}, "empty text"), ({"text": 5}, "expected a string, found int"),
+                           ({}, "missing")):
         with pytest.raises(RowError, match=reason):
             tokenize_records([record], spec, chatml)
 
 
 def test_template_refusal_is_a_bad_row(tmp_path):
-    template = "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}{% endif %}{{ m.content }}{% endfor %}"
+    template = ("{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}{% endif %}"
+                "{{ m.content }}{% endfor %}")
     tok = LocalTokenizer.load(str(tokenizer_dir(tmp_path, template=template)))
     with pytest.raises(RowError, match="the chat template refuses it: no tools here"):
         tokenize_records([{"messages": [{"role": "tool", "content": "x"}]}], TokenizeSpec(), tok)
@@ -232,3 +240,36 @@ def test_describe():
                     "chosen": "chosen", "rejected": "rejected", "tools": "tools"},
         "add_bos": "auto", "add_eos": "auto", "on_bad_row": "error",
     }
+    resolved = TokenizeSpec().describe(["prompt", "completion"])
+    assert (resolved["format"], resolved["loss_on"]) == ("prompt-completion", "completion")
+
+
+def test_error_names_the_first_bad_record(chatml):
+    records = [{"messages": [USER, BLUE]}, {"messages": [USER]}, {"messages": None}]
+    with pytest.raises(RowError, match=r"^record 1 field 'messages': no token carries a loss"):
+        tokenize_records(records, TokenizeSpec(), chatml)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+def test_chunks_do_not_change_the_batch(chatml, monkeypatch, chunk):
+    import packctl.tokenize.encode as encode
+
+    pairs = (([BLUE], [GREEN]), (None, [GREEN]), ([GREEN], [USER]), ([GREEN], [BLUE]))
+    records = [{"prompt": [USER], "chosen": chosen, "rejected": rejected} for chosen, rejected in pairs]
+    records.append({"prompt": [BLUE], "chosen": [GREEN], "rejected": [BLUE]})
+    spec = TokenizeSpec(on_bad_row=OnBadRow.DROP)
+    whole = tokenize_records(records, spec, chatml)
+    monkeypatch.setattr(encode, "_CHUNK", chunk)
+    chunked = tokenize_records(records, spec, chatml)
+    assert rows(chunked) == rows(whole) and chunked.dropped == whole.dropped
+    assert chunked.record.tolist() == whole.record.tolist() == [0, 0, 3, 3, 4, 4]
+    assert [r for r, _, _ in whole.dropped] == [1, 2]
+
+
+def test_batch_does_not_depend_on_the_encoder_threads(chatml, monkeypatch):
+    records = [{"messages": [USER, {"role": "assistant", "content": "It is blue. " * k}]} for k in range(1, 40)]
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # the Rust encoder on the calling thread only
+    one = tokenize_records(records, TokenizeSpec(), chatml)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    many = tokenize_records(records, TokenizeSpec(), chatml)
+    assert rows(one) == rows(many) and one.prompt_length.tolist() == many.prompt_length.tolist()

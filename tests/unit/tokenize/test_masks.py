@@ -25,8 +25,8 @@ def reference_range(offsets, start, end):
 
 
 @settings(max_examples=examples(300, default=60), deadline=None)
-@given(text=st.lists(st.sampled_from(["the", " sky", "  ", "\n", "\n\n", "é", "東京", "<|im_end|>", "blue", ".", " "]),
-                     min_size=1, max_size=20).map("".join),
+@given(text=st.lists(st.sampled_from(["the", " sky", "  ", "\n", "\n\n", "é", "東京", "<|im_end|>", "blue", ".",
+                                      " "]), min_size=1, max_size=20).map("".join),
        data=st.data(), whitespace=st.booleans())
 def test_token_spans_equal_the_overlap_of_offsets(text, data, whitespace):
     tokenizer = WHITESPACE if whitespace else BYTE_LEVEL
@@ -67,7 +67,7 @@ def test_labels_from_ranges():
 
 # A generation block that ends on a newline: with a tokenizer that drops whitespace, the newline
 # maps to no token, and a mask that looks up char_to_token(end - 1) and takes the length of the
-# sequence when it is None (as transformers' did) runs to the end of the conversation.
+# sequence when it is None runs to the end of the conversation.
 TRAILING_NEWLINE = (
     "{%- for message in messages %}"
     "{%- if message['role'] == 'assistant' %}"

@@ -12,7 +12,8 @@ from packctl.tokenize.tokenizer import LocalTokenizer
 from support.profiles import examples
 from support.tokenizers import CHATML, LLAMA3, tokenizer_dir, without_generation
 
-PIECES = ["the", " sky", "blue", "é", "東京", "👋", " ", "  ", "\n", "\n\n", "\t", ".", "?", "0", "ab", "<b>", "{}"]
+PIECES = ["the", " sky", "blue", "é", "東京", "👋", " ", "  ", "\n", "\n\n", "\t", ".", "?", "0", "ab", "<b>",
+          "{}"]
 CONTENT = st.lists(st.sampled_from(PIECES), max_size=8).map("".join)
 MESSAGE = st.builds(lambda role, content: {"role": role, "content": content},
                     st.sampled_from(["system", "user", "assistant"]), CONTENT)
@@ -27,7 +28,8 @@ def pairs(tmp_path_factory):
     for name, template in (("chatml", CHATML), ("llama3", LLAMA3)):
         made[name] = (
             LocalTokenizer.load(str(tokenizer_dir(tmp_path_factory.mktemp(name), template=template))),
-            LocalTokenizer.load(str(tokenizer_dir(tmp_path_factory.mktemp(name + "n"), template=without_generation(template)))),
+            LocalTokenizer.load(str(tokenizer_dir(tmp_path_factory.mktemp(name + "n"),
+                                                  template=without_generation(template)))),
         )
     return made
 
@@ -61,3 +63,30 @@ def test_loss_tokens_are_exactly_the_assistant_turns(pairs, conversation, name, 
     trained = tok.backend.decode(ids[labels != -100].tolist(), skip_special_tokens=False)
     assert trained == "".join(text[a:b] for a, b in spans)
     assert batch.prompt_length[0] == int((labels != -100).argmax())
+
+
+WORDS = st.lists(st.sampled_from(["the", " sky", "is", " blue", "n't", "é", " ", "\n", "0", "ab", "c"]),
+                 max_size=6).map("".join)
+
+
+@settings(max_examples=examples(300, default=40), deadline=None)
+@given(prompt=WORDS, completion=WORDS.filter(bool))
+def test_plain_completion_starts_where_trl_finds_it_or_at_its_first_character(pairs, prompt, completion):
+    """TRL starts the completion where the ids of prompt and prompt + completion first differ.
+    packctl starts it at the token holding the completion's first character: the same token, or a
+    later one where BPE splits the prompt's last word differently once the completion follows
+    (TRL then trains a piece of the prompt)."""
+    tok = pairs["chatml"][0]
+    batch = tokenize_records([{"prompt": prompt, "completion": completion}], TokenizeSpec(), tok)
+    ids, labels = batch.input_ids.tolist(), batch.labels.tolist()
+    prompt_ids = tok.backend.encode(prompt, add_special_tokens=False).ids
+    whole = tok.backend.encode(prompt + completion, add_special_tokens=False)
+    assert ids == whole.ids + [tok.eos_token_id] or (completion.endswith("</s>") and ids == whole.ids)
+    same = [a == b for a, b in zip(prompt_ids, whole.ids)]
+    common = same.index(False) if False in same else len(same)  # TRL's common_prefix_length
+    start = int(batch.prompt_length[0])
+    assert common <= start
+    assert all(label == -100 for label in labels[:start]) and all(label != -100 for label in labels[start:])
+    assert whole.offsets[start][1] > len(prompt)  # the first trained token holds a completion character
+    if start > 0:
+        assert whole.offsets[start - 1][1] <= len(prompt)  # and the one before it none

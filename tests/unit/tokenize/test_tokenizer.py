@@ -54,7 +54,8 @@ def test_attributes(tmp_path):
     backend = tok.backend
     assert tok.directory == str(directory)
     assert (tok.bos_token, tok.eos_token, tok.pad_token) == ("<s>", "</s>", "<pad>")
-    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == tuple(backend.token_to_id(t) for t in ("<s>", "</s>", "<pad>"))
+    ids = tuple(backend.token_to_id(t) for t in ("<s>", "</s>", "<pad>"))
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == ids
     assert tok.vocab_size == backend.get_vocab_size(with_added_tokens=True)
     assert tok.chat_template == CHATML and tok.has_generation_block
     assert len(tok.template_hash) == 64 and len(tok.fingerprint) == 64
@@ -65,7 +66,8 @@ def test_attributes(tmp_path):
 
 def test_special_tokens_map_fills_what_the_config_lacks(tmp_path):
     directory = tokenizer_dir(tmp_path, config={"pad_token": None})
-    (directory / "special_tokens_map.json").write_text(json.dumps({"pad_token": {"content": "</s>"}, "eos_token": "<s>"}))
+    special = {"pad_token": {"content": "</s>"}, "eos_token": "<s>"}
+    (directory / "special_tokens_map.json").write_text(json.dumps(special))
     tok = LocalTokenizer.load(str(directory))
     assert tok.pad_token == "</s>" and tok.eos_token == "</s>"
 
@@ -103,7 +105,8 @@ def test_no_template_renders_nothing_and_says_so(tmp_path):
 
 
 def test_render_has_no_spans_without_generation_blocks(tmp_path):
-    tok = LocalTokenizer.load(str(tokenizer_dir(tmp_path, template="{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}")))
+    template = "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    tok = LocalTokenizer.load(str(tokenizer_dir(tmp_path, template=template)))
     assert tok.render(CONV).generation_spans is None
     assert tok.render(CONV).text == "<s>hiyo"
 
@@ -113,7 +116,8 @@ def test_template_environment_as_transformers_defines_it(tmp_path):
         "{% for m in messages %}{% if m.role == 'skip' %}{% continue %}{% endif %}"
         "{{ m | tojson }}\n"
         "{% endfor %}"
-        "{{ tools | tojson(indent=1) }}|{{ eos_token }}|{{ pad_token }}|{{ extra_var }}|{{ strftime_now('%Y') | length }}"
+        "{{ tools | tojson(indent=1) }}|{{ eos_token }}|{{ pad_token }}|{{ extra_var }}|"
+        "{{ strftime_now('%Y') | length }}"
         "{% set ns = namespace(n=0) %}{% set ns.n = 3 %}|{{ ns.n }}|{{ dict(a=1) | tojson }}"
         "{% if add_generation_prompt %}>{% endif %}"
     )
@@ -124,7 +128,8 @@ def test_template_environment_as_transformers_defines_it(tmp_path):
 
 
 def test_raise_exception_and_none_fields(tmp_path):
-    template = "{% for m in messages %}{% if 'name' in m %}{{ raise_exception('no names') }}{% endif %}{{ m.content }}{% endfor %}"
+    template = ("{% for m in messages %}{% if 'name' in m %}{{ raise_exception('no names') }}{% endif %}"
+                "{{ m.content }}{% endfor %}")
     tok = LocalTokenizer.load(str(tokenizer_dir(tmp_path, template=template)))
     assert tok.render([{"role": "user", "content": "a", "name": None}]).text == "a"  # None fields are dropped
     import jinja2
@@ -148,12 +153,14 @@ def test_sandbox_refuses_python_internals(tmp_path):
 
 
 def test_sentencepiece_directory_falls_back_to_transformers(tmp_path, monkeypatch):
+    import tokenizers
+
     directory = tokenizer_dir(tmp_path)
     (directory / "tokenizer.json").rename(tmp_path / "moved.json")
     (directory / "spiece.model").write_bytes(b"")
 
     class Fast:
-        backend_tokenizer = __import__("tokenizers").Tokenizer.from_file(str(tmp_path / "moved.json"))
+        backend_tokenizer = tokenizers.Tokenizer.from_file(str(tmp_path / "moved.json"))
 
     calls = []
 
@@ -169,3 +176,14 @@ def test_sentencepiece_directory_falls_back_to_transformers(tmp_path, monkeypatc
     tok = LocalTokenizer.load(str(directory))
     assert calls == [(str(directory), {"local_files_only": True})]
     assert tok.backend is Fast.backend_tokenizer
+
+
+def test_sentencepiece_directory_without_transformers_says_what_to_install(tmp_path, monkeypatch):
+    import sys
+
+    directory = tokenizer_dir(tmp_path)
+    (directory / "tokenizer.json").unlink()
+    (directory / "spiece.model").write_bytes(b"")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+    with pytest.raises(PackctlError, match=r"needs transformers, which is not installed: pip install transformers"):
+        LocalTokenizer.load(str(directory))

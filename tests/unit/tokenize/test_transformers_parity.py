@@ -52,7 +52,8 @@ def _reference(directory, conversation, tools=None):
     hf = transformers.AutoTokenizer.from_pretrained(str(directory))
     out = hf.apply_chat_template(conversation, tools=tools, tokenize=True, return_dict=True,
                                  return_assistant_tokens_mask=True)
-    return list(out["input_ids"]), list(out["assistant_masks"]), hf.apply_chat_template(conversation, tools=tools, tokenize=False)
+    text = hf.apply_chat_template(conversation, tools=tools, tokenize=False)
+    return list(out["input_ids"]), list(out["assistant_masks"]), text
 
 
 def _packctl(directory, conversation, tools=None, loss_on=None):
@@ -73,7 +74,8 @@ def dirs(tmp_path_factory):
     for name, template in (("chatml", CHATML), ("llama3", LLAMA3), ("tools", TOOLS), ("reasoning", REASONING)):
         made[template] = tokenizer_dir(tmp_path_factory.mktemp(name), template=template, bos_token="<|begin_of_text|>")
         made[without_generation(template)] = tokenizer_dir(
-            tmp_path_factory.mktemp(name + "_nogen"), template=without_generation(template), bos_token="<|begin_of_text|>"
+            tmp_path_factory.mktemp(name + "_nogen"), template=without_generation(template),
+            bos_token="<|begin_of_text|>",
         )
     return made
 
