@@ -27,7 +27,7 @@ import json
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from enum import StrEnum
+from packctl.enums import StrEnum
 
 import jinja2
 import numpy as np

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from enum import StrEnum
+from packctl.enums import StrEnum
 
 from packctl.errors import PackctlError
 

@@ -24,15 +24,15 @@ import json
 import os
 import stat
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Iterator
 
+from packctl.enums import StrEnum
 from packctl.errors import PackctlError
 
 _CHUNK = 1 << 22
 
 
-class TextUnit(str, Enum):
+class TextUnit(StrEnum):
     """What one record of a `.txt` file is."""
 
     LINE = "line"
