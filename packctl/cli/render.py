@@ -198,6 +198,28 @@ def pack_table(result: PackResult) -> Table:
     return table
 
 
+def tokenize_table(result) -> Table:
+    """The summary of `packctl tokenize`: what was read, written and dropped, and how fast."""
+    c, t = result.counts, result.metrics.get("throughput") or {}
+    table = Table(title=f"packctl tokenize -> {result.output}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(justify="right", overflow="fold")
+    rows = [
+        ("records in -> rows out", f"{c['records']:,} -> {c['rows']:,}"),
+        ("tokens (trained on)", f"{c['tokens']:,} ({c['loss_tokens']:,})"),
+        ("masked fraction", _pct(c["masked_fraction"])),
+        ("dropped", f"{c['dropped']:,}" + "".join(f"\n{n:,} {reason}" for reason, n in c["dropped_by_reason"].items())),
+        ("shards", f"{len(result.shards)}"),
+    ]
+    if t.get("tokens_per_s"):
+        rows.append(("throughput", f"{t['tokens_per_s'] / 1e6:,.2f} M tok/s, {t['records_per_s']:,.0f} records/s "
+                                   f"({t['workers']} worker{'s' if t['workers'] != 1 else ''} x {t['ranks']} "
+                                   f"rank{'s' if t['ranks'] != 1 else ''})"))
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
 def scale_out_rows(so: dict[str, Any] | None) -> list[tuple[str, str]]:
     """How evenly the ranks of an MPI run shared it (metrics.json `scale_out`); none for one process."""
     if not so:

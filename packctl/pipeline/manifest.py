@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from packctl.contract.manifest import ShardEntry
 from packctl.contract.schema import FORMAT_VERSION, IGNORE_INDEX
+from packctl.source.tokenized import tokenized_sources
 from packctl.version import __version__
 
 if TYPE_CHECKING:
@@ -97,6 +98,9 @@ def build_manifest(config: PackConfig, labels_column: str | None, inputs: list[I
         "counts": counts,
         "timings": timings,
     }
+    tokenized = tokenized_sources([f.path for f in inputs])
+    if tokenized:  # inputs `packctl tokenize` wrote: how their tokens and labels were made
+        manifest["tokenization"] = tokenized
     if config.plan_only:
         manifest["kind"] = PLAN_KIND
         for entry, read in zip(manifest["inputs"], fingerprints or []):

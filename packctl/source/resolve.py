@@ -51,6 +51,7 @@ from packctl.contract.schema import METADATA_KEY
 from packctl.errors import PackctlError
 from packctl.source import megatron
 from packctl.source.index import ResolvedFile, Resolution
+from packctl.source.tokenized import TOKENIZED
 from packctl.source.files import changed_error, file_kind, read_fingerprint
 from packctl.source.index import BIN, IDX, bin_of, is_indexed, prefix_of
 from packctl.source.splits import select_split
@@ -446,8 +447,8 @@ def _packctl_marker(directory: str) -> str | None:
                 content = json.load(fh)
         except (OSError, ValueError):
             continue
-        if isinstance(content, dict) and "packctl_version" in content:
-            return name
+        if isinstance(content, dict) and "packctl_version" in content and content.get("kind") != TOKENIZED:
+            return name  # a tokenized corpus (`packctl tokenize`) is input to pack, not one of its outputs
     return None
 
 

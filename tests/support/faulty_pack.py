@@ -1,4 +1,4 @@
-"""`packctl pack` (or `packctl materialize`) as a user runs it, with a failure at a chosen point
+"""`packctl pack` (or `packctl materialize`, `packctl tokenize`) as a user runs it, with a failure at a chosen point
 (tests of crashes and resume).
 
     python tests/support/faulty_pack.py --kill-at commit:manifest-written pack CORPUS -o OUT ...   # also under mpiexec
@@ -57,14 +57,22 @@ def faults_of(argv: list[str]):
 
 
 def main(argv: list[str]) -> None:
-    from packctl import pipeline
     from packctl.cli import main as cli_main
 
     faults, argv = faults_of(argv)
-    pipeline.pack = functools.partial(pipeline.pack, faults=faults)
-    pipeline.materialize_plan = functools.partial(pipeline.materialize_plan, faults=faults)
+    _with_faults(faults)
     sys.argv = ["packctl", *argv]
     cli_main()
+
+
+def _with_faults(faults) -> None:
+    """pack, materialize and tokenize of this process run with `faults`."""
+    from packctl import pipeline
+    from packctl.tokenize import run as tokenize_run
+
+    pipeline.pack = functools.partial(pipeline.pack, faults=faults)
+    pipeline.materialize_plan = functools.partial(pipeline.materialize_plan, faults=faults)
+    tokenize_run.tokenize_corpus = functools.partial(tokenize_run.tokenize_corpus, faults=faults)
 
 
 class Forked:
@@ -81,11 +89,9 @@ class Forked:
                 os.dup2(self._err.fileno(), 2)
                 sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", closefd=False), write_through=True)
                 sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", closefd=False), write_through=True)
-                from packctl import pipeline
                 from packctl.cli.app import run
 
-                pipeline.pack = functools.partial(pipeline.pack, faults=faults)
-                pipeline.materialize_plan = functools.partial(pipeline.materialize_plan, faults=faults)
+                _with_faults(faults)
                 code = run([str(a) for a in argv])
             except BaseException:  # the test must see it, never a second pytest
                 import traceback
