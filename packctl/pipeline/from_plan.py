@@ -48,7 +48,7 @@ from packctl.pipeline.manifest import PLAN_KIND
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.pipeline.run import PackResult, _completed, _open_output
 from packctl.pipeline.report import Corpus, Transfer, rank_report, scale_out, throughput
-from packctl.pipeline.runtime import Progress, SignalGuard, after_failure, timed
+from packctl.pipeline.runtime import Progress, SignalGuard, after_failure, job_stage, timed
 from packctl.plan.windows import PackPlan
 from packctl.source.parquet import scan_blocks, split_blocks
 from packctl.source.index import input_files
@@ -118,6 +118,7 @@ def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bo
             return _materialize(Path(plan_path), out, overwrite, resume, memory_budget, token_transfer, comm,
                                 progress, lock, guard, opened, faults)
     except BaseException as exc:
+        progress.close(stopped=True)  # before any message: the bars stop where the run stopped
         failure = after_failure(comm, opened.get("output"), exc)
         if failure is exc:
             raise
@@ -158,7 +159,8 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
                       budget=budget, limit_columns=plan_limits(plan.manifest))
     with timed(timings, "materialize"):
         written = materialize(comm, job, scanned, output, fmt, read_own=read_own, kept=kept,
-                              progress=progress.stage("materialize", job.plan.num_bins))
+                              progress=job_stage(progress, "materialize", job.plan.num_bins,
+                                                 comm.allreduce_sum(job.plan.num_bins)))
     shards = comm.gather(written.shards)
     pad_like = comm.allreduce_sum(source.tokens_equal_to_pad_id)  # as pack counts them: every input token
     timings["total"] = time.perf_counter() - started
