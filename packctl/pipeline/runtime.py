@@ -34,14 +34,19 @@ def job_stage(progress: Progress, name: str, own: int, total: int) -> Callable[[
     """A stage's progress for the whole job: `total` is the work of every rank (the job's
     blocks, sequences or packs), and this rank's `own` share advances it in proportion, as the
     ranks share a stage's work evenly (scan by bytes, plan by sequences, materialize by tokens).
-    Only rank 0 draws; one process is its own job (own == total).
+    Only rank 0 draws; one process is its own job (own == total). A rank with no share of the
+    stage (more ranks than planning windows) has its part done at once: its bar is full while
+    the other ranks finish theirs, and the next stage starts when they have.
 
         4 ranks, rank 0 writes 6,400 of 25,600 packs: its 3,200th pack shows 12,800/25,600
     """
     advance = progress.stage(name, total)
     if own == total:
         return advance
-    scale = total / own if own else 0.0
+    if own == 0:
+        advance(total)
+        return lambda n: None
+    scale = total / own
     counts = [0, 0]  # this rank's work done, the job's work shown
 
     def step(n: int) -> None:

@@ -1,0 +1,112 @@
+"""Progress of long commands (packctl/cli/render.py): rates and counts that read right, bars that
+stop where a run stopped, and under several ranks the job's totals."""
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from rich.console import Console
+
+from packctl.cli.render import ECHO_ROOM, LogProgress, RichProgress, counted, rate
+from packctl.config import PackConfig
+from packctl.pipeline import pack
+from packctl.pipeline.runtime import Progress, job_stage
+from support.threadcomm import run_ranks
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def test_slow_rates_keep_their_digits_and_one_is_singular():
+    assert [rate(x) for x in (0.5, 0.0123, 8.25, 42.13, 25.0, 99.99, 1234.4)] == [
+        "0.5", "0.0123", "8.25", "42.1", "25", "100", "1,234"]
+    assert [counted(n, "blocks") for n in (0, 1, 2, 1000)] == ["0 blocks", "1 block", "2 blocks", "1,000 blocks"]
+    now = [0.0]
+    out = io.StringIO()
+    progress = LogProgress(out, interval=100, clock=lambda: now[0])
+    advance = progress.stage("scan", 1)
+    now[0] = 2.0
+    advance(1)
+    progress.close()
+    assert out.getvalue().splitlines() == ["packctl: scan: 1 block", "packctl: scan done: 1 block in 2.0s, 0.5 blocks/s"]
+
+
+def _terminal(width: int = 80) -> tuple[Console, io.StringIO]:
+    screen = io.StringIO()
+    return Console(file=screen, force_terminal=True, width=width, color_system=None), screen
+
+
+def _last_frame(screen: io.StringIO) -> list[str]:
+    """The lines of the last drawing of the live display (rich redraws it after cursor moves)."""
+    text = ANSI.sub("\n", screen.getvalue().replace("\r", "\n"))
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_a_stopped_stage_keeps_its_bar_at_the_count_reached():
+    console, screen = _terminal()
+    progress = RichProgress(console)
+    progress.stage("scan", 4)(4)
+    progress.stage("materialize", 100)(30)
+    progress.close(stopped=True)  # Ctrl-C in materialize
+    last = _last_frame(screen)
+    assert any("materialize" in line and "30/100" in line for line in last[-2:]), last[-2:]
+    assert not any("30/30" in line for line in last)
+
+
+def test_a_stage_that_ends_shows_its_bar_full():
+    console, screen = _terminal()
+    progress = RichProgress(console)
+    progress.stage("scan", 4)(3)  # a total counted ahead
+    progress.stage("plan", 10)(10)
+    progress.close()
+    assert any("scan" in line and "3/3" in line for line in _last_frame(screen))
+
+
+def test_bars_leave_the_last_columns_free_for_the_ctrl_c_echo():
+    console, screen = _terminal(80)
+    progress = RichProgress(console)
+    for name in ("scan", "plan", "materialize"):
+        progress.stage(name, 123_456_789)(61_000_000)
+    progress.close(stopped=True)
+    widths = [len(line.rstrip()) for line in _last_frame(screen)]
+    assert widths and max(widths) <= 80 - ECHO_ROOM
+
+
+def test_job_stage_draws_the_job_total_from_this_ranks_share():
+    out = io.StringIO()
+    progress = LogProgress(out, interval=0, clock=iter(range(100)).__next__)
+    advance = job_stage(progress, "materialize", 6_400, 25_600)
+    advance(3_200)
+    advance(3_200)
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "packctl: materialize: 25,600 packs"
+    assert lines[1].startswith("packctl: materialize 12,800/25,600 packs (50%)")
+    assert lines[-1].startswith("packctl: materialize done: 25,600 packs")
+
+
+class _Recorded(Progress):
+    def __init__(self):
+        self.totals: dict[str, int | None] = {}
+        self.done: dict[str, int] = {}
+
+    def stage(self, name, total):
+        self.totals[name], self.done[name] = total, 0
+
+        def advance(n):
+            self.done[name] += n
+        return advance
+
+
+@pytest.mark.slow
+def test_under_several_ranks_progress_counts_the_job(tmp_path, sample_data):
+    recorded = _Recorded()
+
+    def run(comm):
+        return pack(PackConfig(inputs=[str(sample_data)], output=str(tmp_path / "out"), too_long="split"),
+                    comm=comm, progress=recorded if comm.rank == 0 else None)
+
+    result = run_ranks(3, run)[0]
+    assert recorded.totals["plan"] == recorded.done["plan"] == result.counts["sequences_in"]
+    assert recorded.totals["materialize"] == recorded.done["materialize"] == result.counts["packs"]
+    assert recorded.totals["scan"] == recorded.done["scan"] == result.metrics["throughput"]["blocks"]
