@@ -201,6 +201,37 @@ def _groups_row(g: dict[str, Any]) -> tuple[str, str]:
                       f"packs per group {spread['mean']:.2f} / {spread['max']} (mean/max)")
 
 
+def _tokens_row(result: PackResult) -> tuple[str, str]:
+    """Tokens packed of the tokens in: per epoch with --epochs (each epoch packs the input once),
+    planned with --plan-only (no token moved).
+
+        tokens packed   1,170,955 of 1,170,955 per epoch (x3: 3,512,865)
+    """
+    c, m = result.counts, result.metrics
+    label = "tokens planned" if result.plan_only else "tokens packed"
+    epochs = m.get("epochs")
+    if not epochs:
+        return label, f"{c['tokens_packed']:,} of {c['tokens_in']:,}"
+    per_epoch = {e["tokens_packed"] for e in epochs}
+    each = f"{per_epoch.pop():,}" if len(per_epoch) == 1 else "/".join(f"{e['tokens_packed']:,}" for e in epochs)
+    return label, f"{each} of {c['tokens_in']:,} per epoch (x{len(epochs)}: {c['tokens_packed']:,})"
+
+
+def _throughput_row(result: PackResult) -> tuple[str, str]:
+    """Sequences and tokens a second of this run: with --plan-only the tokens were planned, not
+    moved; a resumed run leaves out the tokens of the shards it kept (metrics.json `throughput`)."""
+    speed = result.metrics["throughput"]
+    text = f"{speed['sequences_per_s']:,.0f} seq/s, {speed['tokens_per_s'] / 1e6:,.1f} M tok/s"
+    if result.plan_only:
+        text += " planned"
+    notes = []
+    if result.timings.get("compile", 0) >= 0.01:
+        notes.append("compiling left out")
+    if speed.get("resumed_shards"):
+        notes.append(f"{counted(speed['resumed_shards'], 'shards')} kept from the interrupted run left out")
+    return "throughput", text + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def pack_table(result: PackResult) -> Table:
     m: dict[str, Any] = result.metrics
     c = result.counts
@@ -216,7 +247,7 @@ def pack_table(result: PackResult) -> Table:
                                         f"{c['sequences_split']:,}"
                                         + (f" ({c['over_limit']:,} dropped over a --limit)" if c.get("over_limit")
                                            else "")),
-        ("tokens packed", f"{c['tokens_packed']:,} of {c['tokens_in']:,}"),
+        _tokens_row(result),
         ("packs (lower bound)", f"{m['packs']:,} ({m['lower_bound_packs']:,})"),
         ("utilization", _pct(m["utilization"])),
         ("packing efficiency", _pct(m["packing_efficiency"])),
@@ -229,9 +260,7 @@ def pack_table(result: PackResult) -> Table:
                       "each epoch; tokens, packs: of all)")] if "epochs" in m else []),
         ("shards", f"{len(result.shards)}"),
         ("time", "  ".join(f"{k} {v:.2f}s" for k, v in result.timings.items() if k != "compile" or v >= 0.01)),
-        ("throughput", f"{m['throughput']['sequences_per_s']:,.0f} seq/s, "
-                       f"{m['throughput']['tokens_per_s'] / 1e6:,.1f} M tok/s"
-                       + (" (compiling left out)" if result.timings.get("compile", 0) >= 0.01 else "")),
+        _throughput_row(result),
     ]
     b = m.get("balance")
     if b:

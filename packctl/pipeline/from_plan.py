@@ -173,7 +173,8 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
     by_number = {n: info for part in shards for n, info in part.items()}
     execution = {"output": str(out), "overwrite": overwrite, "memory_budget": budget, "resume": resume,
                  "token_transfer": token_transfer}
-    run = _RunFigures(ranks, timings, resumed_shards=len(done or {}), blocks=len(index.blocks),
+    run = _RunFigures(ranks, timings, resumed_shards=len(done or {}),
+                      resumed_tokens=sum(e.tokens for e in (done or {}).values()), blocks=len(index.blocks),
                       tokens_equal_to_pad_id=pad_like)
     reports, manifests, entries = _reports(plan, by_number, run, execution)
     with guard.deferred():  # a signal now waits: the output is moments from complete
@@ -327,6 +328,7 @@ class _RunFigures:
     ranks: list[dict[str, Any]]
     timings: dict[str, float]
     resumed_shards: int
+    resumed_tokens: int
     blocks: int
     tokens_equal_to_pad_id: int
 
@@ -344,7 +346,8 @@ class _RunFigures:
             metrics["scale_out"] = scale_out(self.ranks)
             metrics["ranks"] = self.ranks
         if "throughput" in metrics:
-            metrics["throughput"] = throughput(corpus, self.ranks, self.timings, resumed_shards=self.resumed_shards)
+            metrics["throughput"] = throughput(corpus, self.ranks, self.timings, resumed_shards=self.resumed_shards,
+                                               resumed_tokens=self.resumed_tokens)
         metrics["timings"] = self.timings
         return metrics
 

@@ -81,6 +81,7 @@ class PackResult:
     # "OUT: already complete ...": a `--resume` that found its output written (counts, metrics,
     # timings and shards are then OUT's); the CLI prints it on stderr
     note: str | None = None
+    plan_only: bool = False  # --plan-only: the packs were planned, no token was moved
 
 
 def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | None = None,
@@ -183,7 +184,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
         comm.barrier()
         return PackResult(output=out, counts={}, metrics={"ranks": ranks}, timings=timings)
 
-    whole_run = throughput(corpus, ranks, timings, resumed_shards=len(done or {}))
+    whole_run = throughput(corpus, ranks, timings, resumed_shards=len(done or {}),
+                           resumed_tokens=sum(e.tokens for e in (done or {}).values()))
     epoch_shards = [{n: i for s in shards for n, i in s[e].items()} for e in range(specs.order.epochs)]
     if specs.order.epochs == 1:
         metrics, listed, manifest = _report(config, specs, index, figures[0], epoch_shards[0], ranks, corpus,
@@ -208,7 +210,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     with guard.deferred():  # a signal now waits: the output is moments from complete
         output.commit(reports=reports, manifests=manifests, shards=listed, overwrite=config.overwrite)
     comm.barrier()
-    return PackResult(output=out, counts=metrics["counts"], metrics=metrics, timings=timings, shards=listed)
+    return PackResult(output=out, counts=metrics["counts"], metrics=metrics, timings=timings, shards=listed,
+                      plan_only=config.plan_only)
 
 
 def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, specs: Specs, epoch: int, inputs: list[str],

@@ -1,5 +1,6 @@
-"""Progress of long commands (packctl/cli/render.py): rates and counts that read right, bars that
-stop where a run stopped, and under several ranks the job's totals."""
+"""Progress and summaries of long commands (packctl/cli/render.py): rates and counts that read
+right, bars that stop where a run stopped, the job's totals under several ranks, and summaries of
+epochs, plans and resumed runs that say what they count."""
 from __future__ import annotations
 
 import io
@@ -110,3 +111,45 @@ def test_under_several_ranks_progress_counts_the_job(tmp_path, sample_data):
     assert recorded.totals["plan"] == recorded.done["plan"] == result.counts["sequences_in"]
     assert recorded.totals["materialize"] == recorded.done["materialize"] == result.counts["packs"]
     assert recorded.totals["scan"] == recorded.done["scan"] == result.metrics["throughput"]["blocks"]
+
+
+def _summary(result) -> str:
+    from packctl.cli.render import pack_table
+
+    console, screen = _terminal(160)
+    console.print(pack_table(result))
+    return " ".join(ANSI.sub("", screen.getvalue()).split())
+
+
+def test_the_summary_of_epochs_says_tokens_per_epoch(tmp_path, sample_data):
+    result = pack(PackConfig(inputs=[str(sample_data)], output=str(tmp_path / "out"), too_long="split",
+                             order="shuffle", epochs=2))
+    c = result.counts
+    assert c["tokens_packed"] == 2 * c["tokens_in"]
+    assert f"tokens packed │ {c['tokens_in']:,} of {c['tokens_in']:,} per epoch (x2: {c['tokens_packed']:,})" in \
+        _summary(result)
+
+
+def test_the_summary_of_a_plan_says_planned(tmp_path, sample_data):
+    result = pack(PackConfig(inputs=[str(sample_data)], output=str(tmp_path / "plan"), too_long="split",
+                             plan_only=True))
+    text = _summary(result)
+    assert "tokens planned" in text and "tokens packed" not in text
+    assert re.search(r"throughput │ [\d,]+ seq/s, [\d.,]+ M tok/s planned", text), text
+
+
+def test_a_resumed_run_counts_only_the_tokens_it_wrote():
+    from packctl.pipeline.report import Corpus, throughput
+
+    corpus = Corpus(sequences=1000, tokens=10_000_000, skipped_empty=0, blocks=1)
+    ranks = [{"peak_rss_bytes": 1, "blocks_read_twice": 0, "spill_files": 0, "spilled_bytes": 0}]
+    speed = throughput(corpus, ranks, {"total": 2.0}, resumed_shards=4, resumed_tokens=8_000_000)
+    assert speed["tokens_per_s"] == 1_000_000 and speed["sequences_per_s"] == 500
+
+
+def test_the_summary_of_a_resumed_run_says_what_it_left_out(tmp_path, sample_data):
+    import dataclasses
+
+    result = pack(PackConfig(inputs=[str(sample_data)], output=str(tmp_path / "out"), too_long="split"))
+    metrics = {**result.metrics, "throughput": {**result.metrics["throughput"], "resumed_shards": 1}}
+    assert "1 shard kept from the interrupted run left out" in _summary(dataclasses.replace(result, metrics=metrics))
