@@ -190,6 +190,12 @@ class LogProgress(Progress):
                 self._finish(stopped)
 
 
+def progress_display(err: Console) -> Progress:
+    """The progress of a long command on stderr: bars on a terminal, log lines elsewhere (Slurm
+    logs, CI), as pack shows them."""
+    return RichProgress(err) if err.is_terminal else LogProgress()
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
@@ -638,6 +644,22 @@ def stats_renderables(report: dict[str, Any]) -> list:
     return input_renderables(report)
 
 
+def verify_time_line(report) -> str:
+    """How long verify took and which check took most of it, with the flag that skips the
+    attention checks when they did:
+
+        time 461.0s, attention 350.2s of it (--no-attention skips the attention and contamination checks)
+    """
+    slowest = report.slowest()
+    line = f"time {report.seconds:.1f}s"
+    if slowest is None:
+        return line
+    line += f", {slowest} {report.checks[slowest].seconds:.1f}s of it"
+    if slowest in ("attention", "contamination"):
+        line += " (--no-attention skips the attention and contamination checks)"
+    return line
+
+
 def verify_table(report, *, max_violations: int = 20):
     """`packctl verify`: a table of the checks (packctl.verify.VerifyReport), then the first broken
     rules and the verdict."""
@@ -650,16 +672,18 @@ def verify_table(report, *, max_violations: int = 20):
     table = Table(title=f"packctl verify {report.output}", title_justify="left")
     table.add_column("check", style="bold")
     table.add_column("status")
+    table.add_column("time", justify="right")
     table.add_column("result")
     for name in CHECKS:
         check = report.checks.get(name)
         if check is None:
             continue
         lines = check.lines or [""]
+        took = "" if check.seconds is None else f"{check.seconds:.1f}s"
         for i, line in enumerate(lines):
             table.add_row(name if i == 0 else "", Text(check.status if i == 0 else "", style=style[check.status]),
-                          Text(line))
-    parts: list[Any] = [table]
+                          took if i == 0 else "", Text(line))
+    parts: list[Any] = [table, Text(verify_time_line(report), style="dim")]
     for v in report.violations[:max_violations]:
         parts.append(Text(f"FAIL {v}", style="red"))
     if len(report.violations) > max_violations:

@@ -53,9 +53,23 @@ def verify_command(
                                 device=device, dtype=dtype, heads=heads, head_dim=head_dim, cp_size=cp_size,
                                 bench=bench)
         outputs = epoch_outputs(output)  # the OUT of pack --epochs: every epoch's output is checked
-        reports = [verify(o, options) for o in outputs or [output]]
     except PackctlError as exc:
         fail(exc)
+    progress = None
+    if not json_output:
+        from packctl.cli.render import progress_display
+
+        progress = progress_display(console(stderr=True))
+    try:
+        reports = [verify(o, options, progress=progress) for o in outputs or [output]]
+    except BaseException as exc:
+        if progress is not None:
+            progress.close(stopped=True)
+        if isinstance(exc, PackctlError):
+            fail(exc)
+        raise
+    if progress is not None:
+        progress.close()
     exit_code = max(r.exit_code for r in reports)
     if json_output:
         print(json.dumps(reports[0].to_dict() if outputs is None else
