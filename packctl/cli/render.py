@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, TextIO
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TextIO
 
 from rich.console import Console
 from rich.progress import (BarColumn, Progress as RichProgressBar, ProgressColumn, TextColumn,
@@ -22,7 +23,7 @@ if TYPE_CHECKING:  # the stats and verify reports need none of the packing pipel
 # What each stage counts: pack's stages, verify's checks, sample's and export's writing.
 STAGE_UNITS = {"scan": "blocks", "plan": "sequences", "materialize": "packs",
                "structure": "shards", "conservation": "files", "attention": "packs",
-               "generate": "shards", "write": "shards", "export": "shards"}
+               "write": "shards", "export": "shards"}
 
 
 def counted(n: int, unit: str) -> str:
@@ -149,8 +150,10 @@ class LogProgress(Progress):
             if stopped:
                 of = f" of {total:,}" if total else ""
                 self._line(f"{name} stopped: {counted(done, unit)}{of} in {seconds:.1f}s{speed}")
-            else:
+            elif unit:
                 self._line(f"{name} done: {counted(done, unit)} in {seconds:.1f}s{speed}")
+            else:  # a stage of no countable parts
+                self._line(f"{name} done in {seconds:.1f}s")
             self._stage = None
 
     def stage(self, name: str, total: int | None) -> Callable[[int], None]:
@@ -190,10 +193,25 @@ class LogProgress(Progress):
                 self._finish(stopped)
 
 
-def progress_display(err: Console) -> Progress:
-    """The progress of a long command on stderr: bars on a terminal, log lines elsewhere (Slurm
-    logs, CI), as pack shows them."""
-    return RichProgress(err) if err.is_terminal else LogProgress()
+@contextmanager
+def command_progress(err: Console | None) -> Iterator[Progress | None]:
+    """The progress of a long command (verify, sample, export) on `err` (None: not shown, for
+    --json and -q): bars on a terminal, log lines elsewhere (Slurm logs, CI), as pack shows
+    them; an exception leaves the stage it stopped in where it stopped.
+
+        with command_progress(console(stderr=True)) as progress:
+            export(..., progress=progress)
+    """
+    if err is None:
+        yield None
+        return
+    progress = RichProgress(err) if err.is_terminal else LogProgress()
+    try:
+        yield progress
+    except BaseException:
+        progress.close(stopped=True)
+        raise
+    progress.close()
 
 
 def _pct(x: float) -> str:

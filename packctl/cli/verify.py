@@ -55,21 +55,13 @@ def verify_command(
         outputs = epoch_outputs(output)  # the OUT of pack --epochs: every epoch's output is checked
     except PackctlError as exc:
         fail(exc)
-    progress = None
-    if not json_output:
-        from packctl.cli.render import progress_display
+    from packctl.cli.render import command_progress
 
-        progress = progress_display(console(stderr=True))
     try:
-        reports = [verify(o, options, progress=progress) for o in outputs or [output]]
-    except BaseException as exc:
-        if progress is not None:
-            progress.close(stopped=True)
-        if isinstance(exc, PackctlError):
-            fail(exc)
-        raise
-    if progress is not None:
-        progress.close()
+        with command_progress(None if json_output else console(stderr=True)) as progress:
+            reports = [verify(o, options, progress=progress) for o in outputs or [output]]
+    except PackctlError as exc:
+        fail(exc)
     exit_code = max(r.exit_code for r in reports)
     if json_output:
         print(json.dumps(reports[0].to_dict() if outputs is None else

@@ -44,7 +44,7 @@ import os
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -285,10 +285,12 @@ class PackedOutput:
     # shard -> its row groups, from the bytes checked in this process (never pickled: a process
     # that receives this output checks each shard again before reading from it)
     _row_groups: dict[int, RowGroupIndex] = field(default_factory=dict, repr=False, compare=False)
+    # called with k after `read_shard(k)` returned (a command's progress: export counts shards)
+    on_shard_read: Callable[[int], None] | None = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_row_groups"] = {}
+        state["_row_groups"], state["on_shard_read"] = {}, None
         return state
 
     @property
@@ -331,11 +333,15 @@ class PackedOutput:
             if table.num_rows != self.shards[k].rows:  # free, and what every reader indexes packs by
                 raise PackctlError(f"{path}: {table.num_rows} packs, {self.manifest_file.name} says "
                                    f"{self.shards[k].rows}; pack again")
+            if self.on_shard_read is not None:
+                self.on_shard_read(k)
             return table
         data = self._read_bytes(path)
         checked = check_shard_bytes(data, self.shards[k], self.manifest, columns)
         if checked.findings:
             raise PackctlError(shard_error(path, checked.findings[0], self.manifest_file))
+        if self.on_shard_read is not None:
+            self.on_shard_read(k)
         return checked.table
 
     def row_group_index(self, k: int) -> RowGroupIndex:

@@ -125,8 +125,9 @@ def check_options(fmt: str, *, overwrite: bool = False, eos_token_id: int | None
 
 def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = False,
            eos_token_id: int | None = None, bos_token_id: int | None = None, vocab_size: int | None = None,
-           verify: bool = True) -> dict:
+           verify: bool = True, progress=None) -> dict:
     """Write the packed output `out` to `target` in format `fmt`; returns what was written.
+    `progress` (a `packctl.pipeline.Progress`) shows the shards read as stage `export`.
 
     Every shard is read checked against the manifest (sha256, rows, tokens, layout) unless
     `verify=False` (`--no-verify-checksums`). The export is written into a directory of its own
@@ -158,6 +159,9 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
         olmo.check_layout(output, options)  # refusals that need no shard, before anything is created
     elif fmt == "megatron":
         megatron.check_layout(output, options)
+    if progress is not None:
+        advance = progress.stage("export", len(output.shards))
+        output.on_shard_read = lambda k: advance(1)
     guard = SignalGuard()
     made = _make_parents(target.parent)
     staging = None

@@ -29,7 +29,8 @@ def test_slow_rates_keep_their_digits_and_one_is_singular():
     now[0] = 2.0
     advance(1)
     progress.close()
-    assert out.getvalue().splitlines() == ["packctl: scan: 1 block", "packctl: scan done: 1 block in 2.0s, 0.5 blocks/s"]
+    assert out.getvalue().splitlines() == ["packctl: scan: 1 block",
+                                           "packctl: scan done: 1 block in 2.0s, 0.5 blocks/s"]
 
 
 def _terminal(width: int = 80) -> tuple[Console, io.StringIO]:
@@ -153,3 +154,62 @@ def test_the_summary_of_a_resumed_run_says_what_it_left_out(tmp_path, sample_dat
     result = pack(PackConfig(inputs=[str(sample_data)], output=str(tmp_path / "out"), too_long="split"))
     metrics = {**result.metrics, "throughput": {**result.metrics["throughput"], "resumed_shards": 1}}
     assert "1 shard kept from the interrupted run left out" in _summary(dataclasses.replace(result, metrics=metrics))
+
+
+@pytest.fixture(scope="module")
+def small_output(tmp_path_factory, sample_data):
+    out = tmp_path_factory.mktemp("progress") / "out"
+    pack(PackConfig(inputs=[str(sample_data)], output=str(out), too_long="split", shard_rows=100))
+    return out
+
+
+def test_verify_shows_its_checks_and_times_each(small_output, sample_data):
+    from packctl.verify import VerifyOptions, verify
+
+    recorded = _Recorded()
+    report = verify(small_output, VerifyOptions(source=[str(sample_data)], attention=False), progress=recorded)
+    shards = report.checks["structure"].details["shards"]
+    assert shards > 1
+    assert recorded.totals == {"structure": shards, "conservation": 4} and recorded.done == recorded.totals
+    assert report.checks["structure"].seconds > 0 and report.checks["conservation"].seconds > 0
+    assert report.checks["attention"].seconds is None  # skipped
+    assert set(report.to_dict()["checks"]["structure"]) >= {"status", "seconds"}
+
+
+def test_verify_says_which_check_is_slow_and_how_to_skip_it():
+    from packctl.cli.render import verify_table
+    from packctl.verify.report import CheckResult, VerifyReport
+
+    report = VerifyReport("out", {"structure": CheckResult("ok", ["4 shards"], seconds=2.0),
+                                  "attention": CheckResult("ok", ["sdpa fp32"], seconds=350.0),
+                                  "contamination": CheckResult("ok", ["8 packs"], seconds=9.0)}, [])
+    console, screen = _terminal(120)
+    console.print(verify_table(report))
+    text = ANSI.sub("", screen.getvalue())
+    assert re.search(r"attention\s*│\s*ok\s*│\s*350\.0s", text), text
+    assert "time 361.0s, attention 350.0s of it (--no-attention skips the attention and contamination checks)" in text
+
+
+def test_sample_shows_the_shards_it_writes(tmp_path):
+    from packctl.sample import SampleSpec, write_sample
+
+    recorded = _Recorded()
+    paths = write_sample(tmp_path / "c", SampleSpec(sequences=50, shards=3), progress=recorded)
+    assert len(paths) == 3 and recorded.totals == {"generate": None, "write": 3} and recorded.done["write"] == 3
+
+
+def test_export_shows_the_shards_it_reads(small_output, tmp_path):
+    from packctl.export import export
+
+    recorded = _Recorded()
+    export(small_output, tmp_path / "nemo", "nemo", progress=recorded)
+    shards = len(list(small_output.glob("data/*.parquet")))
+    assert recorded.totals == {"export": shards} == recorded.done
+
+
+def test_verify_logs_its_progress_without_a_terminal(small_output):
+    from support.runs import run_cli
+
+    proc = run_cli("verify", str(small_output), "--no-attention")
+    assert proc.returncode == 0, proc.stderr
+    assert "packctl: structure done:" in proc.stderr and "time " in proc.stdout
