@@ -194,7 +194,6 @@ class RowGroupIndex:
         starts, ends: each row group's byte range in the file: [start, end) holds its column chunks.
         sha256: each row group's range's sha256 (hex), from the checked bytes.
         rows: each row group's number of packs.
-        size: the shard's size in bytes.
 
         shard of 300 packs in row groups of 128:  rows [128, 128, 44]   starts [4, 1502215, ...]
     """
@@ -204,7 +203,6 @@ class RowGroupIndex:
     ends: tuple[int, ...]
     sha256: tuple[str, ...]
     rows: tuple[int, ...]
-    size: int
 
     def locate(self, row: int) -> tuple[int, int]:
         """(row group, row inside it) of the shard's row `row`: rows (128, 128, 44), row 130 -> (1, 2)."""
@@ -226,42 +224,16 @@ class RowGroupIndex:
             rows.append(group.num_rows)
         view = memoryview(data)
         digests = tuple(hashlib.sha256(view[a:b]).hexdigest() for a, b in zip(starts, ends))
-        return cls(metadata, tuple(starts), tuple(ends), digests, tuple(rows), len(data))
+        return cls(metadata, tuple(starts), tuple(ends), digests, tuple(rows))
 
 
-class _CheckedRange:
-    """A read-only file whose only readable bytes are one checked byte range of a shard: pyarrow
-    parses a row group from it with the shard's kept footer and can read nothing else."""
-
-    def __init__(self, start: int, data: bytes, size: int):
-        self.start, self.data, self.size, self.position, self.closed = start, data, size, 0, False
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.position = offset if whence == 0 else self.position + offset if whence == 1 else self.size + offset
-        return self.position
-
-    def tell(self) -> int:
-        return self.position
-
-    def read(self, nbytes: int = -1) -> bytes:
-        lo = self.position - self.start
-        hi = len(self.data) if nbytes is None or nbytes < 0 else lo + nbytes
-        if lo < 0 or hi > len(self.data):
-            raise OSError(f"bytes {self.position}..{self.start + hi} lie outside the checked row group")
-        self.position += hi - lo
-        return self.data[lo:hi]
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self.closed = True
+def _checked_range(start: int, data: bytes) -> pa.BufferReader:
+    """A file of `start + len(data)` bytes whose only bytes are `data`, the checked byte range of
+    one row group, at its place (zeros before it, which the operating system leaves unallocated):
+    pyarrow parses the row group from it with the shard's kept footer and has nothing else to read."""
+    view = np.zeros(start + len(data), dtype=np.uint8)
+    view[start:] = np.frombuffer(data, dtype=np.uint8)
+    return pa.BufferReader(pa.py_buffer(view))
 
 
 @dataclass
@@ -368,7 +340,7 @@ class PackedOutput:
                 raise PackctlError(f"{path}: {metadata.num_rows} packs, {self.manifest_file.name} says "
                                    f"{self.shards[k].rows}; pack again")
             rows = tuple(metadata.row_group(g).num_rows for g in range(metadata.num_row_groups))
-            index = RowGroupIndex(metadata, (), (), (), rows, path.stat().st_size)
+            index = RowGroupIndex(metadata, (), (), (), rows)
         self._row_groups[k] = index
         return index
 
@@ -408,8 +380,8 @@ class PackedOutput:
             raise PackctlError(shard_error(path, Finding("checksum", f"row group {group} differs from the bytes "
                                                          "checked against the manifest's sha256: the shard was "
                                                          "changed after packctl checked it"), self.manifest_file))
-        source = pa.PythonFile(_CheckedRange(start, data, index.size), mode="r")
-        return pq.ParquetFile(source, metadata=index.metadata).read_row_group(group, columns=list(columns))
+        parquet = pq.ParquetFile(_checked_range(start, data), metadata=index.metadata)
+        return parquet.read_row_group(group, columns=list(columns))
 
     def _read_bytes(self, path: Path) -> bytes:
         try:
