@@ -46,7 +46,7 @@ from packctl.source.pieces import BlockCache, plan_rows, plan_source
 torch = require("torch", "torch", "packctl.torch")
 
 __all__ = [
-    "PackedDataset", "collate_flash_attn", "collate_hf", "collate_thd", "cp_slice", "packed_seq_params",
+    "PackedDataset", "RowGroupShuffle", "collate_flash_attn", "collate_hf", "collate_thd", "cp_slice", "packed_seq_params",
     "block_causal_mask", "varlen_attention", "read_lr_scales", "apply_lr_scale", "loss_fn", "split_loss_fields",
     "split_limit_fields",
 ]
@@ -273,6 +273,55 @@ class PackedDataset(torch.utils.data.Dataset):
             raise PackctlError(f"dp_rank {dp_rank} is not in [0, dp_size={dp_size})")
         mine = rows[cols[DP_RANK] == dp_rank]
         return mine[np.lexsort((mine, cols[MICRO_BATCH][mine], cols[STEP][mine]))]
+
+
+class RowGroupShuffle(torch.utils.data.Sampler):
+    """A shuffled order of a PackedDataset's items that reads at about in-order speed: the row
+    groups (128 packs each) are shuffled, then the items of each `window` of consecutive row groups
+    in that shuffled order are shuffled together. Every item comes once per epoch; a row group is
+    decoded once per epoch as long as the dataset caches `window` of them (`cache_row_groups`, the
+    default window). `set_epoch(e)` gives epoch e its own order, as DistributedSampler does.
+
+        row groups 0 1 2 3 4 5, window 2:  shuffled 4 1 | 0 5 | 3 2
+        items:     those of 4 and 1 in random order, then those of 0 and 5, then of 3 and 2
+
+    A batch then draws its packs from `window` random row groups rather than from the whole
+    output (a uniform shuffle, `shuffle=True`, decodes about one row group per item:
+    docs/training.md, "What random access costs").
+
+        loader = DataLoader(ds, batch_size=2, sampler=RowGroupShuffle(ds, seed=0), collate_fn=collate_hf)
+
+    Args:
+        dataset: the PackedDataset (its items in its order: a rank's packs, or every pack).
+        seed: the seed of epoch 0; epoch e uses seed + e.
+        window: row groups shuffled together (None: the dataset's `cache_row_groups`).
+        row_group_packs: packs per row group of a packctl shard (128, from its start).
+    """
+
+    def __init__(self, dataset: PackedDataset, *, seed: int = 0, window: int | None = None,
+                 row_group_packs: int = 128):
+        self.dataset, self.seed, self.epoch = dataset, int(seed), 0
+        self.window = max(1, int(window if window is not None else dataset.cache_row_groups))
+        rows = np.asarray(dataset.order, dtype=np.int64)
+        shard = np.searchsorted(dataset._shard_offsets, rows, side="right") - 1
+        local = rows - dataset._shard_offsets[shard]
+        # one id per (shard, row group): the row groups of a shard before those of the next
+        per_shard = -(-np.diff(dataset._shard_offsets) // row_group_packs)
+        self._group = (np.concatenate([[0], np.cumsum(per_shard)])[shard] + local // row_group_packs).astype(np.int64)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self._group)
+
+    def __iter__(self):
+        rng = np.random.default_rng(self.seed + self.epoch)
+        groups = np.unique(self._group)
+        place = np.empty(int(groups.max()) + 1 if len(groups) else 0, dtype=np.int64)
+        place[groups] = rng.permutation(len(groups)) // self.window  # the window of each row group
+        order = np.lexsort((rng.random(len(self._group)), place[self._group]))
+        return iter(order.tolist())
 
 
 def _strided_order(num_packs: int, dp_rank: int | None, dp_size: int | None, drop_last: bool) -> np.ndarray:

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from support.runs import pack_to  # noqa: E402
 from packctl import PackctlError  # noqa: E402
 from packctl.contract.schema import COLUMN  # noqa: E402
-from packctl.torch import (PackedDataset, apply_lr_scale, block_causal_mask, collate_flash_attn,  # noqa: E402
+from packctl.torch import (PackedDataset, RowGroupShuffle, apply_lr_scale, block_causal_mask, collate_flash_attn,  # noqa: E402
                            collate_hf, collate_thd, cp_slice, read_lr_scales, varlen_attention)
 
 IGNORE = -100
@@ -210,6 +210,30 @@ def test_each_shard_is_checked_once_per_process(packed, monkeypatch):
     worker = pickle.loads(pickle.dumps(dataset))
     worker[0]
     assert len(checks) == shards + 1
+
+
+def test_row_group_shuffle_gives_every_item_once_and_decodes_each_row_group_once(packed, monkeypatch):
+    """Row groups of 128 packs (shards of 300: 128, 128, 44) shuffled, items shuffled within
+    windows of 2 row groups: with 2 cached, each row group is read once an epoch."""
+    dataset = PackedDataset(packed, cache_row_groups=2)
+    sampler = RowGroupShuffle(dataset, seed=3)
+    order = list(sampler)
+    assert sorted(order) == list(range(len(dataset))) and order != sorted(order)
+    reads: list[tuple[int, int]] = []
+    read = dataset.output.read_row_group
+    monkeypatch.setattr(dataset.output, "read_row_group", lambda k, g, c: reads.append((k, g)) or read(k, g, c))
+    for i in order:
+        dataset[i]
+    assert len(reads) == len(set(reads)) == sum(len(dataset.output.row_group_index(k).rows)
+                                                for k in range(len(dataset.output.shards)))
+    sampler.set_epoch(1)
+    assert list(sampler) != order and sorted(sampler) == sorted(order)
+    assert list(RowGroupShuffle(dataset, seed=3)) == order  # deterministic
+
+
+def test_row_group_shuffle_follows_a_ranks_items(packed):
+    dataset = PackedDataset(packed, dp_rank=1, dp_size=3)
+    assert sorted(RowGroupShuffle(dataset, window=1)) == list(range(len(dataset)))
 
 
 def _flip_byte_in_row_group(path, group: int) -> None:
