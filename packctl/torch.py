@@ -59,7 +59,7 @@ class PackedDataset(torch.utils.data.Dataset):
     row group (128 packs), not a shard: the row group holding it is read and decoded, and the last
     `cache_row_groups` decoded row groups are kept, per process (each DataLoader worker holds its
     own). In order, a row group is decoded once for its 128 packs; in random order (`shuffle=True`)
-    about once per item, unless it is still cached. `len()` comes from the manifest's row counts (a
+    about once per item, unless it is still cached; `RowGroupShuffle` shuffles at in-order cost. `len()` comes from the manifest's row counts (a
     balanced output also has its three small balance columns read once, to find the rank's packs).
 
     What is read is what the manifest vouches for (`packctl.contract.reader`): the manifest is

@@ -55,6 +55,15 @@ def test_a_stopped_stage_keeps_its_bar_at_the_count_reached():
     assert not any("30/30" in line for line in last)
 
 
+def test_a_stopped_stage_is_logged_as_stopped_at_its_count():
+    out = io.StringIO()
+    progress = LogProgress(out, interval=100, clock=iter([0.0, 0.0, 4.0]).__next__)
+    progress.stage("materialize", 50_904)(6_400)
+    progress.close(stopped=True)
+    assert out.getvalue().splitlines()[-1] == ("packctl: materialize stopped: 6,400 packs of 50,904 in 4.0s, "
+                                               "1,600 packs/s")
+
+
 def test_a_stage_that_ends_shows_its_bar_full():
     console, screen = _terminal()
     progress = RichProgress(console)
