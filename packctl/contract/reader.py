@@ -380,8 +380,12 @@ class PackedOutput:
             raise PackctlError(shard_error(path, Finding("checksum", f"row group {group} differs from the bytes "
                                                          "checked against the manifest's sha256: the shard was "
                                                          "changed after packctl checked it"), self.manifest_file))
-        parquet = pq.ParquetFile(_checked_range(start, data), metadata=index.metadata)
-        return parquet.read_row_group(group, columns=list(columns))
+        try:
+            parquet = pq.ParquetFile(_checked_range(start, data), metadata=index.metadata)
+            return parquet.read_row_group(group, columns=list(columns))
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise PackctlError(f"{path}: row group {group} is not readable ({_short(exc)}); pack again (packctl "
+                               "verify OUT tells what else is wrong)") from None
 
     def _read_bytes(self, path: Path) -> bytes:
         try:
