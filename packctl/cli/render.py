@@ -195,17 +195,18 @@ class LogProgress(Progress):
 
 @contextmanager
 def command_progress(err: Console | None) -> Iterator[Progress | None]:
-    """The progress of a long command (verify, sample, export) on `err` (None: not shown, for
-    --json and -q): bars on a terminal, log lines elsewhere (Slurm logs, CI), as pack shows
-    them; an exception leaves the stage it stopped in where it stopped.
+    """The progress bars of a long command (verify, sample, export) on `err` when it is a terminal;
+    None (nothing shown) for --json, -q, and without a terminal, so that a pipe or a log holds
+    the command's result and nothing else (an error stays one line). An exception leaves the
+    stage it stopped in where it stopped.
 
         with command_progress(console(stderr=True)) as progress:
             export(..., progress=progress)
     """
-    if err is None:
+    if err is None or not err.is_terminal:
         yield None
         return
-    progress = RichProgress(err) if err.is_terminal else LogProgress()
+    progress = RichProgress(err)
     try:
         yield progress
     except BaseException:

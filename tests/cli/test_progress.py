@@ -216,9 +216,31 @@ def test_export_shows_the_shards_it_reads(small_output, tmp_path):
     assert recorded.totals == {"export": shards} == recorded.done
 
 
-def test_verify_logs_its_progress_without_a_terminal(small_output):
+def test_without_a_terminal_verify_prints_its_result_alone(small_output):
     from support.runs import run_cli
 
     proc = run_cli("verify", str(small_output), "--no-attention")
-    assert proc.returncode == 0, proc.stderr
-    assert "packctl: structure done:" in proc.stderr and "time " in proc.stdout
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert re.search(r"time [\d.]+s, (structure|conservation) [\d.]+s of it", proc.stdout), proc.stdout
+
+
+def test_on_a_terminal_export_draws_its_bars(small_output, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import packctl.cli.render
+    from packctl.cli import app
+
+    shown = []
+
+    class Recorded(packctl.cli.render.RichProgress):
+        def stage(self, name, total):
+            shown.append((name, total))
+            return super().stage(name, total)
+
+    monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))
+    monkeypatch.setattr(packctl.cli.render, "RichProgress", Recorded)
+    args = ["export", str(small_output), "-o", str(tmp_path / "e"), "--format", "nemo"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert shown == [("export", len(list(small_output.glob("data/*.parquet"))))]
+    assert CliRunner().invoke(app, [*args[:3], str(tmp_path / "q"), *args[4:], "-q"]).exit_code == 0
+    assert len(shown) == 1  # -q: no bars
