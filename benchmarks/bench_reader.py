@@ -69,7 +69,7 @@ def main() -> None:
         PackedDataset = None
     if PackedDataset is not None:
         def every_pack(verify: bool) -> None:
-            dataset = PackedDataset(args.out, cache_shards=1, verify=verify)
+            dataset = PackedDataset(args.out, cache_row_groups=1, verify=verify)
             for i in range(len(dataset)):
                 dataset[i]
 

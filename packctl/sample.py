@@ -298,8 +298,9 @@ def _grouped(rng: np.random.Generator, spec: SampleSpec) -> tuple[np.ndarray, np
 _SHARD_NAME = re.compile(r"shard-\d{5}\.parquet")
 
 
-def write_sample(out: str | Path, spec: SampleSpec, *, overwrite: bool = False) -> list[Path]:
-    """Write the corpus as `shard-00000.parquet ...` under `out`; returns the paths.
+def write_sample(out: str | Path, spec: SampleSpec, *, overwrite: bool = False, progress=None) -> list[Path]:
+    """Write the corpus as `shard-00000.parquet ...` under `out`; returns the paths. `progress` (a
+    `packctl.pipeline.Progress`) shows stages `generate` and `write` (shards).
 
     The options are checked and the corpus generated before `out` is touched; a write that fails
     (a full disk, a read-only place) removes what was written, and says where and why."""
@@ -312,7 +313,10 @@ def write_sample(out: str | Path, spec: SampleSpec, *, overwrite: bool = False) 
         if other is not None:
             raise PackctlError(f"{out}: holds {other}, which packctl sample did not write; --overwrite replaces a "
                                "directory of shard-NNNNN.parquet files only: choose another -o")
+    if progress is not None:
+        progress.stage("generate", None)
     tables = generate(spec)  # checks the options first
+    advance = progress.stage("write", len(tables)) if progress is not None else lambda n: None
     try:
         if out.is_dir() and not out.is_symlink():
             shutil.rmtree(out)
@@ -328,6 +332,7 @@ def write_sample(out: str | Path, spec: SampleSpec, *, overwrite: bool = False) 
             path = out / f"shard-{k:05d}.parquet"
             pq.write_table(table, path, compression="zstd", compression_level=9)
             paths.append(path)
+            advance(1)
     except OSError as exc:
         shutil.rmtree(out, ignore_errors=True)
         # Arrow's own text ("Error writing bytes to file. Detail: ...") says less than the errno

@@ -46,7 +46,7 @@ from packctl.source.pieces import BlockCache, plan_rows, plan_source
 torch = require("torch", "torch", "packctl.torch")
 
 __all__ = [
-    "PackedDataset", "collate_flash_attn", "collate_hf", "collate_thd", "cp_slice", "packed_seq_params",
+    "PackedDataset", "RowGroupShuffle", "collate_flash_attn", "collate_hf", "collate_thd", "cp_slice", "packed_seq_params",
     "block_causal_mask", "varlen_attention", "read_lr_scales", "apply_lr_scale", "loss_fn", "split_loss_fields",
     "split_limit_fields",
 ]
@@ -55,18 +55,22 @@ __all__ = [
 class PackedDataset(torch.utils.data.Dataset):
     """Map-style dataset over the packs of a packctl output directory; item i is one pack.
 
-    The shards are those listed in `OUT/_manifest.json`, in that order, decoded one shard at a time
-    (the last `cache_shards` decoded shards are kept, per process: each DataLoader worker holds its
-    own). `len()` comes from the manifest's row counts (a balanced output also has its three small
-    balance columns read once, to find the rank's packs).
+    The shards are those listed in `OUT/_manifest.json`, in that order. An item costs about one
+    row group (128 packs), not a shard: the row group holding it is read and decoded, and the last
+    `cache_row_groups` decoded row groups are kept, per process (each DataLoader worker holds its
+    own). In order, a row group is decoded once for its 128 packs; in random order (`shuffle=True`)
+    about once per item, unless it is still cached; `RowGroupShuffle` shuffles at in-order cost. `len()` comes from the manifest's row counts (a
+    balanced output also has its three small balance columns read once, to find the rank's packs).
 
     What is read is what the manifest vouches for (`packctl.contract.reader`): the manifest is
     validated when the dataset is built (shard paths inside OUT, fields of the right type, shards in
-    order, counts that add up, no unlisted shard in OUT), and each shard, when first loaded, is read
-    once into memory, its sha256 compared with the manifest's while it is parsed, its rows, tokens
-    and layout compared too; a shard that differs raises PackctlError naming it, before any of its
-    packs is returned. `verify=False` skips the sha256, tokens and layout checks (and reads through a
-    memory map); the row counts, which items are indexed by, are always compared.
+    order, counts that add up, no unlisted shard in OUT). The first item a process reads from a
+    shard has the shard read once into memory, its sha256 compared with the manifest's, its rows,
+    tokens and layout compared too; a shard that differs raises PackctlError naming it, before any
+    of its packs is returned. From those bytes each row group's sha256 is kept, and every later
+    read of a row group compares the bytes it reads with it. `verify=False` skips the sha256, tokens
+    and layout checks (and reads through a memory map); the row counts, which items are indexed by,
+    are always compared.
 
     Which packs a data-parallel rank sees, and in which order:
 
@@ -110,14 +114,14 @@ class PackedDataset(torch.utils.data.Dataset):
         dp_rank: this process's data-parallel rank (None: all packs).
         dp_size: the data-parallel world size; needed with `dp_rank` unless the output is balanced.
         drop_last: with strided ranks, leave out the remainder instead of wrapping around.
-        cache_shards: decoded shards kept in memory.
+        cache_row_groups: decoded row groups kept in memory (per process), the most recently used.
         verify: check each shard against the manifest when it is loaded (sha256, rows, tokens,
             layout); False reads faster, trusting the files (docs/training.md).
         source_cache_bytes: with a plan, the decoded source blocks kept in memory.
     """
 
     def __init__(self, path: str | Path, dp_rank: int | None = None, dp_size: int | None = None, *,
-                 drop_last: bool = False, cache_shards: int = 2, epoch: int | None = None, verify: bool = True,
+                 drop_last: bool = False, cache_row_groups: int = 16, epoch: int | None = None, verify: bool = True,
                  source_cache_bytes: int = 1 << 30):
         self.output = open_output(path, epoch, verify=verify)
         self.root, self.manifest = self.output.root, self.output.manifest
@@ -128,8 +132,8 @@ class PackedDataset(torch.utils.data.Dataset):
         self._shard_offsets = np.concatenate([[0], np.cumsum(rows)])
         self.num_packs = int(self._shard_offsets[-1])
         self.dp_rank, self.dp_size = dp_rank, dp_size
-        self.cache_shards = max(1, int(cache_shards))
-        self._cache: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self.cache_row_groups = max(1, int(cache_row_groups))
+        self._cache: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()
 
         names = self.output.column_names(0) if self.shard_paths else []
         self.balanced = all(name in names for name in BALANCE_COLUMNS)
@@ -159,8 +163,8 @@ class PackedDataset(torch.utils.data.Dataset):
             raise IndexError(f"pack {i} out of range for a dataset of {n} packs")
         row = int(self.order[i])
         shard = int(np.searchsorted(self._shard_offsets, row, side="right") - 1)
-        local = row - int(self._shard_offsets[shard])
-        columns = self._shard(shard)
+        group, local = self.output.row_group_index(shard).locate(row - int(self._shard_offsets[shard]))
+        columns = self._row_group(shard, group)
         item: dict[str, Any] = {}
         for name in self._columns:
             if COLUMN[name].is_list:
@@ -181,21 +185,25 @@ class PackedDataset(torch.utils.data.Dataset):
         return f"PackedDataset({str(self.root)!r}{rank}: {len(self)} of {self.num_packs} packs)"
 
     def __getstate__(self) -> dict[str, Any]:
-        # DataLoader workers receive a copy: send the index, not the decoded shards.
+        # DataLoader workers receive a copy: send the index, not the decoded row groups (each
+        # worker checks the shards it reads itself: packctl.contract.reader.PackedOutput).
         state = dict(self.__dict__)
         state["_cache"] = OrderedDict()
         return state
 
-    def _shard(self, shard: int) -> dict[str, Any]:
-        if shard in self._cache:
-            self._cache.move_to_end(shard)
-            return self._cache[shard]
+    def _row_group(self, shard: int, group: int) -> dict[str, Any]:
+        """The decoded columns of one row group of a shard (the shard checked once per process
+        first), from the cache of the `cache_row_groups` most recently used."""
+        key = (shard, group)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
         limited = self._limit_lists + self._limit_sums
         if self.is_plan:
             read = [n for n in self._columns if n not in TOKEN_COLUMNS] + [SEQ_STARTS] + limited
-            table = self.output.read_shard(shard, read)
         else:
-            table = self.output.read_shard(shard, self._columns + limited)
+            read = self._columns + limited
+        table = self.output.read_row_group(shard, group, read)
         columns: dict[str, Any] = self._plan_tokens(table) if self.is_plan else {}
         for name in self._columns:
             if name in columns:
@@ -211,9 +219,9 @@ class PackedDataset(torch.utils.data.Dataset):
         for name in self._limit_sums:
             columns[name] = table.column(name).to_numpy()
         if self._planned_balance is not None:
-            self._check_planned_balance(shard, columns)
-        self._cache[shard] = columns
-        while len(self._cache) > self.cache_shards:
+            self._check_planned_balance(shard, group, columns)
+        self._cache[key] = columns
+        while len(self._cache) > self.cache_row_groups:
             self._cache.popitem(last=False)
         return columns
 
@@ -230,10 +238,12 @@ class PackedDataset(torch.utils.data.Dataset):
             columns[name] = (offsets, values)
         return columns
 
-    def _check_planned_balance(self, shard: int, columns: dict[str, Any]) -> None:
+    def _check_planned_balance(self, shard: int, group: int, columns: dict[str, Any]) -> None:
         """The order was planned from balance columns read unchecked at construction: the checked
-        shard must hold the same, or its packs would go to the wrong rank or step."""
-        lo, hi = int(self._shard_offsets[shard]), int(self._shard_offsets[shard + 1])
+        row group must hold the same, or its packs would go to the wrong rank or step."""
+        rows = self.output.row_group_index(shard).rows
+        lo = int(self._shard_offsets[shard]) + sum(rows[:group])
+        hi = lo + rows[group]
         checked = np.stack([np.asarray(columns[name], dtype=np.int64) for name in BALANCE_COLUMNS])
         if checked.shape != (len(BALANCE_COLUMNS), hi - lo) or not np.array_equal(checked,
                                                                                self._planned_balance[:, lo:hi]):
@@ -263,6 +273,55 @@ class PackedDataset(torch.utils.data.Dataset):
             raise PackctlError(f"dp_rank {dp_rank} is not in [0, dp_size={dp_size})")
         mine = rows[cols[DP_RANK] == dp_rank]
         return mine[np.lexsort((mine, cols[MICRO_BATCH][mine], cols[STEP][mine]))]
+
+
+class RowGroupShuffle(torch.utils.data.Sampler):
+    """A shuffled order of a PackedDataset's items that reads at about in-order speed: the row
+    groups (128 packs each) are shuffled, then the items of each `window` of consecutive row groups
+    in that shuffled order are shuffled together. Every item comes once per epoch; a row group is
+    decoded once per epoch as long as the dataset caches `window` of them (`cache_row_groups`, the
+    default window). `set_epoch(e)` gives epoch e its own order, as DistributedSampler does.
+
+        row groups 0 1 2 3 4 5, window 2:  shuffled 4 1 | 0 5 | 3 2
+        items:     those of 4 and 1 in random order, then those of 0 and 5, then of 3 and 2
+
+    A batch then draws its packs from `window` random row groups rather than from the whole
+    output (a uniform shuffle, `shuffle=True`, decodes about one row group per item:
+    docs/training.md, "What random access costs").
+
+        loader = DataLoader(ds, batch_size=2, sampler=RowGroupShuffle(ds, seed=0), collate_fn=collate_hf)
+
+    Args:
+        dataset: the PackedDataset (its items in its order: a rank's packs, or every pack).
+        seed: the seed of epoch 0; epoch e uses seed + e.
+        window: row groups shuffled together (None: the dataset's `cache_row_groups`).
+        row_group_packs: packs per row group of a packctl shard (128, from its start).
+    """
+
+    def __init__(self, dataset: PackedDataset, *, seed: int = 0, window: int | None = None,
+                 row_group_packs: int = 128):
+        self.dataset, self.seed, self.epoch = dataset, int(seed), 0
+        self.window = max(1, int(window if window is not None else dataset.cache_row_groups))
+        rows = np.asarray(dataset.order, dtype=np.int64)
+        shard = np.searchsorted(dataset._shard_offsets, rows, side="right") - 1
+        local = rows - dataset._shard_offsets[shard]
+        # one id per (shard, row group): the row groups of a shard before those of the next
+        per_shard = -(-np.diff(dataset._shard_offsets) // row_group_packs)
+        self._group = (np.concatenate([[0], np.cumsum(per_shard)])[shard] + local // row_group_packs).astype(np.int64)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self._group)
+
+    def __iter__(self):
+        rng = np.random.default_rng(self.seed + self.epoch)
+        groups = np.unique(self._group)
+        place = np.empty(int(groups.max()) + 1 if len(groups) else 0, dtype=np.int64)
+        place[groups] = rng.permutation(len(groups)) // self.window  # the window of each row group
+        order = np.lexsort((rng.random(len(self._group)), place[self._group]))
+        return iter(order.tolist())
 
 
 def _strided_order(num_packs: int, dp_rank: int | None, dp_size: int | None, drop_last: bool) -> np.ndarray:

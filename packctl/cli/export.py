@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Optional
 
 import typer
 
-from packctl.cli.app import Command, app, fail, loading_modules
+from packctl.cli.app import Command, app, console, fail, loading_modules
 from packctl.cli.options import EXPORT_FORMATS, choice
 from packctl.errors import PackctlError
 
@@ -49,9 +50,14 @@ def export_command(
     with loading_modules():
         from packctl.export import export
 
+    from packctl.cli.render import command_progress
+
+    started = time.perf_counter()
     try:
-        result = export(output, target, fmt, overwrite=overwrite, eos_token_id=eos_token_id,
-                        bos_token_id=bos_token_id, vocab_size=vocab_size, verify=verify_checksums)
+        with command_progress(None if json_output or quiet else console(stderr=True)) as progress:
+            result = export(output, target, fmt, overwrite=overwrite, eos_token_id=eos_token_id,
+                            bos_token_id=bos_token_id, vocab_size=vocab_size, verify=verify_checksums,
+                            progress=progress)
     except PackctlError as exc:
         fail(exc)
     if json_output:
@@ -60,4 +66,5 @@ def export_command(
         padding = (f" + {result['padding_documents']:,} padding documents" if result.get("padding_documents")
                    else "")
         print(f"packctl export -> {result['output']}: {result['packs']:,} packs, {result['sequences']:,} sequences"
-              f"{padding} as {result['format']} ({len(result['files'])} file(s))")
+              f"{padding} as {result['format']} ({len(result['files'])} file(s)) in "
+              f"{time.perf_counter() - started:.1f}s")

@@ -96,8 +96,8 @@ class _Stages:
         self.current = name
         return self._shown.stage(name, total)
 
-    def close(self) -> None:
-        self._shown.close()
+    def close(self, stopped: bool = False) -> None:
+        self._shown.close(stopped)
 
 
 # Out of memory in a stage of pack: what the stage does, and the options that bound what it holds.

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, TextIO
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TextIO
 
 from rich.console import Console
 from rich.measure import Measurement
@@ -20,17 +21,32 @@ if TYPE_CHECKING:  # the stats and verify reports need none of the packing pipel
     from packctl.pipeline import PackResult
 
 
-# What each stage counts.
-STAGE_UNITS = {"scan": "blocks", "plan": "sequences", "materialize": "packs"}
+# What each stage counts: pack's stages, verify's checks, sample's and export's writing.
+STAGE_UNITS = {"scan": "blocks", "plan": "sequences", "materialize": "packs",
+               "structure": "shards", "conservation": "files", "attention": "packs",
+               "write": "shards", "export": "shards"}
+
+
+def counted(n: int, unit: str) -> str:
+    """A count and its unit, singular for one: counted(1, 'blocks') -> '1 block', 2,000 sequences."""
+    if n == 1 and unit.endswith("s"):
+        unit = unit[:-1]
+    return f"{n:,} {unit}".rstrip()
+
+
+def rate(per_second: float) -> str:
+    """A rate that never reads 0 when something was done: three significant digits under 100
+    (0.5, 8.25, 42.1, 25), whole numbers with separators above (1,234)."""
+    return f"{per_second:,.0f}" if per_second >= 99.95 else f"{per_second:.3g}"
 
 
 class _Rate(ProgressColumn):
-    """Items per second of a stage, in its unit: '1,234 packs/s'."""
+    """Items per second of a stage, in its unit: '1,234 packs/s', '0.5 blocks/s'."""
 
     def render(self, task) -> Text:
         speed = task.finished_speed or task.speed
         unit = task.fields.get("unit", "")
-        return Text(f"{speed:,.0f} {unit}/s" if speed else f"- {unit}/s", style="dim")
+        return Text(f"{rate(speed)} {unit}/s" if speed else f"- {unit}/s", style="dim")
 
 
 class _Count(ProgressColumn):
@@ -42,29 +58,61 @@ class _Count(ProgressColumn):
         return Text(done if task.total is None else f"{done}/{int(task.total):,}", style="progress.download")
 
 
+# Columns the bars leave free at the right of the terminal: the terminal echoes Ctrl-C as "^C"
+# after the last bar; on a full-width line that wraps, and the live display, one line off, then
+# redraws its first bar below the old one.
+ECHO_ROOM = 2
+
+
+class _Bars(RichProgressBar):
+    """rich's progress bars, drawn ECHO_ROOM columns narrower than the terminal."""
+
+    def __init__(self, *columns, console: Console, **options):
+        self._terminal = console
+        super().__init__(*columns, console=console, **options)
+
+    def get_renderables(self):
+        from rich.constrain import Constrain
+
+        yield Constrain(self.make_tasks_table(self.tasks), width=max(self._terminal.width - ECHO_ROOM, 20))
+
+
 class RichProgress(Progress):
-    """One progress bar per stage, on stderr: done/total in the stage's unit, rate, elapsed, ETA."""
+    """One progress bar per stage, on stderr: done/total in the stage's unit, rate, elapsed, ETA.
+    A stage that ends shows its full bar; a stage stopped (Ctrl-C, an error) keeps its bar at the
+    count it reached."""
 
     def __init__(self, console: Console):
-        self._bar = RichProgressBar(TextColumn("{task.description:<12}"), BarColumn(),
-                                    _Count(),
-                                    TextColumn("{task.fields[unit]}"), _Rate(), TimeElapsedColumn(),
-                                    TextColumn("eta"), TimeRemainingColumn(), console=console, transient=False)
+        self._bar = _Bars(TextColumn("{task.description:<12}"), BarColumn(),
+                          _Count(),
+                          TextColumn("{task.fields[unit]}"), _Rate(), TimeElapsedColumn(),
+                          TextColumn("eta"), TimeRemainingColumn(), console=console, transient=False)
         self._bar.start()
         self._previous = None
+        self._closed = False
 
-    def stage(self, name: str, total: int | None) -> Callable[[int], None]:
+    def _end_previous(self) -> None:
+        """The stage before ends complete: its bar full at the count it reached (a total counted
+        ahead, such as blocks of which some were empty, is not left short)."""
         if self._previous is not None:
             task = self._bar.tasks[self._previous]
-            self._bar.update(self._previous, total=task.completed or 1, completed=task.completed or 1)
+            done = task.completed or task.total or 1
+            self._bar.update(self._previous, total=done, completed=done)
+
+    def stage(self, name: str, total: int | None) -> Callable[[int], None]:
+        self._end_previous()
         task_id = self._bar.add_task(name, total=total, unit=STAGE_UNITS.get(name, ""))
         self._previous = task_id
         return lambda n: self._bar.advance(task_id, n)
 
-    def close(self) -> None:
-        if self._previous is not None:
-            task = self._bar.tasks[self._previous]
-            self._bar.update(self._previous, total=task.completed or 1, completed=task.completed or 1)
+    def close(self, stopped: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not stopped:
+            self._end_previous()
+        elif self._previous is not None:
+            self._bar.stop_task(self._previous)  # its bar stays at the count reached, its clock stops
         self._bar.stop()
 
 
@@ -85,21 +133,28 @@ class LogProgress(Progress):
         self._stream, self._interval, self._clock = stream or sys.stderr, interval, clock
         self._lock = threading.Lock()
         self._stage: list | None = None  # [name, total, done, started, last line, compile seconds at start]
+        self._closed = False
 
     def _line(self, text: str) -> None:
         print(f"packctl: {text}", file=self._stream, flush=True)
 
-    def _finish(self) -> None:
+    def _finish(self, stopped: bool = False) -> None:
         if self._stage is not None:
-            name, _, done, started, _, compiled = self._stage
+            name, total, done, started, _, compiled = self._stage
             seconds = self._clock() - started
             compiling = min(compile_seconds() - compiled, seconds)
             unit = STAGE_UNITS.get(name, "")
             working = seconds - compiling
-            rate = f", {done / working:,.0f} {unit}/s" if working > 0 and unit else ""
+            speed = f", {rate(done / working)} {unit}/s" if working > 0 and unit and done else ""
             if compiling >= 0.05:
-                rate += f" (after {compiling:.1f}s compiling kernels, once per install)"
-            self._line(f"{name} done: {done:,} {unit} in {seconds:.1f}s{rate}".replace("  ", " "))
+                speed += f" (after {compiling:.1f}s compiling kernels, once per install)"
+            if stopped:
+                of = f" of {total:,}" if total else ""
+                self._line(f"{name} stopped: {counted(done, unit)}{of} in {seconds:.1f}s{speed}")
+            elif unit:
+                self._line(f"{name} done: {counted(done, unit)} in {seconds:.1f}s{speed}")
+            else:  # a stage of no countable parts
+                self._line(f"{name} done in {seconds:.1f}s")
             self._stage = None
 
     def stage(self, name: str, total: int | None) -> Callable[[int], None]:
@@ -108,7 +163,7 @@ class LogProgress(Progress):
             now = self._clock()
             self._stage = [name, total, 0, now, now, compile_seconds()]
             unit = STAGE_UNITS.get(name, "")
-            self._line(f"{name}: {total:,} {unit}".rstrip() if total is not None else f"{name}")
+            self._line(f"{name}: {counted(total, unit)}" if total is not None else f"{name}")
         return self._advance
 
     def _advance(self, n: int) -> None:
@@ -122,19 +177,43 @@ class LogProgress(Progress):
                 return
             self._stage[4] = now
             unit = STAGE_UNITS.get(name, "")
-            rate = done / (now - started) if now > started else 0.0
-            text = f"{name} {done:,}/{total:,} {unit}".rstrip() if total else f"{name} {done:,} {unit}".rstrip()
+            speed = done / (now - started) if now > started else 0.0
+            text = f"{name} {done:,}/{total:,} {unit}".rstrip() if total else f"{name} {counted(done, unit)}"
             if total:
                 text += f" ({done / total:.0%})"
-            if rate:
-                text += f", {rate:,.0f} {unit}/s"
+            if speed:
+                text += f", {rate(speed)} {unit}/s"
                 if total and done < total:
-                    text += f", eta {(total - done) / rate:.0f}s"
+                    text += f", eta {(total - done) / speed:.0f}s"
             self._line(text)
 
-    def close(self) -> None:
+    def close(self, stopped: bool = False) -> None:
         with self._lock:
-            self._finish()
+            if not self._closed:
+                self._closed = True
+                self._finish(stopped)
+
+
+@contextmanager
+def command_progress(err: Console | None) -> Iterator[Progress | None]:
+    """The progress bars of a long command (verify, sample, export) on `err` when it is a terminal;
+    None (nothing shown) for --json, -q, and without a terminal, so that a pipe or a log holds
+    the command's result and nothing else (an error stays one line). An exception leaves the
+    stage it stopped in where it stopped.
+
+        with command_progress(console(stderr=True)) as progress:
+            export(..., progress=progress)
+    """
+    if err is None or not err.is_terminal:
+        yield None
+        return
+    progress = RichProgress(err)
+    try:
+        yield progress
+    except BaseException:
+        progress.close(stopped=True)
+        raise
+    progress.close()
 
 
 def _pct(x: float) -> str:
@@ -146,6 +225,37 @@ def _groups_row(g: dict[str, Any]) -> tuple[str, str]:
     spread = g["packs_per_group"]
     return ("groups", f"{g['groups']:,} kept within {where} ({g['groups_of_two_or_more']:,} of 2+ members), "
                       f"packs per group {spread['mean']:.2f} / {spread['max']} (mean/max)")
+
+
+def _tokens_row(result: PackResult) -> tuple[str, str]:
+    """Tokens packed of the tokens in: per epoch with --epochs (each epoch packs the input once),
+    planned with --plan-only (no token moved).
+
+        tokens packed   1,170,955 of 1,170,955 per epoch (x3: 3,512,865)
+    """
+    c, m = result.counts, result.metrics
+    label = "tokens planned" if result.plan_only else "tokens packed"
+    epochs = m.get("epochs")
+    if not epochs:
+        return label, f"{c['tokens_packed']:,} of {c['tokens_in']:,}"
+    per_epoch = {e["tokens_packed"] for e in epochs}
+    each = f"{per_epoch.pop():,}" if len(per_epoch) == 1 else "/".join(f"{e['tokens_packed']:,}" for e in epochs)
+    return label, f"{each} of {c['tokens_in']:,} per epoch (x{len(epochs)}: {c['tokens_packed']:,})"
+
+
+def _throughput_row(result: PackResult) -> tuple[str, str]:
+    """Sequences and tokens a second of this run: with --plan-only the tokens were planned, not
+    moved; a resumed run leaves out the tokens of the shards it kept (metrics.json `throughput`)."""
+    speed = result.metrics["throughput"]
+    text = f"{speed['sequences_per_s']:,.0f} seq/s, {speed['tokens_per_s'] / 1e6:,.1f} M tok/s"
+    if result.plan_only:
+        text += " planned"
+    notes = []
+    if result.timings.get("compile", 0) >= 0.01:
+        notes.append("compiling left out")
+    if speed.get("resumed_shards"):
+        notes.append(f"{counted(speed['resumed_shards'], 'shards')} kept from the interrupted run left out")
+    return "throughput", text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def pack_table(result: PackResult) -> Table:
@@ -163,7 +273,7 @@ def pack_table(result: PackResult) -> Table:
                                         f"{c['sequences_split']:,}"
                                         + (f" ({c['over_limit']:,} dropped over a --limit)" if c.get("over_limit")
                                            else "")),
-        ("tokens packed", f"{c['tokens_packed']:,} of {c['tokens_in']:,}"),
+        _tokens_row(result),
         ("packs (lower bound)", f"{m['packs']:,} ({m['lower_bound_packs']:,})"),
         ("utilization", _pct(m["utilization"])),
         ("packing efficiency", _pct(m["packing_efficiency"])),
@@ -176,9 +286,7 @@ def pack_table(result: PackResult) -> Table:
                       "each epoch; tokens, packs: of all)")] if "epochs" in m else []),
         ("shards", f"{len(result.shards)}"),
         ("time", "  ".join(f"{k} {v:.2f}s" for k, v in result.timings.items() if k != "compile" or v >= 0.01)),
-        ("throughput", f"{m['throughput']['sequences_per_s']:,.0f} seq/s, "
-                       f"{m['throughput']['tokens_per_s'] / 1e6:,.1f} M tok/s"
-                       + (" (compiling left out)" if result.timings.get("compile", 0) >= 0.01 else "")),
+        _throughput_row(result),
     ]
     b = m.get("balance")
     if b:
@@ -676,6 +784,22 @@ def stats_renderables(report: dict[str, Any]) -> list:
     return input_renderables(report)
 
 
+def verify_time_line(report) -> str:
+    """How long verify took and which check took most of it, with the flag that skips the
+    attention checks when they did:
+
+        time 461.0s, attention 350.2s of it (--no-attention skips the attention and contamination checks)
+    """
+    slowest = report.slowest()
+    line = f"time {report.seconds:.1f}s"
+    if slowest is None:
+        return line
+    line += f", {slowest} {report.checks[slowest].seconds:.1f}s of it"
+    if slowest in ("attention", "contamination"):
+        line += " (--no-attention skips the attention and contamination checks)"
+    return line
+
+
 def verify_table(report, *, max_violations: int = 20):
     """`packctl verify`: a table of the checks (packctl.verify.VerifyReport), then the first broken
     rules and the verdict."""
@@ -688,16 +812,18 @@ def verify_table(report, *, max_violations: int = 20):
     table = Table(title=f"packctl verify {report.output}", title_justify="left")
     table.add_column("check", style="bold")
     table.add_column("status")
+    table.add_column("time", justify="right")
     table.add_column("result")
     for name in CHECKS:
         check = report.checks.get(name)
         if check is None:
             continue
         lines = check.lines or [""]
+        took = "" if check.seconds is None else f"{check.seconds:.1f}s"
         for i, line in enumerate(lines):
             table.add_row(name if i == 0 else "", Text(check.status if i == 0 else "", style=style[check.status]),
-                          Text(line))
-    parts: list[Any] = [table]
+                          took if i == 0 else "", Text(line))
+    parts: list[Any] = [table, Text(verify_time_line(report), style="dim")]
     for v in report.violations[:max_violations]:
         parts.append(Text(f"FAIL {v}", style="red"))
     if len(report.violations) > max_violations:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Optional
 
 import typer
@@ -61,17 +62,22 @@ def sample_command(
     with loading_modules():
         from packctl.sample import SampleSpec, write_sample
 
+    from packctl.cli.render import command_progress
+
+    started = time.perf_counter()
     try:
-        paths = write_sample(output, SampleSpec(sequences=sequences, distribution=distribution, shards=shards,
-                                                seed=seed, vocab_size=vocab_size, max_length=max_length,
-                                                prompt_fraction=prompt_fraction, groups=groups,
-                                                group_size=group_size, eos_id=eos_id, bos_id=bos_id,
-                                                modality=modality, image_tokens=image_tokens, max_tiles=max_tiles),
-                             overwrite=overwrite)
+        with command_progress(None if json_output else console(stderr=True)) as progress:
+            paths = write_sample(output, SampleSpec(sequences=sequences, distribution=distribution, shards=shards,
+                                                    seed=seed, vocab_size=vocab_size, max_length=max_length,
+                                                    prompt_fraction=prompt_fraction, groups=groups,
+                                                    group_size=group_size, eos_id=eos_id, bos_id=bos_id,
+                                                    modality=modality, image_tokens=image_tokens, max_tiles=max_tiles),
+                                 overwrite=overwrite, progress=progress)
     except PackctlError as exc:
         fail(exc)
     if json_output:
         print(json.dumps({"output": str(output), "sequences": sequences, "distribution": distribution, "seed": seed,
                           "shards": [str(p) for p in paths]}, indent=2))
         return
-    console(stderr=True).print(f"wrote {sequences:,} sequences in {len(paths)} shards to {output}")
+    console(stderr=True).print(f"wrote {sequences:,} sequences in {len(paths)} shards to {output} in "
+                               f"{time.perf_counter() - started:.1f}s")

@@ -55,7 +55,13 @@ def verify_command(
                                 backend=backend, device=device, dtype=dtype, heads=heads, head_dim=head_dim,
                                 cp_size=cp_size, bench=bench)
         outputs = epoch_outputs(output)  # the OUT of pack --epochs: every epoch's output is checked
-        reports = [verify(o, options) for o in outputs or [output]]
+    except PackctlError as exc:
+        fail(exc)
+    from packctl.cli.render import command_progress
+
+    try:
+        with command_progress(None if json_output else console(stderr=True)) as progress:
+            reports = [verify(o, options, progress=progress) for o in outputs or [output]]
     except PackctlError as exc:
         fail(exc)
     exit_code = max(r.exit_code for r in reports)

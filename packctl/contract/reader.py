@@ -21,18 +21,30 @@ check and the parse. Each failure is one PackctlError line naming the shard and 
 the sha256, tokens and layout checks, for speed; the paths, the manifest's fields and each shard's
 row count (free, and what readers index packs by) are checked either way.
 
+`read_row_group` serves random access (the loader) at the cost of one row group, not a shard. The
+first time a process touches shard k, the shard is read and checked whole as `read_shard` checks it
+(sha256, rows, tokens, layout) and, from the same bytes in memory, its footer is parsed and each
+row group's byte range and sha256 kept (a few hundred bytes a row group). Every later read of a row
+group reads only its byte range, compares that range's sha256 with the one kept, and parses those
+bytes in memory with the kept footer: what it returns is byte for byte what the manifest vouched
+for, and a shard changed after its check is refused at the next row group read from it.
+
+    output.read_row_group(0, 1, ["input_ids"])    # shard 0 checked once per process, row group 1 read
+
 `packctl verify` takes the same findings from `shard_findings` and reports them as rules
 (`checksum`, `readable`, `metadata`, `manifest-shard`) instead of raising.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import json
 import os
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -175,6 +187,58 @@ def unlisted_parquet(out: Path, listed: Sequence[str]) -> list[str]:
     return [rel for rel in (p.relative_to(out).as_posix() for p in sorted(out.rglob("*.parquet"))) if rel not in names]
 
 
+@dataclass(frozen=True)
+class RowGroupIndex:
+    """Where the row groups of a checked shard lie, taken from its bytes when they were checked
+    against the manifest (`PackedOutput.row_group_index`).
+
+    Attributes:
+        metadata: the shard's Parquet footer, parsed from the checked bytes.
+        starts, ends: each row group's byte range in the file: [start, end) holds its column chunks.
+        sha256: each row group's range's sha256 (hex), from the checked bytes.
+        rows: each row group's number of packs.
+
+        shard of 300 packs in row groups of 128:  rows [128, 128, 44]   starts [4, 1502215, ...]
+    """
+
+    metadata: pq.FileMetaData
+    starts: tuple[int, ...]
+    ends: tuple[int, ...]
+    sha256: tuple[str, ...]
+    rows: tuple[int, ...]
+
+    def locate(self, row: int) -> tuple[int, int]:
+        """(row group, row inside it) of the shard's row `row`: rows (128, 128, 44), row 130 -> (1, 2)."""
+        group = bisect.bisect_right(list(itertools.accumulate(self.rows)), row)
+        return group, row - sum(self.rows[:group])
+
+    @classmethod
+    def of(cls, data: bytes) -> "RowGroupIndex":
+        """The index of a shard from its bytes (which the caller checked)."""
+        metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
+        starts, ends, rows = [], [], []
+        for g in range(metadata.num_row_groups):
+            group = metadata.row_group(g)
+            chunks = [group.column(c) for c in range(group.num_columns)]
+            firsts = [c.data_page_offset if c.dictionary_page_offset is None
+                      else min(c.dictionary_page_offset, c.data_page_offset) for c in chunks]
+            starts.append(min(firsts, default=0))
+            ends.append(max((f + c.total_compressed_size for f, c in zip(firsts, chunks)), default=0))
+            rows.append(group.num_rows)
+        view = memoryview(data)
+        digests = tuple(hashlib.sha256(view[a:b]).hexdigest() for a, b in zip(starts, ends))
+        return cls(metadata, tuple(starts), tuple(ends), digests, tuple(rows))
+
+
+def _checked_range(start: int, data: bytes) -> pa.BufferReader:
+    """A file of `start + len(data)` bytes whose only bytes are `data`, the checked byte range of
+    one row group, at its place (zeros before it, which the operating system leaves unallocated):
+    pyarrow parses the row group from it with the shard's kept footer and has nothing else to read."""
+    view = np.zeros(start + len(data), dtype=np.uint8)
+    view[start:] = np.frombuffer(data, dtype=np.uint8)
+    return pa.BufferReader(pa.py_buffer(view))
+
+
 @dataclass
 class PackedOutput:
     """A packed output whose manifest was read and validated (`open_output`).
@@ -184,7 +248,8 @@ class PackedOutput:
         manifest_file: its `_manifest.json` (`manifest.json` in format version 1).
         manifest: the manifest, every field a reader uses checked.
         shards: the manifest's shard entries, in order.
-        verify: whether `read_shard` checks the bytes it returns (sha256, rows, tokens, layout).
+        verify: whether `read_shard` and `read_row_group` check the bytes they return (sha256,
+            rows, tokens, layout).
         remedy: what the error of a shard that fails its checks advises.
     """
 
@@ -194,6 +259,16 @@ class PackedOutput:
     shards: list[ShardEntry]
     verify: bool = True
     remedy: str = REMEDY
+    # shard -> its row groups, from the bytes checked in this process (never pickled: a process
+    # that receives this output checks each shard again before reading from it)
+    _row_groups: dict[int, RowGroupIndex] = field(default_factory=dict, repr=False, compare=False)
+    # called with k after `read_shard(k)` returned (a command's progress: export counts shards)
+    on_shard_read: Callable[[int], None] | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_row_groups"], state["on_shard_read"] = {}, None
+        return state
 
     @property
     def layout(self) -> dict[str, Any]:
@@ -235,16 +310,94 @@ class PackedOutput:
             if table.num_rows != self.shards[k].rows:  # free, and what every reader indexes packs by
                 raise PackctlError(f"{path}: {table.num_rows} packs, {self.manifest_file.name} says "
                                    f"{self.shards[k].rows}; pack again")
+            if self.on_shard_read is not None:
+                self.on_shard_read(k)
             return table
-        try:
-            data = read_shard_file(path)
-        except OSError as exc:
-            raise PackctlError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions, or pack "
-                               "again") from None
+        data = self._read_bytes(path)
         checked = check_shard_bytes(data, self.shards[k], self.manifest, columns)
         if checked.findings:
             raise PackctlError(shard_error(path, checked.findings[0], self.manifest_file, self.remedy))
+        if self.on_shard_read is not None:
+            self.on_shard_read(k)
         return checked.table
+
+    def row_group_index(self, k: int) -> RowGroupIndex:
+        """The row groups of shard k. With `verify` on, the first call in a process reads the shard
+        whole and checks it as `read_shard` does (one PackctlError line naming it otherwise), then
+        keeps each row group's range and sha256 from those bytes; later calls cost nothing."""
+        index = self._row_groups.get(k)
+        if index is not None:
+            return index
+        path = self._existing(k)
+        if self.verify:
+            data = self._read_bytes(path)
+            checked = check_shard_bytes(data, self.shards[k], self.manifest, columns=[])
+            if checked.findings:
+                raise PackctlError(shard_error(path, checked.findings[0], self.manifest_file, self.remedy))
+            index = RowGroupIndex.of(data)
+        else:
+            try:
+                metadata = pq.ParquetFile(path, memory_map=True).metadata
+            except (pa.ArrowException, OSError) as exc:
+                raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)}); the file may be truncated "
+                                   "or corrupt: pack again") from None
+            if metadata.num_rows != self.shards[k].rows:
+                raise PackctlError(f"{path}: {metadata.num_rows} packs, {self.manifest_file.name} says "
+                                   f"{self.shards[k].rows}; pack again")
+            rows = tuple(metadata.row_group(g).num_rows for g in range(metadata.num_row_groups))
+            index = RowGroupIndex(metadata, (), (), (), rows)
+        self._row_groups[k] = index
+        return index
+
+    def read_row_group(self, k: int, group: int, columns: Sequence[str]) -> pa.Table:
+        """Row group `group` of shard k as an Arrow table of `columns`, reading only its bytes: with
+        `verify` on, its byte range is read once into memory, its sha256 compared with the one kept
+        from the shard's check (`row_group_index`), and those bytes parsed; a range that differs
+        raises PackctlError naming the shard. Without `verify`, read through a memory map.
+
+            >>> output.row_group_index(0).rows                          # doctest: +SKIP
+            (128, 128, 30)
+            >>> output.read_row_group(0, 2, ["num_tokens"]).num_rows    # doctest: +SKIP
+            30
+        """
+        index = self.row_group_index(k)
+        path = self._existing(k)
+        names = index.metadata.schema.to_arrow_schema().names
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise PackctlError(f"{path}: no column {', '.join(map(repr, missing))}; not a packed shard of this "
+                               "output: pack again")
+        if not self.verify:
+            try:
+                return pq.ParquetFile(path, memory_map=True).read_row_group(group, columns=list(columns))
+            except (pa.ArrowException, OSError) as exc:
+                raise PackctlError(f"{path}: row group {group} is not readable ({_short(exc)}); the file may be "
+                                   "truncated or corrupt: pack again") from None
+        start, end = index.starts[group], index.ends[group]
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(start)
+                data = fh.read(end - start)
+        except OSError as exc:
+            raise PackctlError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions, or pack "
+                               "again") from None
+        if hashlib.sha256(data).hexdigest() != index.sha256[group]:
+            raise PackctlError(shard_error(path, Finding("checksum", f"row group {group} differs from the bytes "
+                                                         "checked against the manifest's sha256: the shard was "
+                                                         "changed after packctl checked it"), self.manifest_file))
+        try:
+            parquet = pq.ParquetFile(_checked_range(start, data), metadata=index.metadata)
+            return parquet.read_row_group(group, columns=list(columns))
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise PackctlError(f"{path}: row group {group} is not readable ({_short(exc)}); pack again (packctl "
+                               "verify OUT tells what else is wrong)") from None
+
+    def _read_bytes(self, path: Path) -> bytes:
+        try:
+            return read_shard_file(path)
+        except OSError as exc:
+            raise PackctlError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions, or pack "
+                               "again") from None
 
     def read_unchecked(self, k: int, columns: Sequence[str]) -> pa.Table:
         """Columns of shard k read without any check, whatever `verify` says: for what a reader

@@ -135,8 +135,9 @@ def check_options(fmt: str, *, overwrite: bool = False, eos_token_id: int | None
 
 def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = False,
            eos_token_id: int | None = None, bos_token_id: int | None = None, vocab_size: int | None = None,
-           verify: bool = True, faults: Faults | None = None) -> dict:
+           verify: bool = True, faults: Faults | None = None, progress=None) -> dict:
     """Write the packed output `out` to `target` in format `fmt`; returns what was written.
+    `progress` (a `packctl.pipeline.Progress`) shows the shards read as stage `export`.
 
     Every shard is read checked against the manifest (sha256, rows, tokens, layout) unless
     `verify=False` (`--no-verify-checksums`). The export is written into a directory of its own
@@ -170,6 +171,9 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
     elif fmt == "megatron":
         megatron.check_layout(output, options)
     reached = (faults or Faults()).reached
+    if progress is not None:
+        advance = progress.stage("export", len(output.shards))
+        output.on_shard_read = lambda k: advance(1)
     guard = SignalGuard()
     made = _make_parents(target)
     lock = OutputLock(target)

@@ -49,7 +49,7 @@ from packctl.pipeline.manifest import PLAN_KIND
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.pipeline.run import PackResult, _completed, _open_output
 from packctl.pipeline.report import Corpus, Transfer, rank_report, scale_out, throughput
-from packctl.pipeline.runtime import Progress, SignalGuard, after_failure, timed
+from packctl.pipeline.runtime import Progress, SignalGuard, after_failure, job_stage, timed
 from packctl.plan.windows import PackPlan
 from packctl.source.parquet import scan_blocks, split_blocks
 from packctl.source.index import input_files
@@ -124,6 +124,7 @@ def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bo
                                 progress, lock, guard, opened, faults)
     except BaseException as exc:
         failed = True
+        progress.close(stopped=True)  # before any message: the bars stop where the run stopped
         failure = after_failure(comm, opened.get("output"), exc)
         if failure is exc:
             raise
@@ -166,7 +167,8 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
                       budget=budget, limit_columns=plan_limits(plan.manifest))
     with timed(timings, "materialize"):
         written = materialize(comm, job, scanned, output, fmt, read_own=read_own, kept=kept,
-                              progress=progress.stage("materialize", job.plan.num_bins))
+                              progress=job_stage(progress, "materialize", job.plan.num_bins,
+                                                 comm.allreduce_sum(job.plan.num_bins)))
     shards = comm.gather(written.shards)
     pad_like = comm.allreduce_sum(source.tokens_equal_to_pad_id)  # as pack counts them: every input token
     timings["total"] = time.perf_counter() - started
@@ -179,7 +181,8 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
     by_number = {n: info for part in shards for n, info in part.items()}
     execution = {"output": str(out), "overwrite": overwrite, "memory_budget": budget, "resume": resume,
                  "token_transfer": token_transfer}
-    run = _RunFigures(ranks, timings, resumed_shards=len(done or {}), blocks=len(index.blocks),
+    run = _RunFigures(ranks, timings, resumed_shards=len(done or {}),
+                      resumed_tokens=sum(e.tokens for e in (done or {}).values()), blocks=len(index.blocks),
                       tokens_equal_to_pad_id=pad_like)
     reports, manifests, entries = _reports(plan, by_number, run, execution)
     with guard.deferred():  # a signal now waits: the output is moments from complete
@@ -333,6 +336,7 @@ class _RunFigures:
     ranks: list[dict[str, Any]]
     timings: dict[str, float]
     resumed_shards: int
+    resumed_tokens: int
     blocks: int
     tokens_equal_to_pad_id: int
 
@@ -350,7 +354,8 @@ class _RunFigures:
             metrics["scale_out"] = scale_out(self.ranks)
             metrics["ranks"] = self.ranks
         if "throughput" in metrics:
-            metrics["throughput"] = throughput(corpus, self.ranks, self.timings, resumed_shards=self.resumed_shards)
+            metrics["throughput"] = throughput(corpus, self.ranks, self.timings, resumed_shards=self.resumed_shards,
+                                               resumed_tokens=self.resumed_tokens)
         metrics["timings"] = self.timings
         return metrics
 

@@ -61,7 +61,8 @@ from packctl.pipeline.plan import Planned, check_something_to_pack, join_epochs,
 from packctl.pipeline.step_loss import step_loss_columns
 from packctl.pipeline.report import (Corpus, RankSummary, Transfer, epochs_index, epochs_metrics, input_order_lengths,
                                      metrics_of, padded_batching_over_ranks, rank_report, throughput)
-from packctl.pipeline.runtime import Progress, RunInterrupted, SignalGuard, after_failure, in_background, timed
+from packctl.pipeline.runtime import (Progress, RunInterrupted, SignalGuard, after_failure, in_background, job_stage,
+                                      timed)
 from packctl.source.index import Resolution, SequenceIndex, input_files, is_indexed
 
 __all__ = ["PackResult", "Progress", "RunInterrupted", "pack", "run_fingerprint"]
@@ -80,6 +81,7 @@ class PackResult:
     # "OUT: already complete ...": a run that found its output written (counts, metrics, timings
     # and shards are then OUT's); the CLI prints it on stderr
     note: str | None = None
+    plan_only: bool = False  # --plan-only: the packs were planned, no token was moved
 
 
 def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | None = None,
@@ -118,6 +120,7 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
             return _pack(config, comm, progress, out, lock, guard, run, faults)
     except BaseException as exc:
         failed = True
+        progress.close(stopped=True)  # before any message: the bars stop where the run stopped
         failure = after_failure(comm, run.output, exc)
         if failure is exc:
             raise
@@ -166,7 +169,9 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
         run.ahead.wait()  # compiled meanwhile: materialize loads them from the cache
     with timed(timings, "materialize"):
         written = materialize(comm, job, scanned, output, _shard_format(config, specs, scanned.index),
-                              read_own=transfer.read_own, progress=progress.stage("materialize", job.plan.num_bins))
+                              read_own=transfer.read_own,
+                              progress=job_stage(progress, "materialize", job.plan.num_bins,
+                                                 comm.allreduce_sum(job.plan.num_bins)))
     with timed(timings, "report"):
         corpus.tokens_equal_to_pad_id = (comm.allreduce_sum(scanned.source.tokens_equal_to_pad_id)
                                          if scanned.tokens_read else None)
@@ -183,7 +188,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
         comm.barrier()
         return PackResult(output=out, counts={}, metrics={"ranks": ranks}, timings=timings)
 
-    whole_run = throughput(corpus, ranks, timings, resumed_shards=len(done or {}))
+    whole_run = throughput(corpus, ranks, timings, resumed_shards=len(done or {}),
+                           resumed_tokens=sum(e.tokens for e in (done or {}).values()))
     epoch_shards = [{n: i for s in shards for n, i in s[e].items()} for e in range(specs.order.epochs)]
     if specs.order.epochs == 1:
         metrics, listed, manifest = _report(config, specs, index, figures[0], epoch_shards[0], ranks, corpus,
@@ -208,7 +214,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     with guard.deferred():  # a signal now waits: the output is moments from complete
         output.commit(reports=reports, manifests=manifests, shards=listed, overwrite=config.overwrite)
     comm.barrier()
-    return PackResult(output=out, counts=metrics["counts"], metrics=metrics, timings=timings, shards=listed)
+    return PackResult(output=out, counts=metrics["counts"], metrics=metrics, timings=timings, shards=listed,
+                      plan_only=config.plan_only)
 
 
 def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, specs: Specs, epoch: int, inputs: list[str],
@@ -221,7 +228,8 @@ def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, specs: Specs, epoc
         ordered = order_and_distribute(comm, scanned.index, specs.order, specs.groups, specs.windows, epoch)
     sequences_planned.append(len(ordered.gids))
     with timed(timings, "plan"):
-        planned = plan_stage(comm, ordered, specs, progress=progress.stage("plan", len(ordered.gids)))
+        stage = job_stage(progress, "plan", len(ordered.gids), comm.allreduce_sum(len(ordered.gids)))
+        planned = plan_stage(comm, ordered, specs, progress=stage)
         if epoch == 0:  # every epoch packs the same sequences
             check_something_to_pack(comm, planned.plan, scanned.index, specs.lengths, inputs, corpus.skipped_empty)
         if planned.balanced is not None:  # every pack of a step gets the step's loss tokens
@@ -285,7 +293,7 @@ def _scan(comm: Comm, index: SequenceIndex, specs: Specs, progress: Progress,
     block_bounds = split_blocks(index.blocks, comm.size)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     scan = specs.scan
-    stage = progress.stage("scan", hi - lo)
+    stage = job_stage(progress, "scan", hi - lo, int(block_bounds[-1]))
     if plan_only and is_indexed(index.files[0].path):
         index = scan_lengths(index, lo, hi, stage, skip_empty=scan.skip_empty)
         source = TokenSource([f.path for f in index.files], index.tokens_column, None, 0,

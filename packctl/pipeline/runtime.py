@@ -19,13 +19,43 @@ from packctl.errors import PackctlError
 
 
 class Progress:
-    """Receives stage progress; the default shows nothing (the CLI passes a rich display)."""
+    """Receives stage progress; the default shows nothing (the CLI passes a rich display).
+    `close(stopped=True)`: the run stopped (a signal, an error) in its last stage, which did not
+    end; a display shows it where it stopped, not complete."""
 
     def stage(self, name: str, total: int | None) -> Callable[[int], None]:
         return lambda n: None
 
-    def close(self) -> None:
+    def close(self, stopped: bool = False) -> None:
         pass
+
+
+def job_stage(progress: Progress, name: str, own: int, total: int) -> Callable[[int], None]:
+    """A stage's progress for the whole job: `total` is the work of every rank (the job's
+    blocks, sequences or packs), and this rank's `own` share advances it in proportion, as the
+    ranks share a stage's work evenly (scan by bytes, plan by sequences, materialize by tokens).
+    Only rank 0 draws; one process is its own job (own == total). A rank with no share of the
+    stage (more ranks than planning windows) has its part done at once: its bar is full while
+    the other ranks finish theirs, and the next stage starts when they have.
+
+        4 ranks, rank 0 writes 6,400 of 25,600 packs: its 3,200th pack shows 12,800/25,600
+    """
+    advance = progress.stage(name, total)
+    if own == total:
+        return advance
+    if own == 0:
+        advance(total)
+        return lambda n: None
+    scale = total / own
+    counts = [0, 0]  # this rank's work done, the job's work shown
+
+    def step(n: int) -> None:
+        counts[0] += n
+        shown = min(total, round(counts[0] * scale))
+        if shown > counts[1]:
+            advance(shown - counts[1])
+            counts[1] = shown
+    return step
 
 
 class RunInterrupted(PackctlError):

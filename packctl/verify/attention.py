@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -399,12 +399,15 @@ class AttentionRun:
     results: list[dict[str, Any]] = field(default_factory=list)
     contamination: list[dict[str, Any]] = field(default_factory=list)
     bench: list[dict[str, Any]] = field(default_factory=list)
+    contamination_seconds: float = 0.0  # of the run's seconds, those of the contamination probes
+    bench_seconds: float = 0.0  # and those of the bench
 
 
 def run_attention(packs: list[Pack], backends: list[Backend], dtypes: list[str], embedding: ProbeEmbedding, *,
-                  seed: int = 0, bench: bool = False) -> AttentionRun:
+                  seed: int = 0, bench: bool = False, advance: Callable[[int], None] = lambda n: None
+                  ) -> AttentionRun:
     """Every (backend, dtype) over every sampled pack; the contamination probe (and the bench) with
-    each backend's first supported dtype."""
+    each backend's first supported dtype. `advance(1)` after each pack (progress)."""
     run = AttentionRun()
     if not backends:
         return run
@@ -437,6 +440,7 @@ def run_attention(packs: list[Pack], backends: list[Backend], dtypes: list[str],
                 for entry in stats.values():
                     if entry["status"] != "skipped":
                         entry["status"] = "failed"
+                advance(1)
                 continue
             inputs = PackInputs.build(torch, pack, embedding, device)
             probed = int(rng.integers(len(pack.seq_lens))) if len(pack.seq_lens) > 1 else None
@@ -461,18 +465,23 @@ def run_attention(packs: list[Pack], backends: list[Backend], dtypes: list[str],
                         entry["status"] = "failed"
                         run.violations += found
                     if probed is not None and probe_dtype.get(backend.name) == dtype:
+                        started = time.perf_counter()
                         found, change = probe_contamination(pack, backend, dtype, embedding, probed, baseline=out)
+                        run.contamination_seconds += time.perf_counter() - started
                         probe = probe_stats[backend.name]
                         probe["packs"] += 1
                         probe["max_change"] = max(probe["max_change"], change)
                         if found:
                             probe["status"] = "failed"
                             run.violations += found
+            advance(1)
     run.results = list(stats.values())
     run.contamination = list(probe_stats.values())
     if bench and packs:
+        started = time.perf_counter()
         usable = [p for p in packs if p.unusable() is None]
         for backend in backends:
             if backend.name in probe_dtype and usable:
                 run.bench.append(bench_attention(usable, backend, probe_dtype[backend.name], embedding).to_dict())
+        run.bench_seconds = time.perf_counter() - started
     return run

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -172,8 +172,9 @@ class ConservationResult:
 
 
 def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pieces: OutputPieces, *,
-                       details: int = 5) -> ConservationResult:
-    """Every source sample against the output's pieces; see the module docstring.
+                       details: int = 5, advance: Callable[[int], None] = lambda n: None) -> ConservationResult:
+    """Every source sample against the output's pieces; see the module docstring. `advance(1)`
+    after each source file is compared (progress).
 
     `paths` are the source files in the manifest's `inputs` order (`match_sources`); `details`
     bounds how many differing sequences are read again to name their first differing token.
@@ -233,6 +234,7 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
         labels = (decoded.tokens if decoded.labels is None else decoded.labels)[idx].copy()
         labels[offsets_of(take)[:-1][take > 0]] = IGNORE_INDEX
         src_label_fp[sel] = segment_fingerprints(labels, take, _LABEL_SALT)
+        advance(1)
 
     count = np.bincount(sample_ids[valid], minlength=n_src)
     covered = np.bincount(sample_ids[valid], weights=lens[valid], minlength=n_src).astype(np.int64)

@@ -24,9 +24,11 @@ class CheckResult:
     status: str  # ok, failed, skipped
     lines: list[str] = field(default_factory=list)  # one line per result, for the table
     details: dict[str, Any] = field(default_factory=dict)
+    seconds: float | None = None  # the check's wall time; None when it did not run
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, **self.details}
+        timed = {} if self.seconds is None else {"seconds": round(self.seconds, 3)}
+        return {"status": self.status, **self.details, **timed}
 
 
 @dataclass
@@ -42,6 +44,16 @@ class VerifyReport:
     @property
     def exit_code(self) -> int:
         return EXIT_OK if self.ok else EXIT_VERIFY_FAILED
+
+    @property
+    def seconds(self) -> float:
+        """The seconds of every check that ran."""
+        return sum(c.seconds or 0.0 for c in self.checks.values())
+
+    def slowest(self) -> str | None:
+        """The check that took longest (None when none ran)."""
+        ran = [(c.seconds, name) for name, c in self.checks.items() if c.seconds is not None]
+        return max(ran)[1] if ran else None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values; a non-finite error (a kernel that returned NaN) becomes null."""

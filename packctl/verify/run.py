@@ -13,9 +13,10 @@ one shard plus a few integers per sequence.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -35,6 +36,15 @@ from packctl.verify.counts import Totals, check_counts, check_metrics
 from packctl.verify.shard_rules import StepLoss
 from packctl.verify.structure import check_shard, manifest_violations, unlisted_shards
 from packctl.verify.violation import Violation
+
+if TYPE_CHECKING:  # verify runs without the packing pipeline loaded
+    from packctl.pipeline.runtime import Progress
+
+Stage = Callable[[str, "int | None"], Callable[[int], None]]  # a Progress's `stage`
+
+
+def _unshown(name: str, total: int | None) -> Callable[[int], None]:
+    return lambda n: None
 
 
 @dataclass
@@ -180,8 +190,11 @@ def _status(found: list[Violation]) -> str:
     return "failed" if found else "ok"
 
 
-def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyReport:
-    """Run every check on the packed output directory `out`.
+def verify(out: str | Path, options: VerifyOptions | None = None, *, progress: Progress | None = None
+           ) -> VerifyReport:
+    """Run every check on the packed output directory `out`; `progress` shows the checks that
+    take time as stages (structure: shards, conservation: source files, attention: packs), and
+    each check's result records its seconds.
 
     Raises PackctlError (exit 2) when the output or the options cannot be used at all; broken
     rules are returned in the report (exit 1).
@@ -191,6 +204,7 @@ def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyRepor
         (True, [])
     """
     options = options or VerifyOptions()
+    stage: Stage = progress.stage if progress is not None else _unshown
     options.validate()
     plan = _plan_attention(options)
     # exit 2 only for what is no manifest at all (missing, not a JSON object, an unknown version);
@@ -227,10 +241,13 @@ def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyRepor
     plan_blocks = None
     if manifest.get("kind") == "plan":  # a plan is checked with its tokens read from its source
         plan_blocks = BlockCache(*plan_source(manifest, out / MANIFEST))
+    started, cp_seconds = time.perf_counter(), 0.0
+    advance = stage("structure", len(readable))
     for i, entry in readable:
         name = entry["path"]
         rows, found = check_shard(out, entry, manifest, layout, sequences_in=sequences_in, steps=steps,
                                    groups=groups, plan_blocks=plan_blocks)
+        advance(1)
         structure += found
         if pieces is not None:
             pieces.add(name, rows)
@@ -239,11 +256,14 @@ def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyRepor
             continue
         totals.add(rows)
         if cp_work is not None:
+            cp_started = time.perf_counter()
             cp_found += check_cp(rows, cp_size, cp_work, shard=name)
+            cp_seconds += time.perf_counter() - cp_started
         packs += [Pack.from_rows(rows, r, name) for r in picks.get(i, []) if r < rows.num_rows]
     structure += check_counts(manifest, totals, complete=complete)
     if complete:
         structure += steps.check() + groups.check()
+    structure_seconds = time.perf_counter() - started - cp_seconds
 
     checks: dict[str, CheckResult] = {}
     violations: list[Violation] = list(structure)
@@ -252,7 +272,7 @@ def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyRepor
         [f"{len(shards)} shards, {totals.packs:,} packs, {totals.pieces:,} sequences, "
          f"{totals.tokens:,} tokens"],
         {"shards": len(shards), "packs": totals.packs, "sequences": totals.pieces,
-         "tokens": totals.tokens, "violations": len(structure)})
+         "tokens": totals.tokens, "violations": len(structure)}, seconds=structure_seconds)
 
     if conservation_skipped is not None:
         checks["conservation"] = CheckResult("skipped", [f"skipped: {conservation_skipped}"],
@@ -261,14 +281,16 @@ def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyRepor
         checks["conservation"] = CheckResult("skipped", ["pass --source INPUT to compare with the input"],
                                              {"reason": "no --source"})
     else:
-        result = check_conservation(out, manifest, sources, pieces)
+        started = time.perf_counter()
+        result = check_conservation(out, manifest, sources, pieces,
+                                    advance=stage("conservation", len(sources)))
         violations += result.violations
         s = result.summary
         checks["conservation"] = CheckResult(
             _status(result.violations),
             [f"{s['samples']:,} samples: {s['samples_packed']:,} packed, {s['dropped']:,} dropped, "
              f"{s['truncated']:,} truncated, {s['split']:,} split; {s['tokens_compared']:,} tokens compared"],
-            {**s, "violations": len(result.violations)})
+            {**s, "violations": len(result.violations)}, seconds=time.perf_counter() - started)
 
     if cp_work is None:
         checks["cp"] = CheckResult("skipped", ["cp_size 1 (pass --cp-size N to check a split)"],
@@ -281,21 +303,24 @@ def verify(out: str | Path, options: VerifyOptions | None = None) -> VerifyRepor
         if s.get("packs"):
             lines.append(f"real-token causal work per rank {s['rank_work_real']}: imbalance {s['imbalance']:.3f} "
                          f"(worst pack {s['worst_pack_imbalance']:.3f})")
-        checks["cp"] = CheckResult(_status(cp_found), lines, {**s, "violations": len(cp_found)})
+        checks["cp"] = CheckResult(_status(cp_found), lines, {**s, "violations": len(cp_found)}, seconds=cp_seconds)
 
-    _attention_checks(checks, violations, plan, packs, options)
+    _attention_checks(checks, violations, plan, packs, options, stage)
     return VerifyReport(output=str(out), checks=checks, violations=violations)
 
 
 def _attention_checks(checks: dict[str, CheckResult], violations: list[Violation], plan: _AttentionPlan,
-                      packs: list, options: VerifyOptions) -> None:
+                      packs: list, options: VerifyOptions, stage: Stage) -> None:
     if plan.skipped is not None:
         for name in ("attention", "contamination"):
             checks[name] = CheckResult("skipped", [f"skipped: {plan.skipped}"], {"reason": plan.skipped})
         checks["bench"] = CheckResult("skipped", [f"skipped: {plan.skipped}"], {"reason": plan.skipped})
         return
     embedding = ProbeEmbedding(seed=options.seed, heads=options.heads, head_dim=options.head_dim)
-    run = run_attention(packs, plan.backends, plan.dtypes, embedding, seed=options.seed, bench=options.bench)
+    started = time.perf_counter()
+    run = run_attention(packs, plan.backends, plan.dtypes, embedding, seed=options.seed, bench=options.bench,
+                        advance=stage("attention", len(packs)))
+    seconds = time.perf_counter() - started - run.contamination_seconds - run.bench_seconds
     violations += run.violations
     where = [{"shard": p.shard, "row": p.row} for p in packs]
     common = {"device": plan.device, "heads": options.heads, "head_dim": options.head_dim, "seed": options.seed,
@@ -316,7 +341,8 @@ def _attention_checks(checks: dict[str, CheckResult], violations: list[Violation
     status = "failed" if att or any(r["status"] == "failed" for r in run.results) else ("ok" if ran else "skipped")
     if not packs:
         status, lines = "skipped", lines + ["no pack sampled (--sample 0 or no readable shard)"]
-    checks["attention"] = CheckResult(status, lines, {**common, "results": run.results, "violations": len(att)})
+    checks["attention"] = CheckResult(status, lines, {**common, "results": run.results, "violations": len(att)},
+                                      seconds=seconds)
 
     con = [v for v in run.violations if v.check == "contamination"]
     lines = [f"{r['backend']} {r['dtype']}: {r['packs']} packs probed, max change outside the changed sequence "
@@ -324,7 +350,8 @@ def _attention_checks(checks: dict[str, CheckResult], violations: list[Violation
     probed = any(r["packs"] for r in run.contamination)
     checks["contamination"] = CheckResult("failed" if con else ("ok" if probed else "skipped"),
                                           lines or ["no pack with two or more sequences sampled"],
-                                          {"results": run.contamination, "violations": len(con)})
+                                          {"results": run.contamination, "violations": len(con)},
+                                          seconds=run.contamination_seconds)
     if not options.bench:
         checks["bench"] = CheckResult("skipped", ["pass --bench to time packed vs padded attention"],
                                       {"reason": "no --bench"})
@@ -333,4 +360,4 @@ def _attention_checks(checks: dict[str, CheckResult], violations: list[Violation
                  f"{b['padded_ms']:.1f} ms (batches of {b['padded_batch']}) over {b['packs']} packs: {b['speedup']:.2f}x "
                  f"({b['tokens_packed']:,} packed vs {b['tokens_padded']:,} padded tokens)" for b in run.bench]
         checks["bench"] = CheckResult("ok" if run.bench else "skipped", lines or ["nothing to time"],
-                                      {"results": run.bench})
+                                      {"results": run.bench}, seconds=run.bench_seconds)

@@ -65,7 +65,7 @@ def test_log_progress_prints_stage_lines_with_rate_and_eta():
         "packctl: materialize 250/1,000 packs (25%), 25 packs/s, eta 30s",
         "packctl: materialize done: 250 packs in 10.0s, 25 packs/s",
         "packctl: report",
-        "packctl: report done: 0 in 0.0s",
+        "packctl: report done in 0.0s",
     ]
 
 

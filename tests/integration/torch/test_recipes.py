@@ -77,6 +77,16 @@ def test_quickstart(in_run_dir):
     assert all(math.isfinite(x) for x in calls) and _changed(model, before)
 
 
+def test_row_group_shuffle_loop(in_run_dir):
+    """Three epochs of the documented sampler: every pack once an epoch, each epoch its own order."""
+    batches: list[int] = []  # each batch's sum of token ids, in the order trained
+    run_docs_block("row-group-shuffle", {"train_step": lambda batch: batches.append(int(batch["input_ids"].sum()))})
+    per_epoch = math.ceil(len(PackedDataset("packed")) / 2)
+    epochs = [batches[e * per_epoch:(e + 1) * per_epoch] for e in range(3)]
+    assert len(batches) == 3 * per_epoch
+    assert sum(epochs[0]) == sum(epochs[1]) == sum(epochs[2]) and epochs[0] != epochs[1]
+
+
 class TinyVarlenLM(torch.nn.Module):
     """A flash-attn style model: forward(input_ids [1, T], position_ids [1, T], cu_seqlens, max_seqlen)
     -> logits [1, T, V], attention through packctl.torch.varlen_attention (SDPA on CPU)."""

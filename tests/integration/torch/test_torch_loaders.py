@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from support.runs import pack_to  # noqa: E402
 from packctl import PackctlError  # noqa: E402
 from packctl.contract.schema import COLUMN  # noqa: E402
-from packctl.torch import (PackedDataset, apply_lr_scale, block_causal_mask, collate_flash_attn,  # noqa: E402
+from packctl.torch import (PackedDataset, RowGroupShuffle, apply_lr_scale, block_causal_mask, collate_flash_attn,  # noqa: E402
                            collate_hf, collate_thd, cp_slice, read_lr_scales, varlen_attention)
 
 IGNORE = -100
@@ -176,6 +176,99 @@ def test_dataset_in_a_dataloader(packed):
     loader = torch.utils.data.DataLoader(dataset, batch_size=3, collate_fn=collate_flash_attn)
     batch = next(iter(loader))
     assert batch["input_ids"].shape == (1, sum(len(dataset[i]["input_ids"]) for i in range(3)))
+
+
+def _items_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(
+        np.array_equal(a[k], b[k]) if isinstance(a[k], np.ndarray) else a[k] == b[k] for k in a)
+
+
+def test_random_access_gives_the_items_of_in_order_access(packed):
+    """Items read in a shuffled order, one decoded row group cached, are those read in order."""
+    dataset = PackedDataset(packed)
+    in_order = [dataset[i] for i in range(len(dataset))]
+    shuffled = PackedDataset(packed, cache_row_groups=1)
+    for i in np.random.default_rng(0).permutation(len(shuffled))[:150]:
+        assert _items_equal(shuffled[int(i)], in_order[int(i)]), int(i)
+
+
+def test_each_shard_is_checked_once_per_process(packed, monkeypatch):
+    """Random access reads row groups; the whole-shard sha256 runs once a shard in a process (and
+    again in a process that receives the dataset pickled, as a DataLoader worker does)."""
+    import packctl.contract.reader as reader
+
+    checks: list[int] = []
+    check = reader.check_shard_bytes
+    monkeypatch.setattr(reader, "check_shard_bytes", lambda data, entry, *a, **k: checks.append(entry.rows) or
+                        check(data, entry, *a, **k))
+    dataset = PackedDataset(packed, cache_row_groups=1)
+    rows = np.random.default_rng(1).permutation(len(dataset))[:150]
+    shards = len(set(np.searchsorted(dataset._shard_offsets, rows, side="right").tolist()))
+    for i in rows:
+        dataset[int(i)]
+    assert len(checks) == shards > 2
+    worker = pickle.loads(pickle.dumps(dataset))
+    worker[0]
+    assert len(checks) == shards + 1
+
+
+def test_row_group_shuffle_gives_every_item_once_and_decodes_each_row_group_once(packed, monkeypatch):
+    """Row groups of 128 packs (shards of 300: 128, 128, 44) shuffled, items shuffled within
+    windows of 2 row groups: with 2 cached, each row group is read once an epoch."""
+    dataset = PackedDataset(packed, cache_row_groups=2)
+    sampler = RowGroupShuffle(dataset, seed=3)
+    order = list(sampler)
+    assert sorted(order) == list(range(len(dataset))) and order != sorted(order)
+    reads: list[tuple[int, int]] = []
+    read = dataset.output.read_row_group
+    monkeypatch.setattr(dataset.output, "read_row_group", lambda k, g, c: reads.append((k, g)) or read(k, g, c))
+    for i in order:
+        dataset[i]
+    assert len(reads) == len(set(reads)) == sum(len(dataset.output.row_group_index(k).rows)
+                                                for k in range(len(dataset.output.shards)))
+    sampler.set_epoch(1)
+    assert list(sampler) != order and sorted(sampler) == sorted(order)
+    assert list(RowGroupShuffle(dataset, seed=3)) == order  # deterministic
+
+
+def test_row_group_shuffle_follows_a_ranks_items(packed):
+    dataset = PackedDataset(packed, dp_rank=1, dp_size=3)
+    assert sorted(RowGroupShuffle(dataset, window=1)) == list(range(len(dataset)))
+
+
+def _flip_byte_in_row_group(path, group: int) -> None:
+    """One byte of the input_ids of row group `group` changed in place (same size)."""
+    chunk = pq.ParquetFile(path).metadata.row_group(group).column(0)
+    with open(path, "r+b") as fh:
+        fh.seek(chunk.data_page_offset + chunk.total_compressed_size // 2)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_tampered_shard_is_refused_at_the_first_read_of_any_of_its_row_groups(tmp_path, packed):
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(packed, out)
+    shard = sorted(out.glob("data/*.parquet"))[0]
+    assert pq.ParquetFile(shard).metadata.num_row_groups == 3  # 300 packs: 128, 128, 44
+    _flip_byte_in_row_group(shard, 2)
+    with pytest.raises(PackctlError, match=r"train-00000\.parquet: sha256 differs"):
+        PackedDataset(out)[0]  # row group 0, whose bytes are intact
+
+
+def test_a_shard_changed_after_its_check_is_refused_at_the_next_row_group_read(tmp_path, packed):
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(packed, out)
+    dataset = PackedDataset(out, cache_row_groups=1)
+    first = dataset[0]  # shard 0 checked, row group 0 read
+    _flip_byte_in_row_group(sorted(out.glob("data/*.parquet"))[0], 1)
+    with pytest.raises(PackctlError, match=r"train-00000\.parquet: row group 1 differs .* changed after"):
+        dataset[200]
+    assert _items_equal(dataset[0], first)  # row group 0, intact and checked, still reads
 
 
 @pytest.mark.parametrize("num_packs, dp_size", [(7, 3), (9, 3), (2, 4), (10, 1)])
