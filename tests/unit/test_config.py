@@ -41,6 +41,27 @@ def test_toml_keys_in_either_spelling_and_flags_win(tmp_path):
     assert (cfg.capacity, cfg.too_long, cfg.cp_size, cfg.output) == (2048, "split", 4, "o")
 
 
+@pytest.mark.parametrize("text, line", [
+    ("capacty = 64\n", "pack.toml: unknown key 'capacty'; did you mean 'capacity'?"),
+    ("too-lnog = 'split'\n", "pack.toml: unknown key 'too-lnog'; did you mean 'too-long'?"),
+    ("[pack]\nmax_seqs_per_pack = 4\n", "pack.toml: unknown key 'max_seqs_per_pack'; did you mean 'max_seqs_per_bin'?"),
+    ("limt = {images = 8}\n", "pack.toml: unknown key 'limt'; did you mean 'limit'?"),
+])
+def test_a_misspelled_toml_key_names_the_closest_known_key(tmp_path, text, line):
+    path = tmp_path / "pack.toml"
+    path.write_text(text)
+    with pytest.raises(PackctlError) as caught:
+        load_config(path)
+    assert str(caught.value) == str(tmp_path / line)
+
+
+def test_a_toml_key_near_no_known_key_lists_them_all(tmp_path):
+    path = tmp_path / "pack.toml"
+    path.write_text("xyzzy = 1\n")
+    with pytest.raises(PackctlError, match="unknown key 'xyzzy'; known keys: algorithm, .*, window"):
+        load_config(path)
+
+
 def test_pack_order_in_toml_follows_order_unless_given(tmp_path):
     """`pack-order` (or `pack_order`) in a TOML file: auto resolves to shuffle under --order shuffle,
     else planner; a value is kept; a flag wins; a value outside the choices is refused in one line."""
