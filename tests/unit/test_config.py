@@ -120,6 +120,38 @@ def test_every_option_is_documented_in_docs_cli_md_with_its_flag():
             assert f"| `{f.metadata['flag'] or '--' + f.name.replace('_', '-')}" in table, f.name
 
 
+def _commands_and_flags() -> tuple[set[str], set[str]]:
+    """The names of packctl's commands and every flag any of them (or packctl itself) takes."""
+    import typer
+
+    from packctl.cli import app
+
+    root = typer.main.get_command(app)
+    flags = {"--help"}
+    for command in [root, *root.commands.values()]:
+        for param in command.params:
+            flags.update(o for o in [*param.opts, *param.secondary_opts] if o.startswith("--"))
+    return set(root.commands), flags
+
+
+def test_docs_cli_md_lists_every_command():
+    commands, _ = _commands_and_flags()
+    listing = (DOCS / "cli.md").read_text().split("```text\n", 1)[1].split("```", 1)[0]
+    assert {line.split()[1] for line in listing.splitlines()} == commands
+
+
+@pytest.mark.parametrize("doc", ["cli.md", "algorithms.md", "balancing.md", "format.md", "stats.md", "verify.md"])
+def test_every_flag_the_docs_of_packctl_name_is_one_of_its_options(doc):
+    """What docs/cli.md and the docs of its commands call a flag is one (lines about benchmarks/ name
+    the benchmarks' own)."""
+    import re
+
+    _, flags = _commands_and_flags()
+    text = "\n".join(line for line in (DOCS / doc).read_text().splitlines() if "benchmarks/" not in line)
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9]", text))
+    assert named - flags == set()
+
+
 def test_help_choices_and_defaults_come_from_the_field():
     from packctl.config import choices_of, option_help
 
