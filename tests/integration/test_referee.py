@@ -119,3 +119,12 @@ def test_the_referee_reads_a_sliced_column(tmp_path):
     column = pa.chunked_array([pa.array([[1], [2, 3], [4, 5, 6]], pa.list_(pa.int32())).slice(1)])
     assert [row.tolist() for row in _rows(column)] == [[2, 3], [4, 5, 6]]
     assert np.asarray(_rows(column)[0]).dtype == np.int64
+
+
+def test_the_referee_tells_files_of_one_name_apart(tmp_path):
+    """data/a.parquet and data/sub/a.parquet: sample ids run through the files in the manifest's
+    order, matched by path, not by name."""
+    write_table(tmp_path / "data/a.parquet", {"input_ids": pa.array([[1, 2], [3]], pa.list_(pa.int32()))})
+    write_table(tmp_path / "data/sub/a.parquet", {"input_ids": pa.array([[4, 5, 6]], pa.list_(pa.int32()))})
+    assert packctl("pack", tmp_path / "data", "-o", tmp_path / "out", "--capacity", "8", "-q").code == 0
+    assert every_sample_once(tmp_path / "out", [tmp_path / "data"]) == []

@@ -79,14 +79,17 @@ def every_sample_once(out: Path, sources: list[Path]) -> list[str]:
 
 
 def _source_files(manifest: dict, sources: list[Path]) -> list[Path]:
-    """The Parquet files of `sources` in sample-id order: the manifest's inputs when it names them
-    all by file name, else sorted."""
+    """The Parquet files of `sources` in sample-id order: the manifest's inputs when each names one
+    of them (its path, or the path's last parts: data/a.parquet is /x/data/a.parquet), else sorted."""
     files = sorted(p for s in map(Path, sources) for p in (sorted(s.rglob("*.parquet")) if s.is_dir() else [s]))
-    by_name = {p.name: p for p in files}
-    names = [Path(i["path"]).name for i in manifest.get("inputs") or [] if isinstance(i, dict) and "path" in i]
-    if names and set(names) <= set(by_name):
-        return [by_name[n] for n in names]
-    return files
+    listed = [Path(i["path"]) for i in manifest.get("inputs") or [] if isinstance(i, dict) and "path" in i]
+    ordered = []
+    for path in listed:
+        same = [f for f in files if f.resolve() == path.resolve() or f.parts[-len(path.parts):] == path.parts]
+        if len(same) != 1:
+            return files
+        ordered += same
+    return ordered or files
 
 
 def _source_rows(files: list[Path], tokens_column: str, labels_column: str | None):
