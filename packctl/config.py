@@ -789,7 +789,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
     for key, value in data.items():
         name = _TOML_NAMES.get(key, key.replace("-", "_"))
         if name not in FIELDS:
-            raise PackctlError(f"{path}: unknown key {key!r}; known keys: {', '.join(sorted(FIELDS))}")
+            raise PackctlError(f"{path}: unknown key {key!r}; {_closest_key(key)}")
         if name in spelled:
             raise PackctlError(f"{path}: {spelled[name]} and {key} are the same option; keep one")
         spelled[name] = key
@@ -804,6 +804,19 @@ def load_config(path: str | Path) -> dict[str, Any]:
 
 # TOML keys spelled as their flag rather than their field: limit = {images = 8} is --limit images=8.
 _TOML_NAMES = {"limit": "limits"}
+
+
+def _closest_key(key: str) -> str:
+    """The known key nearest to a misspelled one, spelled as the file spells its keys, or every
+    known key when none is near: 'capacty' -> "did you mean 'capacity'?", 'too-lnog' -> "did you
+    mean 'too-long'?"."""
+    import difflib  # here: only a misspelled config file needs it
+
+    close = difflib.get_close_matches(key.replace("-", "_"), sorted({*FIELDS, *_TOML_NAMES}), n=1)
+    if not close:
+        return f"known keys: {', '.join(sorted(FIELDS))}"
+    spelled = close[0].replace("_", "-") if "-" in key else close[0]
+    return f"did you mean {spelled!r}?"
 
 
 def _toml(value: Any) -> str:

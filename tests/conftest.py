@@ -16,6 +16,7 @@ HYPOTHESIS_PROFILE=thorough); tests ask for theirs with `support.profiles.exampl
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +30,33 @@ from support.profiles import DEFAULT_EXAMPLES, THOROUGH_EXAMPLES
 
 TESTS = Path(__file__).resolve().parent
 
+# What the libraries the tests drive cache between runs (matplotlib's font list, Hugging Face's
+# modules, triton and inductor kernels, cached_path, packctl's own cache directory) goes to one
+# folder under the repository's ignored build/, never the user's ~/.cache or /tmp: set before any
+# test module imports them, and kept between sessions (the font list alone is seconds to rebuild).
+# numba caches packctl's kernels beside their sources (packctl/**/__pycache__), as for users.
+# What `datasets.load_dataset` copies of each output it reads grows with every run: it goes to a
+# folder of this session's own, removed when the session ends.
+TEST_CACHE = TESTS.parent / "build" / "test-cache"
+SESSION_DATASETS = TEST_CACHE / f"datasets-{os.getpid()}"
+os.environ.update(
+    HF_DATASETS_CACHE=str(SESSION_DATASETS),
+    XDG_CACHE_HOME=str(TEST_CACHE),
+    MPLCONFIGDIR=str(TEST_CACHE / "matplotlib"),
+    HF_HOME=str(TEST_CACHE / "huggingface"),
+    TRITON_CACHE_DIR=str(TEST_CACHE / "triton"),
+    OLMO_TRITON_CACHE_BASE=str(TEST_CACHE / "olmo-triton"),
+    TORCHINDUCTOR_CACHE_DIR=str(TEST_CACHE / "torchinductor"),
+    CACHED_PATH_CACHE_ROOT=str(TEST_CACHE / "cached_path"),
+)
+
 settings.register_profile("default", max_examples=DEFAULT_EXAMPLES, deadline=None)
 settings.register_profile("thorough", max_examples=THOROUGH_EXAMPLES, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(SESSION_DATASETS, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

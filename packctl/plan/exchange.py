@@ -4,7 +4,7 @@ The decreasing algorithms (ffd, bfd, mffd) pack a window the same way whatever t
 sequences come in, up to ties: on a corpus within one --window, epoch e would repeat most of
 epoch 0's packs. So, once a window is planned exactly (same packs count, same room), seeded
 exchanges move sequences between its packs, each keeping both packs within the capacity and the
---max-seqs-per-pack limit. The number of packs is the exact plan's by construction:
+--max-seqs-per-bin limit. The number of packs is the exact plan's by construction:
 
     capacity 10   packs [6 3 1] [5 4] [7 2 1]        rooms 0, 1, 0
     swap 1 <-> 1  [6 3 1'] [5 4] [7 2 1]            equal lengths of different sequences: the

@@ -189,7 +189,7 @@ def test_a_refused_capacity_names_a_budget_that_is_enough(corpus, tmp_path):
 CONFIG_BAD = [
     (b"capacity = [", "not valid TOML"),
     (b"\xff\xfecapacity = 64\n", "not UTF-8 text (byte 0)"),
-    (b"capacity = 64\ncapacty = 32\n", "unknown key 'capacty'"),
+    (b"capacity = 64\ncapacty = 32\n", "unknown key 'capacty'; did you mean 'capacity'?"),
     (b"pack = 3\n", "pack = 3: must be a table of options ([pack])"),
     (b"capacity = 64\n[pack]\nwindow = 10\n", "capacity is outside the [pack] table"),
     (b"too-long = 'split'\ntoo_long = 'drop'\n", "too-long and too_long are the same option; keep one"),

@@ -100,8 +100,8 @@ options = st.fixed_dictionaries({
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                        HealthCheck.data_too_large])
 @given(tables=files(), opts=options)
-def test_output_passes_the_contract_or_a_clean_error(contract, tables, opts):
-    with tempfile.TemporaryDirectory() as tmp:
+def test_output_passes_the_contract_or_a_clean_error(contract, tmp_path_factory, tables, opts):
+    with tempfile.TemporaryDirectory(dir=tmp_path_factory.getbasetemp()) as tmp:  # one per example
         root = Path(tmp)
         sources = []
         for k, (columns, row_group_size) in enumerate(tables):

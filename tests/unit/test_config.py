@@ -41,6 +41,27 @@ def test_toml_keys_in_either_spelling_and_flags_win(tmp_path):
     assert (cfg.capacity, cfg.too_long, cfg.cp_size, cfg.output) == (2048, "split", 4, "o")
 
 
+@pytest.mark.parametrize("text, line", [
+    ("capacty = 64\n", "pack.toml: unknown key 'capacty'; did you mean 'capacity'?"),
+    ("too-lnog = 'split'\n", "pack.toml: unknown key 'too-lnog'; did you mean 'too-long'?"),
+    ("[pack]\nmax_seqs_per_pack = 4\n", "pack.toml: unknown key 'max_seqs_per_pack'; did you mean 'max_seqs_per_bin'?"),
+    ("limt = {images = 8}\n", "pack.toml: unknown key 'limt'; did you mean 'limit'?"),
+])
+def test_a_misspelled_toml_key_names_the_closest_known_key(tmp_path, text, line):
+    path = tmp_path / "pack.toml"
+    path.write_text(text)
+    with pytest.raises(PackctlError) as caught:
+        load_config(path)
+    assert str(caught.value) == str(tmp_path / line)
+
+
+def test_a_toml_key_near_no_known_key_lists_them_all(tmp_path):
+    path = tmp_path / "pack.toml"
+    path.write_text("xyzzy = 1\n")
+    with pytest.raises(PackctlError, match="unknown key 'xyzzy'; known keys: algorithm, .*, window"):
+        load_config(path)
+
+
 def test_pack_order_in_toml_follows_order_unless_given(tmp_path):
     """`pack-order` (or `pack_order`) in a TOML file: auto resolves to shuffle under --order shuffle,
     else planner; a value is kept; a flag wins; a value outside the choices is refused in one line."""
@@ -97,6 +118,38 @@ def test_every_option_is_documented_in_docs_cli_md_with_its_flag():
     for f in dataclasses.fields(PackConfig):
         if f.name not in ("inputs", "output"):
             assert f"| `{f.metadata['flag'] or '--' + f.name.replace('_', '-')}" in table, f.name
+
+
+def _commands_and_flags() -> tuple[set[str], set[str]]:
+    """The names of packctl's commands and every flag any of them (or packctl itself) takes."""
+    import typer
+
+    from packctl.cli import app
+
+    root = typer.main.get_command(app)
+    flags = {"--help"}
+    for command in [root, *root.commands.values()]:
+        for param in command.params:
+            flags.update(o for o in [*param.opts, *param.secondary_opts] if o.startswith("--"))
+    return set(root.commands), flags
+
+
+def test_docs_cli_md_lists_every_command():
+    commands, _ = _commands_and_flags()
+    listing = (DOCS / "cli.md").read_text().split("```text\n", 1)[1].split("```", 1)[0]
+    assert {line.split()[1] for line in listing.splitlines()} == commands
+
+
+@pytest.mark.parametrize("doc", ["cli.md", "algorithms.md", "balancing.md", "format.md", "stats.md", "verify.md"])
+def test_every_flag_the_docs_of_packctl_name_is_one_of_its_options(doc):
+    """What docs/cli.md and the docs of its commands call a flag is one (lines about benchmarks/ name
+    the benchmarks' own)."""
+    import re
+
+    _, flags = _commands_and_flags()
+    text = "\n".join(line for line in (DOCS / doc).read_text().splitlines() if "benchmarks/" not in line)
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9]", text))
+    assert named - flags == set()
 
 
 def test_help_choices_and_defaults_come_from_the_field():

@@ -1,5 +1,5 @@
 """Exchanges at equal cost (plan/exchange.py): epochs 1.. of --epochs keep the exact plan's number
-of packs, every pack within capacity and --max-seqs-per-pack, every sequence once, split pieces
+of packs, every pack within capacity and --max-seqs-per-bin, every sequence once, split pieces
 and groups where the planner put them, and repeat at most 5% of epoch 0's packs on sample_data."""
 from __future__ import annotations
 
