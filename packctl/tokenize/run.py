@@ -57,6 +57,9 @@ TOKENIZED_FORMAT_VERSION = 1
 # Parquet metadata key of a tokenized shard: what made it (tokenizer, template, mask rule) and the
 # shard's own counts. Not pack's `packctl` key: a tokenized corpus is input to pack, not an output.
 SHARD_METADATA_KEY = b"packctl.tokenized"
+# the columns tokenize writes (module docstring): the input columns pack reads, and the provenance
+TOKENS, LABELS, RECORD_ID, PROMPT_LENGTH, CHOSEN = "input_ids", "labels", "record_id", "prompt_length", "chosen"
+WRITTEN = (TOKENS, LABELS, RECORD_ID, PROMPT_LENGTH, CHOSEN)
 ROW_GROUP_ROWS = 1024  # pack decodes a row group at a time: small groups keep its blocks small
 DROPPED_EXAMPLES = 5  # per shard, the first rows dropped, with where and why
 
@@ -104,8 +107,8 @@ class TokenizeConfig:
             raise PackctlError(f"--shard-records: {self.shard_records!r} is not a positive whole number of records")
         if not isinstance(self.workers, int) or self.workers < 0:
             raise PackctlError(f"--workers: {self.workers!r} is not a whole number >= 0 (0: one per core)")
-        clash = {"input_ids", "labels", "record_id", "prompt_length", "chosen"} & set(self.keep_columns)
-        if clash or self.group_column in {"input_ids", "labels", "record_id", "prompt_length", "chosen"}:
+        clash = set(WRITTEN) & set(self.keep_columns)
+        if clash or self.group_column in WRITTEN:
             name = sorted(clash)[0] if clash else self.group_column
             raise PackctlError(f"--keep-column/--group-column {name}: a column packctl tokenize writes itself; "
                                "rename it in the input")
@@ -422,14 +425,14 @@ def tokenize_unit(unit: Unit, raw: RawFile, spec, tokenizer, config: TokenizeCon
     offsets = pa.array(batch.offsets.astype(np.int32 if batch.offsets[-1] < 2**31 else np.int64))
     list_of = pa.ListArray if offsets.type == pa.int32() else pa.LargeListArray
     columns = {
-        "input_ids": list_of.from_arrays(offsets, pa.array(batch.input_ids, pa.int32())),
-        "labels": list_of.from_arrays(offsets, pa.array(batch.labels, pa.int32())),
-        "record_id": pa.array(record_ids, pa.int64()),
+        TOKENS: list_of.from_arrays(offsets, pa.array(batch.input_ids, pa.int32())),
+        LABELS: list_of.from_arrays(offsets, pa.array(batch.labels, pa.int32())),
+        RECORD_ID: pa.array(record_ids, pa.int64()),
     }
     if writes_prompt_length(spec):
-        columns["prompt_length"] = pa.array(batch.prompt_length, pa.int32())
+        columns[PROMPT_LENGTH] = pa.array(batch.prompt_length, pa.int32())
     if is_preference(spec):
-        columns["chosen"] = pa.array(batch.branch == 0, pa.bool_())
+        columns[CHOSEN] = pa.array(batch.branch == 0, pa.bool_())
     for name in ([config.group_column] if config.group_column else []) + list(config.keep_columns):
         values = [records[int(k)].fields.get(name) for k in batch.record]
         if name == config.group_column:
@@ -452,7 +455,7 @@ def tokenize_unit(unit: Unit, raw: RawFile, spec, tokenizer, config: TokenizeCon
     loss = int(np.count_nonzero(batch.labels != -100))
     summary = {"records": unit.count, "rows": rows, "tokens": tokens, "loss_tokens": loss,
                "dropped": len(dropped), "dropped_by_reason": by_reason,
-               "dropped_examples": [{"record_id": r, "where": w, "field": f, "reason": why}
+               "dropped_examples": [{RECORD_ID: r, "where": w, "field": f, "reason": why}
                                     for r, w, f, why in dropped[:DROPPED_EXAMPLES]]}
     table = pa.table(columns)
     table = table.replace_schema_metadata({SHARD_METADATA_KEY: json.dumps({**metadata, "shard": summary},
