@@ -300,6 +300,8 @@ def _scan(comm: Comm, index: SequenceIndex, specs: Specs, progress: Progress,
                              skip_empty=scan.skip_empty, fingerprints=index.fingerprints)
         scanned = Scanned(index, source, block_bounds, tokens_read=False)
     else:
+        if is_indexed(index.files[0].path):  # an over-long document is refused from the .idx, before its tokens are read
+            check_too_long(comm, scan_lengths(index, lo, hi, skip_empty=scan.skip_empty), specs.lengths)
         labels = index.labels_column is not None
         budget = 0 if plan_only and not labels else scan.memory_budget  # 0: no decoded block kept
         index, source = scan_blocks(index, lo, hi, budget, progress=stage, skip_empty=scan.skip_empty,

@@ -192,3 +192,14 @@ def test_a_plan_of_a_megatron_input_reads_its_tokens_from_the_pair(corpus, tmp_p
     result = packctl("materialize", str(plan), "-o", str(tmp_path / "again"))
     assert_clean_error(result, 2, "not the source the plan")
     assert_nothing_left(tmp_path / "again")
+
+
+def test_an_over_long_document_is_refused_from_the_idx_before_any_token_is_read(tmp_path, monkeypatch):
+    prefix = write_pair(tmp_path / "corpus", [[[1, 2, 3]], [list(range(1, 300))], [[4, 5]]])
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("tokens decoded before --too-long error refused the document")
+
+    monkeypatch.setattr(megatron, "decode_documents", no_decoding)
+    result = packctl("pack", prefix, "-o", tmp_path / "out", "--capacity", "64", "-q")
+    assert_clean_error(result, 2, f"{prefix} document 1", "299")
