@@ -43,13 +43,13 @@ from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
 from packctl.output import commit as protocol
 from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults
-from packctl.output.paths import check_output_location, missing_parents, remove_empty
+from packctl.output.paths import check_output_location
 from packctl.output.resume import inspect_output
 from packctl.pipeline.manifest import PLAN_KIND
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.pipeline.run import PackResult, _completed, _open_output
 from packctl.pipeline.report import Corpus, Transfer, rank_report, scale_out, throughput
-from packctl.pipeline.runtime import Progress, SignalGuard, after_failure, job_stage, timed
+from packctl.pipeline.runtime import Progress, SignalGuard, job_stage, run_guarded, timed
 from packctl.plan.windows import PackPlan
 from packctl.source.parquet import scan_blocks, split_blocks
 from packctl.source.index import input_files
@@ -117,23 +117,10 @@ def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bo
     lock = OutputLock(out)
     guard = SignalGuard()
     opened: dict[str, Any] = {}
-    made, failed = missing_parents(out), False  # the directories above OUT this run creates
-    try:
-        with guard.installed():
-            return _materialize(Path(plan_path), out, overwrite, resume, memory_budget, token_transfer, comm,
-                                progress, lock, guard, opened, faults)
-    except BaseException as exc:
-        failed = True
-        progress.close(stopped=True)  # before any message: the bars stop where the run stopped
-        failure = after_failure(comm, opened.get("output"), exc)
-        if failure is exc:
-            raise
-        raise failure from None
-    finally:
-        lock.release()
-        progress.close()
-        if failed:
-            remove_empty(made)
+    return run_guarded(comm, progress, out, lock, guard,
+                       lambda: _materialize(Path(plan_path), out, overwrite, resume, memory_budget, token_transfer,
+                                            comm, progress, lock, guard, opened, faults),
+                       lambda: opened.get("output"))
 
 
 def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memory_budget, token_transfer: str,

@@ -52,7 +52,7 @@ from packctl.output import commit as protocol
 from packctl.output.journal import RUN_FILE, partial_dir
 from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults, OutputDir
-from packctl.output.paths import check_output_location, missing_parents, remove_empty
+from packctl.output.paths import check_output_location
 from packctl.output.resume import inspect_output
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.plan.order import epoch_seed
@@ -61,7 +61,7 @@ from packctl.pipeline.plan import Planned, check_something_to_pack, join_epochs,
 from packctl.pipeline.step_loss import step_loss_columns
 from packctl.pipeline.report import (Corpus, RankSummary, Transfer, epochs_index, epochs_metrics, input_order_lengths,
                                      metrics_of, padded_batching_over_ranks, rank_report, throughput)
-from packctl.pipeline.runtime import (Progress, RunInterrupted, SignalGuard, after_failure, in_background, job_stage,
+from packctl.pipeline.runtime import (Progress, RunInterrupted, SignalGuard, in_background, job_stage, run_guarded,
                                       timed)
 from packctl.source.index import Resolution, SequenceIndex, input_files, is_indexed
 
@@ -113,25 +113,16 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
     lock = OutputLock(out)
     guard = SignalGuard()
     run = _Run()
-    made, failed = missing_parents(out), False  # the directories above OUT this run creates
-    try:
-        with guard.installed():
-            run.ahead = CompileAhead.start(comm.size)
-            return _pack(config, comm, progress, out, lock, guard, run, faults)
-    except BaseException as exc:
-        failed = True
-        progress.close(stopped=True)  # before any message: the bars stop where the run stopped
-        failure = after_failure(comm, run.output, exc)
-        if failure is exc:
-            raise
-        raise failure from None
-    finally:
+
+    def body() -> PackResult:
+        run.ahead = CompileAhead.start(comm.size)
+        return _pack(config, comm, progress, out, lock, guard, run, faults)
+
+    def stop_compiling() -> None:
         if run.ahead is not None:
             run.ahead.stop()
-        lock.release()
-        progress.close()
-        if failed:
-            remove_empty(made)
+
+    return run_guarded(comm, progress, out, lock, guard, body, lambda: run.output, on_exit=stop_compiling)
 
 
 @dataclass

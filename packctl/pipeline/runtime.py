@@ -162,6 +162,38 @@ def after_failure(comm, output, exc: BaseException) -> BaseException:
     return exc
 
 
+def run_guarded(comm, progress: Progress, out, lock, guard: SignalGuard, body: Callable[[], Any],
+                output: Callable[[], Any], on_exit: Callable[[], None] | None = None) -> Any:
+    """The frame every command that writes an output runs in (pack, materialize, tokenize):
+    `body()` with SIGINT/SIGTERM raising in it; on any failure the progress bars stop where the
+    run stopped, `after_failure` decides what is kept of `output()` (the run's OutputDir, or
+    None before it opened one) and words the error, and the directories above OUT the run
+    created are removed again; always the lock is released (and `on_exit` run).
+
+        return run_guarded(comm, progress, out, lock, guard, lambda: _pack(...), lambda: run.output)
+    """
+    from packctl.output.paths import missing_parents, remove_empty
+
+    made, failed = missing_parents(out), False  # the directories above OUT this run creates
+    try:
+        with guard.installed():
+            return body()
+    except BaseException as exc:
+        failed = True
+        progress.close(stopped=True)  # before any message: the bars stop where the run stopped
+        failure = after_failure(comm, output(), exc)
+        if failure is exc:
+            raise
+        raise failure from None
+    finally:
+        if on_exit is not None:
+            on_exit()
+        lock.release()
+        progress.close()
+        if failed:
+            remove_empty(made)
+
+
 def peak_rss_bytes() -> int:
     """Peak resident memory of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

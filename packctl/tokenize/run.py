@@ -47,7 +47,7 @@ from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults, OutputDir
 from packctl.output.paths import check_output_location
 from packctl.output.resume import inspect_output
-from packctl.pipeline.runtime import Progress, SignalGuard, after_failure, timed
+from packctl.pipeline.runtime import Progress, SignalGuard, run_guarded, timed
 from packctl.source.tokenized import TOKENIZED
 from packctl.tokenize.rawfiles import RawFile, RawIndex, TextUnit, find_inputs, index_file, read_records
 from packctl.version import __version__
@@ -159,17 +159,9 @@ def tokenize_corpus(config: TokenizeConfig, *, progress: Progress | None = None,
     lock = OutputLock(out)
     guard = SignalGuard()
     state: dict[str, OutputDir | None] = {"output": None}
-    try:
-        with guard.installed():
-            return _tokenize(config, comm, progress, out, lock, guard, state, faults)
-    except BaseException as exc:
-        failure = after_failure(comm, state["output"], exc)
-        if failure is exc:
-            raise
-        raise failure from None
-    finally:
-        lock.release()
-        progress.close()
+    return run_guarded(comm, progress, out, lock, guard,
+                       lambda: _tokenize(config, comm, progress, out, lock, guard, state, faults),
+                       lambda: state["output"])
 
 
 @dataclass
