@@ -2,6 +2,7 @@
 
     .OUT.packctl-partial/
         run.json                       fingerprint of the run: config and inputs (path, size, mtime, footer digest)
+        run.json.blocks                a digest of every input block as scan decoded it (`block_digest`)
         journal.jsonl                  one line per finished shard: {"shard", "rows", "tokens", "sha256"}
         journal.rank-00003.jsonl       the same, for the shards rank 3 finished (under MPI)
 
@@ -19,6 +20,7 @@ from packctl.errors import PackctlError
 
 PARTIAL_SUFFIX = ".packctl-partial"
 RUN_FILE = "run.json"
+BLOCKS_FILE = RUN_FILE + ".blocks"  # left out of OUT with run.json (commit.drop_run_files)
 JOURNAL = "journal.jsonl"
 
 
@@ -67,6 +69,22 @@ def read_fingerprint(tmp: Path) -> dict | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return fingerprint if isinstance(fingerprint, dict) else None
+
+
+def write_block_digests(tmp: Path, digests: list[int]) -> None:
+    """Record the digest of every input block (gid order) beside run.json, for `--resume`."""
+    part = tmp / (BLOCKS_FILE + ".tmp")
+    part.write_text(json.dumps({"blocks": digests}) + "\n")
+    os.replace(part, tmp / BLOCKS_FILE)
+
+
+def read_block_digests(tmp: Path) -> list[int] | None:
+    """The block digests an earlier run recorded; None when it recorded none."""
+    try:
+        digests = json.loads((tmp / BLOCKS_FILE).read_text())["blocks"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return digests if isinstance(digests, list) else None
 
 
 def differences(recorded: dict, fingerprint: dict, *, written_ns: int | None = None) -> list[str]:

@@ -16,6 +16,7 @@ bit for bit):
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,6 +105,17 @@ class DecodedBlock:
         labels = np.empty_like(tokens)
         self.gather_into(src_starts, lens, tokens, labels, dst_starts)
         return tokens, labels
+
+
+def block_digest(decoded: DecodedBlock) -> int:
+    """A cheap digest (CRC-32) of a block as its kind decoded it (int32 tokens and labels, before
+    `compact`), to know the block again when it is decoded a second time: an input rewritten with
+    the same size, modification time and Parquet footer still changes it. 2.5 GB/s on one core."""
+    crc = zlib.crc32(np.ascontiguousarray(decoded.offsets, np.int64))
+    crc = zlib.crc32(np.ascontiguousarray(decoded.tokens, np.int32), crc)
+    if decoded.labels is not None:
+        crc = zlib.crc32(np.ascontiguousarray(decoded.labels, np.int32), crc)
+    return crc
 
 
 def first_outside_int32(values: np.ndarray, allow_ignore: bool) -> int:

@@ -27,10 +27,10 @@ from packctl.contract.schema import (SAMPLE_IDS, SEQ_LENS, SEQ_LENS_PADDED, SEQ_
 from packctl.contract.thd import PackRows, lay_out_packs
 from packctl.errors import PackctlError
 from packctl.source.blocks import DecodedBlock
-from packctl.source import megatron
-from packctl.source.files import FileFingerprint, read_fingerprint
-from packctl.source.parquet import TokenSource, blocks_of
-from packctl.source.index import Block, InputFile, SequenceIndex, is_indexed
+from packctl.source.files import FileFingerprint
+from packctl.source.parquet import TokenSource
+from packctl.source.index import Block, InputFile, SequenceIndex
+from packctl.source.kinds import kind_of
 
 Place = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
@@ -125,14 +125,8 @@ class BlockCache:
 
 
 def _read_source_file(path: str, f: int) -> tuple[FileFingerprint, list[Block], int]:
-    """A source file as it is now: its fingerprint, blocks and rows (a Parquet file's footer, or a
-    Megatron pair's `.idx`, documents as rows)."""
-    if is_indexed(path):
-        with megatron.open_pair(path) as pair:
-            return pair.fingerprint, megatron.blocks_of(pair, f), pair.header.documents
-    fingerprint, meta, _ = read_fingerprint(path)
-    file_blocks, rows = blocks_of(meta, f)
-    return fingerprint, file_blocks, rows
+    """A source file as it is now, read by its kind: its fingerprint, blocks and rows."""
+    return kind_of(path).read_file(path, f)
 
 
 def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
@@ -159,8 +153,7 @@ def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
         fingerprint, file_blocks, rows = _read_source_file(path, f)
         if fingerprint.size != size or fingerprint.footer != footer:
             what = (f"its size is {fingerprint.size} bytes, the plan read {size}" if fingerprint.size != size
-                    else "its .idx header, ends or times differ from those the plan read"
-                    if is_indexed(path) else "its Parquet footer differs from the one the plan read")
+                    else kind_of(path).changed_what)
             raise PackctlError(f"{path}: not the source the plan {manifest_file} was made from ({what}); restore "
                                "that file, or make a new plan of this one with packctl pack --plan-only")
         if rows != entry.get("rows"):

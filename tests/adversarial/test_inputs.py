@@ -719,16 +719,16 @@ def test_a_damaged_megatron_pair(tmp_path, case):
 def test_a_megatron_pair_changed_before_a_plan_scans_it(tmp_path, monkeypatch):
     """A plan scans the .idx alone, each block's pair checked against the fingerprint taken when
     INPUT was resolved: a .bin cut short in between is found though no token is read."""
-    from packctl.pipeline import run
+    from packctl.source import megatron
 
     idx = megatron_pair(tmp_path / "data/c")
     bin_ = idx.with_suffix(".bin")
-    scan_lengths = run.scan_lengths
+    scan_lengths = megatron.scan_lengths
 
     def truncated_first(*args, **kwargs):
         os.truncate(bin_, 8)
         return scan_lengths(*args, **kwargs)
-    monkeypatch.setattr(run, "scan_lengths", truncated_first)
+    monkeypatch.setattr(megatron, "scan_lengths", truncated_first)
     refused(tmp_path, idx, mentions=[f"{bin_}: changed while packctl was reading it", "size went from 56 to 8"],
             options=["--plan-only"])
 
@@ -762,7 +762,7 @@ def test_a_symlinked_megatron_prefix_is_read(tmp_path):
 def test_a_megatron_pair_and_parquet_in_one_run(tmp_path):
     megatron_pair(tmp_path / "data/c")
     data_file(tmp_path / "data/a.parquet")
-    refused(tmp_path, tmp_path / "data", mentions=["data/a.parquet: a Parquet input beside the Megatron dataset",
+    refused(tmp_path, tmp_path / "data", mentions=["data/a.parquet: a Parquet input beside the Megatron input",
                                                    "two runs"])
 
 
