@@ -130,9 +130,10 @@ _INPUT_FIELDS = {"rows": "rows", "bytes": "size", "mtime_ns": "modification time
 
 
 def _field_name(path: str, key: str, name: str) -> str:
-    """A Megatron pair (recorded by its .idx) has no Parquet footer: its digest is of the .idx
-    header and array ends (packctl.source.megatron.PairFingerprint)."""
-    return ".idx header and ends" if key == "footer" and path.endswith(".idx") else name
+    """The `footer` digest is of what the input's kind fingerprints (`InputKind.footer_name`): a
+    Megatron pair's .idx header and array ends, a JSONL file's bytes."""
+    from packctl.source.kinds import kind_of
+    return kind_of(path).footer_name if key == "footer" else name
 
 
 def _inputs_differ(earlier: object, now: list[dict]) -> str:

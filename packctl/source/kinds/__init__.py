@@ -47,7 +47,8 @@ class InputKind(Protocol):
     """One kind of input (module docstring)."""
 
     name: str  # as messages name the kind: 'Parquet', 'Megatron', 'JSONL'
-    changed_what: str  # what differs when a file is not the one a plan read: 'its Parquet footer'
+    changed_what: str  # what differs when a file is not the one a plan read: 'its Parquet footer ...'
+    footer_name: str  # what its fingerprint's digest is of, in messages: 'Parquet footer'
 
     def claims(self, name: str, options: InputOptions | None = None) -> bool:
         """Whether a directory walk or a glob takes a file of this name."""

@@ -79,6 +79,7 @@ def _first_keys(path: str) -> set[str]:
 
 class JsonlKind:
     name = "JSONL"
+    footer_name = "bytes"  # what the fingerprint's digest is of, in messages
     changed_what = "its bytes differ from those the plan read"
 
     def claims(self, name: str, options: InputOptions | None = None) -> bool:

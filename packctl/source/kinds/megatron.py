@@ -12,6 +12,7 @@ from packctl.source.kinds import InputOptions
 
 class MegatronKind:
     name = "Megatron"
+    footer_name = ".idx header and ends"  # what the fingerprint's digest is of, in messages
     changed_what = "its .idx header, ends or times differ from those the plan read"
 
     def claims(self, name: str, options: InputOptions | None = None) -> bool:

@@ -11,6 +11,7 @@ from packctl.source.kinds import InputOptions
 
 class ParquetKind:
     name = "Parquet"
+    footer_name = "Parquet footer"  # what the fingerprint's digest is of, in messages
     changed_what = "its Parquet footer differs from the one the plan read"
 
     def claims(self, name: str, options: InputOptions | None = None) -> bool:
