@@ -188,14 +188,15 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     if specs.order.epochs == 1:
         metrics, listed, manifest = _report(config, specs, index, figures[0], epoch_shards[0], ranks, corpus,
                                             whole_run, timings, buckets=epochs[0].buckets,
-                                            opens_window=job.assignment.shard_opens_window)
+                                            opens_window=job.assignment.shard_opens_window, digests=digests)
         reports, manifests = [(METRICS, metrics)], [(MANIFEST, manifest)]
     else:  # each epoch is an output of its own; OUT/_metrics.json is of them all, _epochs.json lists them
         reports, manifests, listed = [], [], []
         for e in range(specs.order.epochs):
             epoch_metrics, in_epoch, manifest = _report(config, specs, index, figures[e], epoch_shards[e], [], corpus,
                                                         whole_run, timings, buckets=epochs[e].buckets, epoch=e,
-                                                        opens_window=job.assignment.shard_opens_window)
+                                                        opens_window=job.assignment.shard_opens_window,
+                                                        digests=digests)
             reports.append((f"{epoch_dir(e)}/{METRICS}", epoch_metrics))
             manifests.append((f"{epoch_dir(e)}/{MANIFEST}", manifest))
             listed += in_epoch
@@ -249,7 +250,8 @@ def _plan_figures(comm: Comm, epochs: list[Planned], summaries: list[RankSummary
 def _report(config: PackConfig, specs: Specs, index: SequenceIndex, figures: tuple[RankSummary, int],
             shards: dict[int, ShardEntry], ranks: list[dict], corpus: Corpus, whole_run: dict,
             timings: dict[str, float], *, buckets: np.ndarray | None, epoch: int | None = None,
-            opens_window: np.ndarray | None = None) -> tuple[dict, list[ShardEntry], dict]:
+            opens_window: np.ndarray | None = None, digests: list[int] | None = None
+            ) -> tuple[dict, list[ShardEntry], dict]:
     """Rank 0: the metrics, shards and manifest of one output: all of OUT, or the folder of one
     epoch (its manifest lists the shards relative to the folder, its `epoch` says which).
     `figures`: the summary of its plan and its baseline (`_plan_figures`); `shards`: its shards by
@@ -266,6 +268,9 @@ def _report(config: PackConfig, specs: Specs, index: SequenceIndex, figures: tup
                                                   for i in listed_shards]
     manifest = build_manifest(config, index.labels_column, index.files, listed, metrics["counts"], timings,
                               index.fingerprints)
+    if config.plan_only and digests is not None:  # materialize checks each block it decodes against them
+        for f, entry in enumerate(manifest["inputs"]):
+            entry["block_digests"] = [d for block, d in zip(index.blocks, digests) if block.file == f]
     if opens_window is not None:
         manifest["window_starts"] = [k for k, (n, _) in enumerate(numbered) if opens_window[n]]
     if epoch is not None:

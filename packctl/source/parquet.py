@@ -404,7 +404,18 @@ class TokenSource:
             self.held -= decoded.nbytes
             return decoded
         self.blocks_reread += 1
-        decoded = self.decode(block)
+        return self.check_digest(b, block, self.decode(block))
+
+    def refuse_changed(self, blocks: list[Block], recorded: dict[int, int], reader: str) -> None:
+        """Refuse, in one line, a block scan read other than `reader` recorded (`digests`)."""
+        for b, digest in self.digests.items():
+            if b in recorded and recorded[b] != digest:
+                block = blocks[b]
+                raise changed_error(self.paths[block.file], f"{describe_block(block)} holds other tokens than {reader}; "
+                                    "its size, modification time and footer are the same")
+
+    def check_digest(self, b: int, block: Block, decoded: DecodedBlock) -> DecodedBlock:
+        """`decoded`, block b decoded again, if it is what scan read of it (`digests`), else one line."""
         if b in self.digests and block_digest(decoded) != self.digests[b]:
             raise changed_error(self.paths[block.file], f"{describe_block(block)} holds other tokens than scan read; "
                                 "its size, modification time and footer are the same")

@@ -108,7 +108,7 @@ class BlockCache:
         if found is not None:
             self._blocks.move_to_end(b)
             return found
-        decoded = self.source.decode(self.index.blocks[b])
+        decoded = self.source.check_digest(b, self.index.blocks[b], self.source.decode(self.index.blocks[b]))
         self.decoded += 1
         self._blocks[b] = decoded
         self.held += decoded.nbytes
@@ -142,6 +142,7 @@ def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
     files: list[InputFile] = []
     blocks: list[Block] = []
     fingerprints: list[FileFingerprint] = []
+    digests: dict[int, int] = {}
     for f, entry in enumerate(inputs):
         path, footer, size = entry.get("absolute_path"), entry.get("footer"), entry.get("bytes")
         if not isinstance(path, str) or not isinstance(footer, str) or not isinstance(size, int):
@@ -159,6 +160,9 @@ def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
         if rows != entry.get("rows"):
             raise PackctlError(f"{path}: {rows} rows, the plan {manifest_file} read {entry.get('rows')}; restore "
                                "that file, or make a new plan with packctl pack --plan-only")
+        recorded = entry.get("block_digests")
+        if isinstance(recorded, list) and len(recorded) == len(file_blocks):  # checked as each block is decoded
+            digests.update({len(blocks) + k: d for k, d in enumerate(recorded)})
         files.append(InputFile(path=path, rows=rows, bytes=size))
         blocks += file_blocks
         fingerprints.append(fingerprint)
@@ -169,4 +173,5 @@ def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
                                    labels_column=labels_column if isinstance(labels_column, str) else None)
     source = TokenSource([f.path for f in files], tokens_column, index.labels_column, budget,
                          skip_empty=bool(config.get("skip_empty", False)), fingerprints=fingerprints)
+    source.digests = digests
     return index, source

@@ -1,8 +1,8 @@
 """INPUT -> the files a run reads: the one resolver of pack, stats (what-if), verify --source and groups.
 
-An INPUT is a file, a directory (every `*.parquet` and every `.bin/.idx` pair below it,
-recursively), a glob (`*`, `?`, `[...]` within a name, `**` for any number of directories), or the
-PREFIX of a Megatron indexed dataset (`PREFIX.bin` + `PREFIX.idx`). The result is the sorted list
+An INPUT is a file, a directory (every file an input kind claims below it, recursively:
+`*.parquet`, `.bin/.idx` pairs, `*.jsonl[.gz]`; `packctl.source.kinds`), a glob (`*`, `?`,
+`[...]` within a name, `**` for any number of directories), or the PREFIX of a Megatron indexed dataset (`PREFIX.bin` + `PREFIX.idx`). The result is the sorted list
 of distinct inputs, each with its identity (device, inode) and its fingerprint (size, mtime, digest
 of the Parquet footer: `packctl.source.files.FileFingerprint`; for a pair
 `packctl.source.megatron.PairFingerprint`), which every later open checks.
@@ -220,7 +220,8 @@ def _expand(spec: str) -> list[_Found]:
     if stat.S_ISDIR(st.st_mode):
         _walk(spec, spec, spec, ((st.st_dev, st.st_ino),), add)
         if not found:
-            raise PackctlError(f"{spec}: the directory holds no *.parquet file and no Megatron .bin/.idx pair")
+            raise PackctlError(f"{spec}: the directory holds no *.parquet file, no Megatron .bin/.idx pair and no "
+                               "*.jsonl file")
     elif stat.S_ISREG(st.st_mode):
         add(_Found(spec, spec, os.path.dirname(spec) or ".", st))
     else:

@@ -1037,3 +1037,13 @@ def test_a_row_group_rewritten_between_scan_and_its_second_read_is_refused(tmp_p
     with pytest.raises(PackctlError, match=r"^data/a.parquet: changed while packctl was reading it \(row group 2, "
                                            r"rows 8..11 holds other tokens than scan read"):
         pack(PackConfig(inputs=["data"], output="out", capacity=2, memory_budget=24), faults=Faults(on_step=on_step))
+
+
+def test_materialize_refuses_a_row_group_rewritten_since_the_plan_read_it(tmp_path):
+    data = footerless_file(tmp_path / "data/a.parquet")
+    plan = tmp_path / "plan"
+    assert packctl("pack", str(data), "-o", str(plan), "--capacity", "4", "-q", "--plan-only").code == 0
+    change_one_token_in_place(data, 1002, 1902)
+    result = packctl("materialize", str(plan), "-o", str(tmp_path / "out"), "-q")
+    assert_clean_error(result, 2, f"{data}: changed while packctl was reading it (row group 0, rows 0..3 holds "
+                                  f"other tokens than the plan {plan}")
