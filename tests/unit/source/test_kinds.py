@@ -132,3 +132,25 @@ def test_resolve_takes_jsonl_files_from_a_directory(tmp_path):
     jsonl_file(tmp_path / "d/sub/b.jsonl.gz", [{"input_ids": [2]}], gz=True)
     (tmp_path / "d/notes.json").write_text("{}")
     assert [Path(p).name for p in resolve([tmp_path / "d"]).paths] == ["a.jsonl", "b.jsonl.gz"]
+
+
+def test_jsonl_verifies_plans_materializes_and_resumes_as_parquet_does(tmp_path, monkeypatch):
+    from packctl.output.outdir import Faults
+    from packctl.verify import VerifyOptions, verify
+    from support.adversary import packctl
+    from support.faulty_pack import run_forked
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(7)
+    jsonl_file(tmp_path / "j/a.jsonl", [{"input_ids": rng.integers(0, 900, rng.integers(1, 30)).tolist()}
+                                        for _ in range(80)])
+    options = ["--capacity", "32", "--too-long", "split", "-q", "--shard-rows", "8"]
+    assert packctl("pack", "j", "-o", "out", *options).code == 0
+    assert verify(tmp_path / "out", VerifyOptions(source=["j"], attention=False)).ok
+    assert packctl("pack", "j", "-o", "plan", *options, "--plan-only").code == 0
+    assert packctl("materialize", "plan", "-o", "mat", "-q").code == 0
+    code, _, err = run_forked(["pack", "j", "-o", "res", *options], Faults(kill_at="shard:journaled", kill_count=2))
+    assert code == -9, err
+    assert packctl("pack", "j", "-o", "res", *options, "--resume").code == 0
+    shards = {d: [p.read_bytes() for p in sorted((tmp_path / d / "data").glob("*.parquet"))] for d in ("out", "mat",
+                                                                                                      "res")}
+    assert len(shards["out"]) > 2 and shards["mat"] == shards["out"] == shards["res"]
