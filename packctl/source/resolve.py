@@ -49,7 +49,7 @@ from packctl.contract.schema import METADATA_KEY
 from packctl.errors import PackctlError
 from packctl.source.index import ResolvedFile, Resolution
 from packctl.source.files import changed_error, file_kind, read_fingerprint
-from packctl.source.index import BIN, IDX, bin_of, is_indexed, prefix_of
+from packctl.source.index import BIN, IDX, is_indexed, prefix_of
 from packctl.source.kinds import PARQUET, InputKind, claimed, kind_of, kind_of_paths
 
 _GLOB_CHARS = frozenset("*?[")
