@@ -2,6 +2,7 @@
 
     .OUT.packctl-partial/
         run.json                       fingerprint of the run: config and inputs (path, size, mtime, footer digest)
+        run.json.blocks                a digest of every input block as scan decoded it (`block_digest`)
         journal.jsonl                  one line per finished shard: {"shard", "rows", "tokens", "sha256"}
         journal.rank-00003.jsonl       the same, for the shards rank 3 finished (under MPI)
 
@@ -19,6 +20,7 @@ from packctl.errors import PackctlError
 
 PARTIAL_SUFFIX = ".packctl-partial"
 RUN_FILE = "run.json"
+BLOCKS_FILE = RUN_FILE + ".blocks"  # left out of OUT with run.json (commit.drop_run_files)
 JOURNAL = "journal.jsonl"
 
 
@@ -69,6 +71,22 @@ def read_fingerprint(tmp: Path) -> dict | None:
     return fingerprint if isinstance(fingerprint, dict) else None
 
 
+def write_block_digests(tmp: Path, digests: list[int]) -> None:
+    """Record the digest of every input block (gid order) beside run.json, for `--resume`."""
+    part = tmp / (BLOCKS_FILE + ".tmp")
+    part.write_text(json.dumps({"blocks": digests}) + "\n")
+    os.replace(part, tmp / BLOCKS_FILE)
+
+
+def read_block_digests(tmp: Path) -> list[int] | None:
+    """The block digests an earlier run recorded; None when it recorded none."""
+    try:
+        digests = json.loads((tmp / BLOCKS_FILE).read_text())["blocks"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return digests if isinstance(digests, list) else None
+
+
 def differences(recorded: dict, fingerprint: dict, *, written_ns: int | None = None) -> list[str]:
     """What differs between what an earlier run recorded and this run's `fingerprint`
     (pipeline/run.py `run_fingerprint`): the option names, "inputs ...", and any other entry
@@ -112,9 +130,10 @@ _INPUT_FIELDS = {"rows": "rows", "bytes": "size", "mtime_ns": "modification time
 
 
 def _field_name(path: str, key: str, name: str) -> str:
-    """A Megatron pair (recorded by its .idx) has no Parquet footer: its digest is of the .idx
-    header and array ends (packctl.source.megatron.PairFingerprint)."""
-    return ".idx header and ends" if key == "footer" and path.endswith(".idx") else name
+    """The `footer` digest is of what the input's kind fingerprints (`InputKind.footer_name`): a
+    Megatron pair's .idx header and array ends, a JSONL file's bytes."""
+    from packctl.source.kinds import kind_of
+    return kind_of(path).footer_name if key == "footer" else name
 
 
 def _inputs_differ(earlier: object, now: list[dict]) -> str:

@@ -142,9 +142,11 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
     # with one rank and a source that fits, every unit is then gathered straight from the blocks.
     block_bounds = split_blocks(index.blocks, comm.size)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
+    planned = source.digests  # what the plan's scan read of each block
     with timed(timings, "scan"):
         index, source = scan_blocks(index, lo, hi, budget, skip_empty=source.skip_empty,
                                     pad_token_id=int(plan.manifest["layout"]["pad_token_id"]))
+    source.refuse_changed(index.blocks, planned, f"the plan {plan.outputs[0].manifest_file} read")
     scanned = Scanned(index, source, block_bounds)
     amplification = read_amplification(comm, job.plan, index) if comm.size > 1 else 1.0
     config = plan.manifest.get("config", {})
@@ -363,7 +365,7 @@ def _reports(plan: Plan, shards: dict, run: _RunFigures,
         manifest["config"].pop("plan_only", None)
         manifest["config"].update(execution)
         for entry in manifest["inputs"]:
-            for key in ("absolute_path", "mtime_ns", "footer"):
+            for key in ("absolute_path", "mtime_ns", "footer", "block_digests"):
                 entry.pop(key, None)
         mine = [shards[g] for g, (oo, _) in enumerate(plan.shard_output) if oo == o]
         manifest["shards"] = [{"path": s.path.split("/", 1)[1] if epochs else s.path, "rows": s.rows,

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from packctl.config import PackConfig
-from packctl.specs import Specs, WriteSpec
+from packctl.specs import Specs, TooLong, WriteSpec
 from packctl.mpi.assign import WriteJob, assign, hand_over, units_of
 from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
 from packctl.contract.manifest import DATA_DIR, EPOCHS, MANIFEST, METRICS, epoch_dir
@@ -42,14 +42,13 @@ from packctl.errors import PackctlError
 from packctl.pipeline.manifest import PLAN_KIND, build_manifest, shard_metadata
 from packctl.compile_ahead import CompileAhead
 from packctl.jit import CompileClock
-from packctl.source.megatron import check_options as check_megatron_options
-from packctl.source.megatron import scan_lengths
-from packctl.source.parquet import TokenSource, index_inputs, scan_blocks, split_blocks
+from packctl.source.kinds import check_options, kind_of_paths
+from packctl.source.parquet import TokenSource, describe_block, index_inputs, scan_blocks, split_blocks
 from packctl.source.resolve import normalize_spec, pattern_reaching, resolve, respell
 from packctl.source.groups import read_group_starts
 from packctl.contract.manifest import ShardEntry
 from packctl.output import commit as protocol
-from packctl.output.journal import RUN_FILE, partial_dir
+from packctl.output.journal import RUN_FILE, partial_dir, read_block_digests, write_block_digests
 from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults, OutputDir
 from packctl.output.paths import check_output_location
@@ -63,7 +62,7 @@ from packctl.pipeline.report import (Corpus, RankSummary, Transfer, epochs_index
                                      metrics_of, padded_batching_over_ranks, rank_report, throughput)
 from packctl.pipeline.runtime import (Progress, RunInterrupted, SignalGuard, in_background, job_stage, run_guarded,
                                       timed)
-from packctl.source.index import Resolution, SequenceIndex, input_files, is_indexed
+from packctl.source.index import Resolution, SequenceIndex, input_files
 
 __all__ = ["PackResult", "Progress", "RunInterrupted", "pack", "run_fingerprint"]
 
@@ -144,6 +143,9 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
 
     with timed(timings, "scan"):
         scanned, corpus = _scan(comm, index, specs, progress, plan_only=config.plan_only)
+    digests = _block_digests(comm, scanned)
+    if done and digests is not None:
+        broadcast_outcome(comm, lambda: _check_blocks_unchanged(out, scanned.index, digests))
     sequences_planned: list[int] = []
     epochs = [_plan_epoch(comm, scanned, corpus, specs, epoch, config.inputs, timings, progress, sequences_planned)
               for epoch in range(specs.order.epochs)]
@@ -152,6 +154,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
         job, transfer = _assign(comm, planned, scanned, specs.write, [e.plan.num_bins for e in epochs])
 
     output = run.output = _open_output(comm, out, config.overwrite, fingerprint, done, faults)
+    if comm.rank == 0 and digests is not None:
+        write_block_digests(output.tmp, digests)
     # each rank summarizes its own windows beside materialize; the summaries are added up in report
     summaries = in_background(lambda: [RankSummary.of(p, specs.report, epoch=e, rank=comm.rank,
                                                        group_starts=index.group_starts)
@@ -185,14 +189,15 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     if specs.order.epochs == 1:
         metrics, listed, manifest = _report(config, specs, index, figures[0], epoch_shards[0], ranks, corpus,
                                             whole_run, timings, buckets=epochs[0].buckets,
-                                            opens_window=job.assignment.shard_opens_window)
+                                            opens_window=job.assignment.shard_opens_window, digests=digests)
         reports, manifests = [(METRICS, metrics)], [(MANIFEST, manifest)]
     else:  # each epoch is an output of its own; OUT/_metrics.json is of them all, _epochs.json lists them
         reports, manifests, listed = [], [], []
         for e in range(specs.order.epochs):
             epoch_metrics, in_epoch, manifest = _report(config, specs, index, figures[e], epoch_shards[e], [], corpus,
                                                         whole_run, timings, buckets=epochs[e].buckets, epoch=e,
-                                                        opens_window=job.assignment.shard_opens_window)
+                                                        opens_window=job.assignment.shard_opens_window,
+                                                        digests=digests)
             reports.append((f"{epoch_dir(e)}/{METRICS}", epoch_metrics))
             manifests.append((f"{epoch_dir(e)}/{MANIFEST}", manifest))
             listed += in_epoch
@@ -248,7 +253,8 @@ def _plan_figures(comm: Comm, epochs: list[Planned], summaries: list[RankSummary
 def _report(config: PackConfig, specs: Specs, index: SequenceIndex, figures: tuple[RankSummary, int],
             shards: dict[int, ShardEntry], ranks: list[dict], corpus: Corpus, whole_run: dict,
             timings: dict[str, float], *, buckets: np.ndarray | None, epoch: int | None = None,
-            opens_window: np.ndarray | None = None) -> tuple[dict, list[ShardEntry], dict]:
+            opens_window: np.ndarray | None = None, digests: list[int] | None = None
+            ) -> tuple[dict, list[ShardEntry], dict]:
     """Rank 0: the metrics, shards and manifest of one output: all of OUT, or the folder of one
     epoch (its manifest lists the shards relative to the folder, its `epoch` says which).
     `figures`: the summary of its plan and its baseline (`_plan_figures`); `shards`: its shards by
@@ -265,6 +271,9 @@ def _report(config: PackConfig, specs: Specs, index: SequenceIndex, figures: tup
                                                   for i in listed_shards]
     manifest = build_manifest(config, index.labels_column, index.files, listed, metrics["counts"], timings,
                               index.fingerprints)
+    if config.plan_only and digests is not None:  # materialize checks each block it decodes against them
+        for f, entry in enumerate(manifest["inputs"]):
+            entry["block_digests"] = [d for block, d in zip(index.blocks, digests) if block.file == f]
     if opens_window is not None:
         manifest["window_starts"] = [k for k, (n, _) in enumerate(numbered) if opens_window[n]]
     if epoch is not None:
@@ -277,22 +286,27 @@ def _scan(comm: Comm, index: SequenceIndex, specs: Specs, progress: Progress,
           plan_only: bool = False) -> tuple[Scanned, Corpus]:
     """Decode and check this rank's blocks (equal bytes per rank); the corpus counts of all ranks.
 
-    A plan (`plan_only`) needs of the tokens only each piece's loss tokens (materialize.py): a
-    Megatron input is scanned from its `.idx` alone (`megatron.scan_lengths`, no `.bin` read);
-    Parquet blocks are decoded and checked, the per-sequence loss tokens counted when there is a
-    labels column, and kept in memory only then (the pieces of cut sequences are counted in them)."""
+    A plan (`plan_only`) needs of the tokens only each piece's loss tokens (materialize.py): an
+    input whose kind knows lengths without decoding (`InputKind.scan_lengths`: Megatron, from its
+    `.idx` alone, no `.bin` read) is scanned so; other blocks are decoded and checked, the
+    per-sequence loss tokens counted when there is a labels column, and kept in memory only then
+    (the pieces of cut sequences are counted in them). Under --too-long error, such an input's
+    over-long sequence is refused from those lengths, before a token of it is decoded."""
     block_bounds = split_blocks(index.blocks, comm.size)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     scan = specs.scan
     stage = job_stage(progress, "scan", hi - lo, int(block_bounds[-1]))
-    if plan_only and is_indexed(index.files[0].path):
-        index = scan_lengths(index, lo, hi, stage, skip_empty=scan.skip_empty)
+    kind = kind_of_paths([f.path for f in index.files])
+    cheap = kind.scan_lengths(index, lo, hi, None if not plan_only else stage, skip_empty=scan.skip_empty) if (
+        plan_only or specs.lengths.too_long == TooLong.ERROR) else None
+    if cheap is not None and not plan_only:
+        check_too_long(comm, cheap, specs.lengths)
+    if plan_only and cheap is not None:
+        index = cheap
         source = TokenSource([f.path for f in index.files], index.tokens_column, None, 0,
                              skip_empty=scan.skip_empty, fingerprints=index.fingerprints)
         scanned = Scanned(index, source, block_bounds, tokens_read=False)
     else:
-        if is_indexed(index.files[0].path):  # an over-long document is refused from the .idx, before its tokens are read
-            check_too_long(comm, scan_lengths(index, lo, hi, skip_empty=scan.skip_empty), specs.lengths)
         labels = index.labels_column is not None
         budget = 0 if plan_only and not labels else scan.memory_budget  # 0: no decoded block kept
         index, source = scan_blocks(index, lo, hi, budget, progress=stage, skip_empty=scan.skip_empty,
@@ -305,6 +319,31 @@ def _scan(comm: Comm, index: SequenceIndex, specs: Specs, progress: Progress,
     corpus = Corpus(sequences=index.num_sequences, tokens=comm.allreduce_sum(int(index.lengths.sum())),
                     skipped_empty=skipped, blocks=len(index.blocks))
     return scanned, corpus
+
+
+def _block_digests(comm: Comm, scanned: Scanned) -> list[int] | None:
+    """The `block_digest` of every input block, in gid order, from every rank's scan; None when
+    scan read lengths only (a plan of Megatron pairs)."""
+    merged: dict[int, int] = {}
+    for part in comm.allgather(scanned.source.digests):
+        merged.update(part)
+    if len(merged) != len(scanned.index.blocks):
+        return None
+    return [merged[b] for b in range(len(scanned.index.blocks))]
+
+
+def _check_blocks_unchanged(out: Path, index: SequenceIndex, digests: list[int]) -> None:
+    """`--resume` keeps shards an earlier run wrote from its blocks: each block must hold what it
+    held then (a file rewritten with the same size, modification time and footer does not)."""
+    recorded = read_block_digests(partial_dir(out))
+    if recorded is None or len(recorded) != len(digests):
+        return  # nothing recorded to compare: the inputs' fingerprints were checked
+    for b, (then, now) in enumerate(zip(recorded, digests)):
+        if then != now:
+            block = index.blocks[b]
+            raise PackctlError(f"{index.files[block.file].path}: --resume refused: {describe_block(block)} holds other "
+                               f"tokens than the interrupted run in {partial_dir(out)} read (its size, modification "
+                               "time and footer are the same); delete that directory and run without --resume")
 
 
 def _assign(comm: Comm, planned: Planned, scanned: Scanned, spec: WriteSpec,
@@ -347,9 +386,9 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
     if config.resume:
         resolution = _spelled_as_earlier_run(out, resolution)
     config = dataclasses.replace(config, inputs=resolution.specs)
-    check_megatron_options(resolution, tokens_column=config.tokens_column, labels_column=config.labels_column,
-                           keep_columns=config.keep_columns, weight_column=config.weight_column,
-                           group_column=config.group_column, limits=config.limits)
+    check_options(resolution, tokens_column=config.tokens_column, labels_column=config.labels_column,
+                  keep_columns=config.keep_columns, weight_column=config.weight_column,
+                  group_column=config.group_column, limits=config.limits)
     index = index_inputs(resolution, config.tokens_column, config.labels_column, tuple(config.keep_columns),
                          config.weight_column, tuple(config.limits))
     if config.group_column is not None:

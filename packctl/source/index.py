@@ -63,8 +63,9 @@ def bin_of(idx_path: str) -> str:
 
 
 def input_files(path: str) -> tuple[str, ...]:
-    """The files a resolved input path stands for: a pair's `.idx` and `.bin`, else the path."""
-    return (path, bin_of(path)) if is_indexed(path) else (path,)
+    """The files a resolved input path stands for, by its kind: a pair's `.idx` and `.bin`, else the path."""
+    from packctl.source.kinds import kind_of
+    return kind_of(path).partners(path)
 
 
 def describe_document(idx_path: str, document: int) -> str:
@@ -81,14 +82,16 @@ class InputFile:
 
 @dataclass(frozen=True)
 class Block:
-    """The unit in which tokens are decoded, cached and routed: one Parquet row group, or a run of
-    documents of a Megatron pair (`packctl.source.megatron.blocks_of`)."""
+    """The unit in which tokens are decoded, cached and routed: one Parquet row group, a run of
+    documents of a Megatron pair (`packctl.source.megatron.blocks_of`), or a run of lines of a
+    JSONL file (`packctl.source.kinds.jsonl`)."""
 
     file: int
     row_group: int
     first_row: int  # row of the file where the block starts
     rows: int
     nbytes: int  # uncompressed size of its columns (what decoding it costs)
+    start: int = 0  # where the kind finds it in its file: a JSONL block's first byte
 
 
 class RowsByGid:
@@ -153,8 +156,6 @@ class SequenceIndex(RowsByGid):
 def describe_gid(paths: list[str], file_offsets: np.ndarray, gid: int, column: str | None = None) -> str:
     """Where a global sample id comes from, as every message names a row: 'FILE row R column C'.
     Files a (3 rows), b: gid 4 -> 'b row 1'."""
+    from packctl.source.kinds import kind_of
     f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
-    if is_indexed(paths[f]):  # a Megatron dataset has documents, no columns
-        return describe_document(paths[f], gid - int(file_offsets[f]))
-    where = f"{paths[f]} row {gid - int(file_offsets[f])}"
-    return f"{where} column '{column}'" if column is not None else where
+    return kind_of(paths[f]).describe(paths[f], gid - int(file_offsets[f]), column)

@@ -1,8 +1,8 @@
 """Scan tokenized Parquet shards: index the resolved inputs, validate columns, read blocks, know a file again.
 
 The input files come from `packctl.source.resolve` (INPUT specs -> distinct files, each with its
-fingerprint); their rows are named by global sample ids (`packctl.source.index`). Megatron pairs
-are read by `packctl.source.megatron`, which `index_inputs` and `TokenSource` hand them to.
+fingerprint); their rows are named by global sample ids (`packctl.source.index`). Other kinds of
+input are read by their own kind (`packctl.source.kinds`), which `index_inputs` and `TokenSource` ask.
 
 Files are read in **blocks** (Parquet row groups). Token values are validated where they are
 decoded; a bad row is reported as `FILE row R column C: what is wrong; what to do`.
@@ -27,12 +27,10 @@ import pyarrow.parquet as pq
 from packctl.arrays import offsets_of
 from packctl.contract.schema import IGNORE_INDEX, INT32_MAX
 from packctl.errors import PackctlError
-from packctl.source import megatron
-from packctl.source.blocks import DecodedBlock, first_outside_int32
-from packctl.source.files import FileFingerprint, _short, open_parquet
+from packctl.source.blocks import DecodedBlock, block_digest, first_outside_int32
+from packctl.source.files import FileFingerprint, _short, changed_error, open_parquet
 from packctl.source.index import Block, InputFile, Resolution, SequenceIndex
 from packctl.contract.arrow import arrow_array, numpy_view
-from packctl.source.index import is_indexed
 
 
 def check_list_column(path: str, schema: pa.Schema, column: str, role: str) -> None:
@@ -380,6 +378,8 @@ class TokenSource:
         self._cache: dict[int, DecodedBlock] = {}
         self.held = 0
         self.blocks_reread = 0
+        # block -> `block_digest` of what scan decoded: a block decoded again must match it
+        self.digests: dict[int, int] = {}
 
     def offer(self, b: int, decoded: DecodedBlock) -> bool:
         """Keep a decoded block if it fits in the budget; scan offers blocks in order, so the
@@ -404,16 +404,31 @@ class TokenSource:
             self.held -= decoded.nbytes
             return decoded
         self.blocks_reread += 1
-        return self.decode(block)
+        return self.check_digest(b, block, self.decode(block))
+
+    def refuse_changed(self, blocks: list[Block], recorded: dict[int, int], reader: str) -> None:
+        """Refuse, in one line, a block scan read other than `reader` recorded (`digests`)."""
+        for b, digest in self.digests.items():
+            if b in recorded and recorded[b] != digest:
+                block = blocks[b]
+                raise changed_error(self.paths[block.file], f"{describe_block(block)} holds other tokens than {reader}; "
+                                    "its size, modification time and footer are the same")
+
+    def check_digest(self, b: int, block: Block, decoded: DecodedBlock) -> DecodedBlock:
+        """`decoded`, block b decoded again, if it is what scan read of it (`digests`), else one line."""
+        if b in self.digests and block_digest(decoded) != self.digests[b]:
+            raise changed_error(self.paths[block.file], f"{describe_block(block)} holds other tokens than scan read; "
+                                "its size, modification time and footer are the same")
+        return decoded
 
     def decode(self, block: Block, check_values: bool = True) -> DecodedBlock:
+        """Block `block` decoded by its kind of input (`packctl.source.kinds`), its file checked
+        against the run's fingerprint."""
+        from packctl.source.kinds import InputOptions, kind_of
+        path = self.paths[block.file]
         expected = self.fingerprints[block.file] if self.fingerprints else None
-        if is_indexed(self.paths[block.file]):  # token values are always checked as they are read
-            return megatron.decode_documents(self.paths[block.file], block.first_row, block.rows,
-                                             skip_empty=self.skip_empty, expected=expected)
-        return decode_block(self.paths[block.file], block.row_group, block.first_row, self.tokens_column,
-                            self.labels_column, skip_empty=self.skip_empty, check_values=check_values,
-                            expected=self.fingerprints[block.file] if self.fingerprints else None)
+        return kind_of(path).decode(path, block, InputOptions(self.tokens_column, self.labels_column),
+                                    skip_empty=self.skip_empty, check_values=check_values, expected=expected)
 
 
 def blocks_of(meta: pq.FileMetaData, f: int) -> tuple[list[Block], int]:
@@ -428,12 +443,20 @@ def blocks_of(meta: pq.FileMetaData, f: int) -> tuple[list[Block], int]:
 def index_inputs(resolution: Resolution, tokens_column: str, labels_column: str | None,
                  keep_columns: tuple[str, ...] = (), weight_column: str | None = None,
                  limit_columns: tuple[str, ...] = ()) -> SequenceIndex:
-    """Read the footers and schemas of the resolved INPUT (`packctl.source.resolve.resolve`):
-    files, blocks and gids, no lengths yet. Each file is opened once, checked against the
-    fingerprint the resolver took, and that fingerprint is kept for every later open. Megatron
-    pairs are indexed by `packctl.source.megatron.index_inputs`."""
-    if resolution.files and is_indexed(resolution.files[0].path):
-        return megatron.index_inputs(resolution, tokens_column, labels_column)
+    """The SequenceIndex of the resolved INPUT (`packctl.source.resolve.resolve`), by its kind
+    (`packctl.source.kinds`): files, blocks and gids, no lengths yet."""
+    from packctl.source.kinds import InputOptions, kind_of_paths
+    kind = kind_of_paths(resolution.paths)
+    return kind.index(resolution, InputOptions(tokens_column, labels_column), keep_columns=keep_columns,
+                      weight_column=weight_column, limit_columns=limit_columns)
+
+
+def index_parquet(resolution: Resolution, tokens_column: str, labels_column: str | None,
+                  keep_columns: tuple[str, ...] = (), weight_column: str | None = None,
+                  limit_columns: tuple[str, ...] = ()) -> SequenceIndex:
+    """Read the footers and schemas of Parquet inputs: files, blocks and gids, no lengths yet.
+    Each file is opened once, checked against the fingerprint the resolver took, and that
+    fingerprint is kept for every later open."""
     opened = {r.path: open_parquet(r.path, r.fingerprint) for r in resolution.files}
     labels = resolve_labels_column({p: pf.schema_arrow for p, pf in opened.items()}, labels_column)
     files: list[InputFile] = []
@@ -458,6 +481,11 @@ def index_inputs(resolution: Resolution, tokens_column: str, labels_column: str 
     if index.num_sequences == 0:
         raise PackctlError(f"{', '.join(resolution.specs)}: the input holds no rows")
     return index
+
+
+def describe_block(block: Block) -> str:
+    """How messages name a block: 'row group 3, rows 300..399'."""
+    return f"row group {block.row_group}, rows {block.first_row}..{block.first_row + block.rows - 1}"
 
 
 def split_blocks(blocks: list[Block], parts: int) -> np.ndarray:
@@ -496,10 +524,13 @@ def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
         if limited:
             costs = read_limit_values(source.paths[block.file], block.row_group, block.first_row, limited,
                                       block.rows, index.fingerprint(block.file))
-        return (*compact_block(block, source.decode(block, check_values=False), source.paths[block.file],
-                               index.tokens_column, index.labels_column, pad_token_id), costs)
+        decoded = source.decode(block, check_values=False)
+        digest = block_digest(decoded)
+        return (*compact_block(block, decoded, source.paths[block.file], index.tokens_column, index.labels_column,
+                               pad_token_id), costs, digest)
 
-    for b, (decoded, pad_like, costs) in _decode_in_order(decode, index.blocks, block_lo, block_hi):
+    for b, (decoded, pad_like, costs, digest) in _decode_in_order(decode, index.blocks, block_lo, block_hi):
+        source.digests[b] = digest
         rows = slice(index.block_offsets[b] - gid_lo, index.block_offsets[b + 1] - gid_lo)
         lengths[rows] = np.diff(decoded.offsets)
         if extra is not None:

@@ -27,10 +27,10 @@ from packctl.contract.schema import (SAMPLE_IDS, SEQ_LENS, SEQ_LENS_PADDED, SEQ_
 from packctl.contract.thd import PackRows, lay_out_packs
 from packctl.errors import PackctlError
 from packctl.source.blocks import DecodedBlock
-from packctl.source import megatron
-from packctl.source.files import FileFingerprint, read_fingerprint
-from packctl.source.parquet import TokenSource, blocks_of
-from packctl.source.index import Block, InputFile, SequenceIndex, is_indexed
+from packctl.source.files import FileFingerprint
+from packctl.source.parquet import TokenSource
+from packctl.source.index import Block, InputFile, SequenceIndex
+from packctl.source.kinds import kind_of
 
 Place = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
@@ -108,7 +108,7 @@ class BlockCache:
         if found is not None:
             self._blocks.move_to_end(b)
             return found
-        decoded = self.source.decode(self.index.blocks[b])
+        decoded = self.source.check_digest(b, self.index.blocks[b], self.source.decode(self.index.blocks[b]))
         self.decoded += 1
         self._blocks[b] = decoded
         self.held += decoded.nbytes
@@ -125,14 +125,8 @@ class BlockCache:
 
 
 def _read_source_file(path: str, f: int) -> tuple[FileFingerprint, list[Block], int]:
-    """A source file as it is now: its fingerprint, blocks and rows (a Parquet file's footer, or a
-    Megatron pair's `.idx`, documents as rows)."""
-    if is_indexed(path):
-        with megatron.open_pair(path) as pair:
-            return pair.fingerprint, megatron.blocks_of(pair, f), pair.header.documents
-    fingerprint, meta, _ = read_fingerprint(path)
-    file_blocks, rows = blocks_of(meta, f)
-    return fingerprint, file_blocks, rows
+    """A source file as it is now, read by its kind: its fingerprint, blocks and rows."""
+    return kind_of(path).read_file(path, f)
 
 
 def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
@@ -148,6 +142,7 @@ def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
     files: list[InputFile] = []
     blocks: list[Block] = []
     fingerprints: list[FileFingerprint] = []
+    digests: dict[int, int] = {}
     for f, entry in enumerate(inputs):
         path, footer, size = entry.get("absolute_path"), entry.get("footer"), entry.get("bytes")
         if not isinstance(path, str) or not isinstance(footer, str) or not isinstance(size, int):
@@ -159,13 +154,15 @@ def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
         fingerprint, file_blocks, rows = _read_source_file(path, f)
         if fingerprint.size != size or fingerprint.footer != footer:
             what = (f"its size is {fingerprint.size} bytes, the plan read {size}" if fingerprint.size != size
-                    else "its .idx header, ends or times differ from those the plan read"
-                    if is_indexed(path) else "its Parquet footer differs from the one the plan read")
+                    else kind_of(path).changed_what)
             raise PackctlError(f"{path}: not the source the plan {manifest_file} was made from ({what}); restore "
                                "that file, or make a new plan of this one with packctl pack --plan-only")
         if rows != entry.get("rows"):
             raise PackctlError(f"{path}: {rows} rows, the plan {manifest_file} read {entry.get('rows')}; restore "
                                "that file, or make a new plan with packctl pack --plan-only")
+        recorded = entry.get("block_digests")
+        if isinstance(recorded, list) and len(recorded) == len(file_blocks):  # checked as each block is decoded
+            digests.update({len(blocks) + k: d for k, d in enumerate(recorded)})
         files.append(InputFile(path=path, rows=rows, bytes=size))
         blocks += file_blocks
         fingerprints.append(fingerprint)
@@ -176,4 +173,5 @@ def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
                                    labels_column=labels_column if isinstance(labels_column, str) else None)
     source = TokenSource([f.path for f in files], tokens_column, index.labels_column, budget,
                          skip_empty=bool(config.get("skip_empty", False)), fingerprints=fingerprints)
+    source.digests = digests
     return index, source

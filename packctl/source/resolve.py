@@ -1,8 +1,8 @@
 """INPUT -> the files a run reads: the one resolver of pack, stats (what-if), verify --source and groups.
 
-An INPUT is a file, a directory (every `*.parquet` and every `.bin/.idx` pair below it,
-recursively), a glob (`*`, `?`, `[...]` within a name, `**` for any number of directories), or the
-PREFIX of a Megatron indexed dataset (`PREFIX.bin` + `PREFIX.idx`). The result is the sorted list
+An INPUT is a file, a directory (every file an input kind claims below it, recursively:
+`*.parquet`, `.bin/.idx` pairs, `*.jsonl[.gz]`; `packctl.source.kinds`), a glob (`*`, `?`,
+`[...]` within a name, `**` for any number of directories), or the PREFIX of a Megatron indexed dataset (`PREFIX.bin` + `PREFIX.idx`). The result is the sorted list
 of distinct inputs, each with its identity (device, inode) and its fingerprint (size, mtime, digest
 of the Parquet footer: `packctl.source.files.FileFingerprint`; for a pair
 `packctl.source.megatron.PairFingerprint`), which every later open checks.
@@ -49,11 +49,11 @@ from typing import Callable, Iterable
 from packctl.contract.manifest import EPOCHS, EXPORT_MARK, LEGACY_MANIFEST, MANIFEST
 from packctl.contract.schema import METADATA_KEY
 from packctl.errors import PackctlError
-from packctl.source import megatron
 from packctl.source.index import ResolvedFile, Resolution
 from packctl.source.tokenized import TOKENIZED
 from packctl.source.files import changed_error, file_kind, read_fingerprint
-from packctl.source.index import BIN, IDX, bin_of, is_indexed, prefix_of
+from packctl.source.index import BIN, IDX, is_indexed, prefix_of
+from packctl.source.kinds import PARQUET, InputKind, claimed, kind_of, kind_of_paths
 from packctl.source.splits import select_split
 from packctl.urls import refuse_url
 
@@ -95,12 +95,12 @@ def resolve(inputs: Iterable[str | os.PathLike], *, split: str | None = None) ->
     files = []
     distinct = _distinct(found)
     by_path = {item.path: item for item in distinct}
-    inputs = sorted((item for item in distinct if prefix_of(item.path) is None or is_indexed(
-        item.path)), key=lambda f: f.path)
-    _refuse_mixed(inputs)
+    inputs = sorted((item for item in distinct if kind_of(item.path).is_input(item.path)), key=lambda f: f.path)
+    kind_of_paths([item.path for item in inputs])  # one kind of input a run
     for item in inputs:
-        if is_indexed(item.path):
-            files.append(_resolve_pair(item, by_path[bin_of(item.path)]))
+        kind = kind_of(item.path)
+        if kind is not PARQUET:  # Parquet below: its metadata also tells a packctl shard
+            files.append(_resolve_by_kind(kind, [by_path[p] for p in kind.partners(item.path)]))
             continue
         fingerprint, metadata, st = read_fingerprint(item.path)
         if (st.st_dev, st.st_ino) != (item.st.st_dev, item.st.st_ino):
@@ -150,24 +150,16 @@ def _with_partners(found: list[_Found]) -> list[_Found]:
     return found + more
 
 
-def _refuse_mixed(inputs: list[_Found]) -> None:
-    """One kind of input a run: Parquet files or Megatron pairs."""
-    pairs = [item for item in inputs if is_indexed(item.path)]
-    if pairs and len(pairs) != len(inputs):
-        other = next(item for item in inputs if not is_indexed(item.path))
-        raise PackctlError(f"{other.path}: a Parquet input beside the Megatron dataset {pairs[0].path}; one run packs "
-                           "one kind of input: pack them in two runs, or narrow INPUT")
-
-
-def _resolve_pair(idx: _Found, bin_: _Found) -> ResolvedFile:
-    """A Megatron pair, read once for its fingerprint (`megatron.open_pair` checks its layout)."""
-    with megatron.open_pair(idx.path) as pair:
-        fingerprint = pair.fingerprint
-        for item in (idx, bin_):
-            st = os.stat(item.path)
-            if (st.st_dev, st.st_ino) != (item.st.st_dev, item.st.st_ino):
-                raise changed_error(item.path, "replaced by another file while packctl listed the input")
-    return ResolvedFile(path=idx.path, spec=idx.spec, device=idx.st.st_dev, inode=idx.st.st_ino,
+def _resolve_by_kind(kind: InputKind, found: list[_Found]) -> ResolvedFile:
+    """An input and its partner files (a Megatron pair's `.idx` and `.bin`), read once by its kind
+    for its fingerprint (`InputKind.read_file` checks its layout), each still the file listed."""
+    first = found[0]
+    fingerprint, _, _ = kind.read_file(first.path, 0)
+    for item in found:
+        st = os.stat(item.path)
+        if (st.st_dev, st.st_ino) != (item.st.st_dev, item.st.st_ino):
+            raise changed_error(item.path, "replaced by another file while packctl listed the input")
+    return ResolvedFile(path=first.path, spec=first.spec, device=first.st.st_dev, inode=first.st.st_ino,
                         fingerprint=fingerprint)
 
 
@@ -248,7 +240,8 @@ def _expand(spec: str) -> list[_Found]:
     if stat.S_ISDIR(st.st_mode):
         _walk(spec, spec, spec, ((st.st_dev, st.st_ino),), add)
         if not found:
-            raise PackctlError(f"{spec}: the directory holds no *.parquet file and no Megatron .bin/.idx pair")
+            raise PackctlError(f"{spec}: the directory holds no *.parquet file, no Megatron .bin/.idx pair and no "
+                               "*.jsonl file")
     elif stat.S_ISREG(st.st_mode):
         add(_Found(spec, spec, os.path.dirname(spec) or ".", st))
     else:
@@ -322,7 +315,7 @@ def _walk(directory: str, spec: str, root: str, ancestors: tuple[tuple[int, int]
         st = _stat(path, named=False)
         if stat.S_ISDIR(st.st_mode):
             _walk(path, spec, root, _into(path, st, ancestors), add)
-        elif name.endswith(".parquet") or prefix_of(name) is not None:
+        elif claimed(name):
             if not stat.S_ISREG(st.st_mode):
                 raise _not_regular(path, st)
             add(_Found(path, spec, root, st))

@@ -35,10 +35,10 @@ import polars as pl
 
 from packctl.config import PLANNING_OPTIONS, PackConfig, as_python  # noqa: F401  (PLANNING_OPTIONS re-exported)
 from packctl.errors import PackctlError
-from packctl.source import megatron
 from packctl.source.files import FileFingerprint, open_parquet
-from packctl.source.megatron import check_options as check_megatron_options
-from packctl.source.parquet import check_limit_column, check_list_column, is_plain_list, list_lengths
+from packctl.source.kinds import PARQUET, InputOptions, check_options, kind_of_paths
+from packctl.source.parquet import (check_limit_column, check_list_column, is_plain_list, list_lengths,
+                                    scan_blocks)
 from packctl.source.resolve import resolve
 from packctl.source.groups import read_group_starts
 from packctl.plan.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
@@ -51,7 +51,7 @@ from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
 from packctl.stats.lazy import collect_streaming
 from packctl.stats.packed import binding_of
-from packctl.source.index import InputFile, RowsByGid, describe_gid, is_indexed
+from packctl.source.index import InputFile, RowsByGid, describe_gid
 
 
 
@@ -93,10 +93,10 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     (`check_limit_column`, `check_limit_values`).
     """
     resolution = resolve(inputs, split=split)
-    check_megatron_options(resolution, tokens_column=tokens_column, group_column=group_column,
-                           limits=limit_columns)
-    if resolution.files and is_indexed(resolution.files[0].path):
-        return _megatron_lengths(inputs, resolution, tokens_column, skip_empty)
+    check_options(resolution, tokens_column=tokens_column, group_column=group_column, limits=limit_columns)
+    kind = kind_of_paths(resolution.paths)
+    if kind is not PARQUET:
+        return _kind_lengths(kind, inputs, resolution, tokens_column, skip_empty)
     paths = resolution.paths
     files = []
     for resolved in resolution.files:
@@ -189,24 +189,17 @@ def check_limit_values(index: LengthIndex, frame: pl.DataFrame, columns: tuple[s
     return out
 
 
-def _megatron_lengths(inputs: list[str], resolution, tokens_column: str, skip_empty: bool) -> LengthIndex:
-    """`read_lengths` of Megatron pairs: each document's length from its `.idx` (sequence lengths
-    and document index), no token read; empty documents refused as `pack` refuses them."""
-    files, lengths = [], []
-    for resolved in resolution.files:
-        doc_lengths = megatron.document_lengths(resolved.path, resolved.fingerprint)
-        files.append(InputFile(path=resolved.path, rows=len(doc_lengths), bytes=resolved.fingerprint.size))
-        lengths.append(doc_lengths)
-    rows = np.array([f.rows for f in files], dtype=np.int64)
-    index = LengthIndex(files=files, file_offsets=np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
-                        lengths=np.concatenate(lengths), tokens_column=tokens_column,
-                        fingerprints=[r.fingerprint for r in resolution.files])
-    if index.num_sequences == 0:
-        raise PackctlError(f"{', '.join(inputs)}: the input holds no documents")
-    if not skip_empty and (index.lengths == 0).any():
-        gid = int(np.argmax(index.lengths == 0))
-        raise PackctlError(f"{index.describe(gid)}: empty document (no tokens); remove it or pass --skip-empty")
-    return index
+def _kind_lengths(kind, inputs: list[str], resolution, tokens_column: str, skip_empty: bool) -> LengthIndex:
+    """`read_lengths` of an input other than Parquet, through its kind (`packctl.source.kinds`):
+    indexed and scanned as `pack` scans it, with every check `pack` makes (lengths from the `.idx`
+    alone where the kind has them so, `InputKind.scan_lengths`; else each block decoded)."""
+    index = kind.index(resolution, InputOptions(tokens_column))
+    scanned = kind.scan_lengths(index, 0, len(index.blocks), skip_empty=skip_empty)
+    if scanned is None:  # empty rows refused by the kind as `pack` refuses them
+        scanned, _ = scan_blocks(index, 0, len(index.blocks), 0, skip_empty=skip_empty)
+    lengths = LengthIndex(files=index.files, file_offsets=index.file_offsets, lengths=scanned.lengths,
+                          tokens_column=tokens_column, fingerprints=index.fingerprints)
+    return lengths
 
 
 def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None = None,

@@ -30,14 +30,14 @@ from packctl.arrays import offsets_of, positions_in_segments, ranges
 from packctl.config import FIELDS, PackConfig
 from packctl.contract.schema import IGNORE_INDEX, INPUT_IDS, LABELS, SEQ_LENS, SEQ_LENS_PADDED
 from packctl.errors import PackctlError
-from packctl.source import megatron
 from packctl.source import parquet as reader
 from packctl.source.files import open_parquet
 from packctl.source.resolve import resolve
 from packctl.contract.thd import PackRows
 from packctl.verify.pack_rules import tiled_starts
 from packctl.verify.violation import Violation
-from packctl.source.index import describe_gid, is_indexed
+from packctl.source.index import Block, describe_gid
+from packctl.source.kinds import InputOptions, kind_of
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -363,20 +363,15 @@ def _limit_values(out: Path, pieces: OutputPieces, limits: dict[str, int], src_e
 
 
 def _source_rows(path: str) -> int:
-    """The samples of one source input: a Parquet file's rows, a Megatron pair's documents."""
-    if is_indexed(path):
-        with megatron.open_pair(path) as pair:
-            return pair.header.documents
-    return open_parquet(path).metadata.num_rows
+    """The samples of one source input, as its kind counts them (a Megatron pair's documents)."""
+    return kind_of(path).read_file(path, 0)[2]
 
 
 def _decode_source(path: str, rows: int, tokens_column: str, labels_column: str | None, skip_empty: bool):
     """A whole source input, validated as pack validates it (a Parquet file, or a Megatron pair's
     documents); an output packed with --skip-empty left its empty samples out."""
-    if is_indexed(path):
-        return megatron.decode_documents(path, 0, rows, skip_empty=skip_empty)
-    return reader.decode_block(path, None, 0, tokens_column, labels_column,
-                               **({"skip_empty": True} if skip_empty else {}))
+    whole = Block(file=0, row_group=None, first_row=0, rows=rows, nbytes=0)  # row_group None: the whole file
+    return kind_of(path).decode(path, whole, InputOptions(tokens_column, labels_column), skip_empty=skip_empty)
 
 
 def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, sample: str, paths: list[str],
@@ -389,15 +384,8 @@ def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, s
     out_tokens = np.asarray(table.column(INPUT_IDS)[0].as_py()[offset:offset + n], dtype=np.int64)
     out_labels = np.asarray(table.column(LABELS)[0].as_py()[offset:offset + n], dtype=np.int64)
     f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
-    if is_indexed(paths[f]):
-        src_tokens = megatron.read_document(paths[f], gid - int(file_offsets[f]))[start:start + n]
-        src_labels = src_tokens.copy()
-    else:
-        columns = [tokens_column] + ([labels_column] if labels_column else [])
-        src = pq.read_table(paths[f], columns=columns).slice(gid - int(file_offsets[f]), 1)
-        src_tokens = np.asarray(src.column(tokens_column)[0].as_py()[start:start + n], dtype=np.int64)
-        src_labels = (np.asarray(src.column(labels_column)[0].as_py()[start:start + n], dtype=np.int64)
-                      if labels_column else src_tokens.copy())
+    src_tokens, src_labels = _source_row(paths[f], gid - int(file_offsets[f]), tokens_column, labels_column)
+    src_tokens, src_labels = src_tokens[start:start + n], src_labels[start:start + n]
     if len(src_labels):
         src_labels[0] = IGNORE_INDEX
     span = f"{sample}, tokens {start}..{start + n - 1} of the sample"
@@ -415,3 +403,15 @@ def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, s
                    f"label; {IGNORE_INDEX} at the first token of every sequence)")
         rule = LABELS  # the rule is named after the column
     return Violation("conservation", rule, message, shard=shard, row=row, sequence=seq)
+
+
+def _source_row(path: str, row: int, tokens_column: str, labels_column: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens and labels (int64) of one row of a source input, from the one block that holds it."""
+    kind = kind_of(path)
+    _, blocks, _ = kind.read_file(path, 0)
+    block = next(b for b in blocks if b.first_row <= row < b.first_row + b.rows)
+    decoded = kind.decode(path, block, InputOptions(tokens_column, labels_column), skip_empty=True)
+    r = row - block.first_row
+    tokens, labels = decoded.gather(np.array([r]), np.array([0]), np.diff(decoded.offsets)[r:r + 1])
+    return tokens.astype(np.int64), labels.astype(np.int64)
+

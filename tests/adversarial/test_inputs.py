@@ -719,16 +719,16 @@ def test_a_damaged_megatron_pair(tmp_path, case):
 def test_a_megatron_pair_changed_before_a_plan_scans_it(tmp_path, monkeypatch):
     """A plan scans the .idx alone, each block's pair checked against the fingerprint taken when
     INPUT was resolved: a .bin cut short in between is found though no token is read."""
-    from packctl.pipeline import run
+    from packctl.source import megatron
 
     idx = megatron_pair(tmp_path / "data/c")
     bin_ = idx.with_suffix(".bin")
-    scan_lengths = run.scan_lengths
+    scan_lengths = megatron.scan_lengths
 
     def truncated_first(*args, **kwargs):
         os.truncate(bin_, 8)
         return scan_lengths(*args, **kwargs)
-    monkeypatch.setattr(run, "scan_lengths", truncated_first)
+    monkeypatch.setattr(megatron, "scan_lengths", truncated_first)
     refused(tmp_path, idx, mentions=[f"{bin_}: changed while packctl was reading it", "size went from 56 to 8"],
             options=["--plan-only"])
 
@@ -762,7 +762,7 @@ def test_a_symlinked_megatron_prefix_is_read(tmp_path):
 def test_a_megatron_pair_and_parquet_in_one_run(tmp_path):
     megatron_pair(tmp_path / "data/c")
     data_file(tmp_path / "data/a.parquet")
-    refused(tmp_path, tmp_path / "data", mentions=["data/a.parquet: a Parquet input beside the Megatron dataset",
+    refused(tmp_path, tmp_path / "data", mentions=["data/a.parquet: a Parquet input beside the Megatron input",
                                                    "two runs"])
 
 
@@ -991,3 +991,59 @@ def pc_add(column, value):
     import pyarrow.compute as pc
 
     return pc.add(column, pa.scalar(value, pa.int64()))
+
+
+# ---- a block rewritten with the same size, mtime and footer ------------------------------------
+
+def footerless_file(path: Path, rows: int = 12) -> Path:
+    """Uncompressed, plain, no statistics: one token changed in place leaves size and footer as they were."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"input_ids": pa.array([[1000 + r, 5000 + r] for r in range(rows)], pa.list_(pa.int32()))}),
+                   path, compression="none", use_dictionary=False, write_statistics=False, row_group_size=4)
+    return path
+
+
+def change_one_token_in_place(path: Path, old: int, new: int) -> None:
+    """Token `old` becomes `new` in the data pages: the same size, modification time and footer."""
+    from packctl.source.files import read_fingerprint
+    before, st = read_fingerprint(str(path))[0], path.stat()
+    data = path.read_bytes()
+    assert data.count(struct.pack("<i", old)) == 1
+    path.write_bytes(data.replace(struct.pack("<i", old), struct.pack("<i", new)))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert read_fingerprint(str(path))[0] == before
+
+
+def test_resume_refuses_a_row_group_rewritten_with_the_same_size_mtime_and_footer(tmp_path):
+    from support.faulty_pack import run_forked
+    data = footerless_file(tmp_path / "data/a.parquet")
+    argv = ["pack", str(data), "-o", str(tmp_path / "out"), "--capacity", "4", "-q", "--shard-rows", "1"]
+    code, _, err = run_forked(argv, Faults(kill_at="shard:journaled", kill_count=1))
+    assert code == -9, err
+    change_one_token_in_place(data, 1005, 1905)
+    result = packctl(*argv, "--resume")
+    assert_clean_error(result, 2, f"{data}: --resume refused: row group 1, rows 4..7 holds other tokens than the "
+                                  "interrupted run")
+
+
+def test_a_row_group_rewritten_between_scan_and_its_second_read_is_refused(tmp_path, monkeypatch):
+    """No decoded block fits the budget: materialize decodes each again and finds the change."""
+    monkeypatch.chdir(tmp_path)
+    data = footerless_file(tmp_path / "data/a.parquet")
+
+    def on_step(step: str) -> None:
+        if step == "open:created":
+            change_one_token_in_place(data, 1009, 1909)
+    with pytest.raises(PackctlError, match=r"^data/a.parquet: changed while packctl was reading it \(row group 2, "
+                                           r"rows 8..11 holds other tokens than scan read"):
+        pack(PackConfig(inputs=["data"], output="out", capacity=2, memory_budget=24), faults=Faults(on_step=on_step))
+
+
+def test_materialize_refuses_a_row_group_rewritten_since_the_plan_read_it(tmp_path):
+    data = footerless_file(tmp_path / "data/a.parquet")
+    plan = tmp_path / "plan"
+    assert packctl("pack", str(data), "-o", str(plan), "--capacity", "4", "-q", "--plan-only").code == 0
+    change_one_token_in_place(data, 1002, 1902)
+    result = packctl("materialize", str(plan), "-o", str(tmp_path / "out"), "-q")
+    assert_clean_error(result, 2, f"{data}: changed while packctl was reading it (row group 0, rows 0..3 holds "
+                                  f"other tokens than the plan {plan}")

@@ -277,7 +277,7 @@ def test_a_lone_half_of_a_pair_is_refused_naming_the_missing_file(here, present,
 def test_parquet_and_megatron_in_one_run_are_refused(here):
     write_pair(here / "data/c", DOCUMENTS)
     write_twin(here / "data/a.parquet", DOCUMENTS)
-    with pytest.raises(PackctlError, match=r"data/a.parquet: a Parquet input beside the Megatron dataset data/c.idx; "
+    with pytest.raises(PackctlError, match=r"data/a.parquet: a Parquet input beside the Megatron input data/c.idx; "
                                            "one run packs one kind of input"):
         resolve(["data"])
 
