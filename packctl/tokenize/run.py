@@ -35,7 +35,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -47,9 +47,13 @@ from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults, OutputDir
 from packctl.output.paths import check_output_location
 from packctl.output.resume import inspect_output
-from packctl.pipeline.runtime import Progress, SignalGuard, after_failure, timed
 from packctl.tokenize.rawfiles import RawFile, RawIndex, TextUnit, find_inputs, index_file, read_records
 from packctl.version import __version__
+
+if TYPE_CHECKING:
+    # Imported where used: a worker process imports this module to tokenize its shards, and
+    # packctl.pipeline brings in the stages of pack (numba), 0.3 s more for every worker started.
+    from packctl.pipeline.runtime import Progress, SignalGuard
 
 TOKENIZED_KIND = "tokenized"
 TOKENIZED_FORMAT_VERSION = 1
@@ -149,6 +153,8 @@ def tokenize_corpus(config: TokenizeConfig, *, progress: Progress | None = None,
 
     >>> tokenize_corpus(TokenizeConfig(inputs=["chat.jsonl"], output="tok", tokenizer="tok-dir"))  # doctest: +SKIP
     """
+    from packctl.pipeline.runtime import Progress, SignalGuard, after_failure
+
     comm = comm or get_comm()
     progress = progress if (progress is not None and comm.rank == 0) else Progress()
     out = Path(config.output)
@@ -181,6 +187,8 @@ class _Prepared:
 
 def _tokenize(config: TokenizeConfig, comm: Comm, progress: Progress, out: Path, lock: OutputLock,
               guard: SignalGuard, state: dict, faults: Faults | None) -> TokenizeResult:
+    from packctl.pipeline.runtime import timed
+
     started = time.perf_counter()
     timings: dict[str, float] = {}
     with timed(timings, "index"):
