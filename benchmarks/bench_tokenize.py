@@ -51,6 +51,7 @@ import io
 import json
 import os
 import pstats
+import resource
 import shutil
 import subprocess
 import sys
@@ -81,6 +82,7 @@ CHATML_GENERATION = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 SHARD_RECORDS = 500
+FIXED_RECORDS = 20  # a run this small costs what any run costs: start the workers, load, index, commit
 BUILDER_VERSION = 1
 
 
@@ -215,16 +217,33 @@ def rendered_texts(tokenizer_dir: Path, records: list[dict]) -> list[str]:
     return [row.text for i, r in enumerate(records) for row in builder.rows(i, r)]
 
 
+class Clock:
+    """Wall seconds and CPU seconds (user + system, of this process and of the worker processes
+    it has waited for) since it was made: CPU time moves less than wall time when other work
+    shares the machine."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), self._cpu()
+
+    @staticmethod
+    def _cpu() -> float:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    def read(self, tokens: int) -> dict:
+        return {"seconds": time.perf_counter() - self.wall, "cpu": self._cpu() - self.cpu, "tokens": tokens}
+
+
 def measure_encode(tokenizer_dir: Path, jsonl: Path) -> dict:
     from tokenizers import Tokenizer
 
     texts = rendered_texts(tokenizer_dir, read_jsonl(jsonl))
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    t0 = time.perf_counter()
+    clock = Clock()
     tokens = 0
     for lo in range(0, len(texts), SHARD_RECORDS):
         tokens += sum(len(e.ids) for e in tok.encode_batch(texts[lo:lo + SHARD_RECORDS], add_special_tokens=False))
-    return {"seconds": time.perf_counter() - t0, "tokens": tokens}
+    return clock.read(tokens)
 
 
 def measure_records(tokenizer_dir: Path, jsonl: Path, profile: bool = False) -> dict:
@@ -235,14 +254,13 @@ def measure_records(tokenizer_dir: Path, jsonl: Path, profile: bool = False) -> 
     tok = LocalTokenizer.load(str(tokenizer_dir))
     spec = TokenizeSpec()
     profiler = cProfile.Profile() if profile else None
-    t0 = time.perf_counter()
+    clock = Clock()
     if profiler:
         profiler.enable()
     tokens = 0
     for lo in range(0, len(records), SHARD_RECORDS):
         tokens += int(tokenize_records(records[lo:lo + SHARD_RECORDS], spec, tok).offsets[-1])
-    seconds = time.perf_counter() - t0
-    out = {"seconds": seconds, "tokens": tokens}
+    out = clock.read(tokens)
     if profiler:
         profiler.disable()
         stream = io.StringIO()
@@ -251,17 +269,26 @@ def measure_records(tokenizer_dir: Path, jsonl: Path, profile: bool = False) -> 
     return out
 
 
-def measure_command(tokenizer_dir: Path, jsonl: Path, workers: int, scratch: Path) -> dict:
+def measure_command(tokenizer_dir: Path, jsonl: Path, workers: int, scratch: Path, head: int = 0) -> dict:
+    """tokenize_corpus on `jsonl` (its first `head` records when given: the fixed cost of a run),
+    the modules the command imports at start-up imported before the clock starts."""
+    import packctl.tokenize.encode  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
     from packctl.tokenize.run import TokenizeConfig, tokenize_corpus
 
+    if head:
+        with open(jsonl, encoding="utf-8") as fh:
+            lines = [fh.readline() for _ in range(head)]
+        jsonl = scratch / f"head-{os.getpid()}.jsonl"
+        jsonl.write_text("".join(lines), encoding="utf-8")
     out = scratch / f"out-{os.getpid()}"
     shutil.rmtree(out, ignore_errors=True)
-    t0 = time.perf_counter()
+    clock = Clock()
     result = tokenize_corpus(TokenizeConfig(inputs=[str(jsonl)], output=str(out), tokenizer=str(tokenizer_dir),
                                             workers=workers, shard_records=SHARD_RECORDS))
-    seconds = time.perf_counter() - t0
+    measured = clock.read(result.counts["tokens"])
     shutil.rmtree(out, ignore_errors=True)
-    return {"seconds": seconds, "tokens": result.counts["tokens"]}
+    return measured
 
 
 def measure_datasets(tokenizer_dir: Path, jsonl: Path, num_proc: int, scratch: Path) -> dict:
@@ -281,11 +308,10 @@ def measure_datasets(tokenizer_dir: Path, jsonl: Path, num_proc: int, scratch: P
                                       return_assistant_tokens_mask=True)
         return {"input_ids": out["input_ids"], "assistant_masks": out["assistant_masks"]}
 
-    t0 = time.perf_counter()
+    clock = Clock()
     mapped = dataset.map(apply, batched=True, batch_size=SHARD_RECORDS, num_proc=num_proc if num_proc > 1 else None,
                          remove_columns=dataset.column_names, keep_in_memory=True)
-    seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "tokens": sum(len(ids) for ids in mapped["input_ids"])}
+    return clock.read(sum(len(ids) for ids in mapped["input_ids"]))
 
 
 def child(args) -> None:
@@ -295,14 +321,14 @@ def child(args) -> None:
     elif args.child == "records":
         out = measure_records(tokenizer_dir, jsonl, args.profile)
     elif args.child == "command":
-        out = measure_command(tokenizer_dir, jsonl, args.workers, scratch)
+        out = measure_command(tokenizer_dir, jsonl, args.workers, scratch, args.head)
     else:
         out = measure_datasets(tokenizer_dir, jsonl, args.workers, scratch)
     print("RESULT " + json.dumps(out))
 
 
 def run_child(kind: str, tokenizer_dir: Path, jsonl: Path, scratch: Path, *, threads: int, workers: int = 1,
-              profile: bool = False, repeat: int = 1) -> dict:
+              profile: bool = False, repeat: int = 1, head: int = 0) -> dict:
     """The fastest of `repeat` runs of measurement `kind`, each in a fresh process."""
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="true" if threads > 1 else "false")
     repo = str(HERE.parent)
@@ -311,6 +337,8 @@ def run_child(kind: str, tokenizer_dir: Path, jsonl: Path, scratch: Path, *, thr
                "--jsonl", str(jsonl), "--scratch", str(scratch), "--workers", str(workers)]
     if profile:
         command.append("--profile")
+    if head:
+        command += ["--head", str(head)]
     best = None
     for _ in range(repeat):
         done = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -338,6 +366,7 @@ def main() -> None:
     ap.add_argument("--jsonl", help=argparse.SUPPRESS)
     ap.add_argument("--scratch", help=argparse.SUPPRESS)
     ap.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--head", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args)
@@ -353,34 +382,45 @@ def main() -> None:
           f"({VOCAB_SIZE:,} ids), ready in {time.perf_counter() - t0:.0f} s; {cores} cores; "
           f"load average before {os.getloadavg()[0]:.2f}")
 
-    header = f"{'set':<11}{'measure':<42}{'threads':>8}{'seconds':>9}{'tokens':>12}{'tok/s':>11}{'tok/s/core':>11}{'vs (a)':>8}"
+    header = (f"{'set':<11}{'measure':<40}{'cores':>6}{'wall s':>8}{'cpu s':>8}{'tokens':>11}{'tok/s':>11}"
+              f"{'tok/s/core':>11}{'tok/cpu-s':>11}{'wall/(a)':>9}{'cpu/(a)':>8}{'net/(a)':>8}")
     print(header)
     print("-" * len(header))
     for name in args.sets:
         jsonl = data / f"{name}.jsonl"
-        base = {}
+        base: dict[int, dict] = {}
+        fixed: dict[int, dict] = {}
 
-        def line(label: str, result: dict, threads: int, ref: int | None) -> None:
+        def line(label: str, result: dict, threads: int, net: dict | None = None) -> None:
             rate = result["tokens"] / result["seconds"]
-            ratio = f"{result['seconds'] / base[ref]['seconds']:.2f}" if ref in base and ref is not None else ""
-            print(f"{name:<11}{label:<42}{threads:>8}{result['seconds']:>9.2f}{result['tokens']:>12,}{rate:>11,.0f}"
-                  f"{rate / threads:>11,.0f}{ratio:>8}", flush=True)
+            ref = base.get(threads) if label[:3] != "(a)" else None
+            ratios = ["", "", ""]
+            if ref is not None and result["tokens"] == ref["tokens"]:
+                ratios[:2] = [f"{result['seconds'] / ref['seconds']:.2f}", f"{result['cpu'] / ref['cpu']:.2f}"]
+                if net is not None:
+                    ratios[2] = f"{(result['seconds'] - net['seconds']) / ref['seconds']:.2f}"
+            print(f"{name:<11}{label:<40}{threads:>6}{result['seconds']:>8.2f}{result['cpu']:>8.2f}{result['tokens']:>11,}"
+                  f"{rate:>11,.0f}{rate / threads:>11,.0f}{result['tokens'] / result['cpu']:>11,.0f}"
+                  f"{ratios[0]:>9}{ratios[1]:>8}{ratios[2]:>8}", flush=True)
 
         for threads in sorted({1, cores}):
             base[threads] = run_child("encode", plain, jsonl, scratch, threads=threads, repeat=args.repeat)
-            line("(a) encode_batch", base[threads], threads, None)
+            line("(a) encode_batch", base[threads], threads)
         result = run_child("records", plain, jsonl, scratch, threads=1, repeat=args.repeat)
-        line("(b) tokenize_records, chatml" if name != "text" else "(b) tokenize_records", result, 1, 1)
+        line("(b) tokenize_records, chatml" if name != "text" else "(b) tokenize_records", result, 1)
         if name != "text":
             result = run_child("records", generation, jsonl, scratch, threads=1, repeat=args.repeat)
-            line("(b) tokenize_records, generation block", result, 1, 1)
+            line("(b) tokenize_records, generation block", result, 1)
         for workers in sorted({1, cores}):
+            fixed[workers] = run_child("command", plain, jsonl, scratch, threads=1, workers=workers,
+                                       repeat=args.repeat, head=FIXED_RECORDS)
+            line(f"(c) fixed: {FIXED_RECORDS} records, --workers {workers}", fixed[workers], workers)
             result = run_child("command", plain, jsonl, scratch, threads=1, workers=workers, repeat=args.repeat)
-            line(f"(c) packctl tokenize --workers {workers}", result, workers, workers)
+            line(f"(c) packctl tokenize --workers {workers}", result, workers, fixed[workers])
         if name == "chat" and not args.no_datasets:
             for workers in sorted({1, cores}):
                 result = run_child("datasets", generation, jsonl, scratch, threads=1, workers=workers, repeat=args.repeat)
-                line(f"(d) datasets.map num_proc={workers}", result, workers, workers)
+                line(f"(d) datasets.map num_proc={workers}", result, workers)
     print(f"load average after {os.getloadavg()[0]:.2f}; {time.perf_counter() - t0:.0f} s in all")
     if args.profile:
         print(run_child("records", plain, data / "chat.jsonl", scratch, threads=1, profile=True)["profile"])
