@@ -284,8 +284,9 @@ def measure_command(tokenizer_dir: Path, jsonl: Path, workers: int, scratch: Pat
     out = scratch / f"out-{os.getpid()}"
     shutil.rmtree(out, ignore_errors=True)
     clock = Clock()
+    shard_records = max(1, head // workers) if head else SHARD_RECORDS  # a fixed-cost run starts every worker
     result = tokenize_corpus(TokenizeConfig(inputs=[str(jsonl)], output=str(out), tokenizer=str(tokenizer_dir),
-                                            workers=workers, shard_records=SHARD_RECORDS))
+                                            workers=workers, shard_records=shard_records))
     measured = clock.read(result.counts["tokens"])
     shutil.rmtree(out, ignore_errors=True)
     return measured
