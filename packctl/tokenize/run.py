@@ -438,7 +438,8 @@ def tokenize_unit(unit: Unit, raw: RawFile, spec, tokenizer, config: TokenizeCon
     if writes_prompt_length(spec):
         columns["prompt_length"] = arrow_array(batch.prompt_length, pa.int32())
     if is_preference(spec):
-        columns["chosen"] = arrow_array(batch.branch == 0, pa.uint8()).cast(pa.bool_())
+        chosen = np.packbits(batch.branch == 0, bitorder="little")  # Arrow's bit order
+        columns["chosen"] = pa.Array.from_buffers(pa.bool_(), rows, [None, pa.py_buffer(chosen)])
     for name in ([config.group_column] if config.group_column else []) + list(config.keep_columns):
         values = [records[int(k)].fields.get(name) for k in batch.record]
         if name == config.group_column:
