@@ -212,9 +212,10 @@ def read_jsonl(path: Path) -> list[dict]:
 # measurements (each runs in a child process: see main)
 
 def rendered_texts(tokenizer_dir: Path, records: list[dict]) -> list[str]:
-    """The texts `packctl tokenize` encodes, rendered by packctl's template renderer."""
+    """The texts `packctl tokenize` encodes, each record's rows as tokenize_records builds them
+    before its one encode_batch (the row builder is internal to encode.py: no public call gives
+    the texts without encoding them)."""
     from packctl.tokenize.encode import TokenizeSpec, _RowBuilder
-
     from packctl.tokenize.tokenizer import LocalTokenizer
 
     tok = LocalTokenizer.load(str(tokenizer_dir))
