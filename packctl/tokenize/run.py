@@ -48,6 +48,7 @@ from packctl.output.outdir import Faults, OutputDir
 from packctl.output.paths import check_output_location
 from packctl.output.resume import inspect_output
 from packctl.source.tokenized import TOKENIZED
+from packctl.tokenize.options import CHOSEN, LABELS, PROMPT_LENGTH, RECORD_ID, TOKENS, TokenizeConfig
 from packctl.tokenize.rawfiles import RawFile, RawIndex, TextUnit, find_inputs, index_file, read_records
 from packctl.version import __version__
 
@@ -61,61 +62,8 @@ TOKENIZED_FORMAT_VERSION = 1
 # Parquet metadata key of a tokenized shard: what made it (tokenizer, template, mask rule) and the
 # shard's own counts. Not pack's `packctl` key: a tokenized corpus is input to pack, not an output.
 SHARD_METADATA_KEY = b"packctl.tokenized"
-# the columns tokenize writes (module docstring): the input columns pack reads, and the provenance
-TOKENS, LABELS, RECORD_ID, PROMPT_LENGTH, CHOSEN = "input_ids", "labels", "record_id", "prompt_length", "chosen"
-WRITTEN = (TOKENS, LABELS, RECORD_ID, PROMPT_LENGTH, CHOSEN)
 ROW_GROUP_ROWS = 1024  # pack decodes a row group at a time: small groups keep its blocks small
 DROPPED_EXAMPLES = 5  # per shard, the first rows dropped, with where and why
-
-
-@dataclass(frozen=True)
-class TokenizeConfig:
-    """Every option of `packctl tokenize` (the CLI's flags, the same names)."""
-
-    inputs: list[str]
-    output: str
-    tokenizer: str
-    format: str = "auto"
-    loss_on: str | None = None
-    text_column: str = "text"
-    messages_column: str = "messages"
-    prompt_column: str = "prompt"
-    completion_column: str = "completion"
-    chosen_column: str = "chosen"
-    rejected_column: str = "rejected"
-    tools_column: str = "tools"
-    add_bos: str = "auto"
-    add_eos: str = "auto"
-    on_bad_row: str = "error"
-    group_column: str | None = None
-    keep_columns: tuple[str, ...] = ()
-    text_unit: str = "line"
-    shard_records: int = 10_000
-    workers: int = 0  # 0: one per available core (divided among the ranks of this node)
-    overwrite: bool = False
-    resume: bool = False
-
-    def content(self) -> dict[str, Any]:
-        """What decides the output's bytes (the run's fingerprint and the manifest's config):
-        every option but where and how the run executes."""
-        out = dataclasses.asdict(self)
-        for key in ("output", "overwrite", "resume", "workers", "tokenizer"):
-            out.pop(key)
-        out["keep_columns"] = list(self.keep_columns)
-        return out
-
-    def validate(self) -> None:
-        if not self.inputs:
-            raise PackctlError("no INPUT: name JSONL, JSON, Parquet or text files, directories or globs")
-        if not isinstance(self.shard_records, int) or self.shard_records < 1:
-            raise PackctlError(f"--shard-records: {self.shard_records!r} is not a positive whole number of records")
-        if not isinstance(self.workers, int) or self.workers < 0:
-            raise PackctlError(f"--workers: {self.workers!r} is not a whole number >= 0 (0: one per core)")
-        clash = set(WRITTEN) & set(self.keep_columns)
-        if clash or self.group_column in WRITTEN:
-            name = sorted(clash)[0] if clash else self.group_column
-            raise PackctlError(f"--keep-column/--group-column {name}: a column packctl tokenize writes itself; "
-                               "rename it in the input")
 
 
 @dataclass
