@@ -1,9 +1,11 @@
-"""The options of `packctl tokenize` as a `TokenizeSpec`, its format decided once for the whole run
+"""The options of `packctl tokenize` (`TokenizeConfig`, the CLI's flags) and the `TokenizeSpec` they make, its format decided once for the whole run
 from the columns of the input files (never record by record)."""
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Sequence, TypeVar
 
 from packctl.errors import PackctlError
 from packctl.tokenize.encode import AddSpecial, OnBadRow, TokenizeSpec
@@ -11,9 +13,64 @@ from packctl.tokenize.formats import Columns, LossOn, RecordFormat, detect_forma
 
 if TYPE_CHECKING:
     from packctl.tokenize.rawfiles import RawFile
-    from packctl.tokenize.run import TokenizeConfig
 
 E = TypeVar("E", bound=Enum)
+
+# the columns tokenize writes (module docstring): the input columns pack reads, and the provenance
+TOKENS, LABELS, RECORD_ID, PROMPT_LENGTH, CHOSEN = "input_ids", "labels", "record_id", "prompt_length", "chosen"
+WRITTEN = (TOKENS, LABELS, RECORD_ID, PROMPT_LENGTH, CHOSEN)
+
+
+@dataclass(frozen=True)
+class TokenizeConfig:
+    """Every option of `packctl tokenize` (the CLI's flags, the same names)."""
+
+    inputs: list[str]
+    output: str
+    tokenizer: str
+    format: str = "auto"
+    loss_on: str | None = None
+    text_column: str = "text"
+    messages_column: str = "messages"
+    prompt_column: str = "prompt"
+    completion_column: str = "completion"
+    chosen_column: str = "chosen"
+    rejected_column: str = "rejected"
+    tools_column: str = "tools"
+    add_bos: str = "auto"
+    add_eos: str = "auto"
+    on_bad_row: str = "error"
+    group_column: str | None = None
+    keep_columns: tuple[str, ...] = ()
+    text_unit: str = "line"
+    shard_records: int = 10_000
+    workers: int = 0  # 0: one per available core (divided among the ranks of this node)
+    overwrite: bool = False
+    resume: bool = False
+
+    def content(self) -> dict[str, Any]:
+        """What decides the output's bytes (the run's fingerprint and the manifest's config):
+        every option but where and how the run executes."""
+        out = dataclasses.asdict(self)
+        for key in ("output", "overwrite", "resume", "workers", "tokenizer"):
+            out.pop(key)
+        out["keep_columns"] = list(self.keep_columns)
+        return out
+
+    def validate(self) -> None:
+        if not self.inputs:
+            raise PackctlError("no INPUT: name JSONL, JSON, Parquet or text files, directories or globs")
+        if not isinstance(self.shard_records, int) or self.shard_records < 1:
+            raise PackctlError(f"--shard-records: {self.shard_records!r} is not a positive whole number of records")
+        if not isinstance(self.workers, int) or self.workers < 0:
+            raise PackctlError(f"--workers: {self.workers!r} is not a whole number >= 0 (0: one per core)")
+        clash = set(WRITTEN) & set(self.keep_columns)
+        if clash or self.group_column in WRITTEN:
+            name = sorted(clash)[0] if clash else self.group_column
+            raise PackctlError(f"--keep-column/--group-column {name}: a column packctl tokenize writes itself; "
+                               "rename it in the input")
+
+
 
 
 def choice(enum: type[E], value: str, flag: str) -> E:
@@ -25,7 +82,7 @@ def choice(enum: type[E], value: str, flag: str) -> E:
         raise PackctlError(f"{flag} {value!r}: not one of {names}") from None
 
 
-def build_spec(config: "TokenizeConfig", files: Sequence["RawFile"]) -> TokenizeSpec:
+def build_spec(config: TokenizeConfig, files: Sequence["RawFile"]) -> TokenizeSpec:
     """The run's spec: options checked, and under `--format auto` the format every file's columns
     name (a JSONL file's are those of its first record). Files whose columns name different
     formats, or lack a column the format or --group-column / --keep-column reads, are refused

@@ -35,7 +35,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -47,71 +47,23 @@ from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults, OutputDir
 from packctl.output.paths import check_output_location
 from packctl.output.resume import inspect_output
-from packctl.pipeline.runtime import Progress, SignalGuard, run_guarded, timed
 from packctl.source.tokenized import TOKENIZED
+from packctl.tokenize.options import CHOSEN, LABELS, PROMPT_LENGTH, RECORD_ID, TOKENS, TokenizeConfig
 from packctl.tokenize.rawfiles import RawFile, RawIndex, TextUnit, find_inputs, index_file, read_records
 from packctl.version import __version__
+
+if TYPE_CHECKING:
+    # Imported where used: a worker process imports this module to tokenize its shards, and
+    # packctl.pipeline brings in the stages of pack (numba), 0.3 s more for every worker started.
+    from packctl.pipeline.runtime import Progress, SignalGuard
 
 TOKENIZED_KIND = TOKENIZED
 TOKENIZED_FORMAT_VERSION = 1
 # Parquet metadata key of a tokenized shard: what made it (tokenizer, template, mask rule) and the
 # shard's own counts. Not pack's `packctl` key: a tokenized corpus is input to pack, not an output.
 SHARD_METADATA_KEY = b"packctl.tokenized"
-# the columns tokenize writes (module docstring): the input columns pack reads, and the provenance
-TOKENS, LABELS, RECORD_ID, PROMPT_LENGTH, CHOSEN = "input_ids", "labels", "record_id", "prompt_length", "chosen"
-WRITTEN = (TOKENS, LABELS, RECORD_ID, PROMPT_LENGTH, CHOSEN)
 ROW_GROUP_ROWS = 1024  # pack decodes a row group at a time: small groups keep its blocks small
 DROPPED_EXAMPLES = 5  # per shard, the first rows dropped, with where and why
-
-
-@dataclass(frozen=True)
-class TokenizeConfig:
-    """Every option of `packctl tokenize` (the CLI's flags, the same names)."""
-
-    inputs: list[str]
-    output: str
-    tokenizer: str
-    format: str = "auto"
-    loss_on: str | None = None
-    text_column: str = "text"
-    messages_column: str = "messages"
-    prompt_column: str = "prompt"
-    completion_column: str = "completion"
-    chosen_column: str = "chosen"
-    rejected_column: str = "rejected"
-    tools_column: str = "tools"
-    add_bos: str = "auto"
-    add_eos: str = "auto"
-    on_bad_row: str = "error"
-    group_column: str | None = None
-    keep_columns: tuple[str, ...] = ()
-    text_unit: str = "line"
-    shard_records: int = 10_000
-    workers: int = 0  # 0: one per available core (divided among the ranks of this node)
-    overwrite: bool = False
-    resume: bool = False
-
-    def content(self) -> dict[str, Any]:
-        """What decides the output's bytes (the run's fingerprint and the manifest's config):
-        every option but where and how the run executes."""
-        out = dataclasses.asdict(self)
-        for key in ("output", "overwrite", "resume", "workers", "tokenizer"):
-            out.pop(key)
-        out["keep_columns"] = list(self.keep_columns)
-        return out
-
-    def validate(self) -> None:
-        if not self.inputs:
-            raise PackctlError("no INPUT: name JSONL, JSON, Parquet or text files, directories or globs")
-        if not isinstance(self.shard_records, int) or self.shard_records < 1:
-            raise PackctlError(f"--shard-records: {self.shard_records!r} is not a positive whole number of records")
-        if not isinstance(self.workers, int) or self.workers < 0:
-            raise PackctlError(f"--workers: {self.workers!r} is not a whole number >= 0 (0: one per core)")
-        clash = set(WRITTEN) & set(self.keep_columns)
-        if clash or self.group_column in WRITTEN:
-            name = sorted(clash)[0] if clash else self.group_column
-            raise PackctlError(f"--keep-column/--group-column {name}: a column packctl tokenize writes itself; "
-                               "rename it in the input")
 
 
 @dataclass
@@ -153,6 +105,8 @@ def tokenize_corpus(config: TokenizeConfig, *, progress: Progress | None = None,
 
     >>> tokenize_corpus(TokenizeConfig(inputs=["chat.jsonl"], output="tok", tokenizer="tok-dir"))  # doctest: +SKIP
     """
+    from packctl.pipeline.runtime import Progress, SignalGuard, run_guarded
+
     comm = comm or get_comm()
     progress = progress if (progress is not None and comm.rank == 0) else Progress()
     out = Path(config.output)
@@ -177,6 +131,8 @@ class _Prepared:
 
 def _tokenize(config: TokenizeConfig, comm: Comm, progress: Progress, out: Path, lock: OutputLock,
               guard: SignalGuard, state: dict, faults: Faults | None) -> TokenizeResult:
+    from packctl.pipeline.runtime import timed
+
     started = time.perf_counter()
     timings: dict[str, float] = {}
     with timed(timings, "index"):
@@ -402,6 +358,7 @@ def tokenize_unit(unit: Unit, raw: RawFile, spec, tokenizer, config: TokenizeCon
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from packctl.contract.arrow import arrow_array
     from packctl.tokenize.encode import RowError, tokenize_records
     from packctl.tokenize.options import is_preference, writes_prompt_length
 
@@ -414,17 +371,19 @@ def tokenize_unit(unit: Unit, raw: RawFile, spec, tokenizer, config: TokenizeCon
                            "or pass --on-bad-row drop to count and skip such rows") from None
     rows = len(batch.offsets) - 1
     record_ids = unit.record_id + batch.record.astype(np.int64)
-    offsets = pa.array(batch.offsets.astype(np.int32 if batch.offsets[-1] < 2**31 else np.int64))
+    # Through the buffers (contract/arrow.py): pa.array(ndarray) imports pandas, 0.25 s a process.
+    offsets = arrow_array(batch.offsets, pa.int32() if batch.offsets[-1] < 2**31 else pa.int64())
     list_of = pa.ListArray if offsets.type == pa.int32() else pa.LargeListArray
     columns = {
-        TOKENS: list_of.from_arrays(offsets, pa.array(batch.input_ids, pa.int32())),
-        LABELS: list_of.from_arrays(offsets, pa.array(batch.labels, pa.int32())),
-        RECORD_ID: pa.array(record_ids, pa.int64()),
+        TOKENS: list_of.from_arrays(offsets, arrow_array(batch.input_ids, pa.int32())),
+        LABELS: list_of.from_arrays(offsets, arrow_array(batch.labels, pa.int32())),
+        RECORD_ID: arrow_array(record_ids, pa.int64()),
     }
     if writes_prompt_length(spec):
-        columns[PROMPT_LENGTH] = pa.array(batch.prompt_length, pa.int32())
+        columns[PROMPT_LENGTH] = arrow_array(batch.prompt_length, pa.int32())
     if is_preference(spec):
-        columns[CHOSEN] = pa.array(batch.branch == 0, pa.bool_())
+        chosen = np.packbits(batch.branch == 0, bitorder="little")  # Arrow's bit order
+        columns[CHOSEN] = pa.Array.from_buffers(pa.bool_(), rows, [None, pa.py_buffer(chosen)])
     for name in ([config.group_column] if config.group_column else []) + list(config.keep_columns):
         values = [records[int(k)].fields.get(name) for k in batch.record]
         if name == config.group_column:

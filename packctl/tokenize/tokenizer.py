@@ -157,6 +157,8 @@ def _template_message(message: dict) -> dict:
     """A message as transformers hands it to the template: keys whose value is None dropped (a
     Parquet struct gives None for a field a row lacks, and templates test `'key' in message`), and
     the reasoning under both names templates read (`reasoning_content`, `thinking`)."""
+    if all(value is not None for value in message.values()) and not any(key in message for key in _REASONING_FIELDS):
+        return message  # as it is: the sandbox keeps the template from changing it
     message = {key: value for key, value in message.items() if value is not None}
     reasoning = next((message[key] for key in _REASONING_FIELDS if key in message), None)
     if reasoning is not None:

@@ -112,7 +112,9 @@ NOT_COLUMNS = {
     "verify/groups.py": {"step"},  # --group-scope step
     "sample.py": {"input_ids", "labels"},  # the synthetic corpus' input columns
     "source/parquet.py": {"input_ids", "labels"},  # input columns
-    "tokenize/run.py": {"input_ids", "labels"},  # the columns of a tokenized corpus, pack's input
+    "tokenize/options.py": {"input_ids", "labels"},  # the columns of a tokenized corpus, pack's input
+    "source/kinds/__init__.py": {"input_ids"},  # the input's default tokens column
+    "source/kinds/jsonl.py": {"input_ids", "labels"},  # input columns
     "source/megatron.py": {"input_ids"},  # the input's default tokens column
     "stats/whatif.py": {"input_ids",  # the input's default tokens column
                         "batch_size"},  # a metrics key
