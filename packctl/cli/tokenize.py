@@ -67,13 +67,14 @@ def tokenize_command(
     with loading_modules():
         from packctl.mpi.comm import get_comm
         from packctl.pipeline.runtime import Progress
+        from packctl.tokenize.formats import Columns
         from packctl.tokenize.run import TokenizeConfig, tokenize_corpus
 
     comm = get_comm()
     config = TokenizeConfig(inputs=list(inputs), output=output, tokenizer=tokenizer, format=format, loss_on=loss_on,
-                            text_column=text_column, messages_column=messages_column, prompt_column=prompt_column,
-                            completion_column=completion_column, chosen_column=chosen_column,
-                            rejected_column=rejected_column, tools_column=tools_column, add_bos=add_bos,
+                            columns=Columns(text=text_column, messages=messages_column, prompt=prompt_column,
+                                            completion=completion_column, chosen=chosen_column,
+                                            rejected=rejected_column, tools=tools_column), add_bos=add_bos,
                             add_eos=add_eos, on_bad_row=on_bad_row, group_column=group_column,
                             keep_columns=tuple(keep_column or ()), text_unit=text_unit, shard_records=shard_records,
                             workers=workers, overwrite=overwrite, resume=resume)

@@ -30,13 +30,7 @@ class TokenizeConfig:
     tokenizer: str
     format: str = "auto"
     loss_on: str | None = None
-    text_column: str = "text"
-    messages_column: str = "messages"
-    prompt_column: str = "prompt"
-    completion_column: str = "completion"
-    chosen_column: str = "chosen"
-    rejected_column: str = "rejected"
-    tools_column: str = "tools"
+    columns: Columns = Columns()  # --text-column, --messages-column, ...: where each field is read
     add_bos: str = "auto"
     add_eos: str = "auto"
     on_bad_row: str = "error"
@@ -87,9 +81,7 @@ def build_spec(config: TokenizeConfig, files: Sequence["RawFile"]) -> TokenizeSp
     name (a JSONL file's are those of its first record). Files whose columns name different
     formats, or lack a column the format or --group-column / --keep-column reads, are refused
     naming the file."""
-    columns = Columns(text=config.text_column, messages=config.messages_column, prompt=config.prompt_column,
-                      completion=config.completion_column, chosen=config.chosen_column,
-                      rejected=config.rejected_column, tools=config.tools_column)
+    columns = config.columns
     fmt = choice(RecordFormat, config.format, "--format")
     loss_on = choice(LossOn, config.loss_on, "--loss-on") if config.loss_on is not None else None
     spec = TokenizeSpec(format=fmt, columns=columns, loss_on=loss_on,

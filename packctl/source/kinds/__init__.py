@@ -84,6 +84,16 @@ class InputKind(Protocol):
         group_column, labels_column, limits), naming the flag."""
 
 
+class OneFile:
+    """What a kind whose every input is one file of its own (no partner) answers."""
+
+    def is_input(self, path: str) -> bool:
+        return True
+
+    def partners(self, path: str) -> tuple[str, ...]:
+        return (path,)
+
+
 def claimed(name: str, options: InputOptions | None = None) -> bool:
     """Whether some kind takes a file of this name: `*.parquet`, `*.bin`/`*.idx`, `*.jsonl[.gz]`."""
     return any(kind.claims(name, options) for kind in INPUT_KINDS)

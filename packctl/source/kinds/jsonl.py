@@ -31,7 +31,7 @@ from packctl.errors import PackctlError
 from packctl.source.blocks import DecodedBlock, first_outside_int32
 from packctl.source.files import FileFingerprint, changed_error
 from packctl.source.index import Block, InputFile, Resolution, SequenceIndex
-from packctl.source.kinds import InputOptions
+from packctl.source.kinds import InputOptions, OneFile
 
 BLOCK_LINES = 1 << 16
 BLOCK_BYTES = 1 << 26
@@ -75,19 +75,13 @@ def _first_keys(path: str) -> set[str]:
     return set(record) if isinstance(record, dict) else set()
 
 
-class JsonlKind:
+class JsonlKind(OneFile):
     name = "JSONL"
     footer_name = "bytes"  # what the fingerprint's digest is of, in messages
     changed_what = "its bytes differ from those the plan read"
 
     def claims(self, name: str, options: InputOptions | None = None) -> bool:
         return name.endswith(".jsonl") or name.endswith(".jsonl.gz")
-
-    def is_input(self, path: str) -> bool:
-        return True
-
-    def partners(self, path: str) -> tuple[str, ...]:
-        return (path,)
 
     def read_file(self, path: str, f: int, expected: FileFingerprint | None = None
                   ) -> tuple[FileFingerprint, list[Block], int]:

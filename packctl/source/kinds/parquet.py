@@ -6,22 +6,16 @@ from packctl.source import parquet as reader
 from packctl.source.blocks import DecodedBlock
 from packctl.source.files import FileFingerprint, open_parquet, read_fingerprint
 from packctl.source.index import Block, Resolution, SequenceIndex
-from packctl.source.kinds import InputOptions
+from packctl.source.kinds import InputOptions, OneFile
 
 
-class ParquetKind:
+class ParquetKind(OneFile):
     name = "Parquet"
     footer_name = "Parquet footer"  # what the fingerprint's digest is of, in messages
     changed_what = "its Parquet footer differs from the one the plan read"
 
     def claims(self, name: str, options: InputOptions | None = None) -> bool:
         return name.endswith(".parquet")
-
-    def is_input(self, path: str) -> bool:
-        return True
-
-    def partners(self, path: str) -> tuple[str, ...]:
-        return (path,)
 
     def read_file(self, path: str, f: int, expected: FileFingerprint | None = None
                   ) -> tuple[FileFingerprint, list[Block], int]:
