@@ -33,6 +33,8 @@ from packctl.source.files import FileFingerprint, changed_error
 from packctl.source.index import Block, InputFile, Resolution, SequenceIndex
 from packctl.source.kinds import InputOptions, OneFile
 
+# the keys of the raw records `packctl tokenize` reads (text, chat, prompt-completion, preference)
+RAW_KEYS = frozenset({"text", "messages", "prompt", "completion", "chosen", "rejected"})
 BLOCK_LINES = 1 << 16
 BLOCK_BYTES = 1 << 26
 _CHUNK = 1 << 24
@@ -204,6 +206,9 @@ def _ids(path: str, row: int, record: dict, column: str) -> list:
     """The list of integers at `column` of a record, else one line naming row and column."""
     if column not in record:
         keys = ", ".join(sorted(record)) or "none"
+        if RAW_KEYS & set(record):  # text or chat records: not token ids yet
+            raise PackctlError(f"{path} row {row}: a record of text ({keys}), not token ids; tokenize it first: "
+                               f"packctl tokenize {path} -o TOKENIZED --tokenizer DIR, then pack TOKENIZED")
         raise PackctlError(f"{path} row {row}: no '{column}' key (keys: {keys}); pass --tokens-column or "
                            "--labels-column naming the key of the token ids")
     value = record[column]

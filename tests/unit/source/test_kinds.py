@@ -65,6 +65,8 @@ def test_jsonl_blocks_start_at_recorded_byte_offsets(tmp_path, monkeypatch, gz):
     ({"input_ids": None}, r"t.jsonl row 1 column 'input_ids': null instead of a list"),
     ({"input_ids": []}, r"t.jsonl row 1 column 'input_ids': empty sequence; remove empty rows or pass --skip-empty"),
     ({"tokens": [1]}, r"t.jsonl row 1: no 'input_ids' key \(keys: tokens\); pass --tokens-column"),
+    ({"messages": [{"role": "user", "content": "hi"}]},
+     r"t.jsonl row 1: a record of text \(messages\), not token ids; tokenize it first: packctl tokenize"),
     ({"input_ids": [1, 2], "labels": [1]}, r"t.jsonl row 1 column 'labels': 1 labels for 2 tokens"),
     ({"input_ids": [1], "labels": [-5]}, r"t.jsonl row 1 column 'labels': value -5 at position 0 is outside"),
     ({"input_ids": [1 << 70]}, r"t.jsonl row 1 column 'input_ids': value 1180591620717411303424 at position 0"),
