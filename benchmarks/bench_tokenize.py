@@ -98,23 +98,13 @@ def _hash(text: str) -> int:
 def chat_pairs(budget: int) -> list[tuple[str, str]]:
     """(prompt, answer) pairs of realtext's chat corpus, from files in hash order only (realtext
     starts its code with the largest files, megabytes of generated code with few docstrings)."""
-    from realtext import code_files, digest, distinct_texts, function_pairs, man_pages, read_text, roff_text, section_pairs
+    from realtext import (alternate_pairs, code_files, distinct_texts, function_pairs, man_pages, read_text,
+                          roff_text, section_pairs)
 
     code = distinct_texts(code_files(), read_text, budget)
     prose = distinct_texts(man_pages(), lambda path: roff_text(read_text(path)), budget)
-    sources = [iter(p for n, t in code for p in function_pairs(n, t)),
-               iter(p for n, t in prose for p in section_pairs(n, t))]
-    pairs, total = [], 0
-    while sources and total < budget:
-        for source in list(sources):
-            pair = next(source, None)
-            if pair is None:
-                sources.remove(source)
-                continue
-            pairs.append(pair)
-            total += len(pair[0]) + len(pair[1])
-    pairs.sort(key=lambda pair: digest((pair[0] + "\0" + pair[1]).encode("utf-8", "surrogatepass")))
-    return pairs
+    return alternate_pairs([iter(p for n, t in code for p in function_pairs(n, t)),
+                            iter(p for n, t in prose for p in section_pairs(n, t))], budget)
 
 
 def prose_texts(budget: int) -> list[str]:

@@ -282,18 +282,22 @@ def section_pairs(name: str, text: str) -> list[tuple[str, str]]:
 def chat_documents(budget: int) -> list[tuple[str, str]]:
     code = code_documents(budget)
     prose = prose_documents(budget)
+    return alternate_pairs([iter(p for n, t in code for p in function_pairs(n, t)),
+                            iter(p for n, t in prose if "/man/" in n for p in section_pairs(n, t))], budget)
+
+
+def alternate_pairs(sources: list, budget: int) -> list[tuple[str, str]]:
+    """(prompt, response) pairs taken from each source in turn until `budget` characters of text
+    are reached, then ordered by their hashes: sources [a1 a2 a3], [b1] -> a1 b1 a2 a3 (hash order)."""
     pairs, total = [], 0
-    # Alternate the two sources, each in its own hash order, until the budget of text is reached.
-    sources = [iter((n, p) for n, t in code for p in function_pairs(n, t)),
-               iter((n, p) for n, t in prose if "/man/" in n for p in section_pairs(n, t))]
     while sources and total < budget:
         for source in list(sources):
-            item = next(source, None)
-            if item is None:
+            pair = next(source, None)
+            if pair is None:
                 sources.remove(source)
                 continue
-            pairs.append(item[1])
-            total += len(item[1][0]) + len(item[1][1])
+            pairs.append(pair)
+            total += len(pair[0]) + len(pair[1])
     pairs.sort(key=lambda pair: digest((pair[0] + "\0" + pair[1]).encode("utf-8", "surrogatepass")))
     return pairs
 
