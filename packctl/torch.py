@@ -38,9 +38,11 @@ from packctl.errors import PackctlError, require
 from packctl.contract.reader import open_output
 from packctl.contract.schema import (BALANCE_COLUMNS, COLUMN, COLUMNS, CU_SEQLENS, CU_SEQLENS_PADDED, DP_RANK,
                                      GROUP_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, LR_SCALE, MICRO_BATCH,
-                                     NUM_LOSS_TOKENS, POSITION_IDS, SEQ_LENS, SEQ_LOSS_TOKENS, SEQ_STARTS, SEQ_WEIGHTS, STEP, STEP_LOSS_COLUMNS,
+                                     NUM_LOSS_TOKENS, POSITION_IDS, SAMPLE_IDS, SEQ_LENS, SEQ_LOSS_TOKENS, SEQ_STARTS, SEQ_WEIGHTS, STEP, STEP_LOSS_COLUMNS,
                                      STEP_LOSS_SEQUENCES, STEP_LOSS_TOKENS, TOKEN_COLUMNS, limit_sum_name)
+from packctl.contract import tree
 from packctl.contract.thd import cp_partition_indices
+from packctl.contract.tree import PARENT_SEGMENTS
 from packctl.source.pieces import BlockCache, plan_rows, plan_source
 
 torch = require("torch", "torch", "packctl.torch")
@@ -49,6 +51,7 @@ __all__ = [
     "PackedDataset", "RowGroupShuffle", "collate_flash_attn", "collate_hf", "collate_thd", "cp_slice", "packed_seq_params",
     "block_causal_mask", "varlen_attention", "read_lr_scales", "apply_lr_scale", "loss_fn", "split_loss_fields",
     "split_limit_fields",
+    "collate_tree", "tree_attention_mask", "tree_mask_mod", "tree_block_mask", "tree_loss", "row_logprobs",
 ]
 
 
@@ -780,6 +783,213 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     kernel = attention_backend(backend, device, DTYPE_NAMES.get(str(q.dtype).removeprefix("torch."), "fp32"))
     return kernel(q, k, v, torch.as_tensor(cu_seqlens, device=q.device), int(max_seqlen), causal=causal,
                   softmax_scale=softmax_scale)
+
+
+# ---- shared-prefix packs (the tree layout) -------------------------------------------------------
+
+
+def collate_tree(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Packs of a `pack --share-prefix` output -> one row [1, T] with what attention over the
+    tree and a per-row loss need (packctl/contract/tree.py draws the layout). Flat packs (no
+    `parent_segments`) collate too: every segment then starts a row.
+
+    A group of two rows sharing p = 4 tokens (`.` = -100):
+
+        row 5 [1 2 3 4 7 8]  row 6 [1 2 3 4 9]   stored: prefix [1 2 3] | branch 5 [4 7 8] | branch 6 [4 9]
+
+        input_ids     [[1 2 3 4 7 8 4 9]]      position_ids [[0 1 2 3 4 5 3 4]]
+        row_positions [0 1 2 3 4 5  0 1 2 6 7]                 row_offsets [0, 6, 11]
+        row_targets   [. . . 7 8 .  . . . 9 .]                 row_loss_tokens [2, 1]
+
+    Position 2 (token 3) predicts 4 for both rows; its logits are computed once and used by each.
+    Flash-attn's varlen kernel cannot express a tree (a branch sees its prefix, not its sibling):
+    pass the model `tree_attention_mask(batch)` (a dense 4-D mask, Hugging Face eager or sdpa)
+    or `tree_block_mask(batch)` (FlexAttention), then `tree_loss` or `row_logprobs` on its logits.
+    The masks are built after the DataLoader, on the training device: a mask_mod is a closure,
+    which does not travel between worker processes.
+
+    Returns:
+        input_ids, labels, position_ids: int64 [1, T], the packs end to end.
+        parent_segments: int64 [S], indices into the batch's segments (-1: starts a row).
+        seq_lens: int64 [S]; cu_seqlens_padded: int32 [S+1], the segments' offsets in the row.
+        token_segments: int64 [T], the segment of each token; true_tokens: bool [T], not padding.
+        segment_chains, segment_depths: `packctl.contract.tree.chains` and `depths` of the batch.
+        row_positions, row_targets, row_index: int64 [N], every rebuilt row's flat positions end
+            to end, the target each predicts (the row's next label; -100 at its last), its row.
+        row_offsets: int64 [R+1]; row_sample_ids: int64 [R]; row_loss_tokens: int64 [R], targets
+            that are not -100; num_loss_tokens: int, their sum (a shared token once per row,
+            as the unshared rows count it).
+        row_group_ids (int64 [R], --group-column), row_weights (float64 [R], --weight-column).
+    """
+    cu_padded = _padded_offsets(packs)  # checks every pack spans its tokens
+    parents, base = [], 0
+    for i, p in enumerate(packs):
+        local = np.asarray(p[PARENT_SEGMENTS] if PARENT_SEGMENTS in p else np.full(len(p[SEQ_LENS]), -1), np.int64)
+        if len(local) != len(p[SEQ_LENS]):
+            raise ValueError(f"pack {i} of the batch has {len(local)} parent_segments for {len(p[SEQ_LENS])} segments")
+        try:
+            tree.check_parents(local)
+        except ValueError as exc:
+            raise ValueError(f"pack {i} of the batch: {exc}") from None
+        parents.append(np.where(local >= 0, local + base, -1))
+        base += len(local)
+    parents = np.concatenate(parents)
+    seq_lens, sample_ids = _flat(packs, SEQ_LENS), _flat(packs, SAMPLE_IDS)
+    labels = _flat(packs, LABELS)
+    rows = tree.row_positions(parents, seq_lens, cu_padded, sample_ids)
+    targets = np.full(len(rows.positions), IGNORE_INDEX, dtype=np.int64)
+    targets[:-1] = labels[rows.positions[1:]]
+    targets[rows.offsets[1:] - 1] = IGNORE_INDEX  # a row's last position predicts nothing
+    row_index = np.repeat(np.arange(len(rows.segments)), np.diff(rows.offsets))
+    loss_tokens = np.bincount(row_index[targets != IGNORE_INDEX], minlength=len(rows.segments)).astype(np.int64)
+    segments = tree.segment_of(np.diff(cu_padded))
+    starts = cu_padded[:-1]
+
+    def tensor(values, dtype=torch.int64):
+        return torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
+
+    out: dict[str, Any] = {
+        INPUT_IDS: _row(_flat(packs, INPUT_IDS)),
+        LABELS: _row(labels),
+        POSITION_IDS: _row(_flat(packs, POSITION_IDS)),
+        PARENT_SEGMENTS: tensor(parents),
+        SEQ_LENS: tensor(seq_lens),
+        CU_SEQLENS_PADDED: tensor(cu_padded, torch.int32),
+        "token_segments": tensor(segments),
+        "true_tokens": tensor(np.arange(int(cu_padded[-1])) - starts[segments] < seq_lens[segments], torch.bool),
+        "segment_chains": tensor(tree.chains(parents)),
+        "segment_depths": tensor(tree.depths(parents)),
+        "row_positions": tensor(rows.positions),
+        "row_targets": tensor(targets),
+        "row_index": tensor(row_index),
+        "row_offsets": tensor(rows.offsets),
+        "row_sample_ids": tensor(sample_ids[rows.segments]),
+        "row_loss_tokens": tensor(loss_tokens),
+        NUM_LOSS_TOKENS: int(loss_tokens.sum()),
+    }
+    for name, key, dtype in ((GROUP_IDS, "row_group_ids", torch.int64), (SEQ_WEIGHTS, "row_weights", torch.float64)):
+        if all(name in p for p in packs):
+            values = np.concatenate([np.asarray(p[name], dtype=np.float64 if name == SEQ_WEIGHTS else np.int64)
+                                     for p in packs])
+            out[key] = tensor(values[rows.segments], dtype)
+    return out
+
+
+def _tree_sees(batch: Mapping[str, Any], q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Whether query q may attend to key k (flat indices, any broadcastable shapes): k lies on q's
+    segment chain, k <= q, and k is a true token unless it is in q's own segment."""
+    segment = batch["token_segments"]
+    sq, sk = segment[q], segment[k]
+    on_chain = batch["segment_chains"][sq, batch["segment_depths"][sk]] == sk
+    return on_chain & (k <= q) & ((sq == sk) | batch["true_tokens"][k])
+
+
+def _tree_tensors(batch: Mapping[str, Any], device: Any) -> dict[str, torch.Tensor]:
+    names = ("token_segments", "segment_chains", "segment_depths", "true_tokens")
+    return {name: batch[name].to(device) if device is not None else batch[name] for name in names}
+
+
+def tree_attention_mask(batch: Mapping[str, Any], *, dtype: torch.dtype = torch.bool,
+                        device: Any = None) -> torch.Tensor:
+    """The dense 4-D mask [1, 1, T, T] of a `collate_tree` batch: query i may attend to key j.
+
+    `dtype=torch.bool` (True: attend) suits Hugging Face "sdpa"; a float dtype gives the additive
+    mask "eager" needs (0 where seen, the dtype's lowest value elsewhere). transformers passes a
+    4-D mask to attention as it is, and the rotary embeddings follow `position_ids`:
+
+        mask = tree_attention_mask(batch, dtype=model.dtype)       # eager, fp32 or bf16
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                       attention_mask=mask, use_cache=False).logits
+
+    It holds T*T values: for T up to a few thousand; beyond, `tree_block_mask` with FlexAttention.
+    """
+    parts = _tree_tensors(batch, device)
+    index = torch.arange(len(parts["token_segments"]), device=parts["token_segments"].device)
+    seen = _tree_sees(parts, index[:, None], index[None, :])[None, None]
+    if dtype == torch.bool:
+        return seen
+    zero = torch.zeros((), dtype=dtype, device=seen.device)
+    return torch.where(seen, zero, torch.finfo(dtype).min)
+
+
+def tree_mask_mod(batch: Mapping[str, Any], *, device: Any = None):
+    """FlexAttention's `mask_mod(b, h, q_idx, kv_idx)` for a `collate_tree` batch (one row: b and
+    h are ignored). It reads four small tensors of the batch, moved to `device` first."""
+    parts = _tree_tensors(batch, device)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return _tree_sees(parts, q_idx, kv_idx)
+
+    return mask_mod
+
+
+def tree_block_mask(batch: Mapping[str, Any], *, device: Any = None, block_size: int = 128):
+    """FlexAttention's BlockMask of a `collate_tree` batch (torch >= 2.5):
+
+        block_mask = tree_block_mask(batch, device="cuda")
+        out = flex_attention(q, k, v, block_mask=block_mask)        # q, k, v [1, H, T, D]
+
+    Hugging Face models with `attn_implementation="flex_attention"` take it as `attention_mask`.
+    """
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask
+    except ImportError:
+        raise PackctlError(f"FlexAttention needs torch >= 2.5 (this is {torch.__version__}): pip install -U torch, "
+                           "or use tree_attention_mask") from None
+    total = len(batch["token_segments"])
+    device = device if device is not None else batch["token_segments"].device
+    return create_block_mask(tree_mask_mod(batch, device=device), None, None, total, total, device=device,
+                             BLOCK_SIZE=block_size)
+
+
+def _row_token_losses(logits: torch.Tensor, batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cross entropy of every target of every rebuilt row (float32) and the row it belongs to."""
+    logits = logits.reshape(-1, logits.shape[-1])
+    targets = batch["row_targets"].to(logits.device)
+    valid = targets != IGNORE_INDEX
+    at = batch["row_positions"].to(logits.device)[valid]
+    losses = torch.nn.functional.cross_entropy(logits[at].float(), targets[valid], reduction="none")
+    return losses, batch["row_index"].to(logits.device)[valid]
+
+
+def row_logprobs(logits: torch.Tensor, batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per rebuilt row of a `collate_tree` batch: (sum of log p of its target tokens, float32 [R];
+    their count, int64 [R]), in the order of `row_sample_ids`. What DPO and GRPO losses take:
+
+        logps, counts = row_logprobs(logits, batch)        # a DPO pair: rows c and r of one group
+        margin = (logps[c] - ref_logps[c]) - (logps[r] - ref_logps[r])
+    """
+    losses, rows = _row_token_losses(logits, batch)
+    count = len(batch["row_loss_tokens"])
+    sums = torch.zeros(count, dtype=torch.float32, device=losses.device).index_add(0, rows, -losses)
+    return sums, batch["row_loss_tokens"].to(losses.device)
+
+
+def tree_loss(logits: torch.Tensor, batch: Mapping[str, Any], mode: str = "token", *,
+              denominator: float | None = None) -> torch.Tensor:
+    """The causal-LM loss of a `collate_tree` batch, equal to `loss_fn` over the same rows unshared:
+
+        token:  the sum of every row's target losses / the loss tokens (`num_loss_tokens`)
+        row:    the sum of each row's mean target loss / the rows with a target
+
+    Each row's targets are gathered from the logits at its own positions (`row_positions`), not
+    by the flat shift, which would have a branch's last token predict its sibling's first. A
+    token of a shared prefix counts once per row, as it does unshared. `denominator` (the step's
+    count over micro-batches and ranks) replaces the batch's; with `row_weights`
+    (--weight-column) each row's terms are multiplied by its weight.
+    """
+    if mode not in ("token", "row"):
+        raise ValueError(f"mode {mode!r}: use 'token' or 'row'")
+    losses, rows = _row_token_losses(logits, batch)
+    if "row_weights" in batch:
+        losses = losses * batch["row_weights"].to(losses.device, torch.float32)[rows]
+    counts = batch["row_loss_tokens"].to(losses.device)
+    if mode == "token":
+        count = denominator if denominator is not None else batch[NUM_LOSS_TOKENS]
+        return losses.sum() / max(count, 1)
+    per_token = losses / counts.clamp(min=1).to(torch.float32)[rows]
+    count = denominator if denominator is not None else int((counts > 0).sum())
+    return per_token.sum() / max(count, 1)
 
 
 # ---- learning-rate scale -------------------------------------------------------------------------
