@@ -1,0 +1,208 @@
+"""Proof on a real model that training on shared-prefix packs equals training on the rows unshared:
+a Hugging Face Llama (random weights, fp32, CPU) over tree packs built per the layout
+(tests/support/trees.py), with collate_tree's 4-D mask, gives every row the logits, the SFT loss
+and the gradients of a DPO and a GRPO loss that it gets when it runs each row alone.
+
+The packs mix DPO pairs (a prompt, then a chosen and a rejected answer), a GRPO group of six
+rollouts of one prompt, and flat rows; prompts are masked (-100 labels), one group's prompt is
+not, so the target at the prefix's last position (shared by every branch) counts once per row.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from packctl.torch import (collate_flash_attn, collate_tree, loss_fn, row_logprobs, tree_attention_mask,  # noqa: E402
+                           tree_block_mask, tree_loss)
+from support.trees import IGNORE_INDEX, Group, Row, rows_of, tree_pack  # noqa: E402
+
+TOLERANCE = 1e-5
+VOCAB = 300
+BETA = 0.1
+
+pytestmark = pytest.mark.slow  # a proof on a real model (tiny Llama, CPU); transformers loads in seconds
+
+
+def tiny_llama(seed: int, attn: str):
+    """LlamaForCausalLM: 2 layers, hidden 64, 4 heads (2 key/value heads), vocab 300, fp32."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         initializer_range=0.2, tie_word_embeddings=False, attn_implementation=attn)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).float().train()
+
+
+def prompt_rows(rng, first_gid: int, rows: int, prompt: int, *, masked: bool = True) -> Group:
+    """`rows` answers of 1..12 tokens to one prompt; the prompt's labels -100 when `masked`."""
+    shared = rng.integers(1, VOCAB, prompt).tolist()
+    out = []
+    for k in range(rows):
+        tokens = shared + rng.integers(1, VOCAB, int(rng.integers(1, 13))).tolist()
+        labels = [IGNORE_INDEX] * prompt + tokens[prompt:] if masked else None
+        out.append(Row(first_gid + k, tokens, labels))
+    return Group(out, prompt)
+
+
+def corpus():
+    """Two packs (align 4, the second with tail padding): DPO pairs, a GRPO group, flat rows."""
+    rng = np.random.default_rng(7)
+    first = [prompt_rows(rng, 0, 2, 9), Row(2, rng.integers(1, VOCAB, 11).tolist()), prompt_rows(rng, 3, 2, 5),
+             prompt_rows(rng, 5, 2, 7, masked=False)]
+    second = [prompt_rows(rng, 7, 6, 13), Row(13, rng.integers(1, VOCAB, 4).tolist()), prompt_rows(rng, 14, 2, 3)]
+    items = [first, second]
+    packs = [tree_pack(first, align=4), tree_pack(second, align=4, length=160)]
+    return items, packs
+
+
+@pytest.fixture(scope="module")
+def data():
+    items, packs = corpus()
+    return [row for its in items for row in rows_of(its)], collate_tree(packs), packs
+
+
+def alone(model, row: Row) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The row run by itself: (logits [n, V], per-target log p, valid [n-1])."""
+    logits = model(input_ids=torch.tensor([row.tokens]), use_cache=False).logits[0]
+    targets = torch.tensor(row.packed_labels[1:])
+    valid = targets != IGNORE_INDEX
+    logp = -torch.nn.functional.cross_entropy(logits[:-1], targets.clamp(min=0), reduction="none")
+    return logits, logp[valid], valid
+
+
+def packed_logits(model, batch, dtype):
+    mask = tree_attention_mask(batch, dtype=dtype)
+    return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask,
+                 use_cache=False).logits
+
+
+def grads(model) -> dict[str, torch.Tensor]:
+    out = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def assert_same_grads(packed: dict, unshared: dict):
+    assert packed.keys() == unshared.keys() and packed
+    for name in packed:
+        scale = float(unshared[name].abs().max())
+        assert float((packed[name] - unshared[name]).abs().max()) <= TOLERANCE * max(scale, 1e-12), name
+
+
+# eager takes the additive float mask, sdpa the boolean one
+ATTENTION = [("eager", torch.float32), ("sdpa", torch.bool)]
+
+
+@pytest.mark.parametrize("attn, mask_dtype", ATTENTION)
+def test_every_row_gets_its_own_logits_and_sft_loss(data, attn, mask_dtype):
+    rows, batch, _ = data
+    assert len(rows) == 16 and batch["num_loss_tokens"] > 0
+    model = tiny_llama(0, attn)
+    logits = packed_logits(model, batch, mask_dtype)
+    offsets = batch["row_offsets"].tolist()
+    for k, row in enumerate(rows):
+        at = batch["row_positions"][offsets[k]:offsets[k + 1]]
+        assert float((logits[0, at] - alone(model, row)[0]).abs().max()) <= TOLERANCE, row.gid
+    for mode in ("token", "row"):
+        packed = tree_loss(packed_logits(model, batch, mask_dtype), batch, mode)
+        packed.backward()
+        packed_grads = grads(model)
+        parts = [-alone(model, row)[1] for row in rows]
+        if mode == "token":
+            unshared = torch.cat(parts).sum() / sum(len(p) for p in parts)
+        else:
+            means = [p.mean() for p in parts if len(p)]
+            unshared = torch.stack(means).sum() / len(means)
+        unshared.backward()
+        assert abs(float(packed) - float(unshared)) <= TOLERANCE * abs(float(unshared)), mode
+        assert_same_grads(packed_grads, grads(model))
+
+
+def dpo_loss(logps: torch.Tensor, ref: torch.Tensor, pairs: list[tuple[int, int]]) -> torch.Tensor:
+    chosen, rejected = torch.tensor([c for c, _ in pairs]), torch.tensor([r for _, r in pairs])
+    margin = (logps[chosen] - ref[chosen]) - (logps[rejected] - ref[rejected])
+    return -torch.nn.functional.logsigmoid(BETA * margin).mean()
+
+
+def grpo_loss(logps: torch.Tensor, counts: torch.Tensor, group: list[int], rewards: torch.Tensor) -> torch.Tensor:
+    """On-policy GRPO: advantage (r - mean) / std of the group, each rollout's token mean."""
+    advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+    index = torch.tensor(group)
+    return -(advantages * logps[index] / counts[index].clamp(min=1)).mean()
+
+
+def unshared_logps(model, rows) -> tuple[torch.Tensor, torch.Tensor]:
+    parts = [alone(model, row)[1] for row in rows]
+    return torch.stack([p.sum() for p in parts]), torch.tensor([len(p) for p in parts])
+
+
+@pytest.mark.parametrize("attn, mask_dtype", ATTENTION)
+def test_dpo_and_grpo_gradients_equal_those_of_the_unshared_rows(data, attn, mask_dtype):
+    rows, batch, _ = data
+    model, reference = tiny_llama(0, attn), tiny_llama(1, attn)
+    gids = [row.gid for row in rows]
+    assert batch["row_sample_ids"].tolist() == gids
+    pairs = [(gids.index(c), gids.index(r)) for c, r in ((0, 1), (3, 4), (5, 6), (14, 15))]
+    group = [gids.index(g) for g in range(7, 13)]
+    rewards = torch.tensor([1.0, 0.0, 0.5, 1.0, 0.0, 0.25])
+    with torch.no_grad():
+        ref_packed = row_logprobs(packed_logits(reference, batch, mask_dtype), batch)[0]
+        ref_alone = unshared_logps(reference, rows)[0]
+    assert float((ref_packed - ref_alone).abs().max()) <= TOLERANCE * float(ref_alone.abs().max())
+
+    logps, counts = row_logprobs(packed_logits(model, batch, mask_dtype), batch)
+    assert counts.tolist() == unshared_logps(model, rows)[1].tolist()
+    packed_dpo = dpo_loss(logps, ref_packed, pairs)
+    packed_grpo = grpo_loss(logps, counts, group, rewards)
+    packed_dpo.backward(retain_graph=True)
+    dpo_grads = grads(model)
+    packed_grpo.backward()
+    grpo_grads = grads(model)
+
+    logps_alone, counts_alone = unshared_logps(model, rows)
+    dpo = dpo_loss(logps_alone, ref_alone, pairs)
+    dpo.backward(retain_graph=True)
+    assert abs(float(packed_dpo) - float(dpo)) <= TOLERANCE * abs(float(dpo))
+    assert_same_grads(dpo_grads, grads(model))
+    grpo = grpo_loss(logps_alone, counts_alone, group, rewards)
+    grpo.backward()
+    assert abs(float(packed_grpo) - float(grpo)) <= TOLERANCE * abs(float(grpo))
+    assert_same_grads(grpo_grads, grads(model))
+
+
+def test_the_flat_shift_over_a_tree_pack_is_wrong(data):
+    """Read as a flat pack (one causal mask over the whole row, loss_fn's shift), a tree pack
+    gives other logits and another loss: why the tree needs its own mask and gather."""
+    rows, batch, packs = data
+    model = tiny_llama(0, "sdpa")
+    tree = tree_loss(packed_logits(model, batch, torch.bool), batch)
+    flat = collate_flash_attn(packs)
+    blocks = torch.block_diag(*[torch.tril(torch.ones(n, n, dtype=torch.bool))
+                                for n in np.diff(flat["cu_seqlens"].numpy())])
+    logits = model(input_ids=flat["input_ids"], position_ids=flat["position_ids"], attention_mask=blocks[None, None],
+                   use_cache=False).logits
+    unshared = torch.stack([-alone(model, row)[1].sum() for row in rows]).sum() / batch["num_loss_tokens"]
+    assert abs(float(tree) - float(unshared)) <= TOLERANCE * float(unshared)
+    assert abs(float(loss_fn(logits, flat)) - float(unshared)) > 1e-3
+
+
+def test_flex_attention_with_the_block_mask_is_each_row_alone(data):
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    rows, batch, _ = data
+    total = batch["input_ids"].shape[1]
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, total, 16, generator=generator) for _ in range(3))
+    try:
+        out = flex.flex_attention(q, k, v, block_mask=tree_block_mask(batch, block_size=32))
+    except Exception as exc:  # noqa: BLE001 (a torch without a CPU FlexAttention path)
+        pytest.skip(f"FlexAttention does not run on this CPU torch {torch.__version__}: {exc}")
+    offsets = batch["row_offsets"].tolist()
+    for r in range(len(rows)):
+        at = batch["row_positions"][offsets[r]:offsets[r + 1]]
+        alone_out = torch.nn.functional.scaled_dot_product_attention(q[:, :, at], k[:, :, at], v[:, :, at],
+                                                                     is_causal=True)
+        assert float((out[:, :, at] - alone_out).abs().max()) <= TOLERANCE
