@@ -366,7 +366,10 @@ def _row(values: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).unsqueeze(0)
 
 
-def _padded_offsets(packs: Sequence[Mapping[str, Any]]) -> np.ndarray:
+def _padded_offsets(packs: Sequence[Mapping[str, Any]], *, trees: bool = False) -> np.ndarray:
+    """The packs' segment offsets end to end, after checking each spans its tokens; unless
+    `trees`, a shared-prefix pack (a segment that continues another) is refused: the segments of
+    cu_seqlens cannot say that a branch sees its prefix."""
     if not packs:
         raise ValueError("cannot collate an empty list of packs")
     for p in packs:
@@ -374,6 +377,10 @@ def _padded_offsets(packs: Sequence[Mapping[str, Any]]) -> np.ndarray:
         if len(cu) < 2 or cu[0] != 0 or cu[-1] != n:
             raise ValueError(f"a pack's cu_seqlens_padded {cu[:3].tolist()}..{cu[-1:].tolist()} does not span its "
                              f"{n} tokens; collate packs read from a packctl output (PackedDataset)")
+        if not trees and PARENT_SEGMENTS in p and (np.asarray(p[PARENT_SEGMENTS]) >= 0).any():
+            raise PackctlError("a shared-prefix pack (packed with --share-prefix): its branches attend their prefix, "
+                               "which cu_seqlens cannot express; collate it with collate_tree "
+                               "(docs/training.md, Shared-prefix packs)")
     return _concat_offsets(p[CU_SEQLENS_PADDED] for p in packs)
 
 
@@ -821,7 +828,7 @@ def collate_tree(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             as the unshared rows count it).
         row_group_ids (int64 [R], --group-column), row_weights (float64 [R], --weight-column).
     """
-    cu_padded = _padded_offsets(packs)  # checks every pack spans its tokens
+    cu_padded = _padded_offsets(packs, trees=True)  # checks every pack spans its tokens
     parents, base = [], 0
     for i, p in enumerate(packs):
         local = np.asarray(p[PARENT_SEGMENTS] if PARENT_SEGMENTS in p else np.full(len(p[SEQ_LENS]), -1), np.int64)

@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 torch = pytest.importorskip("torch")
 
 from packctl.contract.tree import visible  # noqa: E402
-from packctl.torch import (collate_flash_attn, collate_tree, loss_fn, row_logprobs, tree_attention_mask,  # noqa: E402
+from packctl.errors import PackctlError  # noqa: E402
+from packctl.torch import (collate_flash_attn, collate_hf, collate_thd, collate_tree, loss_fn, row_logprobs, tree_attention_mask,  # noqa: E402
                            tree_block_mask, tree_loss)
 from support.profiles import examples  # noqa: E402
 from support.trees import Group, Row, random_items, rows_of, tree_pack  # noqa: E402
@@ -121,7 +122,7 @@ def reference_losses(logits: torch.Tensor, items, built) -> list[torch.Tensor]:
                     segment += 1
             for row, parts in groups:
                 at = torch.cat([torch.arange(n) + int(starts[s]) for s, n in parts])
-                targets = torch.tensor(row.packed_labels[1:])
+                targets = torch.tensor(row.packed_labels[1:], dtype=torch.long)
                 valid = targets != I
                 out.append(torch.nn.functional.cross_entropy(logits[at[:-1]][valid], targets[valid],
                                                              reduction="none"))
@@ -175,3 +176,11 @@ def test_a_forward_parent_names_the_pack_and_segment():
         collate_tree([good, bad])
     with pytest.raises(ValueError, match="mode 'sequence'"):
         tree_loss(torch.zeros(1, 8, 20), collate_tree([good]), "sequence")
+
+
+@pytest.mark.parametrize("collate", [collate_flash_attn, collate_hf, collate_thd])
+def test_the_flat_collates_refuse_a_tree_pack(collate):
+    flat = tree_pack([Row(0, [5, 6, 7]), Row(1, [8, 9])])  # parent_segments [-1, -1]: collates
+    assert collate([flat])["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
+    with pytest.raises(PackctlError, match="shared-prefix pack .* collate it with collate_tree"):
+        collate([flat, example_pack()])

@@ -68,7 +68,7 @@ def data():
 def alone(model, row: Row) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The row run by itself: (logits [n, V], per-target log p, valid [n-1])."""
     logits = model(input_ids=torch.tensor([row.tokens]), use_cache=False).logits[0]
-    targets = torch.tensor(row.packed_labels[1:])
+    targets = torch.tensor(row.packed_labels[1:], dtype=torch.long)
     valid = targets != IGNORE_INDEX
     logp = -torch.nn.functional.cross_entropy(logits[:-1], targets.clamp(min=0), reduction="none")
     return logits, logp[valid], valid
@@ -182,12 +182,13 @@ def test_dpo_and_grpo_gradients_equal_those_of_the_unshared_rows(data, attn, mas
 
 
 def test_the_flat_shift_over_a_tree_pack_is_wrong(data):
-    """Read as a flat pack (one causal mask over the whole row, loss_fn's shift), a tree pack
-    gives other logits and another loss: why the tree needs its own mask and gather."""
+    """Read as flat packs (block-causal over the stored segments, loss_fn's shift: what a reader
+    that ignores parent_segments does, and why collate_flash_attn refuses them), tree packs give
+    another loss: the tree needs its own mask and gather."""
     rows, batch, packs = data
     model = tiny_llama(0, "sdpa")
     tree = tree_loss(packed_logits(model, batch, torch.bool), batch)
-    flat = collate_flash_attn(packs)
+    flat = collate_flash_attn([{k: v for k, v in p.items() if k != "parent_segments"} for p in packs])
     blocks = torch.block_diag(*[torch.tril(torch.ones(n, n, dtype=torch.bool))
                                 for n in np.diff(flat["cu_seqlens"].numpy())])
     logits = model(input_ids=flat["input_ids"], position_ids=flat["position_ids"], attention_mask=blocks[None, None],
