@@ -1,5 +1,6 @@
 """Train on packctl output with PyTorch: a dataset over the packed shards and one collate function
-per kind of trainer (flash-attn, Hugging Face padding-free, Transformer Engine / Megatron THD).
+per kind of trainer (flash-attn, Hugging Face padding-free, Transformer Engine / Megatron THD), and
+`collate_tree` for shared-prefix packs (a mask and a per-row loss: docs/training.md).
 
     from torch.utils.data import DataLoader
     from packctl.torch import PackedDataset, collate_flash_attn
