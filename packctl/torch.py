@@ -912,8 +912,14 @@ def tree_attention_mask(batch: Mapping[str, Any], *, dtype: torch.dtype = torch.
     It holds T*T values: for T up to a few thousand; beyond, `tree_block_mask` with FlexAttention.
     """
     parts = _tree_tensors(batch, device)
-    index = torch.arange(len(parts["token_segments"]), device=parts["token_segments"].device)
-    seen = _tree_sees(parts, index[:, None], index[None, :])[None, None]
+    segment, chains, depths = parts["token_segments"], parts["segment_chains"], parts["segment_depths"]
+    count = len(depths)
+    # [s, t]: t is s or one of its ancestors; then gathered per token, rows before columns (bool all along)
+    on_chain = chains[:, depths] == torch.arange(count, device=segment.device)[None, :]
+    index = torch.arange(len(segment), device=segment.device)
+    seen = on_chain[segment][:, segment] & (index[None, :] <= index[:, None])
+    seen &= (segment[:, None] == segment[None, :]) | parts["true_tokens"][None, :]
+    seen = seen[None, None]
     if dtype == torch.bool:
         return seen
     zero = torch.zeros((), dtype=dtype, device=seen.device)

@@ -79,8 +79,11 @@ def depths(parent_segments) -> np.ndarray:
     """How many ancestors each segment has: [-1, 0, 0, -1, 3] -> [0, 1, 1, 0, 1]."""
     parents = check_parents(parent_segments)
     depth = np.zeros(len(parents), dtype=np.int64)
-    for s in np.flatnonzero(parents >= 0):  # parents precede children: one pass in order
-        depth[s] = depth[parents[s]] + 1
+    rows, current = np.flatnonzero(parents >= 0), parents[parents >= 0]
+    while len(rows):  # every chain climbed one step at a time
+        depth[rows] += 1
+        current = parents[current]
+        rows, current = rows[current >= 0], current[current >= 0]
     return depth
 
 
@@ -162,18 +165,17 @@ def row_positions(parent_segments, seq_lens, cu_seqlens_padded, sample_ids) -> R
     if not len(lens) == len(ids) == len(parents) == len(cu) - 1:
         raise ValueError(f"parent_segments ({len(parents)}), seq_lens ({len(lens)}), sample_ids ({len(ids)}) "
                          f"and cu_seqlens_padded ({len(cu)} entries) describe different segment counts")
-    segments = np.flatnonzero(ids >= 0)
-    pieces, sizes = [], []
-    for s in segments:
-        chain = [s]
-        while parents[chain[-1]] >= 0:
-            chain.append(parents[chain[-1]])
-        parts = [np.arange(cu[t], cu[t] + lens[t]) for t in reversed(chain)]
-        pieces.extend(parts)
-        sizes.append(sum(len(p) for p in parts))
-    positions = np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
-    return RowPositions(segments.astype(np.int64), positions, offsets)
+    segments = np.flatnonzero(ids >= 0).astype(np.int64)
+    table = chains(parents)[segments]  # each row's chain, root first, -1 after its end
+    row, depth = np.nonzero(table >= 0)  # row-major: the pieces of row 0 in chain order, then row 1...
+    pieces = table[row, depth]
+    piece_lens = lens[pieces]
+    piece_offsets = np.concatenate([[0], np.cumsum(piece_lens)])
+    positions = (np.arange(int(piece_offsets[-1]), dtype=np.int64)
+                 + np.repeat(cu[pieces] - piece_offsets[:-1], piece_lens))
+    sizes = np.bincount(row, weights=piece_lens, minlength=len(segments)).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    return RowPositions(segments, positions, offsets)
 
 
 def visible(parent_segments, seq_lens, seq_lens_padded) -> np.ndarray:
