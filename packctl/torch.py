@@ -875,11 +875,10 @@ def collate_tree(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "row_loss_tokens": tensor(loss_tokens),
         NUM_LOSS_TOKENS: int(loss_tokens.sum()),
     }
-    for name, key, dtype in ((GROUP_IDS, "row_group_ids", torch.int64), (SEQ_WEIGHTS, "row_weights", torch.float64)):
+    for name, key in ((GROUP_IDS, "row_group_ids"), (SEQ_WEIGHTS, "row_weights")):  # the row segment's value
         if all(name in p for p in packs):
-            values = np.concatenate([np.asarray(p[name], dtype=np.float64 if name == SEQ_WEIGHTS else np.int64)
-                                     for p in packs])
-            out[key] = tensor(values[rows.segments], dtype)
+            values = np.concatenate([np.asarray(p[name], dtype=COLUMN[name].value) for p in packs])
+            out[key] = torch.from_numpy(values[rows.segments])
     return out
 
 
