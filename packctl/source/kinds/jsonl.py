@@ -85,8 +85,8 @@ class JsonlKind(OneFile):
     def claims(self, name: str, options: InputOptions | None = None) -> bool:
         return name.endswith(".jsonl") or name.endswith(".jsonl.gz")
 
-    def read_file(self, path: str, f: int, expected: FileFingerprint | None = None
-                  ) -> tuple[FileFingerprint, list[Block], int]:
+    def read_file(self, path: str, f: int, expected: FileFingerprint | None = None, *,
+                  options: InputOptions | None = None) -> tuple[FileFingerprint, list[Block], int]:
         """One read of the file: rows, blocks (byte offsets of their first line) and a digest of
         its bytes. Lines a, b, c (6 bytes each), 2 lines a block -> blocks at bytes 0 and 12."""
         st = _stat(path, expected)
