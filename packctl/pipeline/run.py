@@ -43,6 +43,7 @@ from packctl.pipeline.manifest import PLAN_KIND, build_manifest, shard_metadata
 from packctl.compile_ahead import CompileAhead
 from packctl.jit import CompileClock
 from packctl.source.kinds import check_options, options_of
+from packctl.source.kinds.raw import tokenization
 from packctl.source.parquet import describe_block, split_blocks
 from packctl.source.scan import TokenSource, index_inputs, scan_blocks
 from packctl.source.resolve import normalize_spec, pattern_reaching, resolve, respell
@@ -462,6 +463,8 @@ def run_fingerprint(config: PackConfig, index: SequenceIndex) -> dict[str, Any]:
     fingerprint["kind"] = PLAN_KIND if config.plan_only else "packs"
     if config.plan_only:
         fingerprint["config"]["plan_only"] = True
+    if config.tokenizer is not None:  # the tokenizer as the manifest records it: a complete OUT compares it too
+        fingerprint["tokenization"] = [tokenization(index.options, [f.path for f in index.files])]
     return fingerprint
 
 
