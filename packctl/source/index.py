@@ -18,7 +18,6 @@ from packctl.arrays import offsets_of
 from packctl.source.files import FileFingerprint
 
 IDX, BIN = ".idx", ".bin"
-_TOKENS = "\0tokens"  # RowsByGid.describe's column by default: the index's tokens column
 
 
 @dataclass(frozen=True)
@@ -111,11 +110,11 @@ class RowsByGid:
     def num_sequences(self) -> int:
         return int(self.file_offsets[-1])
 
-    def describe(self, gid: int, column: str | None = _TOKENS) -> str:
-        """'FILE row R column C' of a gid, as every message names a row (C: the tokens column
-        unless `column` names another, None: no column)."""
-        column = self.tokens_column if column is _TOKENS else column
-        return describe_gid(self.kind, [f.path for f in self.files], self.file_offsets, gid, column)
+    def describe(self, gid: int, column: str | None = None) -> str:
+        """'FILE row R column C' of a gid, as every message names a row (C: `column`, by default
+        the tokens column)."""
+        return describe_gid(self.kind, [f.path for f in self.files], self.file_offsets, gid,
+                            column or self.tokens_column)
 
 
 @dataclass

@@ -208,7 +208,8 @@ def _ids(path: str, row: int, record: dict, column: str) -> list:
         keys = ", ".join(sorted(record)) or "none"
         if RAW_KEYS & set(record):  # text or chat records: not token ids yet
             raise PackctlError(f"{path} row {row}: a record of text ({keys}), not token ids; tokenize it first: "
-                               f"packctl tokenize {path} -o TOKENIZED --tokenizer DIR, then pack TOKENIZED")
+                               f"packctl tokenize {path} -o TOKENIZED --tokenizer DIR, then pack TOKENIZED; or pack "
+                               "it as it is with --tokenizer DIR")
         raise PackctlError(f"{path} row {row}: no '{column}' key (keys: {keys}); pass --tokens-column or "
                            "--labels-column naming the key of the token ids")
     value = record[column]
