@@ -42,7 +42,7 @@ TOKENS, LABELS = "input_ids", "labels"  # the columns `packctl tokenize` writes,
 
 _lock = threading.Lock()
 _files: dict[tuple, rawfiles.RawFile] = {}  # (path, size, mtime_ns, inode, block records) -> the file as indexed
-_tokenizers: dict[str, object] = {}  # tokenizer directory -> LocalTokenizer, loaded once a process
+_tokenizers: dict[tuple, object] = {}  # the directory and its files' sizes and times -> LocalTokenizer
 
 
 def _stat(path: str, expected: FileFingerprint | None) -> os.stat_result:
@@ -74,15 +74,22 @@ def _indexed(path: str, expected: FileFingerprint | None = None) -> rawfiles.Raw
 
 
 def tokenizer_of(options: InputOptions):
-    """The `LocalTokenizer` of `options.tokenizer`, loaded once a process."""
+    """The `LocalTokenizer` of `options.tokenizer`, loaded once a process while the directory's
+    files keep their sizes and modification times (a tokenizer edited or moved is loaded again)."""
     from packctl.tokenize.tokenizer import LocalTokenizer  # here: transformers' template code is slow to import
 
+    try:
+        with os.scandir(options.tokenizer) as entries:
+            files = sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in entries if e.is_file())
+    except OSError:
+        files = []  # LocalTokenizer.load names what is wrong with the directory
+    key = (options.tokenizer, tuple(files))
     with _lock:
-        found = _tokenizers.get(options.tokenizer)
+        found = _tokenizers.get(key)
     if found is None:
         found = LocalTokenizer.load(options.tokenizer)
         with _lock:
-            _tokenizers[options.tokenizer] = found
+            _tokenizers[key] = found
     return found
 
 
