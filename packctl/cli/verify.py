@@ -53,7 +53,8 @@ def verify_command(
         from packctl.verify import VerifyOptions, verify
 
     try:
-        options = VerifyOptions(source=source or [], split=split, tokenizer=tokenizer, attention=attention, sample=sample, seed=seed,
+        options = VerifyOptions(source=source or [], split=split, tokenizer=tokenizer, attention=attention,
+                                sample=sample, seed=seed,
                                 backend=backend, device=device, dtype=dtype, heads=heads, head_dim=head_dim,
                                 cp_size=cp_size, bench=bench)
         outputs = epoch_outputs(output)  # the OUT of pack --epochs: every epoch's output is checked

@@ -39,7 +39,8 @@ def _chat(i: int) -> dict:
     turns = [{"role": "user", "content": f"question {i}: what is {i} plus {i}?"},
              {"role": "assistant", "content": f"It is {2 * i}."}]
     if i % 3 == 0:
-        turns += [{"role": "user", "content": "and twice that? " * (i % 7)}, {"role": "assistant", "content": f"{4 * i}"}]
+        turns += [{"role": "user", "content": "and twice that? " * (i % 7)},
+                  {"role": "assistant", "content": f"{4 * i}"}]
     return {"messages": turns}
 
 

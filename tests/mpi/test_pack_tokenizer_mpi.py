@@ -11,7 +11,8 @@ import pytest
 from support.paths import MPIEXEC
 from support.tokenizers import CHATML, tokenizer_dir
 
-pytestmark = [pytest.mark.mpi, pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec on PATH (pip install 'packctl[mpi]')")]
+pytestmark = [pytest.mark.mpi,
+              pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec on PATH (pip install 'packctl[mpi]')")]
 
 
 def test_one_and_two_ranks_write_the_same_bytes(tmp_path):
@@ -21,7 +22,8 @@ def test_one_and_two_ranks_write_the_same_bytes(tmp_path):
     for name, first in (("a.jsonl", 0), ("b.jsonl", 23)):
         with open(raw / name, "w") as fh:
             for i in range(first, first + 23):
-                chat = [{"role": "user", "content": f"what is {i} squared?"}, {"role": "assistant", "content": f"{i * i}"}]
+                chat = [{"role": "user", "content": f"what is {i} squared?"},
+                        {"role": "assistant", "content": f"{i * i}"}]
                 fh.write(json.dumps({"messages": chat}) + "\n")
     written = {}
     for ranks in (1, 2):
