@@ -21,6 +21,7 @@ from typing import Any
 from packctl.contract.schema import INT32_MAX, RESERVED_COLUMNS, limit_sum_name
 from packctl.errors import PackctlError
 from packctl.plan.names import ALGORITHMS
+from packctl.tokenize.formats import LossOn, RecordFormat
 from packctl.urls import refuse_url
 from packctl.specs import (BalanceScope, BalanceSpec, BatchUnit, Cost, CurriculumOrder, GroupScope, GroupSpec,
                            LengthSpec, LrScaling, Mode, Order, OrderSpec, PackOrder, PadTo, PoolStrategy, ReportSpec,
@@ -170,6 +171,26 @@ class PackConfig:
     weight_column: str | None = option(None, panel="Input", metavar="COL", shown_default="none",
                                        help="Input column of one float weight per sequence, written per pack as "
                                             "seq_weights (aligned with sample_ids) for packctl.torch.loss_fn.")
+    tokenizer: str | None = option(None, panel="Input", metavar="DIR", planning=True, shown_default="none",
+                                   help="A Hugging Face tokenizer directory: INPUT is raw text or chat records "
+                                        "(.jsonl, .json, .jsonl.gz/.zst, .parquet, .txt), tokenized as they are read, "
+                                        "with the labels packctl tokenize writes (docs/tokenize.md).")
+    format: str = option("auto", panel="Input", planning=True, choices=tuple(f.value for f in RecordFormat),
+                         help="With --tokenizer: the record format (auto: from the fields of the records).")
+    loss_on: str | None = option(None, panel="Input", planning=True,
+                                 shown_default="by format: text all, messages assistant, prompt-completion completion",
+                                 help=f"With --tokenizer: which tokens are trained on: "
+                                      f"{', '.join(rule.value for rule in LossOn)}.")
+    text_column: str = option("text", panel="Input", metavar="COL", planning=True,
+                              help="With --tokenizer: the record field of plain text.")
+    messages_column: str = option("messages", panel="Input", metavar="COL", planning=True,
+                                  help="With --tokenizer: the record field of chat messages.")
+    prompt_column: str = option("prompt", panel="Input", metavar="COL", planning=True,
+                                help="With --tokenizer: the record field of prompts.")
+    completion_column: str = option("completion", panel="Input", metavar="COL", planning=True,
+                                    help="With --tokenizer: the record field of completions.")
+    tools_column: str = option("tools", panel="Input", metavar="COL", planning=True,
+                               help="With --tokenizer: the record field of tool definitions (chat).")
     limits: dict[str, int] = option(panel="Packing", metavar="COL=N", factory=dict, planning=True, flag="--limit", cli=list, shown_default="none",
                                     help="COL=N: every pack holds at most N of the integer input column COL (images, "
                                          "image tokens, any per-sample cost) summed over its sequences, beside "
@@ -593,6 +614,9 @@ class PackConfig:
             del out["limits"]
         if self.balance_cost is None:  # balancing one cost, as every output was before --balance-cost
             del out["balance_cost"]
+        if self.tokenizer is None:  # the tokenization options mean nothing without one: the same bytes
+            for key in TOKENIZE_OPTIONS:
+                del out[key]
         return out
 
 
@@ -720,6 +744,9 @@ def _size(n: int, *, up: bool = False) -> str:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(PackConfig)}
+# --tokenizer and the options of how it tokenizes (recorded only with a tokenizer)
+TOKENIZE_OPTIONS = ("tokenizer", "format", "loss_on", "text_column", "messages_column", "prompt_column",
+                    "completion_column", "tools_column")
 
 # The options that change what `pack` plans (declared with `planning=True`): `packctl stats INPUT`
 # takes every one of them, with the same flag, help and meaning, for its what-if.

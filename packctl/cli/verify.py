@@ -30,6 +30,8 @@ def verify_command(
                                                                       "several); checks conservation."),
     split: Optional[str] = typer.Option(None, "--split", help="The dataset split of a --source directory that holds "
                                                               "several.  [default: the one OUT was packed from]"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", metavar="DIR", help="The tokenizer that reads raw "
+                                            "--source records.  [default: the one OUT was packed with]"),
     sample: int = typer.Option(8, help="Packs drawn for the attention checks."),
     seed: int = typer.Option(0, help="Seed of the pack sample and of the probe embedding."),
     backend: str = typer.Option("auto", **choice(("auto", *VERIFY_BACKENDS)),
@@ -51,7 +53,8 @@ def verify_command(
         from packctl.verify import VerifyOptions, verify
 
     try:
-        options = VerifyOptions(source=source or [], split=split, attention=attention, sample=sample, seed=seed,
+        options = VerifyOptions(source=source or [], split=split, tokenizer=tokenizer, attention=attention,
+                                sample=sample, seed=seed,
                                 backend=backend, device=device, dtype=dtype, heads=heads, head_dim=head_dim,
                                 cp_size=cp_size, bench=bench)
         outputs = epoch_outputs(output)  # the OUT of pack --epochs: every epoch's output is checked

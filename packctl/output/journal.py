@@ -115,7 +115,7 @@ def differences(recorded: dict, fingerprint: dict, *, written_ns: int | None = N
             differ.append("inputs (modified after it was written)")
     elif inputs_then != inputs_now:
         differ = [k for k in differ if k != "inputs"]  # the files say more than the INPUT spelling
-        differ.append(f"inputs ({_inputs_differ(inputs_then, inputs_now)})")
+        differ.append(f"inputs ({_inputs_differ(inputs_then, inputs_now, now)})")
     for key in sorted((set(fingerprint) | (set() if manifest else set(recorded))) - {"config", "inputs"}):
         if (not manifest or key in recorded) and recorded.get(key, _MISSING) != fingerprint.get(key, _MISSING):
             differ.append(key)
@@ -129,14 +129,15 @@ _MISSING = object()
 _INPUT_FIELDS = {"rows": "rows", "bytes": "size", "mtime_ns": "modification time", "footer": "Parquet footer"}
 
 
-def _field_name(path: str, key: str, name: str) -> str:
+def _field_name(path: str, key: str, name: str, config: dict) -> str:
     """The `footer` digest is of what the input's kind fingerprints (`InputKind.footer_name`): a
-    Megatron pair's .idx header and array ends, a JSONL file's bytes."""
-    from packctl.source.kinds import kind_of
-    return kind_of(path).footer_name if key == "footer" else name
+    Megatron pair's .idx header and array ends, a JSONL file's bytes; the kind is the one the
+    run's options (`config`: a tokenizer reads raw records) choose for the file."""
+    from packctl.source.kinds import kind_of, options_of
+    return kind_of(path, options_of(config)).footer_name if key == "footer" else name
 
 
-def _inputs_differ(earlier: object, now: list[dict]) -> str:
+def _inputs_differ(earlier: object, now: list[dict], config: dict) -> str:
     """Which input file differs from what the interrupted run read, named:
     'data/a.parquet changed since that run read it (Parquet footer, modification time)'."""
     before = {str(e.get("path")): e for e in earlier if isinstance(e, dict)} if isinstance(earlier, list) else {}
@@ -148,7 +149,7 @@ def _inputs_differ(earlier: object, now: list[dict]) -> str:
         return f"{gone[0]}{more(gone)} no longer among them" + (f"; {new[0]}{more(new)} is new" if new else "")
     if new:
         return f"{new[0]}{more(new)} is new"
-    changed = [(p, [_field_name(p, key, name) for key, name in _INPUT_FIELDS.items()
+    changed = [(p, [_field_name(p, key, name, config) for key, name in _INPUT_FIELDS.items()
                     if before[p].get(key) != e.get(key)]) for p, e in zip(paths, now)]
     changed = [(p, fields) for p, fields in changed if fields]
     if not changed:

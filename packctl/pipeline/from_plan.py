@@ -51,8 +51,9 @@ from packctl.pipeline.run import PackResult, _completed, _open_output
 from packctl.pipeline.report import Corpus, Transfer, rank_report, scale_out, throughput
 from packctl.pipeline.runtime import Progress, SignalGuard, job_stage, run_guarded, timed
 from packctl.plan.windows import PackPlan
-from packctl.source.parquet import scan_blocks, split_blocks
-from packctl.source.index import input_files
+from packctl.source.parquet import split_blocks
+from packctl.source.scan import scan_blocks
+from packctl.source.kinds import input_files
 from packctl.source.pieces import plan_source
 
 # What a plan's shards hold besides the per-pack and per-sequence values the writer computes again

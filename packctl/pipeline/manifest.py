@@ -3,6 +3,7 @@ metadata (`shard_metadata`) and in `_manifest.json` (`build_manifest`); the read
 file names, are in packctl/contract/manifest.py."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import asdict
@@ -10,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from packctl.contract.manifest import ShardEntry
 from packctl.contract.schema import FORMAT_VERSION, IGNORE_INDEX
+from packctl.source.kinds import options_of
+from packctl.source.kinds.raw import tokenization
 from packctl.source.tokenized import tokenized_sources
 from packctl.version import __version__
 
@@ -99,7 +102,9 @@ def build_manifest(config: PackConfig, labels_column: str | None, inputs: list[I
         "timings": timings,
     }
     tokenized = tokenized_sources([f.path for f in inputs])
-    if tokenized:  # inputs `packctl tokenize` wrote: how their tokens and labels were made
+    if config.tokenizer is not None:  # raw records tokenized as they were read (source/kinds/raw.py)
+        tokenized = [tokenization(options_of(dataclasses.asdict(config)), [f.path for f in inputs])]
+    if tokenized:  # inputs `packctl tokenize` wrote, or pack --tokenizer: how their tokens and labels were made
         manifest["tokenization"] = tokenized
     if config.plan_only:
         manifest["kind"] = PLAN_KIND

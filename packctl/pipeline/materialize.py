@@ -48,7 +48,8 @@ import pyarrow.parquet as pq
 
 from packctl.arrays import Scratch, copy_segments, offsets_of
 from packctl.mpi.assign import WriteJob, WriteRun, write_run
-from packctl.source.parquet import TokenSource, read_kept_columns
+from packctl.source.parquet import read_kept_columns
+from packctl.source.scan import TokenSource
 from packctl.source.pieces import place_from_blocks
 from packctl.pipeline.step_loss import piece_loss_tokens
 from packctl.output.stitch import stitch, stitch_chunks

@@ -25,7 +25,7 @@ from packctl.plan.groups import (GroupOverLimit, GroupTooLong, check_groups_fit,
 from packctl.plan.order import order_keys
 from packctl.plan.windows import GroupTooBigForStep, SequenceOverLimit, UncuttableSequence, check_groups_fit_step
 from packctl.specs import GroupScope, GroupSpec, LengthSpec, Order, OrderSpec, TooLong, WindowOptions
-from packctl.source.index import SequenceIndex, describe_gid
+from packctl.source.index import SequenceIndex
 
 
 def too_long_message(where: str, length: int, padded: int, capacity: int) -> str:
@@ -71,7 +71,7 @@ def limit_error(index, columns: tuple[str, ...], exc: SequenceOverLimit | Uncutt
     """The PackctlError of a planner's SequenceOverLimit or UncuttableSequence, naming the sample
     and the limited column (`columns`: the --limit columns in order)."""
     column = columns[exc.column] if exc.column < len(columns) else f"#{exc.column}"
-    where = describe_gid([f.path for f in index.files], index.file_offsets, exc.gid, column)
+    where = index.describe(exc.gid, column)
     if isinstance(exc, UncuttableSequence):
         return PackctlError(uncuttable_message(where, exc.length, exc.capacity, column, exc.cost, exc.count,
                                                str(exc.too_long)), everywhere=True)
@@ -280,10 +280,10 @@ def check_groups_fit_everywhere(comm: Comm, ordered: Ordered, index: SequenceInd
         first_row = int(group_ids(np.array([gid]), index.group_starts)[0])  # --skip-empty may have left it out
         if kind == 1:
             column = getattr(index, "limit_columns", ())[packs]
-            where = describe_gid([f.path for f in index.files], index.file_offsets, first_row, groups.column)
+            where = index.describe(first_row, groups.column)
             raise PackctlError(group_over_limit_message(where, members, total, column, int(limits[packs]),
                                                         groups.scope), everywhere=True)
-        where = describe_gid([f.path for f in index.files], index.file_offsets, first_row, groups.column)
+        where = index.describe(first_row, groups.column)
         if packs:
             message = group_too_big_message(where, members, total, packs, groups)
         elif groups.scope == GroupScope.STEP:

@@ -42,8 +42,10 @@ from packctl.errors import PackctlError
 from packctl.pipeline.manifest import PLAN_KIND, build_manifest, shard_metadata
 from packctl.compile_ahead import CompileAhead
 from packctl.jit import CompileClock
-from packctl.source.kinds import check_options, kind_of_paths
-from packctl.source.parquet import TokenSource, describe_block, index_inputs, scan_blocks, split_blocks
+from packctl.source.kinds import check_options, options_of
+from packctl.source.kinds.raw import tokenization
+from packctl.source.parquet import describe_block, split_blocks
+from packctl.source.scan import TokenSource, index_inputs, scan_blocks
 from packctl.source.resolve import normalize_spec, pattern_reaching, resolve, respell
 from packctl.source.groups import read_group_starts
 from packctl.contract.manifest import ShardEntry
@@ -62,7 +64,7 @@ from packctl.pipeline.report import (Corpus, RankSummary, Transfer, epochs_index
                                      metrics_of, padded_batching_over_ranks, rank_report, throughput)
 from packctl.pipeline.runtime import (Progress, RunInterrupted, SignalGuard, in_background, job_stage, run_guarded,
                                       timed)
-from packctl.source.index import Resolution, SequenceIndex, input_files
+from packctl.source.index import Resolution, SequenceIndex
 
 __all__ = ["PackResult", "Progress", "RunInterrupted", "pack", "run_fingerprint"]
 
@@ -296,15 +298,13 @@ def _scan(comm: Comm, index: SequenceIndex, specs: Specs, progress: Progress,
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     scan = specs.scan
     stage = job_stage(progress, "scan", hi - lo, int(block_bounds[-1]))
-    kind = kind_of_paths([f.path for f in index.files])
-    cheap = kind.scan_lengths(index, lo, hi, None if not plan_only else stage, skip_empty=scan.skip_empty) if (
+    cheap = index.kind.scan_lengths(index, lo, hi, None if not plan_only else stage, skip_empty=scan.skip_empty) if (
         plan_only or specs.lengths.too_long == TooLong.ERROR) else None
     if cheap is not None and not plan_only:
         check_too_long(comm, cheap, specs.lengths)
     if plan_only and cheap is not None:
         index = cheap
-        source = TokenSource([f.path for f in index.files], index.tokens_column, None, 0,
-                             skip_empty=scan.skip_empty, fingerprints=index.fingerprints)
+        source = TokenSource.of_index(index, None, 0, skip_empty=scan.skip_empty)
         scanned = Scanned(index, source, block_bounds, tokens_read=False)
     else:
         labels = index.labels_column is not None
@@ -382,18 +382,18 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
     check_output_location(out)
     specs = [normalize_spec(s) for s in config.inputs]
     _refuse_output_in_reach(out, specs)
-    resolution = resolve(specs, split=config.split)
+    options = options_of(dataclasses.asdict(config))
+    resolution = resolve(specs, split=config.split, options=options)
     if config.resume:
         resolution = _spelled_as_earlier_run(out, resolution)
     config = dataclasses.replace(config, inputs=resolution.specs)
     check_options(resolution, tokens_column=config.tokens_column, labels_column=config.labels_column,
                   keep_columns=config.keep_columns, weight_column=config.weight_column,
                   group_column=config.group_column, limits=config.limits)
-    index = index_inputs(resolution, config.tokens_column, config.labels_column, tuple(config.keep_columns),
-                         config.weight_column, tuple(config.limits))
+    index = index_inputs(resolution, options, tuple(config.keep_columns), config.weight_column, tuple(config.limits))
     if config.group_column is not None:
         index.group_starts = read_group_starts(index, config.group_column)
-    check_output_location(out, inputs=[p for f in index.files for p in input_files(f.path)],
+    check_output_location(out, inputs=[p for f in index.files for p in index.kind.partners(f.path)],
                           input_dirs=[str(i) for i in config.inputs])
     lock.acquire()
     reached("lock:taken")
@@ -463,6 +463,8 @@ def run_fingerprint(config: PackConfig, index: SequenceIndex) -> dict[str, Any]:
     fingerprint["kind"] = PLAN_KIND if config.plan_only else "packs"
     if config.plan_only:
         fingerprint["config"]["plan_only"] = True
+    if config.tokenizer is not None:  # the tokenizer as the manifest records it: a complete OUT compares it too
+        fingerprint["tokenization"] = [tokenization(index.options, [f.path for f in index.files])]
     return fingerprint
 
 

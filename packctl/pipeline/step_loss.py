@@ -20,7 +20,7 @@ import numpy as np
 
 from packctl.contract.schema import STEP_LOSS_SEQUENCES, STEP_LOSS_TOKENS
 from packctl.mpi.comm import Comm
-from packctl.source.parquet import TokenSource
+from packctl.source.scan import TokenSource
 from packctl.plan.windows import PackPlan
 from packctl.source.index import SequenceIndex
 

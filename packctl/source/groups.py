@@ -54,7 +54,7 @@ def read_group_starts(index: RowsByGid, column: str) -> np.ndarray:
             raise PackctlError(f"{path}: cannot read column '{column}' ({exc}); the file may be truncated or "
                                "corrupt") from None
     values = pa.chunked_array(chunks, type=seen[0]).combine_chunks()
-    where = (lambda gid: describe_gid(paths, index.file_offsets, gid, column))
+    where = (lambda gid: describe_gid(index.kind, paths, index.file_offsets, gid, column))
     if values.null_count:
         gid = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
         raise PackctlError(f"{where(gid)}: null group value; give every row a group (a row alone can have a "
@@ -73,7 +73,7 @@ def read_group_starts(index: RowsByGid, column: str) -> np.ndarray:
         k = int(np.argmin(later))
         gid, first = int(later[k]), int(starts[order[again[k]]])
         value = run_values[int(order[again[k] + 1])].as_py()
-        began = describe_gid(paths, index.file_offsets, first)
+        began = describe_gid(index.kind, paths, index.file_offsets, first)
         raise PackctlError(f"{where(gid)}: group value {value!r} appears again after other values (its group began "
                            f"at {began}); rows of one group must be adjacent: sort the input by the group column")
     return np.concatenate([starts, [n]]).astype(np.int64)

@@ -10,6 +10,7 @@ so ids do not depend on how many processes read them:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -34,10 +35,12 @@ class ResolvedFile:
 @dataclass(frozen=True)
 class Resolution:
     """The INPUT of a run, normalized (`specs`, what the shards record) and resolved (`files`,
-    sorted by path: the global sample id order)."""
+    sorted by path: the global sample id order), with the kind that reads them (an `InputKind`
+    of `packctl.source.kinds`, decided once by `resolve` from the names and the run's options)."""
 
     specs: list[str]
     files: list[ResolvedFile]
+    kind: Any = None
 
     @property
     def paths(self) -> list[str]:
@@ -60,12 +63,6 @@ def prefix_of(path: str) -> str | None:
 
 def bin_of(idx_path: str) -> str:
     return idx_path[:-len(IDX)] + BIN
-
-
-def input_files(path: str) -> tuple[str, ...]:
-    """The files a resolved input path stands for, by its kind: a pair's `.idx` and `.bin`, else the path."""
-    from packctl.source.kinds import kind_of
-    return kind_of(path).partners(path)
 
 
 def describe_document(idx_path: str, document: int) -> str:
@@ -96,12 +93,14 @@ class Block:
 
 class RowsByGid:
     """What an index of input rows by global sample id answers from its `files`, `file_offsets`,
-    `tokens_column` and `fingerprints` (SequenceIndex of pack, LengthIndex of the stats what-if)."""
+    `tokens_column`, `fingerprints` and `kind` (SequenceIndex of pack, LengthIndex of the stats
+    what-if)."""
 
     files: list[InputFile]
     file_offsets: np.ndarray
     tokens_column: str
     fingerprints: list[FileFingerprint]
+    kind: Any
 
     def fingerprint(self, f: int) -> FileFingerprint | None:
         """What the run first read of file f (None when nothing was recorded)."""
@@ -111,9 +110,11 @@ class RowsByGid:
     def num_sequences(self) -> int:
         return int(self.file_offsets[-1])
 
-    def describe(self, gid: int) -> str:
-        """'FILE row R column C' of a gid, as every message names a row."""
-        return describe_gid([f.path for f in self.files], self.file_offsets, gid, self.tokens_column)
+    def describe(self, gid: int, column: str | None = None) -> str:
+        """'FILE row R column C' of a gid, as every message names a row (C: `column`, by default
+        the tokens column)."""
+        return describe_gid(self.kind, [f.path for f in self.files], self.file_offsets, gid,
+                            column or self.tokens_column)
 
 
 @dataclass
@@ -141,21 +142,24 @@ class SequenceIndex(RowsByGid):
     # `extra` (int64, one row per gid of this rank, one column each; None without --limit)
     limit_columns: tuple[str, ...] = ()
     extra: np.ndarray | None = None
+    # the `InputKind` that reads every file and the `InputOptions` it reads them with
+    # (`packctl.source.kinds`): every later decode and message asks these, never a file's name
+    kind: Any = None
+    options: Any = None
 
     @classmethod
     def of_files(cls, files: list[InputFile], blocks: list[Block], fingerprints: list[FileFingerprint], *,
                  tokens_column: str, labels_column: str | None, **options) -> "SequenceIndex":
         """The index of `files` and their `blocks`, before scan: gid offsets from their rows, no
-        lengths yet. `options`: the other fields (weight_column, limit_columns)."""
+        lengths yet. `options`: the other fields (weight_column, limit_columns, kind, options)."""
         return cls(files=files, file_offsets=offsets_of(np.array([f.rows for f in files], dtype=np.int64)),
                    blocks=blocks, block_offsets=offsets_of(np.array([b.rows for b in blocks], dtype=np.int64)),
                    lengths=np.zeros(0, np.int64), tokens_column=tokens_column, labels_column=labels_column,
                    fingerprints=fingerprints, **options)
 
 
-def describe_gid(paths: list[str], file_offsets: np.ndarray, gid: int, column: str | None = None) -> str:
-    """Where a global sample id comes from, as every message names a row: 'FILE row R column C'.
-    Files a (3 rows), b: gid 4 -> 'b row 1'."""
-    from packctl.source.kinds import kind_of
+def describe_gid(kind: Any, paths: list[str], file_offsets: np.ndarray, gid: int, column: str | None = None) -> str:
+    """Where a global sample id comes from, as every message names a row, told by the input's
+    `kind` (`InputKind.describe`): 'FILE row R column C'. Files a (3 rows), b: gid 4 -> 'b row 1'."""
     f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
-    return kind_of(paths[f]).describe(paths[f], gid - int(file_offsets[f]), column)
+    return kind.describe(paths[f], gid - int(file_offsets[f]), column)

@@ -1,8 +1,8 @@
-"""Scan tokenized Parquet shards: index the resolved inputs, validate columns, read blocks, know a file again.
+"""Read tokenized Parquet shards: index them, validate columns, read blocks, know a file again.
 
 The input files come from `packctl.source.resolve` (INPUT specs -> distinct files, each with its
-fingerprint); their rows are named by global sample ids (`packctl.source.index`). Other kinds of
-input are read by their own kind (`packctl.source.kinds`), which `index_inputs` and `TokenSource` ask.
+fingerprint); their rows are named by global sample ids (`packctl.source.index`). The scan of any
+kind's blocks and `TokenSource` are `packctl.source.scan`.
 
 Files are read in **blocks** (Parquet row groups). Token values are validated where they are
 decoded; a bad row is reported as `FILE row R column C: what is wrong; what to do`.
@@ -15,9 +15,6 @@ old and new content.
 """
 from __future__ import annotations
 
-import dataclasses
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,8 +24,8 @@ import pyarrow.parquet as pq
 from packctl.arrays import offsets_of
 from packctl.contract.schema import IGNORE_INDEX, INT32_MAX
 from packctl.errors import PackctlError
-from packctl.source.blocks import DecodedBlock, block_digest, first_outside_int32
-from packctl.source.files import FileFingerprint, _short, changed_error, open_parquet
+from packctl.source.blocks import DecodedBlock, first_outside_int32
+from packctl.source.files import FileFingerprint, _short, open_parquet
 from packctl.source.index import Block, InputFile, Resolution, SequenceIndex
 from packctl.contract.arrow import arrow_array, numpy_view
 
@@ -358,79 +355,6 @@ def compact_block(block: Block, decoded: DecodedBlock, path: str, tokens_column:
     return compact, pad_like
 
 
-class TokenSource:
-    """Decoded blocks, kept (in compact form, `DecodedBlock.compact`) while they fit in `budget` bytes.
-
-    Scan decodes every block once to learn lengths and keeps as many as the budget allows;
-    materialize `take`s each block exactly once, in order, so a corpus that fits is read once and
-    a larger one is read twice (the blocks that did not fit are decoded again).
-    """
-
-    def __init__(self, paths: list[str], tokens_column: str, labels_column: str | None, budget: int,
-                 skip_empty: bool = False, fingerprints: list[FileFingerprint] | None = None):
-        self.paths = paths
-        self.fingerprints = fingerprints or None  # every decode checks its file against them
-        self.tokens_column = tokens_column
-        self.labels_column = labels_column
-        self.budget = budget
-        self.skip_empty = skip_empty
-        self.tokens_equal_to_pad_id = 0  # counted by scan_blocks when given a pad id
-        self._cache: dict[int, DecodedBlock] = {}
-        self.held = 0
-        self.blocks_reread = 0
-        # block -> `block_digest` of what scan decoded: a block decoded again must match it
-        self.digests: dict[int, int] = {}
-
-    def offer(self, b: int, decoded: DecodedBlock) -> bool:
-        """Keep a decoded block if it fits in the budget; scan offers blocks in order, so the
-        cache holds a prefix of the corpus, which materialize consumes first."""
-        if self.held + decoded.nbytes > self.budget:
-            return False
-        self._cache[b] = decoded
-        self.held += decoded.nbytes
-        return True
-
-    def cached(self, b: int) -> bool:
-        return b in self._cache
-
-    def peek(self, b: int) -> DecodedBlock:
-        """A cached block, left in the cache."""
-        return self._cache[b]
-
-    def take(self, b: int, block: Block) -> DecodedBlock:
-        """Block b's tokens, from the cache (and released from it) or decoded again."""
-        decoded = self._cache.pop(b, None)
-        if decoded is not None:
-            self.held -= decoded.nbytes
-            return decoded
-        self.blocks_reread += 1
-        return self.check_digest(b, block, self.decode(block))
-
-    def refuse_changed(self, blocks: list[Block], recorded: dict[int, int], reader: str) -> None:
-        """Refuse, in one line, a block scan read other than `reader` recorded (`digests`)."""
-        for b, digest in self.digests.items():
-            if b in recorded and recorded[b] != digest:
-                block = blocks[b]
-                raise changed_error(self.paths[block.file], f"{describe_block(block)} holds other tokens than {reader}; "
-                                    "its size, modification time and footer are the same")
-
-    def check_digest(self, b: int, block: Block, decoded: DecodedBlock) -> DecodedBlock:
-        """`decoded`, block b decoded again, if it is what scan read of it (`digests`), else one line."""
-        if b in self.digests and block_digest(decoded) != self.digests[b]:
-            raise changed_error(self.paths[block.file], f"{describe_block(block)} holds other tokens than scan read; "
-                                "its size, modification time and footer are the same")
-        return decoded
-
-    def decode(self, block: Block, check_values: bool = True) -> DecodedBlock:
-        """Block `block` decoded by its kind of input (`packctl.source.kinds`), its file checked
-        against the run's fingerprint."""
-        from packctl.source.kinds import InputOptions, kind_of
-        path = self.paths[block.file]
-        expected = self.fingerprints[block.file] if self.fingerprints else None
-        return kind_of(path).decode(path, block, InputOptions(self.tokens_column, self.labels_column),
-                                    skip_empty=self.skip_empty, check_values=check_values, expected=expected)
-
-
 def blocks_of(meta: pq.FileMetaData, f: int) -> tuple[list[Block], int]:
     blocks, first = [], 0
     for g in range(meta.num_row_groups):
@@ -438,17 +362,6 @@ def blocks_of(meta: pq.FileMetaData, f: int) -> tuple[list[Block], int]:
         blocks.append(Block(file=f, row_group=g, first_row=first, rows=rg.num_rows, nbytes=rg.total_byte_size))
         first += rg.num_rows
     return blocks, first
-
-
-def index_inputs(resolution: Resolution, tokens_column: str, labels_column: str | None,
-                 keep_columns: tuple[str, ...] = (), weight_column: str | None = None,
-                 limit_columns: tuple[str, ...] = ()) -> SequenceIndex:
-    """The SequenceIndex of the resolved INPUT (`packctl.source.resolve.resolve`), by its kind
-    (`packctl.source.kinds`): files, blocks and gids, no lengths yet."""
-    from packctl.source.kinds import InputOptions, kind_of_paths
-    kind = kind_of_paths(resolution.paths)
-    return kind.index(resolution, InputOptions(tokens_column, labels_column), keep_columns=keep_columns,
-                      weight_column=weight_column, limit_columns=limit_columns)
 
 
 def index_parquet(resolution: Resolution, tokens_column: str, labels_column: str | None,
@@ -496,63 +409,3 @@ def split_blocks(blocks: list[Block], parts: int) -> np.ndarray:
     targets = (np.arange(1, parts) * (int(ends[-1]) if len(ends) else 0)) // parts
     inner = np.searchsorted(ends, targets, side="left") + 1 if len(ends) else np.zeros(parts - 1, np.int64)
     return np.concatenate([[0], np.minimum(inner, len(blocks)), [len(blocks)]]).astype(np.int64)
-
-
-def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
-                progress=None, *, skip_empty: bool = False, pad_token_id: int | None = None,
-                count_loss_tokens: bool = False) -> tuple[SequenceIndex, TokenSource]:
-    """Decode and validate blocks [block_lo, block_hi): their lengths, and a token source that
-    keeps as many of them as the budget allows, in compact form (`DecodedBlock.compact`).
-    Decoding runs on a small thread pool (Parquet and the kernels release the GIL), results in
-    order. With `skip_empty`, empty rows get length 0 instead of an error; with `pad_token_id`,
-    input tokens equal to it are counted in `source.tokens_equal_to_pad_id` (allowed, but worth
-    knowing); with `count_loss_tokens`, `index.loss_tokens` (the step sums of --dp-size need them);
-    with `index.limit_columns`, `index.extra` (their values, checked: `read_limit_values`)."""
-    source = TokenSource([f.path for f in index.files], index.tokens_column, index.labels_column, budget,
-                         skip_empty=skip_empty, fingerprints=index.fingerprints)
-    gid_lo, gid_hi = int(index.block_offsets[block_lo]), int(index.block_offsets[block_hi])
-    lengths = np.zeros(gid_hi - gid_lo, dtype=np.int64)
-    loss_tokens = np.zeros(gid_hi - gid_lo, dtype=np.int64) if count_loss_tokens else None
-    limited = index.limit_columns
-    extra = np.zeros((gid_hi - gid_lo, len(limited)), dtype=np.int64) if limited else None
-
-    def decode(block: Block) -> tuple[DecodedBlock, int, np.ndarray | None]:
-        if index.weight_column is not None:
-            check_weights(source.paths[block.file], block.row_group, block.first_row, index.weight_column,
-                          index.fingerprint(block.file))
-        costs = None
-        if limited:
-            costs = read_limit_values(source.paths[block.file], block.row_group, block.first_row, limited,
-                                      block.rows, index.fingerprint(block.file))
-        decoded = source.decode(block, check_values=False)
-        digest = block_digest(decoded)
-        return (*compact_block(block, decoded, source.paths[block.file], index.tokens_column, index.labels_column,
-                               pad_token_id), costs, digest)
-
-    for b, (decoded, pad_like, costs, digest) in _decode_in_order(decode, index.blocks, block_lo, block_hi):
-        source.digests[b] = digest
-        rows = slice(index.block_offsets[b] - gid_lo, index.block_offsets[b + 1] - gid_lo)
-        lengths[rows] = np.diff(decoded.offsets)
-        if extra is not None:
-            extra[rows] = costs
-        if loss_tokens is not None:  # the first token's label is masked in every pack
-            loss_tokens[rows] = decoded.count_targets(decoded.offsets[:-1] + 1, np.maximum(lengths[rows] - 1, 0))
-        source.tokens_equal_to_pad_id += pad_like
-        source.offer(b, decoded)
-        if progress is not None:
-            progress(1)
-    return dataclasses.replace(index, lengths=lengths, gid_lo=gid_lo, loss_tokens=loss_tokens, extra=extra), source
-
-
-def _decode_in_order(decode, blocks: list[Block], lo: int, hi: int, workers: int = 2):
-    """Yield (b, decode(blocks[b])) for b in [lo, hi), in order, decoding up to `workers` blocks ahead."""
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        pending: deque = deque()
-        for b in range(lo, hi):
-            pending.append((b, pool.submit(decode, blocks[b])))
-            if len(pending) > workers:
-                done_b, future = pending.popleft()
-                yield done_b, future.result()
-        while pending:
-            done_b, future = pending.popleft()
-            yield done_b, future.result()

@@ -28,9 +28,9 @@ from packctl.contract.thd import PackRows, lay_out_packs
 from packctl.errors import PackctlError
 from packctl.source.blocks import DecodedBlock
 from packctl.source.files import FileFingerprint
-from packctl.source.parquet import TokenSource
+from packctl.source.scan import TokenSource
 from packctl.source.index import Block, InputFile, SequenceIndex
-from packctl.source.kinds import kind_of
+from packctl.source.kinds import InputKind, InputOptions, kind_of_paths, options_of
 
 Place = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
@@ -124,9 +124,10 @@ class BlockCache:
         return state
 
 
-def _read_source_file(path: str, f: int) -> tuple[FileFingerprint, list[Block], int]:
-    """A source file as it is now, read by its kind: its fingerprint, blocks and rows."""
-    return kind_of(path).read_file(path, f)
+def _read_source_file(kind: InputKind, path: str, f: int, options: InputOptions
+                      ) -> tuple[FileFingerprint, list[Block], int]:
+    """A source file as it is now, read by the plan's kind: its fingerprint, blocks and rows."""
+    return kind.read_file(path, f, options=options)
 
 
 def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
@@ -143,6 +144,9 @@ def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
     blocks: list[Block] = []
     fingerprints: list[FileFingerprint] = []
     digests: dict[int, int] = {}
+    options = options_of(config)  # the kind of the plan's inputs, as the plan's options decide it
+    paths = [entry.get("absolute_path") for entry in inputs]
+    kind = kind_of_paths([p for p in paths if isinstance(p, str)], options)
     for f, entry in enumerate(inputs):
         path, footer, size = entry.get("absolute_path"), entry.get("footer"), entry.get("bytes")
         if not isinstance(path, str) or not isinstance(footer, str) or not isinstance(size, int):
@@ -151,10 +155,10 @@ def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
         if not os.path.exists(path):
             raise PackctlError(f"{path}: source of the plan {manifest_file} is missing; a plan reads its tokens from "
                                "the files it was made from: put the file back, or run packctl pack again")
-        fingerprint, file_blocks, rows = _read_source_file(path, f)
+        fingerprint, file_blocks, rows = _read_source_file(kind, path, f, options)
         if fingerprint.size != size or fingerprint.footer != footer:
             what = (f"its size is {fingerprint.size} bytes, the plan read {size}" if fingerprint.size != size
-                    else kind_of(path).changed_what)
+                    else kind.changed_what)
             raise PackctlError(f"{path}: not the source the plan {manifest_file} was made from ({what}); restore "
                                "that file, or make a new plan of this one with packctl pack --plan-only")
         if rows != entry.get("rows"):
@@ -170,8 +174,8 @@ def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
     if not isinstance(tokens_column, str):
         raise PackctlError(f"{manifest_file}: config.tokens_column is missing; run packctl pack --plan-only again")
     index = SequenceIndex.of_files(files, blocks, fingerprints, tokens_column=tokens_column,
-                                   labels_column=labels_column if isinstance(labels_column, str) else None)
-    source = TokenSource([f.path for f in files], tokens_column, index.labels_column, budget,
-                         skip_empty=bool(config.get("skip_empty", False)), fingerprints=fingerprints)
+                                   labels_column=labels_column if isinstance(labels_column, str) else None,
+                                   kind=kind, options=options)
+    source = TokenSource.of_index(index, index.labels_column, budget, skip_empty=bool(config.get("skip_empty", False)))
     source.digests = digests
     return index, source

@@ -53,7 +53,7 @@ from packctl.source.index import ResolvedFile, Resolution
 from packctl.source.tokenized import TOKENIZED
 from packctl.source.files import changed_error, file_kind, read_fingerprint
 from packctl.source.index import BIN, IDX, is_indexed, prefix_of
-from packctl.source.kinds import PARQUET, InputKind, claimed, kind_of, kind_of_paths
+from packctl.source.kinds import PARQUET, InputKind, InputOptions, claimed, kind_of, kind_of_paths
 from packctl.source.splits import select_split
 from packctl.urls import refuse_url
 
@@ -81,26 +81,29 @@ def normalize_spec(spec: str | os.PathLike) -> str:
     return os.path.normpath(text) if text else text
 
 
-def resolve(inputs: Iterable[str | os.PathLike], *, split: str | None = None) -> Resolution:
+def resolve(inputs: Iterable[str | os.PathLike], *, split: str | None = None,
+            options: InputOptions | None = None) -> Resolution:
     """INPUT specs -> the run's input files (module docstring): found, checked not to belong to a
     packctl output, distinct by identity, then each opened once for its fingerprint (a shard of
     packctl is recognised by its Parquet metadata here). A directory INPUT holding dataset splits
-    gives the files of `split` (`--split`, source/splits.py)."""
+    gives the files of `split` (`--split`, source/splits.py). The kind of the files is decided
+    here, once, from their names and `options` (a tokenizer makes `*.jsonl` raw records), and
+    the resolution carries it."""
     specs = [normalize_spec(s) for s in inputs]
     found: list[_Found] = []
     for spec in specs:
-        found += _in_split(spec, _expand(spec), split)
+        found += _in_split(spec, _expand(spec, options), split)
     found = _with_partners(found)
     _refuse_outputs(found)
     files = []
     distinct = _distinct(found)
     by_path = {item.path: item for item in distinct}
-    inputs = sorted((item for item in distinct if kind_of(item.path).is_input(item.path)), key=lambda f: f.path)
-    kind_of_paths([item.path for item in inputs])  # one kind of input a run
+    inputs = sorted((item for item in distinct if kind_of(item.path, options).is_input(item.path)),
+                    key=lambda f: f.path)
+    kind = kind_of_paths([item.path for item in inputs], options)  # one kind of input a run
     for item in inputs:
-        kind = kind_of(item.path)
         if kind is not PARQUET:  # Parquet below: its metadata also tells a packctl shard
-            files.append(_resolve_by_kind(kind, [by_path[p] for p in kind.partners(item.path)]))
+            files.append(_resolve_by_kind(kind, [by_path[p] for p in kind.partners(item.path)], options))
             continue
         fingerprint, metadata, st = read_fingerprint(item.path)
         if (st.st_dev, st.st_ino) != (item.st.st_dev, item.st.st_ino):
@@ -111,7 +114,7 @@ def resolve(inputs: Iterable[str | os.PathLike], *, split: str | None = None) ->
                 f"outputs are never read as input: leave it out of INPUT {item.spec} (narrow it, or move the file)")
         files.append(ResolvedFile(path=item.path, spec=item.spec, device=st.st_dev, inode=st.st_ino,
                                   fingerprint=fingerprint))
-    return Resolution(specs=specs, files=files)
+    return Resolution(specs=specs, files=files, kind=kind)
 
 
 def _in_split(spec: str, found: list[_Found], split: str | None) -> list[_Found]:
@@ -150,11 +153,11 @@ def _with_partners(found: list[_Found]) -> list[_Found]:
     return found + more
 
 
-def _resolve_by_kind(kind: InputKind, found: list[_Found]) -> ResolvedFile:
+def _resolve_by_kind(kind: InputKind, found: list[_Found], options: InputOptions | None) -> ResolvedFile:
     """An input and its partner files (a Megatron pair's `.idx` and `.bin`), read once by its kind
     for its fingerprint (`InputKind.read_file` checks its layout), each still the file listed."""
     first = found[0]
-    fingerprint, _, _ = kind.read_file(first.path, 0)
+    fingerprint, _, _ = kind.read_file(first.path, 0, options=options)
     for item in found:
         st = os.stat(item.path)
         if (st.st_dev, st.st_ino) != (item.st.st_dev, item.st.st_ino):
@@ -180,7 +183,7 @@ def respell(resolution: Resolution, specs: list[str], paths: list[str]) -> Resol
         if mine is None:
             return resolution
         respelled.append(dataclasses.replace(mine, path=path))
-    return Resolution(specs=list(specs), files=sorted(respelled, key=lambda f: f.path))
+    return Resolution(specs=list(specs), files=sorted(respelled, key=lambda f: f.path), kind=resolution.kind)
 
 
 def pattern_reaching(specs: list[str], path: str) -> str | None:
@@ -214,7 +217,7 @@ def _is_pattern(text: str) -> bool:
     return bool(_GLOB_CHARS & set(text))
 
 
-def _expand(spec: str) -> list[_Found]:
+def _expand(spec: str, options: InputOptions | None = None) -> list[_Found]:
     """The files one INPUT reaches, each path once."""
     if not spec:
         raise PackctlError("'': no such file or directory; name a Parquet file, a directory or a glob")
@@ -224,7 +227,7 @@ def _expand(spec: str) -> list[_Found]:
         found.setdefault(item.path, item)
 
     if _is_pattern(spec):
-        _expand_pattern(spec, add)
+        _expand_pattern(spec, add, options)
         if not found:
             raise PackctlError(f"{spec}: the pattern matches no file")
         return list(found.values())
@@ -238,7 +241,7 @@ def _expand(spec: str) -> list[_Found]:
                 return [_Found(spec + suffix, spec, os.path.dirname(spec) or ".", pair_st)]
         raise PackctlError(f"{spec}: no such file or directory")
     if stat.S_ISDIR(st.st_mode):
-        _walk(spec, spec, spec, ((st.st_dev, st.st_ino),), add)
+        _walk(spec, spec, spec, ((st.st_dev, st.st_ino),), add, options)
         if not found:
             raise PackctlError(f"{spec}: the directory holds no *.parquet file, no Megatron .bin/.idx pair and no "
                                "*.jsonl file")
@@ -308,20 +311,30 @@ def _into(path: str, st: os.stat_result, ancestors: tuple[tuple[int, int], ...])
 
 
 def _walk(directory: str, spec: str, root: str, ancestors: tuple[tuple[int, int], ...],
-          add: Callable[[_Found], None]) -> None:
-    """Every `*.parquet`, `*.bin` and `*.idx` below `directory`, symbolic links followed."""
+          add: Callable[[_Found], None], options: InputOptions | None = None) -> None:
+    """Every file a kind claims under `options` below `directory` (`*.parquet`, `*.bin` and
+    `*.idx`, `*.jsonl`; with a tokenizer, raw records), symbolic links followed."""
     for name in _list(directory):
         path = _join(directory, name)
         st = _stat(path, named=False)
         if stat.S_ISDIR(st.st_mode):
-            _walk(path, spec, root, _into(path, st, ancestors), add)
-        elif claimed(name):
+            if options is not None and options.tokenizer is not None and _same_file(path, options.tokenizer):
+                continue  # the tokenizer's own files (tokenizer.json) are not records
+            _walk(path, spec, root, _into(path, st, ancestors), add, options)
+        elif claimed(name, options):
             if not stat.S_ISREG(st.st_mode):
                 raise _not_regular(path, st)
             add(_Found(path, spec, root, st))
 
 
-def _expand_pattern(spec: str, add: Callable[[_Found], None]) -> None:
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _expand_pattern(spec: str, add: Callable[[_Found], None], options: InputOptions | None = None) -> None:
     """The matches of a glob: its fixed leading directories, then each part matched name by name
     (`**`: any number of directories). A matched directory is walked, a matched file taken."""
     parts = spec.split(os.sep)
@@ -339,7 +352,7 @@ def _expand_pattern(spec: str, add: Callable[[_Found], None]) -> None:
     def take(path: str, st: os.stat_result, ancestors: tuple[tuple[int, int], ...]) -> None:
         """A match: `ancestors` are those of its folder."""
         if stat.S_ISDIR(st.st_mode):
-            _walk(path, spec, root, _into(path, st, ancestors), add)
+            _walk(path, spec, root, _into(path, st, ancestors), add, options)
         elif stat.S_ISREG(st.st_mode):
             add(_Found(path, spec, root, st))
         else:
@@ -360,7 +373,7 @@ def _expand_pattern(spec: str, add: Callable[[_Found], None]) -> None:
         part, more = rest[0], rest[1:]
         if part == "**":
             if not more:  # `directory` is in `ancestors` already
-                _walk(directory, spec, root, ancestors, add)
+                _walk(directory, spec, root, ancestors, add, options)
                 files_below(directory, ancestors)
                 return
             match(directory, more, ancestors)

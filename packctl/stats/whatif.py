@@ -36,9 +36,9 @@ import polars as pl
 from packctl.config import PLANNING_OPTIONS, PackConfig, as_python  # noqa: F401  (PLANNING_OPTIONS re-exported)
 from packctl.errors import PackctlError
 from packctl.source.files import FileFingerprint, open_parquet
-from packctl.source.kinds import PARQUET, InputOptions, check_options, kind_of_paths
-from packctl.source.parquet import (check_limit_column, check_list_column, is_plain_list, list_lengths,
-                                    scan_blocks)
+from packctl.source.kinds import PARQUET, InputOptions, check_options, options_of
+from packctl.source.parquet import check_limit_column, check_list_column, is_plain_list, list_lengths
+from packctl.source.scan import index_inputs, scan_blocks
 from packctl.source.resolve import resolve
 from packctl.source.groups import read_group_starts
 from packctl.plan.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
@@ -51,7 +51,7 @@ from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
 from packctl.stats.lazy import collect_streaming
 from packctl.stats.packed import binding_of
-from packctl.source.index import InputFile, RowsByGid, describe_gid
+from packctl.source.index import InputFile, RowsByGid
 
 
 
@@ -68,6 +68,7 @@ class LengthIndex(RowsByGid):
     gid_lo: int = 0  # every gid is here, as on the one rank of `pack`
     # one per file: what was first read of it (packctl.source.resolve); later reads check it
     fingerprints: list[FileFingerprint] = dataclasses.field(default_factory=list)
+    kind: Any = None  # the InputKind of the files (packctl.source.kinds), which names their rows
     # --limit COL=N: the limited columns (--limit order), and each row's value of each (int64 n x k;
     # None without): what pack's scan puts in SequenceIndex.limit_columns and .extra
     limit_columns: tuple[str, ...] = ()
@@ -75,8 +76,8 @@ class LengthIndex(RowsByGid):
 
 
 def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_column: str | None = None, *,
-                 skip_empty: bool = False, limit_columns: tuple[str, ...] = (), split: str | None = None
-                 ) -> LengthIndex:
+                 skip_empty: bool = False, limit_columns: tuple[str, ...] = (), split: str | None = None,
+                 options: InputOptions | None = None) -> LengthIndex:
     """Sequence lengths of raw tokenized shards, in global sample id order (and with
     `group_column`, where each group starts: `packctl.source.groups.read_group_starts`, which refuses
     a null or a group value found again with the error `pack` gives).
@@ -92,11 +93,11 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     per-row integer column with no null and no negative value, as `pack` requires
     (`check_limit_column`, `check_limit_values`).
     """
-    resolution = resolve(inputs, split=split)
+    options = options or InputOptions(tokens_column)
+    resolution = resolve(inputs, split=split, options=options)
     check_options(resolution, tokens_column=tokens_column, group_column=group_column, limits=limit_columns)
-    kind = kind_of_paths(resolution.paths)
-    if kind is not PARQUET:
-        return _kind_lengths(kind, inputs, resolution, tokens_column, skip_empty)
+    if resolution.kind is not PARQUET:
+        return _kind_lengths(resolution, options, skip_empty)
     paths = resolution.paths
     files = []
     for resolved in resolution.files:
@@ -109,7 +110,8 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     rows = np.array([f.rows for f in files], dtype=np.int64)
     index = LengthIndex(files=files, file_offsets=np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
                         lengths=np.zeros(0, np.int64), tokens_column=tokens_column,
-                        fingerprints=[r.fingerprint for r in resolution.files], limit_columns=tuple(limit_columns))
+                        fingerprints=[r.fingerprint for r in resolution.files], limit_columns=tuple(limit_columns),
+                        kind=PARQUET)
     if group_column is not None and index.num_sequences:  # as pack, before any token is read
         index.group_starts = read_group_starts(index, group_column)
 
@@ -164,12 +166,11 @@ def check_limit_values(index: LengthIndex, frame: pl.DataFrame, columns: tuple[s
     `pack` gives (packctl.source.parquet.read_limit_values), 'FILE row R column C: ...', naming
     the first such row."""
     out = np.empty((index.num_sequences, len(columns)), dtype=np.int64)
-    paths = [f.path for f in index.files]
     for j, column in enumerate(columns):
         values = frame.get_column(f"limit:{column}")
 
         def where(gid: int, column: str = column) -> str:
-            return describe_gid(paths, index.file_offsets, gid, column)
+            return index.describe(gid, column)
         too_big = values.is_null() & frame.get_column(f"given:{column}")
         if too_big.any():  # rare: read the value back from its file, to name it as pack does
             gid = int(too_big.arg_max())
@@ -189,16 +190,17 @@ def check_limit_values(index: LengthIndex, frame: pl.DataFrame, columns: tuple[s
     return out
 
 
-def _kind_lengths(kind, inputs: list[str], resolution, tokens_column: str, skip_empty: bool) -> LengthIndex:
+def _kind_lengths(resolution, options: InputOptions, skip_empty: bool) -> LengthIndex:
     """`read_lengths` of an input other than Parquet, through its kind (`packctl.source.kinds`):
     indexed and scanned as `pack` scans it, with every check `pack` makes (lengths from the `.idx`
-    alone where the kind has them so, `InputKind.scan_lengths`; else each block decoded)."""
-    index = kind.index(resolution, InputOptions(tokens_column))
-    scanned = kind.scan_lengths(index, 0, len(index.blocks), skip_empty=skip_empty)
+    alone where the kind has them so, `InputKind.scan_lengths`; else each block decoded: raw
+    records tokenized as `pack --tokenizer` tokenizes them)."""
+    index = index_inputs(resolution, options)
+    scanned = index.kind.scan_lengths(index, 0, len(index.blocks), skip_empty=skip_empty)
     if scanned is None:  # empty rows refused by the kind as `pack` refuses them
         scanned, _ = scan_blocks(index, 0, len(index.blocks), 0, skip_empty=skip_empty)
     lengths = LengthIndex(files=index.files, file_offsets=index.file_offsets, lengths=scanned.lengths,
-                          tokens_column=tokens_column, fingerprints=index.fingerprints)
+                          tokens_column=index.tokens_column, fingerprints=index.fingerprints, kind=index.kind)
     return lengths
 
 
@@ -312,7 +314,8 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
                for c in capacities for a in algorithms}
 
     index = read_lengths(inputs, config.tokens_column, config.group_column, skip_empty=config.skip_empty,
-                         limit_columns=tuple(config.limits), split=config.split)
+                         limit_columns=tuple(config.limits), split=config.split,
+                         options=options_of(dataclasses.asdict(config)))
     read_seconds = time.perf_counter() - started
     # With --too-long error, pack would stop at the first over-long sequence: the what-if reports
     # where, and plans that capacity's rows with split (every token kept) instead of stopping.

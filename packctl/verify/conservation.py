@@ -17,6 +17,7 @@ The global sample id of row r of input file f is `rows before f + r`, files in t
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ from packctl.contract.thd import PackRows
 from packctl.verify.pack_rules import tiled_starts
 from packctl.verify.violation import Violation
 from packctl.source.index import Block, describe_gid
-from packctl.source.kinds import InputOptions, kind_of
+from packctl.source.kinds import InputKind, InputOptions, kind_of_paths, options_of
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -116,7 +117,15 @@ def _suffix_match(a: str, b: str) -> int:
     return n
 
 
-def match_sources(manifest: dict[str, Any], sources: list[str], split: str | None = None) -> list[str]:
+def source_options(manifest: dict[str, Any], tokenizer: str | None = None) -> InputOptions:
+    """How the output's source is read: the manifest's options (its tokenizer, for an output
+    packed from raw records), `tokenizer` given replacing the recorded one."""
+    config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    return options_of(config, tokenizer)
+
+
+def match_sources(manifest: dict[str, Any], sources: list[str], split: str | None = None,
+                  tokenizer: str | None = None) -> list[str]:
     """The --source files in the manifest's `inputs` order (the global sample id order); of a
     directory holding dataset splits, those of `split`, by default the split the output was packed
     from (its manifest's `config.split`).
@@ -129,7 +138,8 @@ def match_sources(manifest: dict[str, Any], sources: list[str], split: str | Non
     if not isinstance(inputs, list) or not inputs or not all(isinstance(i, dict) and "path" in i for i in inputs):
         raise PackctlError("the manifest lists no inputs, so --source cannot be matched to sample ids")
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
-    resolved = resolve(sources, split=split if split is not None else config.get("split")).paths
+    resolved = resolve(sources, split=split if split is not None else config.get("split"),
+                       options=source_options(manifest, tokenizer)).paths
     by_real = {os.path.realpath(p): p for p in resolved}
     matched: list[str] = []
     for entry in inputs:
@@ -172,7 +182,8 @@ class ConservationResult:
 
 
 def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pieces: OutputPieces, *,
-                       details: int = 5, advance: Callable[[int], None] = lambda n: None) -> ConservationResult:
+                       details: int = 5, advance: Callable[[int], None] = lambda n: None,
+                       tokenizer: str | None = None) -> ConservationResult:
     """Every source sample against the output's pieces; see the module docstring. `advance(1)`
     after each source file is compared (progress).
 
@@ -182,6 +193,9 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
     config = _pack_config(manifest)
     tokens_column = config.tokens_column
     labels_column = manifest["config"].get("labels_column")
+    options = dataclasses.replace(source_options(manifest, tokenizer), tokens_column=tokens_column,
+                                  labels_column=labels_column)
+    kind = kind_of_paths(paths, options)
     skip_empty = bool(manifest["config"].get("skip_empty", False))
     shard_of, row_of, seq_of, sample_ids, lens, token_fp, label_fp = pieces.arrays()
     found: list[Violation] = []
@@ -195,7 +209,7 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
                                "its samples count as missing (see the structure failures)", shard=shard))
 
     # Source rows per file, in manifest order: the gid ranges.
-    file_rows = np.array([_source_rows(p) for p in paths], dtype=np.int64)
+    file_rows = np.array([_source_rows(kind, p, options) for p in paths], dtype=np.int64)
     for entry, path, rows in zip(manifest["inputs"], paths, file_rows):
         if "rows" in entry and int(entry["rows"]) != rows:
             raise PackctlError(f"--source {path}: {rows} rows, but the output was packed from {entry['rows']}; "
@@ -223,7 +237,7 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
     src_label_fp = np.zeros(len(sample_ids), dtype=np.uint64)
     for f, path in enumerate(paths):
         # The whole file, validated; an output packed with --skip-empty left its empty rows out.
-        decoded = _decode_source(path, int(file_rows[f]), tokens_column, labels_column, skip_empty)
+        decoded = _decode_source(kind, path, int(file_rows[f]), options, skip_empty)
         src_len[file_offsets[f]:file_offsets[f + 1]] = np.diff(decoded.offsets)
         lo, hi = np.searchsorted(sorted_ids, [file_offsets[f], file_offsets[f + 1]])
         sel = order[lo:hi]
@@ -241,7 +255,7 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
     over_long = (src_len + config.align - 1) // config.align * config.align > config.plan_capacity
 
     def describe(gid: int) -> str:
-        return f"sample {gid} ({describe_gid(paths, file_offsets, gid)}, {src_len[gid]} tokens)"
+        return f"sample {gid} ({describe_gid(kind, paths, file_offsets, gid)}, {src_len[gid]} tokens)"
 
     def pieces_of(gid: int, limit: int = 3) -> str:
         lo, hi = np.searchsorted(sorted_ids, [gid, gid + 1])
@@ -306,7 +320,7 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
     for p in bad[:details]:
         found.append(_diagnose(out, names[shard_of[p]], int(row_of[p]), int(seq_of[p]), int(sample_ids[p]),
                                int(piece_start[p]), describe(int(sample_ids[p])), paths, file_offsets,
-                               tokens_column, labels_column))
+                               kind, options))
     if len(bad) > details:
         found.append(Violation("conservation", "content", f"{len(bad) - details} more sequences differ from the "
                                "source", count=len(bad) - details))
@@ -362,20 +376,20 @@ def _limit_values(out: Path, pieces: OutputPieces, limits: dict[str, int], src_e
                       f"{sample_ids[p]} has {expected[p, j]}", count=int(bad.sum()))]
 
 
-def _source_rows(path: str) -> int:
+def _source_rows(kind: InputKind, path: str, options: InputOptions) -> int:
     """The samples of one source input, as its kind counts them (a Megatron pair's documents)."""
-    return kind_of(path).read_file(path, 0)[2]
+    return kind.read_file(path, 0, options=options)[2]
 
 
-def _decode_source(path: str, rows: int, tokens_column: str, labels_column: str | None, skip_empty: bool):
+def _decode_source(kind: InputKind, path: str, rows: int, options: InputOptions, skip_empty: bool):
     """A whole source input, validated as pack validates it (a Parquet file, or a Megatron pair's
     documents); an output packed with --skip-empty left its empty samples out."""
     whole = Block(file=0, row_group=None, first_row=0, rows=rows, nbytes=0)  # row_group None: the whole file
-    return kind_of(path).decode(path, whole, InputOptions(tokens_column, labels_column), skip_empty=skip_empty)
+    return kind.decode(path, whole, options, skip_empty=skip_empty)
 
 
 def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, sample: str, paths: list[str],
-              file_offsets: np.ndarray, tokens_column: str, labels_column: str | None) -> Violation:
+              file_offsets: np.ndarray, kind: InputKind, options: InputOptions) -> Violation:
     """Read one differing sequence and its source slice again, and say at which token they part."""
     table = pq.read_table(out / shard, columns=[INPUT_IDS, LABELS, SEQ_LENS, SEQ_LENS_PADDED]).slice(row, 1)
     seq_lens = table.column(SEQ_LENS)[0].as_py()
@@ -384,7 +398,7 @@ def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, s
     out_tokens = np.asarray(table.column(INPUT_IDS)[0].as_py()[offset:offset + n], dtype=np.int64)
     out_labels = np.asarray(table.column(LABELS)[0].as_py()[offset:offset + n], dtype=np.int64)
     f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
-    src_tokens, src_labels = _source_row(paths[f], gid - int(file_offsets[f]), tokens_column, labels_column)
+    src_tokens, src_labels = _source_row(kind, paths[f], gid - int(file_offsets[f]), options)
     src_tokens, src_labels = src_tokens[start:start + n], src_labels[start:start + n]
     if len(src_labels):
         src_labels[0] = IGNORE_INDEX
@@ -405,12 +419,11 @@ def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, s
     return Violation("conservation", rule, message, shard=shard, row=row, sequence=seq)
 
 
-def _source_row(path: str, row: int, tokens_column: str, labels_column: str | None) -> tuple[np.ndarray, np.ndarray]:
+def _source_row(kind: InputKind, path: str, row: int, options: InputOptions) -> tuple[np.ndarray, np.ndarray]:
     """Tokens and labels (int64) of one row of a source input, from the one block that holds it."""
-    kind = kind_of(path)
-    _, blocks, _ = kind.read_file(path, 0)
+    _, blocks, _ = kind.read_file(path, 0, options=options)
     block = next(b for b in blocks if b.first_row <= row < b.first_row + b.rows)
-    decoded = kind.decode(path, block, InputOptions(tokens_column, labels_column), skip_empty=True)
+    decoded = kind.decode(path, block, options, skip_empty=True)
     r = row - block.first_row
     tokens, labels = decoded.gather(np.array([r]), np.array([0]), np.diff(decoded.offsets)[r:r + 1])
     return tokens.astype(np.int64), labels.astype(np.int64)

@@ -54,6 +54,8 @@ class VerifyOptions:
     Args:
         source: the INPUT given to packctl pack (files, directories, globs); empty: no conservation.
         split: the dataset split of a --source directory that holds several; default the manifest's.
+        tokenizer: the tokenizer directory that reads raw --source records; default the manifest's
+            (an output packed with pack --tokenizer records it).
         attention: run the attention and contamination checks (needs torch).
         sample: number of packs drawn (seeded) for the attention checks.
         seed: seed of the pack sample, of the probe embedding and of the probed sequences.
@@ -67,6 +69,7 @@ class VerifyOptions:
 
     source: list[str] = field(default_factory=list)
     split: str | None = None
+    tokenizer: str | None = None
     attention: bool = True
     sample: int = 8
     seed: int = 0
@@ -225,8 +228,8 @@ def verify(out: str | Path, options: VerifyOptions | None = None, *, progress: P
     if options.source and broken & {"inputs", "config", "counts"}:
         conservation_skipped = "the manifest's inputs, config or counts are broken (see structure)"
     # a wrong --source fails first
-    sources = (match_sources(manifest, options.source, options.split) if options.source and not conservation_skipped
-               else None)
+    sources = (match_sources(manifest, options.source, options.split, options.tokenizer)
+               if options.source and not conservation_skipped else None)
     pieces = OutputPieces() if sources is not None else None
     structure = manifest_violations(problems)
     structure += unlisted_shards(out, [entry["path"] for _, entry in readable])
@@ -283,7 +286,7 @@ def verify(out: str | Path, options: VerifyOptions | None = None, *, progress: P
     else:
         started = time.perf_counter()
         result = check_conservation(out, manifest, sources, pieces,
-                                    advance=stage("conservation", len(sources)))
+                                    advance=stage("conservation", len(sources)), tokenizer=options.tokenizer)
         violations += result.violations
         s = result.summary
         checks["conservation"] = CheckResult(

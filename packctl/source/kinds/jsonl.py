@@ -85,8 +85,8 @@ class JsonlKind(OneFile):
     def claims(self, name: str, options: InputOptions | None = None) -> bool:
         return name.endswith(".jsonl") or name.endswith(".jsonl.gz")
 
-    def read_file(self, path: str, f: int, expected: FileFingerprint | None = None
-                  ) -> tuple[FileFingerprint, list[Block], int]:
+    def read_file(self, path: str, f: int, expected: FileFingerprint | None = None, *,
+                  options: InputOptions | None = None) -> tuple[FileFingerprint, list[Block], int]:
         """One read of the file: rows, blocks (byte offsets of their first line) and a digest of
         its bytes. Lines a, b, c (6 bytes each), 2 lines a block -> blocks at bytes 0 and 12."""
         st = _stat(path, expected)
@@ -208,7 +208,8 @@ def _ids(path: str, row: int, record: dict, column: str) -> list:
         keys = ", ".join(sorted(record)) or "none"
         if RAW_KEYS & set(record):  # text or chat records: not token ids yet
             raise PackctlError(f"{path} row {row}: a record of text ({keys}), not token ids; tokenize it first: "
-                               f"packctl tokenize {path} -o TOKENIZED --tokenizer DIR, then pack TOKENIZED")
+                               f"packctl tokenize {path} -o TOKENIZED --tokenizer DIR, then pack TOKENIZED; or pack "
+                               "it as it is with --tokenizer DIR")
         raise PackctlError(f"{path} row {row}: no '{column}' key (keys: {keys}); pass --tokens-column or "
                            "--labels-column naming the key of the token ids")
     value = record[column]

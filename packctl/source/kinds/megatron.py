@@ -24,8 +24,8 @@ class MegatronKind:
     def partners(self, path: str) -> tuple[str, ...]:
         return (path, bin_of(path))
 
-    def read_file(self, path: str, f: int, expected: FileFingerprint | None = None
-                  ) -> tuple[FileFingerprint, list[Block], int]:
+    def read_file(self, path: str, f: int, expected: FileFingerprint | None = None, *,
+                  options: InputOptions | None = None) -> tuple[FileFingerprint, list[Block], int]:
         with reader.open_pair(path, expected) as pair:
             return pair.fingerprint, reader.blocks_of(pair, f), pair.header.documents
 

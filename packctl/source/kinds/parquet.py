@@ -17,8 +17,8 @@ class ParquetKind(OneFile):
     def claims(self, name: str, options: InputOptions | None = None) -> bool:
         return name.endswith(".parquet")
 
-    def read_file(self, path: str, f: int, expected: FileFingerprint | None = None
-                  ) -> tuple[FileFingerprint, list[Block], int]:
+    def read_file(self, path: str, f: int, expected: FileFingerprint | None = None, *,
+                  options: InputOptions | None = None) -> tuple[FileFingerprint, list[Block], int]:
         if expected is not None:
             meta = open_parquet(path, expected).metadata
             blocks, rows = reader.blocks_of(meta, f)

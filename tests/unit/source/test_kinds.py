@@ -14,7 +14,7 @@ import pytest
 from packctl import PackConfig, pack
 from packctl.errors import PackctlError
 from packctl.source import megatron
-from packctl.source.kinds import INPUT_KINDS, JSONL, MEGATRON, PARQUET, InputOptions, kind_of, kind_of_paths
+from packctl.source.kinds import INPUT_KINDS, JSONL, MEGATRON, PARQUET, RAW, InputOptions, kind_of, kind_of_paths
 from packctl.source.kinds import jsonl as jsonl_kind
 from packctl.source.resolve import resolve
 from packctl.stats.whatif import read_lengths
@@ -41,7 +41,11 @@ def rows_of(path: Path) -> list[list[int]]:
 def test_each_path_has_one_kind_and_a_run_one_kind():
     assert [kind_of(p) for p in ("a.parquet", "c.idx", "c.bin", "t.jsonl", "t.jsonl.gz")] == [
         PARQUET, MEGATRON, MEGATRON, JSONL, JSONL]
-    assert set(INPUT_KINDS) == {PARQUET, MEGATRON, JSONL}
+    assert set(INPUT_KINDS) == {RAW, PARQUET, MEGATRON, JSONL}
+    tokenizing = InputOptions(tokenizer="tok")  # a tokenizer makes record files raw records, and only them
+    assert [kind_of(p, tokenizing) for p in ("a.parquet", "c.idx", "t.jsonl", "t.json", "b.txt", "t.jsonl.zst")] == [
+        RAW, MEGATRON, RAW, RAW, RAW, RAW]
+    assert kind_of("t.json") is PARQUET  # without one, a name no kind claims is read (and refused) as Parquet
     with pytest.raises(PackctlError, match=r"^a.parquet: a Parquet input beside the JSONL input t.jsonl; one run"):
         kind_of_paths(["t.jsonl", "a.parquet"])
 

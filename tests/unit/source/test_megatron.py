@@ -83,12 +83,13 @@ def test_multimodal_text_sequences_are_read_and_other_modes_refused(tmp_path):
 def test_a_plans_scan_reads_lengths_and_checks_from_the_idx_alone(tmp_path, monkeypatch):
     """`scan_lengths` (pack --plan-only): the lengths decoding gives, over blocks of several pairs,
     the same refusals of what the .idx shows, and no read of the .bin."""
-    from packctl.source.parquet import scan_blocks
+    from packctl.source.kinds import InputOptions
+    from packctl.source.scan import index_inputs, scan_blocks
 
     for k, dtype in enumerate((np.uint16, np.int64)):
         build_with_megatron(tmp_path / "d" / f"p{k}", random_documents(k, 50, max_length=30, empty=0.1), dtype)
     monkeypatch.setattr(megatron, "BLOCK_DOCUMENTS", 7)  # blocks of 7 documents
-    index = megatron.index_inputs(resolve([str(tmp_path / "d")]), "input_ids")
+    index = index_inputs(resolve([str(tmp_path / "d")]), InputOptions())
     assert len(index.blocks) > 10
     decoded, _ = scan_blocks(index, 3, len(index.blocks) - 2, 1 << 20, skip_empty=True)
 
