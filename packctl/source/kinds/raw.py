@@ -36,9 +36,9 @@ from packctl.source.files import FileFingerprint, changed_error
 from packctl.source.index import Block, InputFile, Resolution, SequenceIndex
 from packctl.source.kinds import InputOptions, OneFile
 from packctl.tokenize import rawfiles
+from packctl.tokenize.options import LABELS, TOKENS  # the columns `packctl tokenize` writes, as the index names them
 
 BLOCK_RECORDS = 1024  # records a block: what one decode tokenizes (tokenize's row groups are as long)
-TOKENS, LABELS = "input_ids", "labels"  # the columns `packctl tokenize` writes, as the index names them
 
 _lock = threading.Lock()
 _files: dict[tuple, rawfiles.RawFile] = {}  # (path, size, mtime_ns, inode, block records) -> the file as indexed
@@ -202,7 +202,7 @@ class RawKind(OneFile):
     def describe(self, path: str, row: int, column: str | None = None) -> str:
         return f"{path} row {row}"  # a record has fields, not the token columns
 
-    def check_options(self, resolution, *, tokens_column: str = "input_ids", **columns) -> None:
+    def check_options(self, resolution, *, tokens_column: str = TOKENS, **columns) -> None:
         flags = {"keep_columns": "--keep-columns", "weight_column": "--weight-column",
                  "group_column": "--group-column", "limits": "--limit", "labels_column": "--labels-column"}
         given = [flag for name, flag in flags.items() if columns.get(name)]
