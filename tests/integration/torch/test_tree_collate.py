@@ -46,8 +46,9 @@ def batch_of(seed: int, packs: int, align: int):
     for _ in range(packs):
         items.append(random_items(rng, first_gid=gid))
         gid += sum(len(rows_of([it])) for it in items[-1])
-    built = [tree_pack(it, align=align, length=None if k % 2 else 4 + sum(
-        -(-len(r.tokens) // align) * align for r in rows_of(it))) for k, it in enumerate(items)]
+    # every other pack holds 4 tokens of tail padding past its padded segments
+    built = [tree_pack(it, align=align, length=None if k % 2 else 4 + len(tree_pack(it, align=align)["input_ids"]))
+             for k, it in enumerate(items)]
     return items, built
 
 
