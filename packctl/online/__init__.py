@@ -31,7 +31,6 @@ Importing this module loads numpy and numba only: no pyarrow, polars, typer or r
 from __future__ import annotations
 
 import heapq
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +46,8 @@ from packctl.plan.windows import PackPlan, SequenceTooLong, plan_windows
 from packctl.specs import BalanceSpec, WindowOptions
 
 __all__ = ["Packs", "Steps", "plan_packs", "plan_steps", "warm_up"]
+
+# packctl/online/adapters.py holds the drop-in packers of other frameworks (NeMo-RL, verl)
 
 TOO_LONG = ("error", "drop", "truncate", "split")
 BALANCE = ("tokens", "attention")
@@ -322,7 +323,9 @@ def warm_up(algorithms=ALGORITHMS) -> None:
     lengths = np.array([7, 3, 5, 2, 8, 1, 4, 6], dtype=np.int64)
     for algorithm in algorithms:
         packs = plan_packs(lengths, 8, algorithm=algorithm)
-        plan_packs(lengths, 8, algorithm=algorithm, max_seqs_per_bin=2, groups=np.arange(8) // 2)
+        plan_packs(lengths, 8, algorithm=algorithm, max_seqs_per_bin=2)
+        if algorithm != "split":
+            plan_packs(lengths, 16, algorithm=algorithm, groups=np.arange(8) // 2)
         plan_steps(packs=packs, dp_size=2)
     plan_packs(np.array([20, 3, 5]), 8, too_long="split")
 
@@ -455,18 +458,3 @@ def _imbalance(grid: np.ndarray) -> dict[str, float]:
     mean = grid.mean(axis=1)
     per_step = np.where(mean > 0, grid.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
     return {"mean": float(per_step.mean()), "max": float(per_step.max())}
-
-
-def main(argv: list[str]) -> int:
-    """`python -m packctl.online`: compile and cache every planning kernel (`warm_up`)."""
-    import time
-    started = time.perf_counter()
-    warm_up()
-    from packctl.jit import compile_seconds
-    print(f"packctl.online: kernels ready ({compile_seconds():.1f} s compiling, "
-          f"{time.perf_counter() - started:.1f} s in all)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
