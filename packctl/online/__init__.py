@@ -356,8 +356,8 @@ def _lengths(lengths) -> np.ndarray:
     if array.dtype.kind not in "iu":
         raise PackctlError(f"lengths must be integers, got dtype {array.dtype}: pass token counts")
     array = array.astype(np.int64, copy=False)
-    bad = np.flatnonzero(array < 1)
-    if bad.size:
+    if array.min() < 1:
+        bad = np.flatnonzero(array < 1)
         raise PackctlError(f"lengths[{int(bad[0])}] = {int(array[bad[0]])}: every length must be >= 1; leave empty "
                            f"sequences out ({bad.size} such)")
     return np.ascontiguousarray(array)
@@ -434,18 +434,24 @@ def _more_packs(offsets: np.ndarray, pinned: np.ndarray, target: int) -> tuple[n
 
 def _packs_of(plan: PackPlan, n: int, capacity: int, align: int, group_of: np.ndarray | None) -> Packs:
     """`Packs` of a one-window plan over sequences 0..n-1 (their `piece_gid`)."""
-    offsets = plan.bin_offsets.astype(np.int64)
-    sequence = plan.piece_gid.astype(np.int64)
-    piece_pack = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
-    piece_position = np.arange(len(sequence), dtype=np.int64) - offsets[piece_pack]
+    offsets = plan.bin_offsets.astype(np.int64, copy=False)
+    sequence = plan.piece_gid.astype(np.int64, copy=False)
+    counts = np.diff(offsets)
+    piece_pack = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    piece_position = np.arange(len(sequence), dtype=np.int64) - np.repeat(offsets[:-1], counts)
     pack = np.full(n, -1, np.int64)
     position = np.full(n, -1, np.int64)
-    firsts = np.flatnonzero(plan.piece_start == 0)  # a sequence's first token is in its piece starting at 0
-    pack[sequence[firsts]] = piece_pack[firsts]
-    position[sequence[firsts]] = piece_position[firsts]
+    if plan.piece_start.any():  # split sequences: their first token is in their piece starting at 0
+        firsts = np.flatnonzero(plan.piece_start == 0)
+        sequence_of_first, piece_pack, piece_position = sequence[firsts], piece_pack[firsts], piece_position[firsts]
+    else:
+        sequence_of_first = sequence
+    pack[sequence_of_first] = piece_pack
+    position[sequence_of_first] = piece_position
     return Packs(capacity=capacity, align=align, offsets=offsets, sequence=sequence,
-                 start=plan.piece_start.astype(np.int64), length=plan.piece_len.astype(np.int64),
-                 padded=plan.piece_padded.astype(np.int64), pack=pack, position=position,
+                 start=plan.piece_start.astype(np.int64, copy=False),
+                 length=plan.piece_len.astype(np.int64, copy=False),
+                 padded=plan.piece_padded.astype(np.int64, copy=False), pack=pack, position=position,
                  dropped=np.asarray(plan.dropped, np.int64), truncated=np.asarray(plan.truncated, np.int64),
                  group_id=None if group_of is None else group_of[sequence])
 
