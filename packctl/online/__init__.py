@@ -90,6 +90,7 @@ class Packs:
     dropped: np.ndarray
     truncated: np.ndarray
     group_id: np.ndarray | None = None  # per piece, with groups: the group of its sequence
+    max_seqs_per_bin: int | None = None  # the bound planned with, which plan_steps' moves keep
     _metrics: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -253,7 +254,7 @@ def plan_packs(lengths, capacity: int, *, algorithm: str = "bfd", max_seqs_per_b
                         piece_len=plan.piece_len[take], piece_padded=plan.piece_padded[take], dropped=plan.dropped,
                         truncated=plan.truncated, tokens_dropped=plan.tokens_dropped,
                         tokens_truncated=plan.tokens_truncated)
-    return _packs_of(plan, n, capacity, align, group_of)
+    return _packs_of(plan, n, capacity, align, group_of, max_seqs_per_bin)
 
 
 def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None, *, packs: Packs | None = None,
@@ -313,7 +314,7 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
         balance_scope = "sequences" if per_step <= AUTO_SEQUENCES else "packs"
     spec = BalanceSpec(dp_size=dp_size, micro_batches=per_rank, cost=balance, attn_coeff=float(attn_coeff),
                        scope=balance_scope, equal_counts=equal_counts, capacity=packs.capacity,
-                       max_seqs_per_bin=packing.get("max_seqs_per_bin"), seed=seed)
+                       max_seqs_per_bin=packs.max_seqs_per_bin, seed=seed)
     pinned = None
     if packs.group_id is not None:
         pinned = _in_larger_group(_group_of_sequences(packs))[packs.sequence]
@@ -321,7 +322,8 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
     out = balanced.plan
     group_of = None if packs.group_id is None else _group_of_sequences(packs)
     before = {"tokens": _imbalance(balanced.before_tokens), "attention": _imbalance(balanced.before_attention)}
-    return Steps(packs=_packs_of(out, len(packs.pack), packs.capacity, packs.align, group_of), dp_size=dp_size,
+    return Steps(packs=_packs_of(out, len(packs.pack), packs.capacity, packs.align, group_of, packs.max_seqs_per_bin),
+                 dp_size=dp_size,
                  step=balanced.step, rank=balanced.dp_rank, micro_batch=balanced.micro_batch,
                  packs_added=balanced.packs_added, unequal_steps=balanced.unequal_steps,
                  attn_coeff=float(attn_coeff), _before=before)
@@ -432,7 +434,8 @@ def _more_packs(offsets: np.ndarray, pinned: np.ndarray, target: int) -> tuple[n
     return new_offsets, take
 
 
-def _packs_of(plan: PackPlan, n: int, capacity: int, align: int, group_of: np.ndarray | None) -> Packs:
+def _packs_of(plan: PackPlan, n: int, capacity: int, align: int, group_of: np.ndarray | None,
+              max_seqs_per_bin: int | None) -> Packs:
     """`Packs` of a one-window plan over sequences 0..n-1 (their `piece_gid`)."""
     offsets = plan.bin_offsets.astype(np.int64, copy=False)
     sequence = plan.piece_gid.astype(np.int64, copy=False)
@@ -453,7 +456,7 @@ def _packs_of(plan: PackPlan, n: int, capacity: int, align: int, group_of: np.nd
                  length=plan.piece_len.astype(np.int64, copy=False),
                  padded=plan.piece_padded.astype(np.int64, copy=False), pack=pack, position=position,
                  dropped=np.asarray(plan.dropped, np.int64), truncated=np.asarray(plan.truncated, np.int64),
-                 group_id=None if group_of is None else group_of[sequence])
+                 group_id=None if group_of is None else group_of[sequence], max_seqs_per_bin=max_seqs_per_bin)
 
 
 def _in_larger_group(group_of: np.ndarray) -> np.ndarray:

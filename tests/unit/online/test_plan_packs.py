@@ -117,6 +117,15 @@ def test_steps_deal_every_pack_within_capacity(lengths, dp_size, micro_batches, 
     assert np.array_equal(again.rank, steps.rank) and np.array_equal(again.packs.sequence, packs.sequence)
 
 
+@settings(max_examples=examples(100), deadline=None)
+@given(batches, st.integers(2, 8), st.integers(1, 3))
+def test_steps_of_planned_packs_keep_their_sequence_bound(lengths, dp_size, max_seqs):
+    planned = plan_packs(lengths, 300, max_seqs_per_bin=max_seqs)
+    steps = plan_steps(packs=planned, dp_size=dp_size, balance="tokens", balance_scope="sequences")
+    assert (np.diff(steps.packs.offsets) <= max_seqs).all()
+    assert (steps.packs.loads() <= 300).all()
+
+
 def test_steps_even_out_the_ranks():
     lengths = np.random.default_rng(0).lognormal(6, 1, 2000).clip(1, 4096).astype(np.int64)
     steps = plan_steps(lengths, 8, capacity=8192, balance="tokens")
