@@ -264,7 +264,8 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
     """Deal a batch's packs to `dp_size` ranks so that every rank's step costs the same.
 
     Give either `lengths` with `capacity` (and any option of `plan_packs` as a keyword: algorithm,
-    align, groups, ...), which are packed first, or `packs=` from `plan_packs`. This is `pack
+    align, groups, ...), which are packed first, or the `Packs` of `plan_packs` (first, or as
+    `packs=`). This is `pack
     --dp-size D --micro-batches M` on the batch (plan/balance.py): packs sorted by cost and cut into
     steps of D x M packs; each step's packs dealt by Karmarkar-Karp over the ranks, then single
     sequences moved or swapped between ranks while that lowers the slowest rank (never over the
@@ -295,6 +296,8 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
         micro_batches = _positive(micro_batches, "micro_batches")
     _choice(balance, BALANCE, "balance")
     _choice(balance_scope, BALANCE_SCOPES, "balance_scope")
+    if isinstance(lengths, Packs) and packs is None:  # plan_steps(plan_packs(...), dp_size)
+        lengths, packs = None, lengths
     if (lengths is None) == (packs is None):
         raise PackctlError("plan_steps: give the batch's lengths (with capacity=) or packs= from plan_packs, one of "
                            "the two")

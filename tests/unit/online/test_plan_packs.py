@@ -123,6 +123,7 @@ def test_steps_of_planned_packs_keep_their_sequence_bound(lengths, dp_size, max_
     planned = plan_packs(lengths, 300, max_seqs_per_bin=max_seqs)
     steps = plan_steps(packs=planned, dp_size=dp_size, balance="tokens", balance_scope="sequences")
     assert (np.diff(steps.packs.offsets) <= max_seqs).all()
+    assert np.array_equal(plan_steps(planned, dp_size, balance="tokens", balance_scope="sequences").rank, steps.rank)
     assert (steps.packs.loads() <= 300).all()
 
 
