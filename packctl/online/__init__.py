@@ -16,8 +16,9 @@ plan/balance.py, the same functions) on those lengths and return plain numpy arr
 
 Packing these lengths with `packctl pack --order input --window N` (N at least the number of
 sequences) plans the same packs, in the same order; with `--dp-size D --micro-batches M` the same
-steps (tests/integration/test_online_pack.py pins both against real `pack` runs). No call communicates: every rank that calls with the same
-lengths and options gets the same arrays, so each rank can plan the whole batch and take its share.
+steps (tests/integration/test_online_pack.py compares both with real `pack` runs). No call
+communicates: every rank that calls with the same lengths and options gets the same arrays, so
+each rank can plan the whole batch and take its share.
 
 What a call costs: the kernels are numba functions cached on disk after their first compilation
 (packctl/jit.py); a process that finds them there loads them in milliseconds, so the first call of
