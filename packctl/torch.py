@@ -46,10 +46,10 @@ from packctl.source.pieces import BlockCache, plan_rows, plan_source
 torch = require("torch", "torch", "packctl.torch")
 
 __all__ = [
+    "thd_batch",
     "PackedDataset", "RowGroupShuffle", "collate_flash_attn", "collate_hf", "collate_thd", "cp_slice", "packed_seq_params",
     "block_causal_mask", "varlen_attention", "read_lr_scales", "apply_lr_scale", "loss_fn", "split_loss_fields",
     "split_limit_fields",
-    "thd_batch",
 ]
 
 
