@@ -20,7 +20,11 @@ from packctl.version import __version__  # noqa: E402
 from packctl.config import PackConfig, load_config  # noqa: E402
 from packctl.errors import PackctlError, in_api_terms  # noqa: E402
 
-__all__ = ["PackConfig", "PackResult", "PackctlError", "load_config", "pack", "__version__"]
+__all__ = ["PackConfig", "PackResult", "PackctlError", "load_config", "pack", "plan_packs", "plan_steps", "__version__"]
+
+# the planning API for training loops (packctl/online.py): loaded on first use, so that
+# `import packctl` stays free of numba
+_ONLINE = ("plan_packs", "plan_steps", "Packs", "Steps")
 
 
 def pack(config: PackConfig, **options):
@@ -46,4 +50,8 @@ def __getattr__(name: str):
         from packctl import pipeline
 
         return getattr(pipeline, name)
+    if name in _ONLINE:
+        from packctl import online
+
+        return getattr(online, name)
     raise AttributeError(f"module 'packctl' has no attribute {name!r}")

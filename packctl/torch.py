@@ -49,6 +49,7 @@ from packctl.source.pieces import BlockCache, plan_rows, plan_source
 torch = require("torch", "torch", "packctl.torch")
 
 __all__ = [
+    "thd_batch",
     "PackedDataset", "RowGroupShuffle", "collate_flash_attn", "collate_hf", "collate_thd", "cp_slice", "packed_seq_params",
     "block_causal_mask", "varlen_attention", "read_lr_scales", "apply_lr_scale", "loss_fn", "split_loss_fields",
     "split_limit_fields",
@@ -524,6 +525,118 @@ def collate_thd(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "qkv_format": "thd",
         **_limit_fields(packs),
     }
+
+
+def thd_batch(sequences: Sequence[torch.Tensor], packs, pack_ids: Sequence[int] | None = None, *,
+              labels: Sequence[torch.Tensor] | None = None, pad_to: int | None = None, pad_token_id: int = 0,
+              shift_labels: bool = False, device: Any = None) -> dict[str, Any]:
+    """A micro-batch in THD layout from a batch's own token tensors and its plan (`packctl.plan_packs`,
+    or `plan_steps(...).packs`): what `collate_flash_attn` makes of packs read from an output, made
+    in the training loop from the rollouts themselves.
+
+    `sequences[i]` holds sequence i's tokens (a 1-D tensor of `lengths[i]` ids, on any device) and
+    `labels[i]`, when given, its labels (-100 where no loss is taken, a masked prompt); without
+    labels every token is a target. The packs `pack_ids` (default: every pack) are laid end to end
+    in one row; each piece is padded to its aligned length and, with `pad_to`, each pack to
+    `pad_to` tokens (static shapes; its tail padding belongs to its last sequence, as in
+    docs/format.md):
+
+        lengths [3, 2], capacity 8, align 1, one pack [0, 1], pad_to 8, `.` = -100
+        input_ids     [[a0 a1 a2 b0 b1  0  0  0]]      position_ids [[0 1 2 0 1 2 3 4]]
+        labels        [[ . a1 a2  . b1  .  .  .]]      cu_seqlens   [0, 3, 8]   max_seqlen 5
+        seq_lens      [3, 2]    seq_loss_tokens [2, 1]    num_loss_tokens 3    sample_ids [0, 1]
+
+    The first label of every sequence is -100 (no position predicts across a boundary) and so is
+    every padding label; `labels` are not shifted (logits[i] predicts labels[i + 1]), unless
+    `shift_labels`: then labels[i] is the target of position i (Megatron's GPT loss, `collate_thd`)
+    and `loss_mask` (float32, 1 where labels[i] is a target) comes along.
+
+    Returns `input_ids`, `labels`, `position_ids` (int64 [1, T]), `cu_seqlens` (int32 [S+1], the
+    padded segments: flash-attn's cu_seqlens, as `collate_flash_attn`), `max_seqlen` (int),
+    `seq_lens` (int32 [S], true tokens), `sample_ids` (int64 [S], the index of each piece's
+    sequence), `seq_loss_tokens` (int64 [S]), `num_loss_tokens` (int) and `seq_index` (int64 [1, T],
+    the segment of each token), on `device` (default: that of the sequences). The tokens are
+    gathered with one copy per piece and the rest is built with tensor operations, no Python loop
+    over tokens, so it runs on the GPU where the rollouts are.
+    """
+    from packctl.arrays import ranges
+    from packctl.contract.schema import SAMPLE_IDS
+
+    offsets = np.asarray(packs.offsets, dtype=np.int64)
+    pack_ids = np.arange(len(offsets) - 1) if pack_ids is None else np.asarray(pack_ids, dtype=np.int64).reshape(-1)
+    if len(pack_ids) == 0:
+        raise PackctlError("thd_batch: pack_ids is empty; pass the packs of the micro-batch")
+    if pack_ids.min() < 0 or pack_ids.max() >= len(offsets) - 1:
+        raise PackctlError(f"thd_batch: pack_ids {pack_ids.tolist()[:8]} are not all in [0, {len(offsets) - 1}), the "
+                           f"packs of this plan")
+    sequence = np.asarray(packs.sequence, dtype=np.int64)
+    given = np.array([int(t.shape[0]) for t in sequences], dtype=np.int64)
+    if len(given) <= int(sequence.max(initial=-1)):
+        raise PackctlError(f"thd_batch: the plan has sequence {int(sequence.max())} and {len(given)} sequences came: "
+                           f"pass the batch the plan was made of")
+    planned = np.bincount(sequence, weights=packs.length, minlength=len(given)).astype(np.int64)
+    whole = np.ones(len(given), dtype=bool)
+    whole[np.asarray(packs.truncated, dtype=np.int64)] = False
+    whole[np.asarray(packs.dropped, dtype=np.int64)] = False
+    wrong = np.flatnonzero(whole & (planned != given))
+    if wrong.size:
+        i = int(wrong[0])
+        raise PackctlError(f"thd_batch: sequences[{i}] has {given[i]} tokens, the plan {planned[i]}: plan the lengths "
+                           f"of these very sequences")
+    if labels is not None and [int(t.shape[0]) for t in labels] != given.tolist():
+        raise PackctlError("thd_batch: labels must hold one tensor per sequence, of its sequence's length")
+    counts = offsets[pack_ids + 1] - offsets[pack_ids]
+    pieces = ranges(offsets[pack_ids], counts)
+    seq, start = sequence[pieces], np.asarray(packs.start, dtype=np.int64)[pieces]
+    length, segment = np.asarray(packs.length, dtype=np.int64)[pieces], np.asarray(packs.padded, dtype=np.int64)[pieces]
+    segment = segment.copy()
+    if pad_to is not None:
+        last = np.cumsum(counts) - 1
+        loads = np.add.reduceat(segment, np.cumsum(counts) - counts)
+        if (loads > pad_to).any():
+            raise PackctlError(f"thd_batch: pad_to {pad_to} is less than a pack's {int(loads.max())} tokens; pass the "
+                               f"capacity the packs were planned with")
+        segment[last] += pad_to - loads
+    cu = np.concatenate(([0], np.cumsum(segment))).astype(np.int64)
+
+    def gathered(tensors) -> torch.Tensor:
+        return torch.cat([tensors[s][a:a + n] for s, a, n in zip(seq.tolist(), start.tolist(), length.tolist())])
+
+    tokens = gathered(sequences)
+    device = tokens.device if device is None else torch.device(device)
+    tokens = tokens.to(device=device, dtype=torch.int64)
+    targets = tokens if labels is None else gathered(labels).to(device=device, dtype=torch.int64)
+    total, count = int(cu[-1]), len(seq)
+    segment_t = torch.as_tensor(segment, device=device)
+    seq_index = torch.repeat_interleave(torch.arange(count, device=device), segment_t)
+    cu_t = torch.as_tensor(cu, device=device)
+    position = torch.arange(total, device=device) - cu_t[:-1][seq_index]
+    real = position < torch.as_tensor(length, device=device)[seq_index]
+    input_ids = torch.full((total,), pad_token_id, dtype=torch.int64, device=device)
+    input_ids[real] = tokens
+    label_row = torch.full((total,), IGNORE_INDEX, dtype=torch.int64, device=device)
+    label_row[real] = targets
+    label_row[cu_t[:-1]] = IGNORE_INDEX  # a sequence's first token is nobody's target
+    seq_loss_tokens = torch.zeros(count, dtype=torch.int64, device=device).index_add_(
+        0, seq_index, (label_row != IGNORE_INDEX).to(torch.int64))
+    out = {
+        INPUT_IDS: input_ids.unsqueeze(0),
+        LABELS: label_row.unsqueeze(0),
+        POSITION_IDS: position.unsqueeze(0),
+        CU_SEQLENS: cu_t.to(torch.int32),
+        "max_seqlen": int(segment.max()),
+        SEQ_LENS: torch.as_tensor(length, dtype=torch.int32, device=device),
+        SAMPLE_IDS: torch.as_tensor(seq, device=device),
+        SEQ_LOSS_TOKENS: seq_loss_tokens,
+        NUM_LOSS_TOKENS: int(seq_loss_tokens.sum()),
+        "seq_index": seq_index.unsqueeze(0),
+    }
+    if shift_labels:
+        shifted = torch.full_like(label_row, IGNORE_INDEX)
+        shifted[:-1] = label_row[1:]
+        out[LABELS] = shifted.unsqueeze(0)
+        out["loss_mask"] = (shifted != IGNORE_INDEX).to(torch.float32).unsqueeze(0)
+    return out
 
 
 def cp_slice(batch: Mapping[str, Any], cp_size: int, cp_rank: int) -> dict[str, Any]:
