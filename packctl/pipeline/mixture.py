@@ -17,7 +17,7 @@ import numpy as np
 from packctl.plan.align import round_up
 from packctl.errors import PackctlError
 from packctl.mpi.comm import Comm
-from packctl.plan.mixture import (SEQUENCES, Draw, EmptySource, RepeatOverCap, draw_uses, interleave, source_order,
+from packctl.plan.mixture import (SEQUENCES, Draw, EmptySource, RepeatOverCap, draw_blend, interleave, source_order,
                                   uses_of, window_deviation)
 from packctl.specs import MixtureSpec, OrderSpec
 
@@ -35,31 +35,23 @@ def draw(lengths: np.ndarray, mix: MixtureSpec, skip_empty: bool) -> tuple[Draw,
     """The uses of every row of every source (`lengths`: every gid's), and each source's gids
     that may be drawn (with --skip-empty, those of rows that are not empty); a mix that needs more
     passes over a source than its cap is refused naming the source and the cap it would need."""
-    gids, sizes = [], []
-    for k in range(len(mix.names)):
-        ids = np.arange(mix.gid_starts[k], mix.gid_starts[k + 1], dtype=np.int64)
-        if skip_empty:
-            ids = ids[lengths[ids] > 0]
-        gids.append(ids)
-        sizes.append(np.ones(len(ids), np.int64) if mix.unit == SEQUENCES else lengths[ids])
     epochs_of = mix.names.index(mix.epochs_of) if mix.epochs_of is not None else None
     try:
-        found = draw_uses(sizes, gids, np.asarray(mix.weights), np.asarray(mix.max_repeats), size=mix.size,
-                          epochs_of=epochs_of, seed=mix.seed)
+        return draw_blend(lengths, mix.gid_starts, mix.weights, mix.max_repeats, unit=mix.unit, size=mix.size,
+                          epochs_of=epochs_of, seed=mix.seed, skip_empty=skip_empty)
     except RepeatOverCap as exc:
         name = mix.names[exc.source]
         raise PackctlError(
             f"--source {name}: the mix needs {exc.needed:.4g} passes over its {exc.size:,} {mix.unit} ({exc.target:,.0f} "
-            f"of {found_size(mix)} at weight {mix.weights[exc.source]:.4g}), more than its cap max-repeat "
+            f"of {_size_text(mix)} at weight {mix.weights[exc.source]:.4g}), more than its cap max-repeat "
             f"{exc.cap:g}; raise its cap to {_cap_needed(exc.needed)} ({name}=PATH:WEIGHT:{_cap_needed(exc.needed)}, "
             f"or max-repeat in [sources.{name}]), lower its weight, or ask for fewer --tokens", everywhere=True) from None
     except EmptySource as exc:
         raise PackctlError(f"--source {mix.names[exc.source]}: holds no {mix.unit} to draw from; give it a "
                            "non-empty input, or leave it out", everywhere=True) from None
-    return found, gids
 
 
-def found_size(mix: MixtureSpec) -> str:
+def _size_text(mix: MixtureSpec) -> str:
     if mix.size is not None:
         return f"--tokens {mix.size:,}"
     if mix.epochs_of is not None:
@@ -178,3 +170,16 @@ def source_table(mix: MixtureSpec, files, fingerprints) -> list[dict]:
                       "inputs": [first, end], "gids": [mix.gid_starts[k], mix.gid_starts[k + 1]],
                       "fingerprint": hashlib.sha256(json.dumps(described).encode()).hexdigest()})
     return table
+
+
+def blend_corpus(comm: Comm, index, spec: OrderSpec, corpus):
+    """The corpus counts of a blend: what it feeds the planner is its uses (a row drawn twice is
+    two sequences in), so the manifest's identities (tokens_in = packed + dropped + truncated)
+    hold; rows never drawn, empty ones among them, are not in it."""
+    import dataclasses
+
+    lengths, _ = gathered_lengths(comm, index)
+    found, gids = draw(lengths, spec.mixture, spec.skip_empty)
+    uses = sum(int(c.sum()) for c in found.counts)
+    tokens = sum(int((c * lengths[g]).sum()) for g, c in zip(gids, found.counts))
+    return dataclasses.replace(corpus, sequences=uses, tokens=tokens, skipped_empty=0)

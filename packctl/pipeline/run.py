@@ -47,7 +47,7 @@ from packctl.source.parquet import TokenSource, describe_block, index_inputs, sc
 from packctl.source.resolve import normalize_spec, pattern_reaching, resolve, respell
 from packctl.source.groups import read_group_starts
 from packctl.source.mixture import resolve_sources, with_blend
-from packctl.pipeline.mixture import blend_metrics, source_table, with_mixture
+from packctl.pipeline.mixture import blend_corpus, blend_metrics, source_table, with_mixture
 from packctl.contract.manifest import ShardEntry
 from packctl.output import commit as protocol
 from packctl.output.journal import RUN_FILE, partial_dir, read_block_digests, write_block_digests
@@ -145,6 +145,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
 
     with timed(timings, "scan"):
         scanned, corpus = _scan(comm, index, specs, progress, plan_only=config.plan_only)
+        if specs.order.mixture is not None:  # a blend's counts are of its uses
+            corpus = blend_corpus(comm, scanned.index, specs.order, corpus)
     digests = _block_digests(comm, scanned)
     if done and digests is not None:
         broadcast_outcome(comm, lambda: _check_blocks_unchanged(out, scanned.index, digests))

@@ -7,7 +7,7 @@ source's uses in the run's order (`source_order`), and the stratified interleave
       -> web needs 120 tokens: 1 row (0 whole passes, a seeded subset of 120 tokens: 1 row)
       -> code needs 40 tokens: every row once
     interleave by each use's middle on its source's axis, (tokens before it + half its own) / total:
-      web 0.5 | code 0.125 0.375 0.625 0.875  ->  code, web, code, code, code  (ties: source order)
+      web 0.5 | code 0.125 0.375 0.625 0.875  ->  code, code, web, code, code  (ties: source order)
 
 Pure functions over numpy arrays: the pipeline (pipeline/mixture.py) gives them every source's
 lengths and names the source in its messages.
@@ -93,6 +93,23 @@ def draw_uses(sizes: list[np.ndarray], gids: list[np.ndarray], weights: np.ndarr
             count[picked[:int(np.searchsorted(middle, left, side="right"))]] += 1
         counts.append(count)
     return Draw(counts=counts, targets=targets, size=out)
+
+
+def draw_blend(lengths: np.ndarray, gid_starts, weights, caps, *, unit: str = TOKENS, size: int | None = None,
+               epochs_of: int | None = None, seed: int = 0, skip_empty: bool = False
+               ) -> tuple[Draw, list[np.ndarray]]:
+    """`draw_uses` over a blend's gids (`lengths`: every gid's true length; the gids of source k
+    are gid_starts[k]:gid_starts[k+1]): the draw, and each source's gids that may be drawn (with
+    `skip_empty`, the rows that are not empty). The one draw of `pack` and of `verify --source`."""
+    gids, sizes = [], []
+    for k in range(len(gid_starts) - 1):
+        ids = np.arange(gid_starts[k], gid_starts[k + 1], dtype=np.int64)
+        if skip_empty:
+            ids = ids[lengths[ids] > 0]
+        gids.append(ids)
+        sizes.append(np.ones(len(ids), np.int64) if unit == SEQUENCES else lengths[ids])
+    return draw_uses(sizes, gids, np.asarray(weights, dtype=np.float64), np.asarray(caps, dtype=np.float64),
+                     size=size, epochs_of=epochs_of, seed=seed), gids
 
 
 def uses_of(gids: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
