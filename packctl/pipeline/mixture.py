@@ -106,10 +106,11 @@ def order_blend(comm: Comm, index, spec: OrderSpec, epoch: int):
                    extra=None if extra is None else np.ascontiguousarray(extra[gids]))
 
 
-def blend_metrics(comm: Comm, index, spec: OrderSpec) -> dict:
+def blend_metrics(comm: Comm, index, spec: OrderSpec, planned=None) -> dict:
     """`_metrics.json`'s `mixture`: per source its rows, the rows used, uses, tokens, passes
     (uses / rows drawn from), target and realized share of the output's units, and the worst
-    |share - target| over the windows of epoch 0."""
+    |share - target| over the windows of epoch 0 (and with --dp-size over its steps: `planned`,
+    this rank's plan of epoch 0)."""
     mix = spec.mixture
     lengths, _ = gathered_lengths(comm, index)
     gids, source_of, found = blend_order(lengths, spec)
@@ -132,8 +133,14 @@ def blend_metrics(comm: Comm, index, spec: OrderSpec) -> dict:
             "realized": float(units[mine].sum() / total_units),
             "worst_window_deviation": float(worst[k]),
         })
-    return {"unit": mix.unit, "size": float(found.size), "window": spec.window, "sources": sources,
-            "worst_window_deviation": float(worst.max()) if len(worst) else 0.0}
+    report = {"unit": mix.unit, "size": float(found.size), "window": spec.window, "sources": sources,
+              "worst_window_deviation": float(worst.max()) if len(worst) else 0.0}
+    steps = step_deviation(comm, planned, mix) if planned is not None else None
+    if steps is not None:
+        for entry, deviation in zip(sources, steps):
+            entry["worst_step_deviation"] = float(deviation)
+        report["worst_step_deviation"] = float(steps.max())
+    return report
 
 
 def with_mixture(specs, config, index, source_files: list[int] | None):
@@ -183,3 +190,26 @@ def blend_corpus(comm: Comm, index, spec: OrderSpec, corpus):
     uses = sum(int(c.sum()) for c in found.counts)
     tokens = sum(int((c * lengths[g]).sum()) for g, c in zip(gids, found.counts))
     return dataclasses.replace(corpus, sequences=uses, tokens=tokens, skipped_empty=0)
+
+
+def step_deviation(comm: Comm, planned, mix: MixtureSpec) -> np.ndarray | None:
+    """Each source's worst |share - weight| over the optimizer steps (--dp-size) of one epoch's
+    plan, in the blend's unit (tokens written, or sequences: pieces that start one); None without
+    steps. Every step lies in one window, so whole on one rank: each rank measures its own."""
+    if planned.balanced is None:
+        return None
+    plan = planned.plan
+    step_of_pack = np.asarray(planned.balanced.result.step, dtype=np.int64)
+    k = len(mix.names)
+    worst = np.zeros(k)
+    if plan.num_bins:
+        step = np.repeat(step_of_pack, np.diff(plan.bin_offsets))
+        source = np.searchsorted(np.asarray(mix.gid_starts, dtype=np.int64), plan.piece_gid, side="right") - 1
+        units = plan.piece_len if mix.unit != SEQUENCES else (plan.piece_start == 0).astype(np.int64)
+        steps, at = np.unique(step, return_inverse=True)
+        per = np.zeros((len(steps), k))
+        np.add.at(per, (at, source), units)
+        totals = per.sum(axis=1, keepdims=True)
+        shares = np.divide(per, totals, out=np.zeros_like(per), where=totals > 0)
+        worst = np.abs(shares - np.asarray(mix.weights)[None, :]).max(axis=0)
+    return np.max(np.stack(comm.allgather(worst)), axis=0)

@@ -172,7 +172,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
                               progress=job_stage(progress, "materialize", job.plan.num_bins,
                                                  comm.allreduce_sum(job.plan.num_bins)))
     with timed(timings, "report"):
-        mixture = blend_metrics(comm, scanned.index, specs.order) if specs.order.mixture is not None else None
+        mixture = blend_metrics(comm, scanned.index, specs.order, epochs[0]) if specs.order.mixture is not None else None
         corpus.tokens_equal_to_pad_id = (comm.allreduce_sum(scanned.source.tokens_equal_to_pad_id)
                                          if scanned.tokens_read else None)
         figures = _plan_figures(comm, epochs, summaries.result(), scanned.index)

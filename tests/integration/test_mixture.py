@@ -218,3 +218,26 @@ def test_verify_finds_a_row_used_other_than_drawn(tmp_path, blend):
     assert report.code == 1
     rules = {v["rule"] for v in json.loads(report.stdout)["violations"]}
     assert "source-uses" in rules, rules
+
+
+def test_stats_shows_the_blend_before_packing_and_as_packed(tmp_path, blend):
+    weights, caps = {"web": 0.5, "code": 0.3, "math": 0.2}, {"code": 3.0, "math": 3.0}
+    options = dict(tokens=100_000, window=100, order="shuffle", dp_size=2, micro_batches=2)
+    result = pack(_config(blend, tmp_path / "out", weights, caps, **options))
+    packed = packctl("stats", tmp_path / "out", "--json")
+    assert packed.code == 0, packed.stderr
+    shown = json.loads(packed.stdout)["mixture"]
+    recorded = result.metrics["mixture"]
+    for got, want in zip(shown["sources"], recorded["sources"]):
+        assert got["name"] == want["name"] and math.isclose(got["realized"], want["realized"])
+        assert math.isclose(got["worst_window_deviation"], want["worst_window_deviation"])
+        assert math.isclose(got["worst_step_deviation"], want["worst_step_deviation"])
+    flags = [a for name, w in weights.items() for a in ("--source", f"{name}={blend[name]}:{w}:{caps.get(name, 1)}")]
+    before = packctl("stats", *flags, "--tokens", "100000", "--window", "100", "--order", "shuffle", "--capacity",
+                     str(CAPACITY), "--algorithm", "bfd", "--dp-size", "2", "--micro-batches", "2", "--json")
+    assert before.code == 0, before.stderr
+    planned = json.loads(before.stdout)
+    assert [s["uses"] for s in planned["mixture"]["sources"]] == [s["uses"] for s in recorded["sources"]]
+    assert planned["what_if"][0]["packs"] == result.metrics["packs"]
+    text = packctl("stats", tmp_path / "out")
+    assert "realized blend" in text.stdout and "math" in text.stdout
