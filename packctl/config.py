@@ -525,8 +525,8 @@ class PackConfig:
             raise PackctlError(f"--epochs-of {self.epochs_of}: not a source; name one of "
                                f"{', '.join(e.name for e in entries)}")
         if self.group_column is not None:
-            raise PackctlError(f"--group-column with --source: groups are not kept whole across a blend yet; "
-                               "pack each grouped corpus on its own")
+            raise PackctlError("--group-column with --source: a blend draws and interleaves single rows, which "
+                               "would break groups apart; pack a grouped corpus on its own")
 
     def _check_group_scope(self) -> None:
         if self.group_scope != "pack" and self.group_column is None:
