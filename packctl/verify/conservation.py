@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of, positions_in_segments, ranges
-from packctl.config import FIELDS, PackConfig
+from packctl.config import FIELDS, PackConfig, parse_sources
 from packctl.contract.schema import IGNORE_INDEX, INPUT_IDS, LABELS, SEQ_LENS, SEQ_LENS_PADDED
 from packctl.errors import PackctlError
 from packctl.source import parquet as reader
@@ -129,6 +129,7 @@ def match_sources(manifest: dict[str, Any], sources: list[str], split: str | Non
     if not isinstance(inputs, list) or not inputs or not all(isinstance(i, dict) and "path" in i for i in inputs):
         raise PackctlError("the manifest lists no inputs, so --source cannot be matched to sample ids")
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    sources = _source_paths(manifest, sources)
     resolved = resolve(sources, split=split if split is not None else config.get("split")).paths
     by_real = {os.path.realpath(p): p for p in resolved}
     matched: list[str] = []
@@ -153,6 +154,23 @@ def match_sources(manifest: dict[str, Any], sources: list[str], split: str | Non
         raise PackctlError(f"--source: {extra[0]} is not an input of this output (the manifest lists "
                            f"{len(inputs)} inputs); pass the INPUT given to packctl pack")
     return matched
+
+
+def _source_paths(manifest: dict[str, Any], given: list[str]) -> list[str]:
+    """The paths of --source as `pack --source` spells them for a blend, NAME=PATH[:WEIGHT[:CAP]]
+    with NAME one of the manifest's sources (web=data/web:0.6 -> data/web); any other as it is."""
+    table = manifest.get("sources")
+    names = {t.get("name") for t in table if isinstance(t, dict)} if isinstance(table, list) else set()
+    paths = []
+    for text in given:
+        name, sign, _ = str(text).partition("=")
+        if sign and name in names and ":" in text:
+            paths.append(parse_sources([text])[name]["path"])
+        elif sign and name in names:
+            paths.append(str(text).partition("=")[2])
+        else:
+            paths.append(text)
+    return paths
 
 
 def _pack_config(manifest: dict[str, Any]) -> PackConfig:
@@ -406,6 +424,10 @@ def _blend_conservation(out: Path, manifest: dict[str, Any], config: PackConfig,
     if len(bad) > details:
         found.append(Violation("conservation", "content", f"{len(bad) - details} more sequences differ from the "
                                "source", count=len(bad) - details))
+    limits = dict(config.limits or {})
+    if limits:  # each use of a sample carries its value of every limited column
+        src_extra = _source_limit_values(paths, np.diff(file_offsets), tuple(limits))
+        found += _limit_values(out, pieces, limits, src_extra, sample_ids, in_range, where)
     counts = manifest.get("counts", {})
     for name, actual in (("tokens_in", int((uses * src_len).sum())), ("sequences_in", int(uses.sum()))):
         if name in counts and int(counts[name]) != actual:

@@ -124,6 +124,12 @@ def test_every_row_is_used_as_often_as_the_report_says(tmp_path, blend):
     report = packctl("verify", tmp_path / "out", "--source", blend["web"], "--source", blend["code"],
                      "--no-attention", "--json")
     assert report.code == 0, report.stdout + report.stderr
+    conservation = json.loads(report.stdout)["checks"]["conservation"]
+    assert [s["uses"] for s in conservation["sources"]] == [s["uses"] for s in result.metrics["mixture"]["sources"]]
+    # the sources as pack takes them, NAME=PATH:WEIGHT[:CAP], name the same paths
+    spelled = packctl("verify", tmp_path / "out", "--source", f"web={blend['web']}:0.4", "--source",
+                      f"code={blend['code']}:0.6:2.5", "--no-attention")
+    assert spelled.code == 0, spelled.stdout + spelled.stderr
 
 
 def test_a_blend_over_a_cap_is_refused_in_one_line(tmp_path, blend):
@@ -247,3 +253,34 @@ def test_stats_shows_the_blend_before_packing_and_as_packed(tmp_path, blend):
     assert planned["what_if"][0]["packs"] == result.metrics["packs"]
     text = packctl("stats", tmp_path / "out")
     assert "realized blend" in text.stdout and "math" in text.stdout
+
+
+def test_a_blend_under_limits_keeps_every_limit_and_verify_checks_each_use(tmp_path):
+    from packctl.sample import SampleSpec, write_sample
+
+    for seed, name in enumerate(("photos", "charts")):
+        write_sample(tmp_path / name, SampleSpec(sequences=300, seed=seed + 1, modality="image", max_length=900))
+    sources = {"photos": {"path": str(tmp_path / "photos"), "weight": 0.4},
+               "charts": {"path": str(tmp_path / "charts"), "weight": 0.6, "max_repeat": 3.0}}
+    result = pack(PackConfig(output=str(tmp_path / "out"), sources=sources, capacity=2048, limits={"images": 4},
+                             too_long="drop", epochs_of="photos", order="shuffle"))
+    assert result.metrics["mixture"]["sources"][1]["max_uses_of_a_row"] >= 2
+    sums = pq.read_table(tmp_path / "out" / "data", columns=["images_sum"]).column(0).to_numpy()
+    assert sums.max() <= 4
+    report = packctl("verify", tmp_path / "out", "--source", tmp_path / "photos", "--source", tmp_path / "charts",
+                     "--no-attention", "--json")
+    assert report.code == 0, report.stdout
+
+
+def test_resume_after_a_kill_writes_the_uninterrupted_bytes(tmp_path, blend):
+    from packctl.output.outdir import Faults
+    from support.faulty_pack import run_forked
+    import signal
+
+    argv = ["pack", *_flags(blend, {"web": "0.5", "code": "0.5:2"}), "--tokens", "40000", "--capacity",
+            str(CAPACITY), "--order", "shuffle", "--shard-rows", "10", "-q"]
+    assert packctl(*argv, "-o", tmp_path / "ref").code == 0
+    code, _, err = run_forked([*argv, "-o", str(tmp_path / "out")], Faults(kill_at="shard:journaled", kill_count=3))
+    assert code == -signal.SIGKILL, err
+    assert packctl(*argv, "-o", tmp_path / "out", "--resume").code == 0
+    assert _digests(tmp_path / "out") == _digests(tmp_path / "ref")
