@@ -300,10 +300,26 @@ def pack_table(result: PackResult) -> Table:
         from packctl.stats.packed import binding_of  # here: --help loads no stats code
 
         rows += limit_rows({**m, "layout": {"capacity": m["capacity"]}, "binding": binding_of(m)})
+    rows += blend_rows(m.get("mixture"))
     rows += scale_out_rows(m.get("scale_out"))
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def blend_rows(mixture: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """--source: one row per source, its realized share against its weight, its worst window
+    (and step) deviation, its uses and repeats. None without a blend."""
+    if not mixture:
+        return []
+    rows = [("blend", f"share of {mixture['unit']}, worst window ±{mixture['worst_window_deviation']:.2%}"
+                      + (f", worst step ±{mixture['worst_step_deviation']:.2%}"
+                         if mixture.get("worst_step_deviation") is not None else ""))]
+    for src in mixture["sources"]:
+        rows.append((f"  {src['name']}", f"{src['realized']:.2%} of target {src['weight']:.2%}, {src['uses']:,} uses "
+                                         f"of {src['rows_used']:,} rows ({src['repeats']:.2f} passes, cap "
+                                         f"{src['max_repeat']:g})"))
+    return rows
 
 
 def tokenize_table(result) -> Table:
