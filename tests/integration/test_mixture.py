@@ -150,18 +150,20 @@ def test_options_of_a_blend_without_sources_and_sources_with_input_are_refused(t
     assert_clean_error(packctl("pack", "--source", "web", "-o", tmp_path / "o"), 2, "NAME=PATH:WEIGHT")
 
 
-@pytest.mark.parametrize("ranks, balanced", [(2, False), (3, False), (2, True), (3, True)])
-def test_the_same_bytes_for_any_rank_count(tmp_path, blend, ranks, balanced):
+@pytest.mark.parametrize("ranks, balanced, epochs", [(2, False, 1), (3, False, 1), (2, True, 1), (3, True, 1),
+                                                     (3, False, 2)])
+def test_the_same_bytes_for_any_rank_count(tmp_path, blend, ranks, balanced, epochs):
     """A row drawn twice may land in two windows of one rank or of two: what a rank plans of a
     window (its split sequences, which balancing keeps in place) must not depend on the others."""
     options = dict(tokens=60_000, window=150, shard_rows=20, order="shuffle", too_long="split", capacity=256,
-                   **(dict(dp_size=2, micro_batches=2) if balanced else {}))
+                   epochs=epochs, **(dict(dp_size=2, micro_batches=2) if balanced else {}))
     weights, caps = {"web": 0.4, "code": 0.5, "math": 0.1}, {"code": 2.0}
     one = pack(_config(blend, tmp_path / "one", weights, caps, **options))
     assert one.metrics["mixture"]["sources"][1]["max_uses_of_a_row"] == 2
     run_ranks(ranks, lambda comm: pack(_config(blend, tmp_path / "many", weights, caps, **options), comm=comm))
     assert _digests(tmp_path / "many") == _digests(tmp_path / "one")
-    counts = [json.loads((tmp_path / out / "_manifest.json").read_text())["counts"] for out in ("one", "many")]
+    manifest = "_manifest.json" if epochs == 1 else "epoch-00001/_manifest.json"
+    counts = [json.loads((tmp_path / out / manifest).read_text())["counts"] for out in ("one", "many")]
     assert counts[0] == counts[1]
 
 
