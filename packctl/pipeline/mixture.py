@@ -40,12 +40,12 @@ def draw(lengths: np.ndarray, mix: MixtureSpec, skip_empty: bool) -> tuple[Draw,
         return draw_blend(lengths, mix.gid_starts, mix.weights, mix.max_repeats, unit=mix.unit, size=mix.size,
                           epochs_of=epochs_of, seed=mix.seed, skip_empty=skip_empty)
     except RepeatOverCap as exc:
-        name = mix.names[exc.source]
+        name, cap = mix.names[exc.source], _cap_needed(exc.needed)
         raise PackctlError(
-            f"--source {name}: the mix needs {exc.needed:.4g} passes over its {exc.size:,} {mix.unit} ({exc.target:,.0f} "
-            f"of {_size_text(mix)} at weight {mix.weights[exc.source]:.4g}), more than its cap max-repeat "
-            f"{exc.cap:g}; raise its cap to {_cap_needed(exc.needed)} ({name}=PATH:WEIGHT:{_cap_needed(exc.needed)}, "
-            f"or max-repeat in [sources.{name}]), lower its weight, or ask for fewer --tokens", everywhere=True) from None
+            f"--source {name}: the mix needs {exc.needed:.4g} passes over its {exc.size:,} {mix.unit} "
+            f"({exc.target:,.0f} of {_size_text(mix)} at weight {mix.weights[exc.source]:.4g}), more than its cap "
+            f"max-repeat {exc.cap:g}; raise its cap to {cap} ({name}=PATH:WEIGHT:{cap}, or max-repeat in "
+            f"[sources.{name}]), lower its weight, or ask for fewer --tokens", everywhere=True) from None
     except EmptySource as exc:
         raise PackctlError(f"--source {mix.names[exc.source]}: holds no {mix.unit} to draw from; give it a "
                            "non-empty input, or leave it out", everywhere=True) from None
