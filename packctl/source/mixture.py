@@ -68,15 +68,16 @@ def with_blend(config: PackConfig) -> PackConfig:
     return dataclasses.replace(config, sources=read_blend(config.blend))
 
 
-def resolve_sources(entries: list[SourceEntry], split: str | None = None) -> tuple[Resolution, list[int]]:
+def resolve_sources(entries: list[SourceEntry], split: str | None = None, **options) -> tuple[Resolution, list[int]]:
     """Each source's paths resolved on their own (identity checks, links and outputs as for INPUT),
-    the files joined in source order; and where each source's files start (len(entries) + 1)."""
+    the files joined in source order; and where each source's files start (len(entries) + 1).
+    `options`: the other keywords of `resolve`, passed on as they are."""
     specs: list[str] = []
     files = []
     starts = [0]
     seen: dict[tuple[int, int], str] = {}
     for entry in entries:
-        resolution = resolve([normalize_spec(p) for p in entry.paths], split=split)
+        resolution = resolve([normalize_spec(p) for p in entry.paths], split=split, **options)
         for f in resolution.files:
             if (f.device, f.inode) in seen:
                 raise PackctlError(f"--source {entry.name}: {f.path} is read by --source {seen[(f.device, f.inode)]} "
