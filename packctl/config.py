@@ -157,6 +157,25 @@ class PackConfig:
                                           shown_default="no limit")
     too_long: str = option("error", panel="Packing", planning=True, choices=TooLong.values(),
                            help="What to do with a sequence longer than the capacity.")
+    sources: dict[str, dict] = option(panel="Input", metavar="NAME=PATH:WEIGHT[:MAX_REPEAT]", factory=dict, planning=True,
+                                      flag="--source", cli=list, shown_default="none",
+                                      help="A named source of a blend, instead of INPUT: PATH any input packctl reads, "
+                                           "WEIGHT its share of the output's tokens (--mix-unit), MAX_REPEAT the most "
+                                           "passes over it (default --max-repeat); repeat for every source "
+                                           "(docs/mixtures.md). TOML: [sources.NAME] path, weight, max-repeat.")
+    blend: str | None = option(None, panel="Input", metavar="FILE", planning=True, shown_default="none",
+                               help="A Megatron blend file (weight prefix weight prefix ...): every prefix a source "
+                                    "named by its file name, read as --source.")
+    mix_unit: str = option("tokens", panel="Input", planning=True, choices=("tokens", "sequences"),
+                           help="What a --source weight is a share of: the output's tokens, or its sequences.")
+    tokens: int | None = option(None, panel="Input", planning=True, shown_default="the most that repeats no source",
+                                help="Output size of a --source blend in --mix-unit units (tokens or sequences); "
+                                     "sources are down- or up-sampled to it.")
+    epochs_of: str | None = option(None, panel="Input", metavar="NAME", planning=True, shown_default="none",
+                                   help="Size a --source blend so that source NAME is used exactly once.")
+    max_repeat: float = option(1.0, panel="Input", planning=True,
+                               help="The most passes over a --source (whole repeats and a seeded part) unless its "
+                                    "own MAX_REPEAT says otherwise; a blend that needs more is refused.")
     tokens_column: str = option("input_ids", panel="Input", metavar="COL", planning=True, help="Input column of token ids.")
     split: str | None = option(None, panel="Input", metavar="NAME", planning=True,
                                help="The dataset split to read from a directory INPUT that holds several (the Hugging "
@@ -324,7 +343,8 @@ class PackConfig:
         any work: every value of its type and in its range, the options that go together, one pack
         within the memory budget, and every option writable into the manifest."""
         self.check_types()
-        if not self.inputs:
+        blended = bool(self.sources) or self.blend is not None
+        if not self.inputs and not blended:
             raise PackctlError("no INPUT given: pass Parquet files, directories or globs")
         if not self.output:
             raise PackctlError("no output directory: pass -o OUT")
@@ -345,6 +365,7 @@ class PackConfig:
                                "sequence (not the tokens or labels)")
         self._validate_groups()
         self._validate_limits()
+        self._validate_mixture()
         if len(set(self.keep_columns)) != len(self.keep_columns):
             raise PackctlError(f"--keep-columns {', '.join(self.keep_columns)}: a column is named twice")
         if self.epochs > 1 and self.order != "shuffle":
@@ -472,6 +493,61 @@ class PackConfig:
             if sum_name in self.limits or sum_name in written or sum_name in self.keep_columns:
                 raise PackctlError(f"{given}: its per-pack sum is written as {sum_name}, a name another column "
                                    "has; rename the column in the input")
+
+    def source_entries(self) -> list[SourceEntry]:
+        """The sources of a blend, in the order given, each checked: a name, one path or a list of
+        them, a finite weight > 0, a cap > 0 (TOML: `max-repeat` or `max_repeat`)."""
+        entries = []
+        for name, table in self.sources.items():
+            table = {str(k).replace("-", "_"): v for k, v in table.items()}
+            unknown = sorted(set(table) - {"path", "weight", "max_repeat"})
+            if unknown:
+                raise PackctlError(f"--source {name}: unknown key {unknown[0]!r}; a source has path, weight and "
+                                   "max-repeat")
+            paths = table.get("path")
+            paths = [paths] if isinstance(paths, (str, os.PathLike)) else paths
+            if not name or not isinstance(paths, list) or not paths or not all(
+                    isinstance(p, (str, os.PathLike)) and str(p) for p in paths):
+                raise PackctlError(f"--source {name!r}: needs a path (any INPUT packctl reads), e.g. --source "
+                                   f"{name or 'web'}=data/web:0.5 or path = \"data/web\" in [sources.{name or 'web'}]")
+            weight, cap = table.get("weight"), table.get("max_repeat")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
+                    or weight <= 0:
+                raise PackctlError(f"--source {name}: weight {weight!r} must be a number > 0 (its share of the "
+                                   "blend; the weights are normalized to sum 1)")
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float))
+                                    or not math.isfinite(cap) or cap <= 0):
+                raise PackctlError(f"--source {name}: max-repeat {cap!r} must be a number > 0 (the most passes "
+                                   "over the source; 1: each row at most once)")
+            entries.append(SourceEntry(name=name, paths=tuple(os.fspath(p) for p in paths), weight=float(weight),
+                                       max_repeat=None if cap is None else float(cap)))
+        return entries
+
+    def _validate_mixture(self) -> None:
+        if not self.sources:
+            if self.blend is None:
+                given = [f for f, default in (("tokens", None), ("epochs_of", None), ("mix_unit", "tokens"),
+                                              ("max_repeat", 1.0)) if getattr(self, f) != default]
+                if given:
+                    raise PackctlError(f"{_flag(given[0])} sizes a blend of sources: give the inputs as --source "
+                                       "NAME=PATH:WEIGHT (docs/mixtures.md)")
+            return
+        if self.inputs:
+            raise PackctlError(f"INPUT {self.inputs[0]} with --source: give every input as a source "
+                               f"(--source NAME={self.inputs[0]}:WEIGHT), or drop --source")
+        entries = self.source_entries()
+        if not (isinstance(self.max_repeat, (int, float)) and not isinstance(self.max_repeat, bool)
+                and math.isfinite(self.max_repeat) and self.max_repeat > 0):
+            raise PackctlError(f"--max-repeat {self.max_repeat!r}: must be a number > 0 (the most passes over a "
+                               "source)")
+        if self.tokens is not None and self.epochs_of is not None:
+            raise PackctlError("--tokens and --epochs-of both size the blend; keep one")
+        if self.epochs_of is not None and self.epochs_of not in self.sources:
+            raise PackctlError(f"--epochs-of {self.epochs_of}: not a source; name one of "
+                               f"{', '.join(e.name for e in entries)}")
+        if self.group_column is not None:
+            raise PackctlError("--group-column with --source: a blend draws and interleaves single rows, which "
+                               "would break groups apart; pack a grouped corpus on its own")
 
     def _check_group_scope(self) -> None:
         if self.group_scope != "pack" and self.group_column is None:
@@ -617,6 +693,11 @@ class PackConfig:
         if self.tokenizer is None:  # the tokenization options mean nothing without one: the same bytes
             for key in TOKENIZE_OPTIONS:
                 del out[key]
+        if not self.sources and self.blend is None:  # one input, no blend: the options of a blend are left out
+            for name in MIXTURE_OPTIONS:
+                del out[name]
+        else:
+            out["sources"] = {entry.name: entry.as_dict() for entry in self.source_entries()}
         return out
 
 
@@ -649,6 +730,9 @@ _TYPES = {
     "list[str]": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v)),
     "dict[str, int]": ("a table of column = limit, e.g. {images = 8}",
                        lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v)),
+    "dict[str, dict]": ("a table of sources, e.g. [sources.web] path = \"data/web\", weight = 0.6",
+                        lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(e, dict)
+                                                              for k, e in v.items())),
     "int | str": ("a size such as 4GiB, 512M or 1000000",
                   lambda v: isinstance(v, (int, float, str)) and not isinstance(v, bool)),
 }
@@ -860,7 +944,62 @@ def build_config(file_values: dict[str, Any] | None = None, **flags: Any) -> Pac
     values.update({k: v for k, v in flags.items() if v is not None and v != []})  # [] : a repeatable flag not given
     if isinstance(flags.get("limits"), (list, tuple)) and flags["limits"]:
         values["limits"] = parse_limits(flags["limits"])
+    if isinstance(flags.get("sources"), (list, tuple)) and flags["sources"]:
+        values["sources"] = parse_sources(flags["sources"])
     return PackConfig(**values)
+
+
+# The options of a blend of sources (docs/mixtures.md): recorded only where a run blends.
+MIXTURE_OPTIONS = ("sources", "blend", "mix_unit", "tokens", "epochs_of", "max_repeat")
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    """One source of a blend: its name, its input paths (any INPUT packctl reads), its weight as
+    given (the blend normalizes the weights to sum 1) and the most passes over it (None: --max-repeat)."""
+
+    name: str
+    paths: tuple[str, ...]
+    weight: float
+    max_repeat: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.paths[0] if len(self.paths) == 1 else list(self.paths),
+                               "weight": self.weight}
+        if self.max_repeat is not None:
+            out["max_repeat"] = self.max_repeat
+        return out
+
+
+def parse_sources(given: list[str]) -> dict[str, dict]:
+    """The --source flags, NAME=PATH:WEIGHT[:MAX_REPEAT] each, as the table a TOML file gives
+    ({NAME: {path, weight, max_repeat}}), in the order given; PATH may hold colons (the numbers
+    are the last fields):
+
+        >>> parse_sources(["web=data/web:0.6", "code=x:code:0.4:2"])
+        {'web': {'path': 'data/web', 'weight': 0.6}, 'code': {'path': 'x:code', 'weight': 0.4, 'max_repeat': 2.0}}
+    """
+    sources: dict[str, dict] = {}
+    for text in given:
+        name, sign, rest = str(text).partition("=")
+        name = name.strip()
+        if not sign or not name or ":" not in rest:
+            raise PackctlError(f"--source {text!r}: expected NAME=PATH:WEIGHT[:MAX_REPEAT], e.g. --source "
+                               "web=data/web:0.6 or --source code=data/code:0.3:2")
+        fields = rest.rsplit(":", 2)
+        if len(fields) == 3 and _is_number(fields[1]) and _is_number(fields[2]):
+            path, weight, cap = fields[0], float(fields[1]), float(fields[2])
+        else:
+            path, number = rest.rsplit(":", 1)
+            if not _is_number(number):
+                raise PackctlError(f"--source {text!r}: WEIGHT {number!r} is not a number; expected "
+                                   f"NAME=PATH:WEIGHT[:MAX_REPEAT], e.g. --source {name}=data/{name}:0.5")
+            weight, cap = float(number), None
+        if name in sources:
+            raise PackctlError(f"--source {name} is given twice; give every source one name")
+        sources[name] = {"path": path, "weight": weight, **({"max_repeat": cap} if cap is not None else {})}
+    return sources
+
 
 
 def parse_limits(given: list[str]) -> dict[str, int]:

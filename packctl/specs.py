@@ -95,6 +95,26 @@ class OrderSpec:
     window: int  # sequences (with groups: groups) per planning window
     epochs: int
     skip_empty: bool
+    mixture: MixtureSpec | None = None  # --source: the blend the order draws its uses from
+
+
+@dataclass(frozen=True)
+class MixtureSpec:
+    """A blend of named sources (`--source NAME=PATH:WEIGHT[:MAX_REPEAT]`, docs/mixtures.md): the
+    gids of source k are `gid_starts[k]:gid_starts[k+1]` (its files, after those of the sources
+    before it). `weights` are normalized to sum 1; `unit` says what a weight is a fraction of
+    (tokens or sequences); the output holds `size` units (--tokens), or as many as the source
+    `epochs_of` gives used once, or (both None) the most that repeats no source."""
+
+    names: tuple[str, ...]
+    weights: tuple[float, ...]
+    max_repeats: tuple[float, ...]
+    gid_starts: tuple[int, ...]
+    file_starts: tuple[int, ...] = ()  # the files of source k: file_starts[k]:file_starts[k+1]
+    unit: str = "tokens"
+    size: int | None = None
+    epochs_of: str | None = None
+    seed: int = 0  # the base --seed: every epoch draws the same uses, each in its own order
 
 
 @dataclass(frozen=True)

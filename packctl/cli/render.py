@@ -300,10 +300,26 @@ def pack_table(result: PackResult) -> Table:
         from packctl.stats.packed import binding_of  # here: --help loads no stats code
 
         rows += limit_rows({**m, "layout": {"capacity": m["capacity"]}, "binding": binding_of(m)})
+    rows += blend_rows(m.get("mixture"))
     rows += scale_out_rows(m.get("scale_out"))
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def blend_rows(mixture: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """--source: one row per source, its realized share against its weight, its worst window
+    (and step) deviation, its uses and repeats. None without a blend."""
+    if not mixture:
+        return []
+    rows = [("blend", f"share of {mixture['unit']}, worst window ±{mixture['worst_window_deviation']:.2%}"
+                      + (f", worst step ±{mixture['worst_step_deviation']:.2%}"
+                         if mixture.get("worst_step_deviation") is not None else ""))]
+    for src in mixture["sources"]:
+        rows.append((f"  {src['name']}", f"{src['realized']:.2%} of target {src['weight']:.2%}, {src['uses']:,} uses "
+                                         f"of {src['rows_used']:,} rows ({src['repeats']:.2f} passes, cap "
+                                         f"{src['max_repeat']:g})"))
+    return rows
 
 
 def tokenize_table(result) -> Table:
@@ -642,6 +658,28 @@ def limit_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def mixture_table(m: dict[str, Any], title: str) -> Table:
+    """A blend of sources (--source), one row per source: weight, realized share, worst window
+    (and step) deviation, what it gives, and its draw (rows used, repeats) where known."""
+    table = Table(title=title, title_justify="left")
+    steps = any(s.get("worst_step_deviation") is not None for s in m["sources"])
+    for name in ("source", "weight", "realized", "worst window", *(("worst step",) if steps else ()),
+                 "sequences", "tokens", "rows used", "repeats"):
+        table.add_column(name, justify="left" if name == "source" else "right")
+
+    def off(x: float | None) -> str:
+        return "" if x is None else f"±{x:.2%}"
+    for src in m["sources"]:
+        used = src.get("rows_used")
+        table.add_row(src["name"], f"{src['weight']:.2%}", f"{src['realized']:.2%}",
+                      off(src.get("worst_window_deviation")),
+                      *((off(src.get("worst_step_deviation")),) if steps else ()),
+                      f"{src.get('sequences', src.get('uses', 0)):,}", f"{src['tokens']:,}",
+                      "" if used is None else f"{used:,} of {src['rows']:,}",
+                      "" if src.get("repeats") is None else f"{src['repeats']:.2f} (cap {src['max_repeat']:g})")
+    return table
+
+
 def packed_renderables(r: dict[str, Any]) -> list:
     from rich.columns import Columns
 
@@ -650,9 +688,11 @@ def packed_renderables(r: dict[str, Any]) -> list:
     table.add_column(overflow="fold")
     for key, value in packed_overview_rows(r):
         table.add_row(key, value)
-    return [table, Columns([length_histogram_table(r["length_histogram"]),
-                            fill_histogram_table(r["fill_histogram"]),
-                            per_pack_histogram_table(r["sequences_per_pack"]["histogram"])], padding=(0, 4))]
+    blend = [mixture_table(r["mixture"], f"realized blend (share of {r['mixture']['unit']})")] if r.get(
+        "mixture") else []
+    return [table, *blend, Columns([length_histogram_table(r["length_histogram"]),
+                                    fill_histogram_table(r["fill_histogram"]),
+                                    per_pack_histogram_table(r["sequences_per_pack"]["histogram"])], padding=(0, 4))]
 
 
 def compare_renderables(r: dict[str, Any]) -> list:
@@ -768,7 +808,9 @@ def input_renderables(r: dict[str, Any]) -> list:
     t = r["stats_seconds"]
     head.add_row("time", f"read lengths {t['read_lengths']:.2f}s, plan {t['plan']:.2f}s, "
                          f"metrics {t['metrics']:.2f}s, total {t['total']:.2f}s")
-    return [head, length_histogram_table(r["length_histogram"]), what_if_table(r),
+    blend = [mixture_table(r["mixture"], f"the blend before packing (share of {r['mixture']['unit']}, window "
+                                         f"{r['mixture']['window']:,})")] if r.get("mixture") else []
+    return [head, *blend, length_histogram_table(r["length_histogram"]), what_if_table(r),
             Text.assemble(("recommended: ", "bold green"), r["recommendation"])]
 
 

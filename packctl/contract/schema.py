@@ -43,6 +43,7 @@ WITH_WEIGHTS = "--weight-column"
 WITH_GROUPS = "--group-column"
 PLAN_ONLY = "--plan-only"
 WITH_LIMITS = "--limit"
+WITH_SOURCES = "--source"
 
 INPUT_IDS = "input_ids"
 LABELS = "labels"
@@ -68,6 +69,7 @@ STEP_LOSS_SEQUENCES = "step_loss_sequences"
 SEQ_WEIGHTS = "seq_weights"
 GROUP_IDS = "group_ids"
 SEQ_STARTS = "seq_starts"
+SOURCE_IDS = "source_ids"
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,8 @@ COLUMNS = (
     Column(SEQ_STARTS, "int64", SEQUENCE, PLAN_ONLY, None,
            "a plan's only column of its own: the first token of each piece inside its sample (0 unless split); "
            "a plan has no token columns"),
+    Column(SOURCE_IDS, "int32", SEQUENCE, WITH_SOURCES, None,
+           "the source of each sequence: its index among the manifest's `sources` (--source, in the order given)"),
 )
 # Beyond these, --keep-columns C writes the input column C as it is, one value per sequence
 # (`list<its input type>`), after the per-pack columns of the options (`column_order`); and

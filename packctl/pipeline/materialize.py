@@ -60,7 +60,7 @@ from packctl.output.fs import error_number, write_failed
 from packctl.output.outdir import OutputDir, StagedShard
 from packctl.plan.windows import PackPlan
 from packctl.plan.groups import group_ids
-from packctl.contract.schema import GROUP_IDS, NUM_TOKENS, SEQ_STARTS, SEQ_WEIGHTS
+from packctl.contract.schema import GROUP_IDS, NUM_TOKENS, SEQ_STARTS, SEQ_WEIGHTS, SOURCE_IDS
 from packctl.contract.thd import counted_loss_columns, lay_out_packs, lay_out_sequences
 from packctl.source.index import SequenceIndex
 
@@ -466,6 +466,7 @@ class ShardFormat:
     weight_column: str | None = None
     plan_only: bool = False  # --plan-only: no token columns; each piece's start in its sample (seq_starts)
     limit_columns: tuple[str, ...] = ()  # --limit: COL per piece (PackPlan.piece_extra), COL_sum per pack
+    source_starts: tuple[int, ...] | None = None  # --source: the first gid of every source, then the end
 
 
 def per_piece_columns(index: SequenceIndex, piece_gid: np.ndarray, fmt: ShardFormat,
@@ -485,6 +486,9 @@ def per_piece_columns(index: SequenceIndex, piece_gid: np.ndarray, fmt: ShardFor
         columns[GROUP_IDS] = group_ids(piece_gid, index.group_starts)
     for j, name in enumerate(fmt.limit_columns):
         columns[name] = np.ascontiguousarray(piece_extra[:, j])
+    if fmt.source_starts is not None:  # gids of source k: source_starts[k]:source_starts[k+1]
+        columns[SOURCE_IDS] = (np.searchsorted(np.asarray(fmt.source_starts, dtype=np.int64), piece_gid,
+                                               side="right") - 1).astype(np.int32)
     return columns
 
 

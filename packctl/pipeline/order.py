@@ -150,6 +150,9 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
     count groups: a group never straddles a window, nor a rank; then every group is checked to fit
     where `groups` says it must (`windows` plans the steps of --group-scope step).
     """
+    if spec.mixture is not None:  # a blend: the sources' uses, interleaved (pipeline/mixture.py)
+        from packctl.pipeline.mixture import order_blend
+        return order_blend(comm, index, spec, epoch)
     n_local = len(index.lengths)
     gids = index.gid_lo + np.arange(n_local, dtype=np.int64)
     lengths = index.lengths

@@ -82,7 +82,7 @@ class RankSummary:
             packs=PackSummary.of(plan.piece_len, plan.bin_offsets, pack_lens, capacity=spec.capacity,
                                  align=spec.align, rows=rows),
             counts={"sequences_dropped": len(plan.dropped), "sequences_truncated": len(plan.truncated),
-                    "sequences_split": len(plan.split_gids()), "tokens_dropped": int(plan.tokens_dropped),
+                    "sequences_split": plan.split_pieces()[1], "tokens_dropped": int(plan.tokens_dropped),
                     "tokens_truncated": int(plan.tokens_truncated)},
             groups=group_summary(plan, group_starts) if group_starts is not None else None)
         if plan.piece_extra is not None and spec.limits:

@@ -48,6 +48,8 @@ from packctl.source.parquet import describe_block, split_blocks
 from packctl.source.scan import TokenSource, index_inputs, scan_blocks
 from packctl.source.resolve import normalize_spec, pattern_reaching, resolve, respell
 from packctl.source.groups import read_group_starts
+from packctl.source.mixture import resolve_sources, with_blend
+from packctl.pipeline.mixture import blend_corpus, blend_metrics, source_table, with_mixture
 from packctl.contract.manifest import ShardEntry
 from packctl.output import commit as protocol
 from packctl.output.journal import RUN_FILE, partial_dir, read_block_digests, write_block_digests
@@ -136,15 +138,17 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
           run: _Run, faults: Faults | None) -> PackResult:
     timings: dict[str, float] = {}
     started, jit = time.perf_counter(), CompileClock()
-    config, index, fingerprint, done, note = broadcast_outcome(
+    config, index, fingerprint, done, note, source_files = broadcast_outcome(
         comm, lambda: _preflight(config, out, lock, guard, faults))
     if note is not None:  # OUT already holds this run's output
         return _completed(out, note) if comm.rank == 0 else PackResult(output=out, counts={}, metrics={},
                                                                         timings={}, note=note)
-    specs = config.specs(index.labels_column)
+    specs = with_mixture(config.specs(index.labels_column), config, index, source_files)
 
     with timed(timings, "scan"):
         scanned, corpus = _scan(comm, index, specs, progress, plan_only=config.plan_only)
+        if specs.order.mixture is not None:  # a blend's counts are of its uses
+            corpus = blend_corpus(comm, scanned.index, specs.order, corpus)
     digests = _block_digests(comm, scanned)
     if done and digests is not None:
         broadcast_outcome(comm, lambda: _check_blocks_unchanged(out, scanned.index, digests))
@@ -170,6 +174,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
                               progress=job_stage(progress, "materialize", job.plan.num_bins,
                                                  comm.allreduce_sum(job.plan.num_bins)))
     with timed(timings, "report"):
+        mixture = blend_metrics(comm, scanned.index, specs.order, epochs[0]) if specs.order.mixture is not None else None
         corpus.tokens_equal_to_pad_id = (comm.allreduce_sum(scanned.source.tokens_equal_to_pad_id)
                                          if scanned.tokens_read else None)
         figures = _plan_figures(comm, epochs, summaries.result(), scanned.index)
@@ -191,7 +196,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     if specs.order.epochs == 1:
         metrics, listed, manifest = _report(config, specs, index, figures[0], epoch_shards[0], ranks, corpus,
                                             whole_run, timings, buckets=epochs[0].buckets,
-                                            opens_window=job.assignment.shard_opens_window, digests=digests)
+                                            opens_window=job.assignment.shard_opens_window, digests=digests,
+                                            mixture=mixture)
         reports, manifests = [(METRICS, metrics)], [(MANIFEST, manifest)]
     else:  # each epoch is an output of its own; OUT/_metrics.json is of them all, _epochs.json lists them
         reports, manifests, listed = [], [], []
@@ -199,7 +205,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
             epoch_metrics, in_epoch, manifest = _report(config, specs, index, figures[e], epoch_shards[e], [], corpus,
                                                         whole_run, timings, buckets=epochs[e].buckets, epoch=e,
                                                         opens_window=job.assignment.shard_opens_window,
-                                                        digests=digests)
+                                                        digests=digests, mixture=mixture)
             reports.append((f"{epoch_dir(e)}/{METRICS}", epoch_metrics))
             manifests.append((f"{epoch_dir(e)}/{MANIFEST}", manifest))
             listed += in_epoch
@@ -207,6 +213,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
         metrics = epochs_metrics(specs.report, summary, baseline, ranks, corpus, [m for _, m in reports],
                                  buckets=epochs[0].buckets)
         metrics["throughput"], metrics["timings"] = whole_run, timings
+        if mixture is not None:
+            metrics["mixture"] = mixture
         reports.insert(0, (METRICS, metrics))
         manifests.append((EPOCHS, epochs_index(specs.report, metrics, timings)))  # last: every epoch is complete
     with guard.deferred():  # a signal now waits: the output is moments from complete
@@ -255,8 +263,8 @@ def _plan_figures(comm: Comm, epochs: list[Planned], summaries: list[RankSummary
 def _report(config: PackConfig, specs: Specs, index: SequenceIndex, figures: tuple[RankSummary, int],
             shards: dict[int, ShardEntry], ranks: list[dict], corpus: Corpus, whole_run: dict,
             timings: dict[str, float], *, buckets: np.ndarray | None, epoch: int | None = None,
-            opens_window: np.ndarray | None = None, digests: list[int] | None = None
-            ) -> tuple[dict, list[ShardEntry], dict]:
+            opens_window: np.ndarray | None = None, digests: list[int] | None = None,
+            mixture: dict | None = None) -> tuple[dict, list[ShardEntry], dict]:
     """Rank 0: the metrics, shards and manifest of one output: all of OUT, or the folder of one
     epoch (its manifest lists the shards relative to the folder, its `epoch` says which).
     `figures`: the summary of its plan and its baseline (`_plan_figures`); `shards`: its shards by
@@ -273,6 +281,9 @@ def _report(config: PackConfig, specs: Specs, index: SequenceIndex, figures: tup
                                                   for i in listed_shards]
     manifest = build_manifest(config, index.labels_column, index.files, listed, metrics["counts"], timings,
                               index.fingerprints)
+    if mixture is not None:  # --source: what each source gave, and the manifest's table of sources
+        metrics["mixture"] = mixture
+        manifest["sources"] = source_table(specs.order.mixture, index.files, index.fingerprints)
     if config.plan_only and digests is not None:  # materialize checks each block it decodes against them
         for f, entry in enumerate(manifest["inputs"]):
             entry["block_digests"] = [d for block, d in zip(index.blocks, digests) if block.file == f]
@@ -363,30 +374,39 @@ def _shard_format(config: PackConfig, specs: Specs, index: SequenceIndex) -> Sha
     """How shards are written; their `packctl` metadata records the options themselves."""
     # --resume is how a run executes, not what it writes: the shards do not record it.
     content = dataclasses.replace(config, resume=False)
+    mixture = specs.order.mixture
     return ShardFormat(metadata=shard_metadata(content, index.labels_column, index.files),
                        pad_token_id=specs.write.pad_token_id, budget=specs.write.memory_budget,
                        keep_columns=specs.write.keep_columns, weight_column=specs.write.weight_column,
-                       plan_only=config.plan_only, limit_columns=specs.write.limit_columns)
+                       plan_only=config.plan_only, limit_columns=specs.write.limit_columns,
+                       source_starts=None if mixture is None else mixture.gid_starts)
 
 
 def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGuard, faults: Faults | None
-               ) -> tuple[PackConfig, SequenceIndex | None, dict | None, dict | None, str | None]:
+               ) -> tuple[PackConfig, SequenceIndex | None, dict | None, dict | None, str | None, list[int] | None]:
     """Everything decided from options and Parquet footers, before any token is read: resolves
     INPUT (`packctl.source.resolve`), takes the output lock, finishes or undoes a commit a crash
     interrupted (output/commit.py `recover`), and decides what to do with what earlier runs left
     (output/resume.py). Returns the config with its INPUT as the run records it (normalized), and
-    (index, fingerprint, the shards `--resume` keeps, None), or (None, None, None, note) when OUT
-    already holds this run's output."""
+    (index, fingerprint, the shards `--resume` keeps, None, where each --source's files start), or
+    (None, None, None, note, None) when OUT already holds this run's output."""
     reached = (faults or Faults()).reached
+    config = with_blend(config)
     config.validate()
     check_output_location(out)
-    specs = [normalize_spec(s) for s in config.inputs]
-    _refuse_output_in_reach(out, specs)
     options = options_of(dataclasses.asdict(config))
-    resolution = resolve(specs, split=config.split, options=options)
-    if config.resume:
-        resolution = _spelled_as_earlier_run(out, resolution)
-    config = dataclasses.replace(config, inputs=resolution.specs)
+    source_files = None
+    if config.sources:  # a blend: each source resolved on its own, its files after those of the sources before
+        entries = config.source_entries()
+        _refuse_output_in_reach(out, [normalize_spec(p) for e in entries for p in e.paths])
+        resolution, source_files = resolve_sources(entries, split=config.split, options=options)
+    else:
+        specs = [normalize_spec(s) for s in config.inputs]
+        _refuse_output_in_reach(out, specs)
+        resolution = resolve(specs, split=config.split, options=options)
+        if config.resume:
+            resolution = _spelled_as_earlier_run(out, resolution)
+        config = dataclasses.replace(config, inputs=resolution.specs)
     check_options(resolution, tokens_column=config.tokens_column, labels_column=config.labels_column,
                   keep_columns=config.keep_columns, weight_column=config.weight_column,
                   group_column=config.group_column, limits=config.limits)
@@ -394,7 +414,7 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
     if config.group_column is not None:
         index.group_starts = read_group_starts(index, config.group_column)
     check_output_location(out, inputs=[p for f in index.files for p in index.kind.partners(f.path)],
-                          input_dirs=[str(i) for i in config.inputs])
+                          input_dirs=[str(i) for i in config.inputs] or resolution.specs)
     lock.acquire()
     reached("lock:taken")
     with guard.deferred(stop_after=True):  # finishing an interrupted commit: a signal waits for it
@@ -405,10 +425,11 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
         with guard.deferred():
             protocol.publish(out, overwrite=config.overwrite, reached=reached)
         return config, None, None, None, (f"{out}: already complete: the interrupted run had written all of it; "
-                                          "it is now in place")
+                                          "it is now in place"), None
     if found.complete:
-        return config, None, None, None, f"{out}: already complete with these inputs and options; nothing to do"
-    return config, index, fingerprint, found.done, None
+        return (config, None, None, None, f"{out}: already complete with these inputs and options; nothing to do",
+                None)
+    return config, index, fingerprint, found.done, None, source_files
 
 
 def _completed(out: Path, note: str) -> PackResult:

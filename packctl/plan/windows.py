@@ -128,6 +128,31 @@ class PackPlan:
         gids, counts = np.unique(self.piece_gid, return_counts=True)
         return gids[counts > 1]
 
+    def split_pieces(self) -> tuple[np.ndarray, int]:
+        """Whether each piece belongs to a sequence cut in pieces, and how many such sequences,
+        each window on its own: a (window, gid) with a piece that does not start at its sequence's
+        first token. The same as `split_gids` where every sequence is planned once; a blend
+        (--source) may plan a row twice, in one window or two, and each window's answer must not
+        depend on which other windows a rank plans.
+
+            window 0: gid 4 [0:9], gid 4 [9:12], gid 5 [0:3]; window 1: gid 5 [0:3]
+            -> [True, True, False, False], 1
+        """
+        split = np.zeros(len(self.piece_gid), dtype=bool)
+        later = np.flatnonzero(self.piece_start > 0)
+        if len(later) == 0:
+            return split, 0
+        pack_of = np.repeat(np.arange(self.num_bins, dtype=np.int64), np.diff(self.bin_offsets))
+        window_of = np.repeat(np.arange(self.num_windows, dtype=np.int64), np.diff(self.window_bins))[pack_of]
+        keys = np.unique(np.stack([window_of[later], self.piece_gid[later]], axis=1), axis=0)
+        candidates = np.flatnonzero(np.isin(self.piece_gid, keys[:, 1]))
+        pairs = np.stack([window_of[candidates], self.piece_gid[candidates]], axis=1)
+        found = (pairs[:, None, :] == keys[None, :, :]).all(axis=2).any(axis=1) if len(keys) <= 64 else \
+            np.isin(pairs.view([("w", np.int64), ("g", np.int64)]).ravel(),
+                    np.ascontiguousarray(keys).view([("w", np.int64), ("g", np.int64)]).ravel())
+        split[candidates[found]] = True
+        return split, len(keys)
+
 
 def merge_plans(plans: list[PackPlan]) -> PackPlan:
     """Plans of consecutive runs of windows (one per rank, in rank order) -> the plan of all."""

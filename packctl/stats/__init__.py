@@ -53,6 +53,18 @@ def stats(paths: list[str], *, capacities: list[int] | None = None, attn_coeff: 
         raise PackctlError(f"--attn-coeff {attn_coeff!r}: must be a number >= 0")
     if not paths:
         paths = list(file_values.get("inputs") or [])
+    if given.get("sources") or file_values.get("sources") or given.get("blend") or file_values.get("blend"):
+        if paths:  # a blend's inputs are its sources, as for pack
+            raise PackctlError(f"{paths[0]} with --source: give every input as a source (--source "
+                               f"NAME={paths[0]}:WEIGHT), or drop --source")
+        from packctl.source.mixture import with_blend
+
+        config = with_blend(build_config(file_values, **{**given, **({"attn_coeff": attn_coeff}
+                                                                     if attn_coeff is not None else {})}))
+        if not capacities:
+            capacities = [int(file_values.get("capacity", DEFAULT_CAPACITY))]
+        algorithms = [config.algorithm] if "algorithm" in given or "algorithm" in file_values else None
+        return input_stats([], capacities, config, algorithms)
     if not paths:
         raise PackctlError("no PATH given: pass a packed output directory or tokenized Parquet files")
     for path in paths:

@@ -34,11 +34,12 @@ from packctl.plan.metrics import (attention_cost, batch_metrics, dp_balance, fil
 from packctl.contract.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST, manifest_path
 from packctl.contract.reader import PackedOutput, open_output
 from packctl.contract.schema import (BALANCE_COLUMNS, BATCH_COLUMNS, BATCH_SIZE, CU_SEQLENS_PADDED, DP_RANK,
-                                     METADATA_KEY, MICRO_BATCH, NUM_TOKENS, PADDED_LEN, SAMPLE_IDS, SEQ_LENS, STEP,
+                                     METADATA_KEY, MICRO_BATCH, NUM_TOKENS, PADDED_LEN, SAMPLE_IDS, SEQ_LENS, SOURCE_IDS,
+                                     STEP,
                                      limit_sum_name)
 
 READ_COLUMNS = (SEQ_LENS, SAMPLE_IDS, NUM_TOKENS)
-LIST_COLUMNS = (SEQ_LENS, SAMPLE_IDS, CU_SEQLENS_PADDED)
+LIST_COLUMNS = (SEQ_LENS, SAMPLE_IDS, CU_SEQLENS_PADDED, SOURCE_IDS)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class PackedArrays:
     pack_lens: np.ndarray  # int64, len(input_ids) of each pack
     balance: dict[str, np.ndarray] | None  # step, dp_rank, micro_batch when present
     limit_sums: dict[str, np.ndarray] = field(default_factory=dict)  # --limit: COL -> each pack's COL_sum
+    source_ids: np.ndarray | None = None  # --source: one per sequence
 
 
 def is_packed_output(path: str | Path) -> bool:
@@ -98,7 +100,8 @@ def read_packed(output: PackedOutput) -> PackedArrays:
                                f"{list(balance_columns)}; pack again")
         # a pack's length is the last entry of cu_seqlens_padded (len(input_ids) by the contract):
         # the token columns, most of a shard's bytes, are never decoded
-        table = output.read_shard(k, [*READ_COLUMNS, CU_SEQLENS_PADDED, *present, *sums])
+        blend = [SOURCE_IDS] if SOURCE_IDS in names else []
+        table = output.read_shard(k, [*READ_COLUMNS, CU_SEQLENS_PADDED, *present, *sums, *blend])
         parts.append(_shard_arrays(path, table, (*present, *sums), entry.rows))
 
     def cat(key: str) -> np.ndarray:
@@ -112,6 +115,7 @@ def read_packed(output: PackedOutput) -> PackedArrays:
         num_tokens=cat(NUM_TOKENS), pack_lens=cat("pack_len"),
         balance={c: cat(c) for c in balance_columns} if balance_columns else None,
         limit_sums={name: cat(limit_sum_name(name)) for name in limit_names(output.layout)},
+        source_ids=cat(SOURCE_IDS) if parts and all(SOURCE_IDS in p for p in parts) else None,
     )
 
 
@@ -218,6 +222,13 @@ def _shard_arrays(path: Path, table: pa.Table, balance: tuple[str, ...], rows: i
                            "not a valid packed shard: pack again")
     out = {SEQ_LENS: seq_lens, "seqs_per_pack": seqs_per_pack, SAMPLE_IDS: sample_ids,
            NUM_TOKENS: num_tokens, "pack_len": pack_len}
+    if SOURCE_IDS in columns:  # --source: aligned with sample_ids
+        source_ids, per_pack = _flat_list(columns[SOURCE_IDS])
+        if not np.array_equal(per_pack, seqs_per_pack):
+            row = int(np.argmax(per_pack != seqs_per_pack))
+            raise PackctlError(f"{path} row {row}: {per_pack[row]} source_ids for {seqs_per_pack[row]} seq_lens; "
+                               "not a valid packed shard: pack again")
+        out[SOURCE_IDS] = source_ids
     for column in balance:
         values = columns[column].to_numpy(zero_copy_only=False).astype(np.int64)
         if len(values) and values.min() < 0:
@@ -311,6 +322,8 @@ def _packed_report(path: str | Path, *, attn_coeff: float | None = None,
     # how the ranks of an MPI run shared it: a fact of the run, not of the shards
     if _fits(recorded.get("scale_out"), SCALE_OUT_SHAPE):
         report["scale_out"] = recorded["scale_out"]
+    if packed.source_ids is not None and isinstance(manifest.get("sources"), list):
+        report["mixture"] = packed_mixture(packed, manifest, output.shards, recorded.get("mixture"))
     report["pack_order"] = order_quality(longest_per_pack(packed), window_of_pack(manifest, output.shards),
                                          (packed.balance or {}).get(STEP))
     t2 = time.perf_counter()
@@ -339,6 +352,53 @@ def window_of_pack(manifest: dict[str, Any], shards: list) -> np.ndarray | None:
         opens[0] = True
     window_of_shard = np.cumsum(opens) - 1
     return np.repeat(window_of_shard, [s.rows for s in shards]).astype(np.int64)
+
+
+def packed_mixture(packed: PackedArrays, manifest: dict[str, Any], shards: list,
+                   recorded: dict[str, Any] | None) -> dict[str, Any]:
+    """The realized blend of an output of `--source`, from its shards: per source its sequences
+    and tokens, its share of the tokens against its weight (the manifest's `sources`), and the
+    worst |share - weight| over the planning windows and (with --dp-size) the steps; with the
+    draw `pack` recorded (rows used, repeats) where its _metrics.json has it.
+
+        sources web 0.75, code 0.25; packs [web 300 | code 100] -> shares 0.75, 0.25"""
+    table = manifest["sources"]
+    weights = np.array([float(t["weight"]) for t in table])
+    k = len(table)
+    source = packed.source_ids.astype(np.int64)
+    pack_of = np.repeat(np.arange(len(packed.num_tokens)), np.diff(packed.seq_offsets))
+    unit = (recorded or {}).get("unit", "tokens")
+    units = packed.seq_lens if unit == "tokens" else np.ones(len(source), np.int64)
+
+    def worst(group: np.ndarray | None) -> list[float] | None:
+        if group is None or not len(source):
+            return None
+        at = group[pack_of]
+        per = np.zeros((int(at.max()) + 1, k))
+        np.add.at(per, (at, source), units)
+        totals = per.sum(axis=1, keepdims=True)
+        shares = np.divide(per, totals, out=np.zeros_like(per), where=totals > 0)
+        return np.abs(shares - weights[None, :])[totals[:, 0] > 0].max(axis=0).tolist()
+
+    by_window = worst(window_of_pack(manifest, shards))
+    step = (packed.balance or {}).get(STEP)
+    by_step = worst(step) if step is not None else None
+    total = max(int(units.sum()), 1)
+    drawn = {s.get("name"): s for s in (recorded or {}).get("sources", []) if isinstance(s, dict)}
+    sources = []
+    for j, entry in enumerate(table):
+        mine = source == j
+        row = {"name": entry["name"], "weight": float(weights[j]), "sequences": int(mine.sum()),
+               "tokens": int(packed.seq_lens[mine].sum()), "realized": float(units[mine].sum() / total),
+               "worst_window_deviation": by_window[j] if by_window is not None else None,
+               "worst_step_deviation": by_step[j] if by_step is not None else None}
+        for key in ("rows", "rows_used", "uses", "repeats", "max_repeat"):
+            if key in drawn.get(entry["name"], {}):
+                row[key] = drawn[entry["name"]][key]
+        sources.append(row)
+    return {"unit": unit, "sources": sources,
+            "worst_window_deviation": max(by_window) if by_window else None,
+            "worst_step_deviation": max(by_step) if by_step else None}
 
 
 ORDER_BOUND = 0.05  # the |Spearman| a window of --pack-order shuffle stays within (docs/cli.md)

@@ -44,6 +44,7 @@ from packctl.source.groups import read_group_starts
 from packctl.plan.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
 from packctl.plan.groups import group_ids
 from packctl.plan.windows import PackPlan
+from packctl.mpi.comm import SingleComm
 from packctl.pipeline.order import Ordered, order_corpus
 from packctl.pipeline.plan import plan_corpus
 from packctl.pipeline.report import Corpus, assemble_metrics
@@ -204,8 +205,37 @@ def _kind_lengths(resolution, options: InputOptions, skip_empty: bool) -> Length
     return lengths
 
 
+def read_blend_lengths(config: PackConfig) -> tuple[LengthIndex, list[int]]:
+    """The lengths of a blend's sources (--source), each read as `read_lengths` reads an INPUT,
+    joined in source order as `pack` joins them (packctl/source/mixture.py); and where each
+    source's files start."""
+    from packctl.source.mixture import resolve_sources
+
+    entries = config.source_entries()
+    options = options_of(dataclasses.asdict(config))
+    resolve_sources(entries, split=config.split, options=options)  # a file of two sources is refused as pack refuses it
+    parts = [read_lengths(list(e.paths), config.tokens_column, skip_empty=config.skip_empty,
+                          limit_columns=tuple(config.limits), split=config.split, options=options) for e in entries]
+    files = [f for p in parts for f in p.files]
+    rows = np.array([f.rows for f in files], dtype=np.int64)
+    starts = np.cumsum([0] + [len(p.files) for p in parts]).tolist()
+    extra = None if not config.limits else np.concatenate([p.extra for p in parts], axis=0)
+    index = LengthIndex(files=files, file_offsets=np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
+                        lengths=np.concatenate([p.lengths for p in parts]), tokens_column=config.tokens_column,
+                        fingerprints=[f for p in parts for f in p.fingerprints], limit_columns=tuple(config.limits),
+                        extra=extra)
+    return index, starts
+
+
+def _specs(config: PackConfig, index: LengthIndex, source_files: list[int] | None):
+    """The specs `pack` plans with: with a blend, its draw and interleave in the order stage."""
+    from packctl.pipeline.mixture import with_mixture
+
+    return with_mixture(config.specs(), config, index, source_files)
+
+
 def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None = None,
-                ungrouped: Ordered | None = None) -> dict[str, Any]:
+                ungrouped: Ordered | None = None, source_files: list[int] | None = None) -> dict[str, Any]:
     """One row of the what-if table: the `_metrics.json` `pack` writes for `config` (but for
     throughput and timings), plus `plan_seconds` and `fill_histogram`. `ordered` may pass a
     precomputed `order_corpus` result (it depends only on the order options, the alignment and the
@@ -216,13 +246,16 @@ def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None 
     (`packctl.pipeline.report.group_report`), and `group_cost` compares it with packing the same
     sequences one by one: the Martello-Toth bound over whole groups, and the packs and utilization
     of the same options without groups (`ungrouped`: a precomputed `order_corpus` of the index
-    without groups)."""
-    specs = config.specs()
+    without groups). `source_files`: where each source of a blend starts (`read_blend_lengths`)."""
+    specs = _specs(config, index, source_files)
     t0 = time.perf_counter()
     planned = plan_corpus(index, specs, ordered)
     plan_seconds = time.perf_counter() - t0
     skipped = int(np.count_nonzero(index.lengths == 0)) if config.skip_empty else 0
     corpus = Corpus(sequences=index.num_sequences, tokens=int(index.lengths.sum()), skipped_empty=skipped, blocks=0)
+    if specs.order.mixture is not None:  # a blend's counts are of its uses, as pack's
+        from packctl.pipeline.mixture import blend_corpus
+        corpus = blend_corpus(SingleComm(), index, specs.order, corpus)
     row, plan = assemble_metrics(specs.report, planned, corpus, group_starts=index.group_starts)
     row["fill_histogram"] = fill_histogram(plan.loads(padded=False), config.capacity)
     if "limits" in row:  # --limit: which budget binds (packctl.stats.packed.binding_budget)
@@ -233,9 +266,9 @@ def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None 
     return row
 
 
-def _order(index: LengthIndex, config: PackConfig) -> Ordered:
+def _order(index: LengthIndex, config: PackConfig, source_files: list[int] | None = None) -> Ordered:
     """The order `pack` gives the corpus with these options (the same for every capacity and algorithm)."""
-    specs = config.specs()
+    specs = _specs(config, index, source_files)
     return order_corpus(index, specs.order, specs.groups, specs.windows)
 
 
@@ -313,9 +346,13 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     configs = {(c, a): _checked(dataclasses.replace(config, capacity=c, algorithm=a))
                for c in capacities for a in algorithms}
 
-    index = read_lengths(inputs, config.tokens_column, config.group_column, skip_empty=config.skip_empty,
-                         limit_columns=tuple(config.limits), split=config.split,
-                         options=options_of(dataclasses.asdict(config)))
+    source_files = None
+    if config.sources:  # a blend: its sources' lengths, joined as pack joins them
+        index, source_files = read_blend_lengths(config)
+    else:
+        index = read_lengths(inputs, config.tokens_column, config.group_column, skip_empty=config.skip_empty,
+                             limit_columns=tuple(config.limits), split=config.split,
+                             options=options_of(dataclasses.asdict(config)))
     read_seconds = time.perf_counter() - started
     # With --too-long error, pack would stop at the first over-long sequence: the what-if reports
     # where, and plans that capacity's rows with split (every token kept) instead of stopping.
@@ -334,11 +371,11 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     for algorithm in algorithms:  # load the compiled kernels outside the timed plans
         pack_lengths(np.array([2, 1], np.int64), 2, algorithm)
     t1 = time.perf_counter()
-    ordered = _order(index, configs[capacities[0], algorithms[0]])
+    ordered = _order(index, configs[capacities[0], algorithms[0]], source_files)
     t2 = time.perf_counter()
     ungrouped = _order(*without_groups(index, configs[capacities[0], algorithms[0]])) if grouped else None
     t2b = time.perf_counter()
-    rows = [what_if_row(index, configs[key], ordered, ungrouped) for key in configs]
+    rows = [what_if_row(index, configs[key], ordered, ungrouped, source_files) for key in configs]
     for (capacity, _), row in zip(configs, rows):
         # the --capacity of the row: in batch mode the metrics' capacity is --max-tokens instead
         row["capacity_flag"] = capacity
@@ -387,6 +424,7 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
         "settings": {**{k: getattr(aligned, k) for k in PLANNING_OPTIONS},
                      "pack_multiple": aligned.resolved_pack_multiple, "align": aligned.align},
         "groups": group_summary(index, config.group_column) if grouped else None,
+        **({"mixture": _blend_report(index, aligned, source_files)} if source_files is not None else {}),
         "capacities": by_capacity,
         "what_if": rows,
         "best": {"capacity": best["capacity_flag"], "algorithm": best["algorithm"]},
@@ -399,9 +437,20 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     }
 
 
+def _blend_report(index: LengthIndex, config: PackConfig, source_files: list[int]) -> dict[str, Any]:
+    """The blend before packing: what each source gives (_metrics.json's `mixture` of `pack`)."""
+    from packctl.pipeline.mixture import blend_metrics
+
+    mixture = blend_metrics(SingleComm(), index, _specs(config, index, source_files).order)
+    for entry in mixture["sources"]:
+        entry["sequences"] = entry["uses"]
+    return mixture
+
+
 def _checked(config: PackConfig) -> PackConfig:
     # validate() wants an output directory; the what-if writes nothing.
-    dataclasses.replace(config, inputs=config.inputs or ["-"], output=config.output or "-").validate()
+    dataclasses.replace(config, inputs=config.inputs or ([] if config.sources else ["-"]),
+                        output=config.output or "-").validate()
     return config
 
 

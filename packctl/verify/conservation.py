@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of, positions_in_segments, ranges
-from packctl.config import FIELDS, PackConfig
+from packctl.config import FIELDS, PackConfig, parse_sources
 from packctl.contract.schema import IGNORE_INDEX, INPUT_IDS, LABELS, SEQ_LENS, SEQ_LENS_PADDED
 from packctl.errors import PackctlError
 from packctl.source import parquet as reader
@@ -138,6 +138,7 @@ def match_sources(manifest: dict[str, Any], sources: list[str], split: str | Non
     if not isinstance(inputs, list) or not inputs or not all(isinstance(i, dict) and "path" in i for i in inputs):
         raise PackctlError("the manifest lists no inputs, so --source cannot be matched to sample ids")
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    sources = _source_paths(manifest, sources)
     resolved = resolve(sources, split=split if split is not None else config.get("split"),
                        options=source_options(manifest, tokenizer)).paths
     by_real = {os.path.realpath(p): p for p in resolved}
@@ -163,6 +164,23 @@ def match_sources(manifest: dict[str, Any], sources: list[str], split: str | Non
         raise PackctlError(f"--source: {extra[0]} is not an input of this output (the manifest lists "
                            f"{len(inputs)} inputs); pass the INPUT given to packctl pack")
     return matched
+
+
+def _source_paths(manifest: dict[str, Any], given: list[str]) -> list[str]:
+    """The paths of --source as `pack --source` spells them for a blend, NAME=PATH[:WEIGHT[:CAP]]
+    with NAME one of the manifest's sources (web=data/web:0.6 -> data/web); any other as it is."""
+    table = manifest.get("sources")
+    names = {t.get("name") for t in table if isinstance(t, dict)} if isinstance(table, list) else set()
+    paths = []
+    for text in given:
+        name, sign, _ = str(text).partition("=")
+        if sign and name in names and ":" in text:
+            paths.append(parse_sources([text])[name]["path"])
+        elif sign and name in names:
+            paths.append(str(text).partition("=")[2])
+        else:
+            paths.append(text)
+    return paths
 
 
 def _pack_config(manifest: dict[str, Any]) -> PackConfig:
@@ -232,6 +250,7 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
         first_of_sample = np.searchsorted(sorted_ids, sorted_ids, side="left")
         piece_start[order] = before - before[first_of_sample]
 
+    blend = _blend_of(manifest, config)
     src_len = np.zeros(n_src, dtype=np.int64)
     src_token_fp = np.zeros(len(sample_ids), dtype=np.uint64)
     src_label_fp = np.zeros(len(sample_ids), dtype=np.uint64)
@@ -242,6 +261,8 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
         lo, hi = np.searchsorted(sorted_ids, [file_offsets[f], file_offsets[f + 1]])
         sel = order[lo:hi]
         rows = sample_ids[sel] - file_offsets[f]
+        if blend is not None:  # a row drawn u times: u runs of pieces, each a whole use of it
+            piece_start[sel] %= np.maximum(_per_use(np.diff(decoded.offsets), config)[rows], 1)
         take = np.clip(np.minimum(lens[sel], np.diff(decoded.offsets)[rows] - piece_start[sel]), 0, None)
         idx = ranges(decoded.offsets[rows] + piece_start[sel], take)
         src_token_fp[sel] = segment_fingerprints(decoded.tokens[idx], take)
@@ -252,6 +273,10 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
 
     count = np.bincount(sample_ids[valid], minlength=n_src)
     covered = np.bincount(sample_ids[valid], weights=lens[valid], minlength=n_src).astype(np.int64)
+    if blend is not None:
+        return _blend_conservation(out, manifest, config, blend, pieces, paths, file_offsets, src_len, covered,
+                                   count, sample_ids, valid, lens, piece_start, src_token_fp != token_fp,
+                                   src_label_fp != label_fp, found, where, details)
     over_long = (src_len + config.align - 1) // config.align * config.align > config.plan_capacity
 
     def describe(gid: int) -> str:
@@ -328,6 +353,105 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
         "source_files": len(paths), "samples": n_src, "samples_packed": int((count > 0).sum()),
         "dropped": int(missing.sum()), "truncated": int(truncated.sum()), "split": int(split.sum()),
         "tokens_compared": int(lens[valid].sum()), "sequences_differing": int(len(bad)),
+    }
+    return ConservationResult(found, summary)
+
+
+def _blend_of(manifest: dict[str, Any], config: PackConfig) -> dict[str, Any] | None:
+    """The blend an output of `--source` was drawn from: its sources' gid runs (the manifest's
+    `sources`), weights, caps and size (its config); None for an output of one INPUT."""
+    table = manifest.get("sources")
+    if not isinstance(table, list) or not config.sources:
+        return None
+    entries = config.source_entries()
+    total = sum(e.weight for e in entries)
+    names = [e.name for e in entries]
+    try:
+        starts = [int(table[0]["gids"][0])] + [int(t["gids"][1]) for t in table]
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise PackctlError("the manifest's sources table has no gid runs, so the blend cannot be drawn again") \
+            from None
+    return {"names": names, "starts": starts, "weights": [e.weight / total for e in entries],
+            "caps": [e.max_repeat if e.max_repeat is not None else config.max_repeat for e in entries],
+            "epochs_of": names.index(config.epochs_of) if config.epochs_of is not None else None}
+
+
+def _per_use(lengths: np.ndarray, config: PackConfig) -> np.ndarray:
+    """The tokens one use of each sample puts in the output: all of them, the capacity of an
+    over-long one that --too-long truncate cuts, none of one that drop leaves out."""
+    per_use = np.asarray(lengths, dtype=np.int64).copy()
+    over = (per_use + config.align - 1) // config.align * config.align > config.plan_capacity
+    if config.too_long == "truncate":
+        per_use[over] = config.plan_capacity
+    elif config.too_long == "drop":
+        per_use[over] = 0
+    return per_use
+
+
+def _blend_conservation(out: Path, manifest: dict[str, Any], config: PackConfig, blend: dict[str, Any],
+                        pieces: OutputPieces, paths: list[str], file_offsets: np.ndarray, src_len: np.ndarray,
+                        covered: np.ndarray, count: np.ndarray, sample_ids: np.ndarray, valid: np.ndarray,
+                        lens: np.ndarray, piece_start: np.ndarray, tokens_differ: np.ndarray,
+                        labels_differ: np.ndarray, found: list[Violation], where: Callable[[int], str],
+                        details: int) -> ConservationResult:
+    """Conservation of a blend, source by source: the draw done again from the source's lengths
+    (plan/mixture.py `draw_blend`, the one draw of pack), and every row in the output exactly as
+    many times as it was drawn, each use whole (or cut as --too-long says), with its own tokens.
+
+        web row 7 drawn twice, 40 tokens: the output holds 80 tokens of sample 7, in pieces that
+        rebuild it twice"""
+    from packctl.plan.mixture import EmptySource, RepeatOverCap, draw_blend
+
+    try:
+        draw, gids = draw_blend(src_len, blend["starts"], blend["weights"], blend["caps"], unit=config.mix_unit,
+                                size=config.tokens, epochs_of=blend["epochs_of"], seed=config.seed,
+                                skip_empty=config.skip_empty)
+    except (RepeatOverCap, EmptySource) as exc:
+        raise PackctlError(f"--source: the source does not give the blend the output was drawn from "
+                           f"({blend['names'][exc.source]}: {type(exc).__name__}); pass the sources given to "
+                           "packctl pack") from None
+    uses = np.zeros(len(src_len), dtype=np.int64)
+    for ids, counts in zip(gids, draw.counts):
+        uses[ids] = counts
+    expected = uses * _per_use(src_len, config)
+    source_of = np.searchsorted(np.asarray(blend["starts"]), np.arange(len(src_len)), side="right") - 1
+    wrong = covered != expected
+    if wrong.any():
+        gid = int(np.argmax(wrong))
+        found.append(Violation(
+            "conservation", "source-uses",
+            f"sample {gid} ({describe_gid(paths, file_offsets, gid)}, {src_len[gid]} tokens) of source "
+            f"{blend['names'][source_of[gid]]}: the output holds {covered[gid]} of its tokens in {count[gid]} "
+            f"pieces, the blend draws it {uses[gid]} times ({expected[gid]} tokens)", count=int(wrong.sum())))
+    content_bad = tokens_differ | labels_differ
+    content_bad[valid[wrong[sample_ids[valid]]]] = False
+    in_range = np.zeros(len(sample_ids), dtype=bool)
+    in_range[valid] = True
+    content_bad[~in_range] = False
+    bad = np.flatnonzero(content_bad)
+    shard_of, row_of, seq_of = pieces.arrays()[:3]
+    for p in bad[:details]:
+        gid = int(sample_ids[p])
+        found.append(_diagnose(out, pieces.shard_names[shard_of[p]], int(row_of[p]), int(seq_of[p]), gid,
+                               int(piece_start[p]), f"sample {gid} ({describe_gid(paths, file_offsets, gid)})",
+                               paths, file_offsets, config.tokens_column, manifest["config"].get("labels_column")))
+    if len(bad) > details:
+        found.append(Violation("conservation", "content", f"{len(bad) - details} more sequences differ from the "
+                               "source", count=len(bad) - details))
+    limits = dict(config.limits or {})
+    if limits:  # each use of a sample carries its value of every limited column
+        src_extra = _source_limit_values(paths, np.diff(file_offsets), tuple(limits))
+        found += _limit_values(out, pieces, limits, src_extra, sample_ids, in_range, where)
+    counts = manifest.get("counts", {})
+    for name, actual in (("tokens_in", int((uses * src_len).sum())), ("sequences_in", int(uses.sum()))):
+        if name in counts and int(counts[name]) != actual:
+            found.append(Violation("conservation", "manifest-counts",
+                                   f"the source and output give {name} = {actual}, the manifest says {counts[name]}"))
+    summary = {
+        "source_files": len(paths), "samples": len(src_len), "samples_packed": int((count > 0).sum()),
+        "tokens_compared": int(lens[valid].sum()), "sequences_differing": int(len(bad)),
+        "sources": [{"name": name, "rows_used": int(np.count_nonzero(uses[source_of == k])),
+                     "uses": int(uses[source_of == k].sum())} for k, name in enumerate(blend["names"])],
     }
     return ConservationResult(found, summary)
 

@@ -184,6 +184,14 @@ def _sample_packs(readable: list[tuple[int, dict[str, Any]]], sample: int, seed:
     return chosen
 
 
+def _blend_rows(manifest: dict[str, Any], otherwise: int | None) -> int | None:
+    """The rows a blend's sample ids name: the end of its last source's gids."""
+    try:
+        return int(manifest["sources"][-1]["gids"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return otherwise
+
+
 def _top_field(name: str) -> str:
     """The manifest key a problem's field belongs to: 'shards[3].rows' -> 'shards'."""
     return name.split(".", 1)[0].split("[", 1)[0]
@@ -219,6 +227,8 @@ def verify(out: str | Path, options: VerifyOptions | None = None, *, progress: P
     cp_size = options.cp_size or (layout.cp_size if layout is not None else 1)
     counts = manifest["counts"] if "counts" not in broken else {}
     sequences_in = counts.get("sequences_in")
+    if isinstance(manifest.get("sources"), list):  # a blend counts its uses; sample ids are its rows
+        sequences_in = _blend_rows(manifest, sequences_in)
     shards = manifest["shards"] if isinstance(manifest.get("shards"), list) else []
     unreadable = {p.shard for p in problems if p.unreadable}
     readable = [(i, entry) for i, entry in enumerate(shards) if i not in unreadable]
@@ -289,10 +299,14 @@ def verify(out: str | Path, options: VerifyOptions | None = None, *, progress: P
                                     advance=stage("conservation", len(sources)), tokenizer=options.tokenizer)
         violations += result.violations
         s = result.summary
+        lines = ([f"{s['samples']:,} samples: {s['samples_packed']:,} packed, {s['dropped']:,} dropped, "
+                  f"{s['truncated']:,} truncated, {s['split']:,} split; {s['tokens_compared']:,} tokens compared"]
+                 if "sources" not in s else  # a blend: each source's rows as often as drawn
+                 [f"{s['samples']:,} samples, {s['samples_packed']:,} packed; " + ", ".join(
+                     f"{x['name']}: {x['rows_used']:,} rows, {x['uses']:,} uses" for x in s["sources"])
+                  + f"; {s['tokens_compared']:,} tokens compared"])
         checks["conservation"] = CheckResult(
-            _status(result.violations),
-            [f"{s['samples']:,} samples: {s['samples_packed']:,} packed, {s['dropped']:,} dropped, "
-             f"{s['truncated']:,} truncated, {s['split']:,} split; {s['tokens_compared']:,} tokens compared"],
+            _status(result.violations), lines,
             {**s, "violations": len(result.violations)}, seconds=time.perf_counter() - started)
 
     if cp_work is None:

@@ -179,3 +179,30 @@ def test_toml_config_is_read_where_the_standard_library_has_no_tomllib(tmp_path)
     proc = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "'capacity': 8" in proc.stdout and "'too_long': 'split'" in proc.stdout
+
+
+def test_sources_are_parsed_from_flags_and_checked_naming_the_source(tmp_path):
+    from packctl.config import parse_sources
+    from packctl.source.mixture import read_blend
+
+    assert parse_sources(["web=a/b:c:0.5:2"]) == {"web": {"path": "a/b:c", "weight": 0.5, "max_repeat": 2.0}}
+    for bad, words in ((["web"], "NAME=PATH:WEIGHT"), (["web=data:x"], "is not a number"),
+                       (["web=a:1", "web=b:1"], "given twice")):
+        with pytest.raises(PackctlError, match=words):
+            parse_sources(bad)
+    for table, words in (({"web": {"path": "a", "weight": 0}}, "weight 0 must be a number > 0"),
+                         ({"web": {"path": "a", "weight": 1, "max-repeat": -1}}, "max-repeat -1"),
+                         ({"web": {"weight": 1}}, "needs a path"),
+                         ({"web": {"path": "a", "weight": 1, "cap": 2}}, "unknown key 'cap'")):
+        with pytest.raises(PackctlError, match=words):
+            PackConfig(output="o", sources=table).validate()
+    with pytest.raises(PackctlError, match="--epochs-of code: not a source"):
+        PackConfig(output="o", sources={"web": {"path": "a", "weight": 1}}, epochs_of="code").validate()
+    blend = tmp_path / "blend.txt"
+    blend.write_text("0.7 data/web_text_document\n0.3 more/web_text_document 1 data/code.idx\n")
+    assert read_blend(str(blend)) == {"web_text_document": {"path": "data/web_text_document.idx", "weight": 0.7},
+                                      "web_text_document-2": {"path": "more/web_text_document.idx", "weight": 0.3},
+                                      "code": {"path": "data/code.idx", "weight": 1.0}}
+    blend.write_text("0.7 data/web 0.3")
+    with pytest.raises(PackctlError, match="pairs of 'weight prefix'"):
+        read_blend(str(blend))

@@ -95,3 +95,21 @@ def test_pieces_cover_what_the_policy_keeps(lengths, algorithm, too_long, align,
         assert starts[0] == 0 and (starts[1:] == (starts + lens)[:-1]).all()
         kept = min(n, capacity) if gid in plan.truncated else n
         assert lens.sum() == kept
+
+
+def test_split_pieces_are_those_of_split_gids_and_each_window_answers_alone():
+    from packctl.plan.windows import PackPlan
+
+    def plan(window_bins, gids, starts):
+        n = len(gids)
+        return PackPlan(window_bins=np.array(window_bins), bin_offsets=np.arange(n + 1), piece_gid=np.array(gids),
+                        piece_start=np.array(starts), piece_len=np.ones(n, np.int64),
+                        piece_padded=np.ones(n, np.int64), dropped=np.zeros(0, np.int64),
+                        truncated=np.zeros(0, np.int64), tokens_dropped=0, tokens_truncated=0)
+
+    once = plan([0, 3, 5], [4, 4, 5, 6, 6], [0, 9, 0, 0, 3])  # every gid planned once
+    split, count = once.split_pieces()
+    assert split.tolist() == np.isin(once.piece_gid, once.split_gids()).tolist() and count == len(once.split_gids())
+    # a blend plans row 5 twice, in two windows, uncut: not split, whichever windows a rank holds
+    twice = plan([0, 3, 4], [4, 4, 5, 5], [0, 9, 0, 0])
+    assert twice.split_pieces()[0].tolist() == [True, True, False, False] and twice.split_pieces()[1] == 1
