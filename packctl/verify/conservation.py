@@ -274,7 +274,7 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
     count = np.bincount(sample_ids[valid], minlength=n_src)
     covered = np.bincount(sample_ids[valid], weights=lens[valid], minlength=n_src).astype(np.int64)
     if blend is not None:
-        return _blend_conservation(out, manifest, config, blend, pieces, paths, file_offsets, src_len, covered,
+        return _blend_conservation(out, manifest, config, blend, pieces, kind, paths, file_offsets, src_len, covered,
                                    count, sample_ids, valid, lens, piece_start, src_token_fp != token_fp,
                                    src_label_fp != label_fp, found, where, details)
     over_long = (src_len + config.align - 1) // config.align * config.align > config.plan_capacity
@@ -389,7 +389,7 @@ def _per_use(lengths: np.ndarray, config: PackConfig) -> np.ndarray:
 
 
 def _blend_conservation(out: Path, manifest: dict[str, Any], config: PackConfig, blend: dict[str, Any],
-                        pieces: OutputPieces, paths: list[str], file_offsets: np.ndarray, src_len: np.ndarray,
+                        pieces: OutputPieces, kind: InputKind, paths: list[str], file_offsets: np.ndarray, src_len: np.ndarray,
                         covered: np.ndarray, count: np.ndarray, sample_ids: np.ndarray, valid: np.ndarray,
                         lens: np.ndarray, piece_start: np.ndarray, tokens_differ: np.ndarray,
                         labels_differ: np.ndarray, found: list[Violation], where: Callable[[int], str],
@@ -420,7 +420,7 @@ def _blend_conservation(out: Path, manifest: dict[str, Any], config: PackConfig,
         gid = int(np.argmax(wrong))
         found.append(Violation(
             "conservation", "source-uses",
-            f"sample {gid} ({describe_gid(paths, file_offsets, gid)}, {src_len[gid]} tokens) of source "
+            f"sample {gid} ({describe_gid(kind, paths, file_offsets, gid)}, {src_len[gid]} tokens) of source "
             f"{blend['names'][source_of[gid]]}: the output holds {covered[gid]} of its tokens in {count[gid]} "
             f"pieces, the blend draws it {uses[gid]} times ({expected[gid]} tokens)", count=int(wrong.sum())))
     content_bad = tokens_differ | labels_differ
@@ -433,7 +433,7 @@ def _blend_conservation(out: Path, manifest: dict[str, Any], config: PackConfig,
     for p in bad[:details]:
         gid = int(sample_ids[p])
         found.append(_diagnose(out, pieces.shard_names[shard_of[p]], int(row_of[p]), int(seq_of[p]), gid,
-                               int(piece_start[p]), f"sample {gid} ({describe_gid(paths, file_offsets, gid)})",
+                               int(piece_start[p]), f"sample {gid} ({describe_gid(kind, paths, file_offsets, gid)})",
                                paths, file_offsets, config.tokens_column, manifest["config"].get("labels_column")))
     if len(bad) > details:
         found.append(Violation("conservation", "content", f"{len(bad) - details} more sequences differ from the "
