@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+PARENT_SEGMENTS = "parent_segments"  # list<int32> per pack, aligned with seq_lens: the segment each continues
+
 
 def _ints(values) -> np.ndarray:
     return np.asarray(values, dtype=np.int64).reshape(-1)
@@ -99,6 +101,25 @@ def ancestry(parent_segments) -> np.ndarray:
         current[rows] = parents[current[rows]]
         alive = current >= 0
     return result
+
+
+def chains(parent_segments) -> np.ndarray:
+    """Int [S, D] (D = the deepest chain's length): row s lists s's chain root first, -1 after
+    its end, so chains[s, depth[t]] == t says whether t is s or one of its ancestors (one lookup,
+    what a FlexAttention mask_mod can afford).
+
+        parent_segments [-1, 0, 1, 0]  ->  [[0, -1, -1], [0, 1, -1], [0, 1, 2], [0, 3, -1]]
+    """
+    parents = check_parents(parent_segments)
+    depth = depths(parents)
+    table = np.full((len(parents), int(depth.max()) + 1 if len(parents) else 1), -1, dtype=np.int64)
+    rows, current = np.arange(len(parents)), np.arange(len(parents))
+    while len(rows):  # every chain climbed one step at a time, written at its depth
+        table[rows, depth[current]] = current
+        current = parents[current]
+        keep = current >= 0
+        rows, current = rows[keep], current[keep]
+    return table
 
 
 def segment_of(seq_lens_padded) -> np.ndarray:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from packctl.contract.tree import (ancestry, check_parents, depths, offset_in_segment, roots, row_positions,
+from packctl.contract.tree import (ancestry, chains, check_parents, depths, offset_in_segment, roots, row_positions,
                                    segment_of, visible)
 from support.profiles import examples
 from support.trees import Group, Row, random_items, rows_of, tree_pack
@@ -62,6 +62,7 @@ def test_helpers_follow_chains():
     assert depths(parents).tolist() == [0, 1, 2, 1, 0, 1]
     above = ancestry(parents)
     assert [np.flatnonzero(r).tolist() for r in above] == [[], [0], [0, 1], [0], [], [4]]
+    assert chains(parents).tolist() == [[0, -1, -1], [0, 1, -1], [0, 1, 2], [0, 3, -1], [4, -1, -1], [4, 5, -1]]
     assert segment_of([3, 0, 2]).tolist() == [0, 0, 0, 2, 2]
     assert offset_in_segment([3, 2]).tolist() == [0, 1, 2, 0, 1]
 
@@ -114,6 +115,16 @@ def test_visibility_is_the_rule(tree):
             t = int(np.searchsorted(starts, k, side="right") - 1)
             i, j = q - starts[s], k - starts[t]
             assert seen[q, k] == ((t == s and j <= i) or (t in ancestors and j < lens[t])), (q, k)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(trees())
+def test_chains_answer_ancestry_in_one_lookup(tree):
+    parents = tree[0]
+    table, depth, above = chains(parents), depths(parents), ancestry(parents)
+    for s in range(len(parents)):
+        for t in range(len(parents)):
+            assert (table[s, depth[t]] == t) == (t == s or above[s, t])
 
 
 @settings(max_examples=examples(300), deadline=None)
