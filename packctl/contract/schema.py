@@ -41,6 +41,7 @@ WITH_LR_SCALING = "--lr-scaling"
 BATCH_MODE = "--mode batch"
 WITH_WEIGHTS = "--weight-column"
 WITH_GROUPS = "--group-column"
+WITH_SHARED_PREFIX = "--share-prefix"
 PLAN_ONLY = "--plan-only"
 WITH_LIMITS = "--limit"
 
@@ -67,6 +68,7 @@ STEP_LOSS_TOKENS = "step_loss_tokens"
 STEP_LOSS_SEQUENCES = "step_loss_sequences"
 SEQ_WEIGHTS = "seq_weights"
 GROUP_IDS = "group_ids"
+PARENT_SEGMENTS = "parent_segments"
 SEQ_STARTS = "seq_starts"
 
 
@@ -138,6 +140,8 @@ COLUMNS = (
     Column(SEQ_WEIGHTS, "float64", SEQUENCE, WITH_WEIGHTS, None, "the input column's weight of each sequence"),
     Column(GROUP_IDS, "int64", SEQUENCE, WITH_GROUPS, None,
            "the sample id of the first input row of the sequence's group"),
+    Column(PARENT_SEGMENTS, "int32", SEQUENCE, WITH_SHARED_PREFIX, None,
+           "the index in the pack of the segment a segment continues (a branch: its group's prefix), or -1"),
     Column(SEQ_STARTS, "int64", SEQUENCE, PLAN_ONLY, None,
            "a plan's only column of its own: the first token of each piece inside its sample (0 unless split); "
            "a plan has no token columns"),

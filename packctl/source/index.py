@@ -10,6 +10,7 @@ so ids do not depend on how many processes read them:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -141,6 +142,10 @@ class SequenceIndex(RowsByGid):
     # `extra` (int64, one row per gid of this rank, one column each; None without --limit)
     limit_columns: tuple[str, ...] = ()
     extra: np.ndarray | None = None
+    # --share-prefix: what scan read of every row of this rank (source/prefix.py `PrefixScan`), and
+    # from it the tokens each row's group stores once (int64 per gid of this rank; pipeline/prefix.py)
+    prefix_scan: Any = None
+    shared: np.ndarray | None = None
 
     @classmethod
     def of_files(cls, files: list[InputFile], blocks: list[Block], fingerprints: list[FileFingerprint], *,
