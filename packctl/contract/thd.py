@@ -30,6 +30,9 @@ class PackRows:
     cu_seqlens: np.ndarray
     cu_seqlens_padded: np.ndarray
     num_tokens: np.ndarray
+    # --share-prefix: per sequence (CSR over seq_offsets), the index in its pack of the segment it
+    # continues or -1 (contract/tree.py); None for a pack of flat sequences
+    parent_segments: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:

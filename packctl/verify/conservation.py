@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of, positions_in_segments, ranges
 from packctl.config import FIELDS, PackConfig
-from packctl.contract.schema import IGNORE_INDEX, INPUT_IDS, LABELS, SEQ_LENS, SEQ_LENS_PADDED
+from packctl.contract.schema import IGNORE_INDEX, INPUT_IDS, LABELS, PARENT_SEGMENTS, SEQ_LENS, SEQ_LENS_PADDED
 from packctl.errors import PackctlError
 from packctl.source import parquet as reader
 from packctl.source.files import open_parquet
@@ -92,9 +92,12 @@ class OutputPieces:
         real = ranges(starts[:-1], lens)
         seq_offsets = np.asarray(rows.seq_offsets, dtype=np.int64)
         row = np.repeat(np.arange(len(seq_offsets) - 1), np.diff(seq_offsets))
+        keep = np.arange(len(lens))
+        if rows.parent_segments is not None:  # --share-prefix: each row is its chain of segments
+            keep, real, lens = _rebuilt_rows(rows, starts)
         self._parts.append((
-            np.full(len(lens), index, dtype=np.int32), row, np.arange(len(lens)) - seq_offsets[row],
-            np.asarray(rows.sample_ids, dtype=np.int64), lens,
+            np.full(len(keep), index, dtype=np.int32), row[keep], keep - seq_offsets[row[keep]],
+            np.asarray(rows.sample_ids, dtype=np.int64)[keep], lens,
             segment_fingerprints(np.asarray(rows.input_ids)[real], lens),
             segment_fingerprints(np.asarray(rows.labels)[real], lens, _LABEL_SALT),
         ))
@@ -105,6 +108,36 @@ class OutputPieces:
             empty = np.zeros(0, np.int64)
             return (empty.astype(np.int32), empty, empty, empty, empty, empty.view(np.uint64), empty.view(np.uint64))
         return tuple(np.concatenate([p[k] for p in self._parts]) for k in range(7))
+
+
+def _rebuilt_rows(rows: PackRows, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of tree packs (--share-prefix): the sequences that hold an input row (sample id >= 0)
+    and, for each, the flat positions of its chain (ancestors root first, then itself) and its
+    length; a prefix segment (sample id -1) is in the rows that continue it. A parent out of place
+    (rule `tree-parents`) leaves the sequence as it is.
+
+        segments [1 2 3] [4 7 8] [4 9], parents [-1 0 0], sample ids [-1 5 6]
+        -> sequences [1, 2], positions [0 1 2 3 4 5 | 0 1 2 6 7], lengths [6, 5]
+    """
+    seq_offsets = np.asarray(rows.seq_offsets, dtype=np.int64)
+    lens = np.asarray(rows.seq_lens, dtype=np.int64)
+    sids = np.asarray(rows.sample_ids, dtype=np.int64)
+    pack_first = np.repeat(seq_offsets[:-1], np.diff(seq_offsets))
+    parents = np.asarray(rows.parent_segments, dtype=np.int64)
+    within = np.arange(len(lens)) - pack_first
+    ok = (parents >= -1) & (parents < within)
+    up = np.where(ok & (parents >= 0), pack_first + parents, -1)
+    keep = np.flatnonzero(sids >= 0)
+    positions, sizes = [], []
+    for s in keep.tolist():
+        chain = [s]
+        while up[chain[-1]] >= 0:
+            chain.append(int(up[chain[-1]]))
+        parts = [np.arange(starts[t], starts[t] + lens[t]) for t in reversed(chain)]
+        positions += parts
+        sizes.append(sum(len(part) for part in parts))
+    flat = np.concatenate(positions).astype(np.int64) if positions else np.zeros(0, np.int64)
+    return keep, flat, np.asarray(sizes, dtype=np.int64)
 
 
 def _suffix_match(a: str, b: str) -> int:
@@ -377,12 +410,19 @@ def _decode_source(path: str, rows: int, tokens_column: str, labels_column: str 
 def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, sample: str, paths: list[str],
               file_offsets: np.ndarray, tokens_column: str, labels_column: str | None) -> Violation:
     """Read one differing sequence and its source slice again, and say at which token they part."""
-    table = pq.read_table(out / shard, columns=[INPUT_IDS, LABELS, SEQ_LENS, SEQ_LENS_PADDED]).slice(row, 1)
+    tree = PARENT_SEGMENTS in pq.read_schema(out / shard).names
+    columns = [INPUT_IDS, LABELS, SEQ_LENS, SEQ_LENS_PADDED] + ([PARENT_SEGMENTS] if tree else [])
+    table = pq.read_table(out / shard, columns=columns).slice(row, 1)
     seq_lens = table.column(SEQ_LENS)[0].as_py()
-    offset = int(sum(table.column(SEQ_LENS_PADDED)[0].as_py()[:seq]))
-    n = seq_lens[seq]
-    out_tokens = np.asarray(table.column(INPUT_IDS)[0].as_py()[offset:offset + n], dtype=np.int64)
-    out_labels = np.asarray(table.column(LABELS)[0].as_py()[offset:offset + n], dtype=np.int64)
+    starts = offsets_of(np.asarray(table.column(SEQ_LENS_PADDED)[0].as_py(), dtype=np.int64))
+    chain = [seq]  # with --share-prefix the row is its chain of segments, root first
+    parents = table.column(PARENT_SEGMENTS)[0].as_py() if tree else [-1] * len(seq_lens)
+    while 0 <= parents[chain[-1]] < chain[-1]:
+        chain.append(parents[chain[-1]])
+    where = np.concatenate([np.arange(starts[t], starts[t] + seq_lens[t]) for t in reversed(chain)]).astype(np.int64)
+    n = len(where)
+    out_tokens = np.asarray(table.column(INPUT_IDS)[0].as_py(), dtype=np.int64)[where]
+    out_labels = np.asarray(table.column(LABELS)[0].as_py(), dtype=np.int64)[where]
     f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
     src_tokens, src_labels = _source_row(paths[f], gid - int(file_offsets[f]), tokens_column, labels_column)
     src_tokens, src_labels = src_tokens[start:start + n], src_labels[start:start + n]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -188,3 +189,66 @@ def test_planning_stores_each_shared_group_once_and_keeps_every_pack_within_its_
         assert plan.piece_gid[where].tolist() == sorted(plan.piece_gid[where].tolist())
     stored = round_up(lengths - shared, align).sum() + round_up(shared[new_group], align).sum()
     assert plan.loads().sum() == stored
+
+
+# ------------------------------------------------------------------------------------------ verify
+
+
+def _verified_tree(tmp_path):
+    """A packed corpus of pairs and rollouts sharing prompts, and its source."""
+    rng = np.random.default_rng(11)
+    ids, labels, group = _grouped_corpus(rng, 12, lambda: int(rng.integers(2, 5)), 12, 6, True)
+    src = write_table(tmp_path / "in.parquet", {"input_ids": ids, "labels": labels, "g": group})
+    _, out = pack_to(tmp_path, [src], capacity=256, group_column="g", share_prefix=True, seq_multiple=2)
+    return src, out
+
+
+def _tamper(out, change) -> None:
+    """`change(pack)` edits the first pack holding a shared group (a dict of its columns); the
+    shard's checksum is written again, so only the change is left to find."""
+    from packctl.contract.manifest import sha256_file
+    manifest = json.loads((out / "_manifest.json").read_text())
+    for entry in manifest["shards"]:
+        path = out / entry["path"]
+        table = pq.read_table(path)
+        packs = table.to_pylist()
+        hit = next((p for p in packs if max(p["parent_segments"]) >= 0), None)
+        if hit is None:
+            continue
+        change(hit)
+        pq.write_table(pa.Table.from_pylist(packs, schema=table.schema), path)
+        entry["sha256"] = sha256_file(path)
+        (out / "_manifest.json").write_text(json.dumps(manifest, indent=2))
+        return
+    raise AssertionError("no shared group to tamper with")
+
+
+def test_verify_accepts_a_tree_output_with_its_source_and_attention(tmp_path):
+    from packctl.verify import VerifyOptions, verify
+    src, out = _verified_tree(tmp_path)
+    report = verify(out, VerifyOptions(source=[str(src)], sample=4, backend="sdpa", device="cpu"))
+    assert report.violations == []
+    assert report.checks["attention"].status == "ok"
+
+
+def _second_branch_to_first(pack):
+    parents = pack["parent_segments"]
+    children = [k for k, p in enumerate(parents) if p >= 0]
+    parents[children[1]] = children[0]  # the second branch continues its sibling instead of the prefix
+
+
+def _prefix_token_changed(pack):
+    prefix = pack["sample_ids"].index(-1)
+    pack["input_ids"][pack["cu_seqlens_padded"][prefix]] += 1  # every row of the group changes
+
+
+@pytest.mark.parametrize("change, rules", [
+    (_second_branch_to_first, {"tree-prefix", "position-ids", "attention-equivalence"}),
+    (_prefix_token_changed, {"tokens"}),
+])
+def test_a_tampered_tree_fails_with_a_named_rule(tmp_path, change, rules):
+    from packctl.verify import VerifyOptions, verify
+    src, out = _verified_tree(tmp_path)
+    _tamper(out, change)
+    report = verify(out, VerifyOptions(source=[str(src)], sample=64, backend="sdpa", device="cpu"))
+    assert rules <= {v.rule for v in report.violations}, [str(v) for v in report.violations]
