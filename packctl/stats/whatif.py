@@ -37,8 +37,9 @@ from packctl.config import PLANNING_OPTIONS, PackConfig, as_python  # noqa: F401
 from packctl.errors import PackctlError
 from packctl.source.files import FileFingerprint, open_parquet
 from packctl.source.kinds import PARQUET, InputOptions, check_options, kind_of_paths
-from packctl.source.parquet import (check_limit_column, check_list_column, is_plain_list, list_lengths,
-                                    scan_blocks)
+from packctl.mpi.comm import SingleComm
+from packctl.source.parquet import (check_limit_column, check_list_column, index_inputs, is_plain_list,
+                                    list_lengths, scan_blocks)
 from packctl.source.resolve import resolve
 from packctl.source.groups import read_group_starts
 from packctl.plan.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
@@ -46,6 +47,7 @@ from packctl.plan.groups import group_ids
 from packctl.plan.windows import PackPlan
 from packctl.pipeline.order import Ordered, order_corpus
 from packctl.pipeline.plan import plan_corpus
+from packctl.pipeline.prefix import share_prefix_lengths
 from packctl.pipeline.report import Corpus, assemble_metrics
 from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
@@ -72,6 +74,8 @@ class LengthIndex(RowsByGid):
     # None without): what pack's scan puts in SequenceIndex.limit_columns and .extra
     limit_columns: tuple[str, ...] = ()
     extra: np.ndarray | None = None
+    # --share-prefix: the tokens each row's group stores once (pack's SequenceIndex.shared)
+    shared: np.ndarray | None = None
 
 
 def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_column: str | None = None, *,
@@ -202,6 +206,17 @@ def _kind_lengths(kind, inputs: list[str], resolution, tokens_column: str, skip_
     return lengths
 
 
+def shared_lengths(inputs: list[str], config: PackConfig, group_starts: np.ndarray) -> np.ndarray:
+    """--share-prefix: the tokens each row's group stores once, as `pack` finds them (every block
+    decoded, each row compared with the one before it: pipeline/prefix.py)."""
+    resolution = resolve(inputs, split=config.split)
+    index = index_inputs(resolution, config.tokens_column, config.labels_column)
+    scanned, _ = scan_blocks(index, 0, len(index.blocks), 0, skip_empty=config.skip_empty, share_prefix=True,
+                             prefix_column=config.prefix_column)
+    scanned.group_starts = group_starts
+    return share_prefix_lengths(SingleComm(), scanned)
+
+
 def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None = None,
                 ungrouped: Ordered | None = None) -> dict[str, Any]:
     """One row of the what-if table: the `_metrics.json` `pack` writes for `config` (but for
@@ -239,7 +254,8 @@ def _order(index: LengthIndex, config: PackConfig) -> Ordered:
 
 def without_groups(index: LengthIndex, config: PackConfig) -> tuple[LengthIndex, PackConfig]:
     """The same corpus and options, each sequence packed on its own."""
-    return dataclasses.replace(index, group_starts=None), dataclasses.replace(config, group_column=None)
+    return (dataclasses.replace(index, group_starts=None, shared=None),
+            dataclasses.replace(config, group_column=None, share_prefix=False, prefix_column=None))
 
 
 def group_cost(index: LengthIndex, config: PackConfig, plan: PackPlan, ungrouped: Ordered | None = None
@@ -313,6 +329,8 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
 
     index = read_lengths(inputs, config.tokens_column, config.group_column, skip_empty=config.skip_empty,
                          limit_columns=tuple(config.limits), split=config.split)
+    if config.share_prefix and index.group_starts is not None:
+        index.shared = shared_lengths(inputs, config, index.group_starts)
     read_seconds = time.perf_counter() - started
     # With --too-long error, pack would stop at the first over-long sequence: the what-if reports
     # where, and plans that capacity's rows with split (every token kept) instead of stopping.
@@ -459,6 +477,10 @@ def recommendation(best: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         extra = packs - alone
         cost = f"{extra:+,} packs ({extra / alone:+.2%})" if extra else "no extra packs"
         text += f"; keeping groups whole costs {cost} over packing the sequences one by one ({alone:,} packs)"
+    shared = best.get("share_prefix")
+    if shared:  # --share-prefix
+        text += (f"; sharing prefixes saves {shared['tokens_saved']:,} tokens and "
+                 f"{shared['attention_saved_fraction']:.1%} of the attention pairs ({shared['groups_shared']:,} groups)")
     counts = best["counts"]
     for what, key in (("drops", "dropped"), ("truncates", "truncated")):
         if counts[f"sequences_{key}"]:

@@ -252,3 +252,22 @@ def test_a_tampered_tree_fails_with_a_named_rule(tmp_path, change, rules):
     _tamper(out, change)
     report = verify(out, VerifyOptions(source=[str(src)], sample=64, backend="sdpa", device="cpu"))
     assert rules <= {v.rule for v in report.violations}, [str(v) for v in report.violations]
+
+
+# ------------------------------------------------------------------------------------------ stats
+
+
+def test_stats_of_the_output_and_the_what_if_report_what_pack_saved(tmp_path):
+    from packctl.stats import input_stats, stats
+    rng = np.random.default_rng(5)
+    ids, labels, group = _grouped_corpus(rng, 30, 4, 80, 20, True)
+    src = write_table(tmp_path / "in.parquet", {"input_ids": ids, "labels": labels, "g": group})
+    options = dict(group_column="g", share_prefix=True, algorithm="bfd")
+    _, out = pack_to(tmp_path, [src], capacity=2048, **options)
+    written = json.loads((out / "_metrics.json").read_text())["share_prefix"]
+    assert written["groups_shared"] == sum(1 for g in range(30) if g % 7 != 3)
+    assert written["tokens_saved"] > 0 and 0 < written["attention_saved_fraction"] < 1
+    assert stats([str(out)])["share_prefix"] == written
+    (row,) = input_stats([str(src)], [2048], PackConfig(**options), algorithms=["bfd"])["what_if"]
+    assert row["share_prefix"] == written
+    assert row["counts"]["tokens_shared"] == written["tokens_saved"]
