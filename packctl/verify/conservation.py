@@ -128,16 +128,18 @@ def _rebuilt_rows(rows: PackRows, starts: np.ndarray) -> tuple[np.ndarray, np.nd
     ok = (parents >= -1) & (parents < within)
     up = np.where(ok & (parents >= 0), pack_first + parents, -1)
     keep = np.flatnonzero(sids >= 0)
-    positions, sizes = [], []
-    for s in keep.tolist():
-        chain = [s]
-        while up[chain[-1]] >= 0:
-            chain.append(int(up[chain[-1]]))
-        parts = [np.arange(starts[t], starts[t] + lens[t]) for t in reversed(chain)]
-        positions += parts
-        sizes.append(sum(len(part) for part in parts))
-    flat = np.concatenate(positions).astype(np.int64) if positions else np.zeros(0, np.int64)
-    return keep, flat, np.asarray(sizes, dtype=np.int64)
+    # (row, steps up, segment) for every segment of every chain, climbed one level at a time
+    rows_at, steps_at, segments_at = [np.arange(len(keep))], [np.zeros(len(keep), np.int64)], [keep]
+    k, current, step = np.arange(len(keep)), keep, 0
+    while len(current):
+        current = up[current]
+        alive = current >= 0
+        k, current, step = k[alive], current[alive], step + 1
+        rows_at.append(k), steps_at.append(np.full(len(k), step)), segments_at.append(current)
+    row_of, steps, segment = (np.concatenate(a) for a in (rows_at, steps_at, segments_at))
+    sizes = np.bincount(row_of, weights=lens[segment], minlength=len(keep)).astype(np.int64)
+    chained = segment[np.lexsort((-steps, row_of))]  # row by row, each chain root first
+    return keep, ranges(starts[chained], lens[chained]), sizes
 
 
 def _suffix_match(a: str, b: str) -> int:

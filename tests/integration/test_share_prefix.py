@@ -271,3 +271,43 @@ def test_stats_of_the_output_and_the_what_if_report_what_pack_saved(tmp_path):
     (row,) = input_stats([str(src)], [2048], PackConfig(**options), algorithms=["bfd"])["what_if"]
     assert row["share_prefix"] == written
     assert row["counts"]["tokens_shared"] == written["tokens_saved"]
+
+
+@settings(max_examples=examples(60, default=8), deadline=None)
+@given(data=st.data(), algorithm=st.sampled_from(["concat", "bfd", "ffs", "pool"]), align=st.sampled_from([1, 2]),
+       rows_per_block=st.integers(1, 6))
+def test_any_groups_and_prefixes_are_rebuilt_within_capacity_and_alike_on_two_ranks(tmp_path_factory, data, algorithm,
+                                                                                      align, rows_per_block):
+    """Random groups (1 to 5 rows) whose rows share random prefixes (some none, some whole rows),
+    labels masked on a random part: every row rebuilt exactly once, no pack over the capacity, and
+    the bytes of one rank on two."""
+    sizes = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=12))
+    ids, labels, group = [], [], []
+    for g, size in enumerate(sizes):
+        prompt = data.draw(st.lists(st.integers(1, 9), min_size=0, max_size=8))
+        for _ in range(size):
+            tail = data.draw(st.lists(st.integers(1, 9), min_size=0 if prompt else 1, max_size=6))
+            row = prompt + tail
+            masked = data.draw(st.integers(0, len(row)))
+            ids.append(row)
+            labels.append([IGNORE] * masked + row[masked:])
+            group.append(g)
+    tmp_path = tmp_path_factory.mktemp("random")
+    src = write_table(tmp_path / "in.parquet", {"input_ids": ids, "labels": labels, "g": group})
+    pq.write_table(pq.read_table(src), src, row_group_size=rows_per_block)
+    capacity = 128
+    out = packed_on_ranks(tmp_path, 2, inputs=[str(src)], capacity=capacity, group_column="g", share_prefix=True,
+                          algorithm=algorithm, seq_multiple=align, order="shuffle", window=3)
+    rebuilt = _rebuilt(out)
+    assert sorted(rebuilt) == list(range(len(ids)))
+    for gid, got in rebuilt.items():
+        assert got == _expected(ids[gid], labels[gid]), gid
+    assert max(len(p["input_ids"]) for p in _packs(out)) <= capacity
+
+
+def test_export_refuses_a_tree_output_in_one_line(tmp_path):
+    from packctl.export import export
+    src = write_table(tmp_path / "in.parquet", {"input_ids": [[1, 2, 3, 4], [1, 2, 3, 5]], "g": [0, 0]})
+    _, out = pack_to(tmp_path, [src], capacity=16, group_column="g", share_prefix=True)
+    with pytest.raises(PackctlError, match="packed with --share-prefix .* --format nemo holds flat sequences only"):
+        export(out, tmp_path / "nemo", "nemo")
