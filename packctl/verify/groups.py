@@ -59,7 +59,7 @@ class GroupRule:
         position = np.arange(len(row), dtype=np.int64) - seq_offsets[row]
         sample = np.asarray(rows.sample_ids, dtype=np.int64)
         # a prefix segment of --share-prefix (sample -1; pack_rules.py checks where) counts as its group's first row
-        if getattr(rows, "parent_segments", None) is not None:
+        if isinstance(rows, PackRows) and rows.parent_segments is not None:
             sample = np.where(sample < 0, values, sample)
         self.parts.append((shard, row, position, sample, values))
         if self.scope == "step":
