@@ -311,3 +311,33 @@ def test_export_refuses_a_tree_output_in_one_line(tmp_path):
     _, out = pack_to(tmp_path, [src], capacity=16, group_column="g", share_prefix=True)
     with pytest.raises(PackctlError, match="packed with --share-prefix .* --format nemo holds flat sequences only"):
         export(out, tmp_path / "nemo", "nemo")
+
+
+def test_preference_pairs_from_packctl_tokenize_share_their_prompt_up_to_prompt_length(tmp_path):
+    """`packctl tokenize` of preference records writes two rows a record and each row's
+    `prompt_length`: packed with --prefix-column prompt_length each pair shares its prompt, every
+    branch starting at the prompt's last token, and verify passes with the source."""
+    from support.adversary import packctl
+    from support.tokenizers import tokenizer_dir
+    from packctl.verify import VerifyOptions, verify
+
+    records = [{"prompt": [{"role": "user", "content": f"is {i} even? answer in one word please"}],
+                "chosen": [{"role": "assistant", "content": "yes" if i % 2 == 0 else "no"}],
+                "rejected": [{"role": "assistant", "content": "no" if i % 2 == 0 else "yes"}]} for i in range(20)]
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "pairs.json").write_text(json.dumps(records))
+    tok = tokenizer_dir(tmp_path / "tok")
+    result = packctl("tokenize", tmp_path / "raw", "-o", tmp_path / "tokenized", "--tokenizer", tok, "--workers", "1")
+    assert result.code == 0, result.stderr
+    source = pq.read_table(tmp_path / "tokenized" / "data").to_pydict()
+    _, out = pack_to(tmp_path, [tmp_path / "tokenized"], capacity=512, group_column="record_id", share_prefix=True,
+                     prefix_column="prompt_length")
+    counts = json.loads((out / "_manifest.json").read_text())["counts"]
+    assert counts["tokens_shared"] == sum(n - 1 for n in source["prompt_length"][::2])
+    for pack in _packs(out):
+        for k, parent in enumerate(pack["parent_segments"]):
+            if parent >= 0:
+                gid = pack["sample_ids"][k]
+                assert pack["seq_lens"][parent] == source["prompt_length"][gid] - 1
+    report = verify(out, VerifyOptions(source=[str(tmp_path / "tokenized")], sample=4, backend="sdpa", device="cpu"))
+    assert report.violations == []
