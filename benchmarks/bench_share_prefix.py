@@ -5,9 +5,8 @@
 Real-text-like lengths: prompts lognormal (median 400 tokens, sigma 0.9), responses lognormal
 (median 250, sigma 1.0), as chat and RL corpora have them; each group is a DPO pair (2 rows) or a
 GRPO group of 4, 8 or 16 rollouts of one prompt, so its rows agree on the prompt and part ways at
-the first response token (p = the prompt length + 1 when the template's assistant header is part of
-the prompt; here p = prompt length). A group whose rows do not fit one pack unshared is drawn again
-(both plans must hold every group).
+the first response token: p = the prompt length. A group whose rows do not fit one pack unshared
+is drawn again (both plans must hold every group).
 
 For each corpus: the tokens stored and the packs of `plan_windows` with and without sharing (the
 same planner `pack` runs, `shared` = p - 1 on every row of a group), the lower bound of each, and
