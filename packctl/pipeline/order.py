@@ -170,6 +170,8 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
         padded = round_up(lengths, spec.align)
         if group_starts is not None:
             ids = group_ids(gids, group_starts)
+            if shared is not None:  # a shared group sorts by its stored length (its prefix on its first row)
+                padded = stored_padded(lambda n: round_up(n, spec.align), lengths, shared, gids == ids)
             keys = order_keys(ids, group_totals(comm, ids, padded), spec.order, seed=spec.seed,
                               curriculum_order=spec.curriculum_order)
         else:

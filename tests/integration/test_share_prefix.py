@@ -122,13 +122,25 @@ def test_with_a_prefix_column_a_group_shares_at_most_its_smallest_value(tmp_path
         "prefix_column": "prompt_length"}
 
 
-def test_one_and_three_ranks_write_the_same_bytes(tmp_path):
+def test_curriculum_sorts_a_shared_group_by_its_stored_length(tmp_path):
+    prompt = list(range(1, 21))
+    ids = [[50 + k for k in range(15)], [70 + k for k in range(15)], prompt + [98], prompt + [99]]
+    src = write_table(tmp_path / "in.parquet", {"input_ids": ids, "g": [0, 0, 2, 2]})
+    _, out = pack_to(tmp_path, [src], capacity=128, group_column="g", share_prefix=True, order="curriculum",
+                     algorithm="concat")
+    (pack,) = _packs(out)
+    # group 2 stores 19 + 2 + 2 = 23 tokens (42 as rows), group 0 stores 30: ascending, group 2 first
+    assert pack["sample_ids"] == [-1, 2, 3, 0, 1]
+
+
+@pytest.mark.parametrize("order", ["shuffle", "curriculum"])
+def test_one_and_three_ranks_write_the_same_bytes(tmp_path, order):
     rng = np.random.default_rng(3)
     ids, labels, group = _grouped_corpus(rng, 60, lambda: int(rng.integers(1, 6)), 40, 20, True)
     src = write_table(tmp_path / "in.parquet", {"input_ids": ids, "labels": labels, "g": group})
     pq.write_table(pq.read_table(src), src, row_group_size=5)
     out = packed_on_ranks(tmp_path, 3, inputs=[str(src)], capacity=512, group_column="g", share_prefix=True,
-                          order="shuffle", window=9, dp_size=2, micro_batches=2)
+                          order=order, window=9, dp_size=2, micro_batches=2)
     assert sorted(_rebuilt(out)) == list(range(len(ids)))
 
 
