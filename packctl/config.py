@@ -220,6 +220,14 @@ class PackConfig:
                                            "prompt): a run of consecutive rows with one value is kept whole in one "
                                            "pack, in input order, or one step (--group-scope; "
                                            "docs/algorithms.md#groups).")
+    share_prefix: bool = option(False, panel="Input", planning=True, switch=True,
+                                help="Store the common prefix of a group's rows once (prompt of a preference pair, of "
+                                     "rollouts): one prefix segment, then one branch per row, linked by "
+                                     "parent_segments (needs --group-column; docs/shared-prefix.md).")
+    prefix_column: str | None = option(None, panel="Input", metavar="COL", planning=True, shown_default="none",
+                                       help="With --share-prefix: input column of each row's prompt length; a "
+                                            "group shares at most the smallest of its rows' values "
+                                            "(packctl tokenize writes prompt_length).")
     group_scope: str = option("pack", panel="Packing", planning=True, choices=GroupScope.values(),
                               help="Where a group is kept whole: one pack (members adjacent, in input order), or "
                                    "one optimizer step (members in any packs of the step: groups larger than a "
@@ -364,6 +372,7 @@ class PackConfig:
             raise PackctlError(f"--weight-column {self.weight_column!r}: name an input column of one number per "
                                "sequence (not the tokens or labels)")
         self._validate_groups()
+        self._validate_share_prefix()
         self._validate_limits()
         self._validate_mixture()
         if len(set(self.keep_columns)) != len(self.keep_columns):
@@ -549,6 +558,33 @@ class PackConfig:
             raise PackctlError("--group-column with --source: a blend draws and interleaves single rows, which "
                                "would break groups apart; pack a grouped corpus on its own")
 
+    def _validate_share_prefix(self) -> None:
+        """--share-prefix: groups to share within, one pack each, and nothing that writes a
+        segment per input row or cuts a pack's sequences apart (docs/shared-prefix.md lists them)."""
+        if self.prefix_column is not None and not self.share_prefix:
+            raise PackctlError(f"--prefix-column {self.prefix_column} needs --share-prefix (it bounds the prefix a "
+                               "group shares)")
+        if not self.share_prefix:
+            return
+        if self.group_column is None:
+            raise PackctlError("--share-prefix needs --group-column COL: a prefix is shared by the rows of one group "
+                               "(a preference pair, the rollouts of one prompt)")
+        if self.prefix_column is not None and (not isinstance(self.prefix_column, str) or self.prefix_column in (
+                self.tokens_column, self.labels_column or "labels", self.group_column, *RESERVED_COLUMNS)):
+            raise PackctlError(f"--prefix-column {self.prefix_column!r}: name an input column of one whole number "
+                               "per row, the length of its prompt (not the tokens, labels, groups or a column "
+                               "packctl writes)")
+        refused = [("--cp-size", self.cp_size > 1, "Transformer Engine's THD context-parallel split cannot express "
+                    "a tree of segments"),
+                   ("--group-scope step", self.group_scope == "step", "a shared group lies in one pack"),
+                   ("--plan-only", self.plan_only, "a plan's readers rebuild flat sequences"),
+                   ("--keep-columns", bool(self.keep_columns), "a prefix segment is no input row to take a value from"),
+                   ("--weight-column", self.weight_column is not None, "a prefix segment is no input row to weigh"),
+                   ("--limit", bool(self.limits), "a prefix segment is no input row to count")]
+        for flag, given, why in refused:
+            if given:
+                raise PackctlError(f"{flag} cannot be combined with --share-prefix ({why}); drop one of them")
+
     def _check_group_scope(self) -> None:
         if self.group_scope != "pack" and self.group_column is None:
             raise PackctlError(f"--group-scope {self.group_scope} needs --group-column COL (the input column naming "
@@ -635,7 +671,8 @@ class PackConfig:
                           keep_columns=tuple(self.keep_columns), weight_column=self.weight_column,
                           group_column=self.group_column, skip_empty=self.skip_empty,
                           pad_token_id=self.pad_token_id, memory_budget=self.resolved_memory_budget,
-                          count_loss_tokens=self.balanced, limit_columns=tuple(self.limits)),
+                          count_loss_tokens=self.balanced, limit_columns=tuple(self.limits),
+                          share_prefix=self.share_prefix, prefix_column=self.prefix_column),
             order=OrderSpec(order=Order(self.order), curriculum_order=CurriculumOrder(self.curriculum_order),
                             seed=self.seed, align=align, window=self.window, epochs=self.epochs,
                             skip_empty=self.skip_empty),
@@ -653,14 +690,14 @@ class PackConfig:
                             token_transfer=TokenTransfer(self.token_transfer), order=Order(self.order),
                             pad_token_id=self.pad_token_id, memory_budget=self.resolved_memory_budget,
                             keep_columns=tuple(self.keep_columns), weight_column=self.weight_column,
-                            limit_columns=tuple(self.limits)),
+                            limit_columns=tuple(self.limits), share_prefix=self.share_prefix),
             report=ReportSpec(algorithm=self.algorithm, order=Order(self.order), mode=Mode(self.mode),
                               capacity=self.resolved_max_tokens if batch else self.capacity, align=align,
                               epochs=self.epochs, seed=self.seed,
                               group_scope=GroupScope(self.group_scope) if self.group_column is not None else None,
                               shape_buckets=self.shape_buckets,
                               balance=self._balance_options() if self.balanced else None,
-                              limits=dict(self.limits)),
+                              limits=dict(self.limits), share_prefix=self.share_prefix),
         )
 
     def _balance_options(self) -> dict[str, Any]:
@@ -698,6 +735,8 @@ class PackConfig:
                 del out[name]
         else:
             out["sources"] = {entry.name: entry.as_dict() for entry in self.source_entries()}
+        if not self.share_prefix:  # every row stored whole, as every output without --share-prefix
+            del out["share_prefix"], out["prefix_column"]
         return out
 
 

@@ -82,6 +82,8 @@ class ScanSpec:
     memory_budget: int  # decoded tokens held at once, per rank
     count_loss_tokens: bool  # per-sequence loss tokens, for the step sums of --dp-size
     limit_columns: tuple[str, ...] = ()  # --limit: the integer columns read per sequence, in --limit order
+    share_prefix: bool = False  # --share-prefix: each row compared with the row before (source/prefix.py)
+    prefix_column: str | None = None  # --prefix-column: each row's prompt length, read beside it
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,7 @@ class WriteSpec:
     keep_columns: tuple[str, ...]
     weight_column: str | None
     limit_columns: tuple[str, ...] = ()  # --limit: COL per sequence and COL_sum per pack, in --limit order
+    share_prefix: bool = False  # --share-prefix: parent_segments, and each branch's positions and first label
 
 
 @dataclass(frozen=True)
@@ -249,6 +252,7 @@ class ReportSpec:
     shape_buckets: int | None
     balance: dict[str, Any] | None  # the --dp-size options as metrics.json's balance records them
     limits: dict[str, int] = dataclasses.field(default_factory=dict)  # --limit COL=N, in --limit order
+    share_prefix: bool = False  # --share-prefix: metrics.json's share_prefix
 
 
 @dataclass(frozen=True)

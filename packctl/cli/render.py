@@ -301,6 +301,7 @@ def pack_table(result: PackResult) -> Table:
 
         rows += limit_rows({**m, "layout": {"capacity": m["capacity"]}, "binding": binding_of(m)})
     rows += blend_rows(m.get("mixture"))
+    rows += share_prefix_rows(m.get("share_prefix"), m["counts"])
     rows += scale_out_rows(m.get("scale_out"))
     for key, value in rows:
         table.add_row(key, value)
@@ -606,6 +607,7 @@ def packed_overview_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         ("vs padded batching", _gain_line(r["padded_batching"])),
         ("pack order", _order_line(r.get("pack_order"))),
         *limit_rows(r),
+        *share_prefix_rows(r.get("share_prefix"), r["counts"]),
     ]
     bt = r.get("batching")
     if bt:
@@ -635,6 +637,17 @@ def packed_overview_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
             rows += [("  round robin would be", f"tokens mean {rr['tokens']['mean']:.3f} · attention mean "
                                                 f"{rr['attention']['mean']:.3f}, worst {rr['attention']['max']:.3f}")]
     return rows + scale_out_rows(r.get("scale_out"))
+
+
+def share_prefix_rows(s: dict[str, Any] | None, counts: dict[str, Any]) -> list[tuple[str, str]]:
+    """--share-prefix: the groups stored as trees, the tokens and the attention pairs they save."""
+    if not s:
+        return []
+    tokens_in = counts.get("tokens_in") or 0
+    share = f" ({s['tokens_saved'] / tokens_in:.1%} of the input)" if tokens_in else ""
+    return [("shared prefixes", f"{s['groups_shared']:,} groups: {s['tokens_saved']:,} tokens saved{share}, "
+                                f"attention {s['attention_saved_fraction']:.1%} fewer pairs "
+                                f"({s['attention_flat']:,} -> {s['attention_tree']:,})")]
 
 
 def limit_rows(r: dict[str, Any]) -> list[tuple[str, str]]:

@@ -52,7 +52,7 @@ READABLE_VERSIONS = (1, FORMAT_VERSION)
 # were added and checked when present.
 COUNT_KEYS = ("sequences_in", "sequences_packed", "sequences_dropped", "sequences_truncated", "sequences_split",
               "tokens_in", "tokens_packed", "tokens_dropped", "tokens_truncated")
-OPTIONAL_COUNT_KEYS = ("packs", "pieces")
+OPTIONAL_COUNT_KEYS = ("packs", "pieces", "tokens_shared")  # tokens_shared: with --share-prefix
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 REPACK = "pack again"
 

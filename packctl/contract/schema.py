@@ -41,6 +41,7 @@ WITH_LR_SCALING = "--lr-scaling"
 BATCH_MODE = "--mode batch"
 WITH_WEIGHTS = "--weight-column"
 WITH_GROUPS = "--group-column"
+WITH_SHARED_PREFIX = "--share-prefix"
 PLAN_ONLY = "--plan-only"
 WITH_LIMITS = "--limit"
 WITH_SOURCES = "--source"
@@ -68,6 +69,7 @@ STEP_LOSS_TOKENS = "step_loss_tokens"
 STEP_LOSS_SEQUENCES = "step_loss_sequences"
 SEQ_WEIGHTS = "seq_weights"
 GROUP_IDS = "group_ids"
+PARENT_SEGMENTS = "parent_segments"
 SEQ_STARTS = "seq_starts"
 SOURCE_IDS = "source_ids"
 
@@ -113,16 +115,19 @@ COLUMNS = (
     Column(INPUT_IDS, "int32", TOKEN, ALWAYS, 1,
            "each sequence followed by its alignment padding; tail padding at the end; pad = `pad_token_id`"),
     Column(LABELS, "int32", TOKEN, ALWAYS, 1,
-           "-100 on every padding token and on the first token of every sequence; elsewhere the source label"),
+           "-100 on every padding token and on the first token of every sequence that starts a row (a branch of "
+           "--share-prefix keeps its row's label); elsewhere the source label"),
     Column(POSITION_IDS, "int32", TOKEN, ALWAYS, 1,
-           "restarts at 0 at each sequence; continues through its alignment padding and the tail padding"),
+           "restarts at 0 at each sequence (a branch of --share-prefix goes on from its parent); continues through "
+           "its alignment padding and the tail padding"),
     Column(SEQ_LENS, "int32", SEQUENCE, ALWAYS, 1, "true lengths"),
     Column(SEQ_LENS_PADDED, "int32", SEQUENCE, ALWAYS, 1,
            "lengths after alignment; the last one also holds the tail padding: they sum to len(input_ids)"),
     Column(CU_SEQLENS, "int32", CU_ENTRY, ALWAYS, 1, "[0, cumsum(seq_lens)]"),
     Column(CU_SEQLENS_PADDED, "int32", CU_ENTRY, ALWAYS, 1,
            "[0, cumsum(seq_lens_padded)]; the last entry is len(input_ids)"),
-    Column(SAMPLE_IDS, "int64", SEQUENCE, ALWAYS, 1, "global sample ids, in pack order"),
+    Column(SAMPLE_IDS, "int64", SEQUENCE, ALWAYS, 1, "global sample ids, in pack order (-1 on a prefix of "
+           "--share-prefix)"),
     Column(NUM_TOKENS, "int32", PACK, ALWAYS, 1, "sum(seq_lens)"),
     Column(SEQ_LENGTHS, "int32", SEQUENCE, ALWAYS, 2, "seq_lens_padded again, under the name TRL reads"),
     Column(NUM_LOSS_TOKENS, "int32", PACK, ALWAYS, None, "labels that are not -100: sum(seq_loss_tokens)"),
@@ -140,6 +145,8 @@ COLUMNS = (
     Column(SEQ_WEIGHTS, "float64", SEQUENCE, WITH_WEIGHTS, None, "the input column's weight of each sequence"),
     Column(GROUP_IDS, "int64", SEQUENCE, WITH_GROUPS, None,
            "the sample id of the first input row of the sequence's group"),
+    Column(PARENT_SEGMENTS, "int32", SEQUENCE, WITH_SHARED_PREFIX, None,
+           "the index in the pack of the segment a segment continues (a branch: its group's prefix), or -1"),
     Column(SEQ_STARTS, "int64", SEQUENCE, PLAN_ONLY, None,
            "a plan's only column of its own: the first token of each piece inside its sample (0 unless split); "
            "a plan has no token columns"),

@@ -30,6 +30,9 @@ class PackRows:
     cu_seqlens: np.ndarray
     cu_seqlens_padded: np.ndarray
     num_tokens: np.ndarray
+    # --share-prefix: per sequence (CSR over seq_offsets), the index in its pack of the segment it
+    # continues or -1 (contract/tree.py); None for a pack of flat sequences
+    parent_segments: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:
@@ -65,11 +68,16 @@ def build_pack_rows(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded
 def lay_out_packs(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded: np.ndarray,
                   piece_gid: np.ndarray, pack_lens: np.ndarray,
                   place: Callable[[np.ndarray, np.ndarray, np.ndarray], None], *, pad_token_id: int,
-                  scratch: Scratch | None = None) -> PackRows:
+                  scratch: Scratch | None = None, position_starts: np.ndarray | None = None) -> PackRows:
     """`build_pack_rows` with the tokens put in place by `place(input_ids, labels, piece_flat_start)`:
     it writes piece i's tokens and labels at piece_flat_start[i] (int64) of the pad-filled int32
     columns, straight from wherever they are (no intermediate concatenation). With `scratch`, the
-    three token-sized columns are `scratch` buffers (valid until its next use)."""
+    three token-sized columns are `scratch` buffers (valid until its next use).
+
+    `position_starts` (--share-prefix, int64 per piece): the position of each piece's first token;
+    a piece whose first position is above 0 continues its parent segment (a branch of a shared
+    prefix, docs/shared-prefix.md), so its positions go on from there and its first label is the
+    row's own: branch [4 9] at position 3 -> position_ids 3 4, labels keep the label of 4."""
     rows = lay_out_sequences(bin_offsets, piece_len, piece_padded, piece_gid, pack_lens)
     piece_flat_start = offsets_of(rows.seq_lens_padded)[:-1]
     total = int(rows.token_offsets[-1])
@@ -82,9 +90,12 @@ def lay_out_packs(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded: 
     place(input_ids, out_labels, piece_flat_start)
     # The first token of each sequence has no predecessor in that sequence: after the usual shift
     # its label would be predicted from the previous sequence's last token, so it is ignored.
-    out_labels[piece_flat_start] = IGNORE_INDEX
+    continues = None if position_starts is None else np.asarray(position_starts) > 0
+    out_labels[piece_flat_start if continues is None else piece_flat_start[~continues]] = IGNORE_INDEX
     rows.input_ids, rows.labels = input_ids, out_labels
     rows.position_ids = segment_positions(rows.seq_lens_padded, out=scratch.take(POSITION_IDS, total, np.int32))
+    if continues is not None and continues.any():
+        rows.position_ids += np.repeat(np.asarray(position_starts, np.int32), rows.seq_lens_padded)
     return rows
 
 

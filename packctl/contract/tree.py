@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PARENT_SEGMENTS = "parent_segments"  # list<int32> per pack, aligned with seq_lens: the segment each continues
+from packctl.contract.schema import PARENT_SEGMENTS  # noqa: F401  the column, declared in the schema
 
 
 def _ints(values) -> np.ndarray:

@@ -166,6 +166,9 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
     if output.layout.get("pad_to") == "batch":
         raise PackctlError(f"{out}: a batch-mode output (padded micro-batches); exports take packs: pack "
                            "without --mode batch")
+    if output.layout.get("tree"):  # a branch read flat would lose its prefix
+        raise PackctlError(f"{out}: packed with --share-prefix (segments form trees: parent_segments); --format "
+                           f"{fmt} holds flat sequences only: pack without --share-prefix to export")
     if fmt == "olmo":
         olmo.check_layout(output, options)  # refusals that need no shard, before anything is created
     elif fmt == "megatron":

@@ -60,6 +60,9 @@ def layout_of(config: PackConfig) -> dict[str, Any]:
     }
     if config.limits:  # --limit COL=N: every pack's COL_sum is at most N
         layout["limits"] = dict(config.limits)
+    if config.share_prefix:  # segments form trees: parent_segments links each branch to its prefix
+        layout["tree"] = True
+        layout["share_prefix"] = {"prefix_column": config.prefix_column}
     return layout
 
 

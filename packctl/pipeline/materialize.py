@@ -60,7 +60,8 @@ from packctl.output.fs import error_number, write_failed
 from packctl.output.outdir import OutputDir, StagedShard
 from packctl.plan.windows import PackPlan
 from packctl.plan.groups import group_ids
-from packctl.contract.schema import GROUP_IDS, NUM_TOKENS, SEQ_STARTS, SEQ_WEIGHTS, SOURCE_IDS
+from packctl.plan.prefix import piece_parents, prefix_pieces
+from packctl.contract.schema import GROUP_IDS, NUM_TOKENS, PARENT_SEGMENTS, SEQ_STARTS, SEQ_WEIGHTS, SOURCE_IDS
 from packctl.contract.thd import counted_loss_columns, lay_out_packs, lay_out_sequences
 from packctl.source.index import SequenceIndex
 
@@ -341,7 +342,12 @@ class ShardAssembler:
             scratch = getattr(self._scratch, "buffers", None)
             if scratch is None:
                 scratch = self._scratch.buffers = Scratch()
-            rows, loss = lay_out_packs(*layout, place, pad_token_id=self.pad_token_id, scratch=scratch), None
+            parents = self.kept[PARENT_SEGMENTS][p_lo:p_hi] if PARENT_SEGMENTS in self.kept else None
+            starts = None if parents is None else np.where(parents >= 0, plan.piece_start[p_lo:p_hi], 0)
+            rows, loss = lay_out_packs(*layout, place, pad_token_id=self.pad_token_id, scratch=scratch,
+                                       position_starts=starts), None
+            if parents is not None:  # a prefix segment is no input row
+                rows.sample_ids[prefix_pieces(layout[0], parents)] = -1
         extra = {name: values[lo:hi] for name, values in self.columns.items()}
         per_piece = {name: values[p_lo:p_hi] for name, values in self.kept.items()}
         data = encode_table(rows_to_table(rows, self.metadata, extra, per_piece, plan=self.plan_only,
@@ -467,6 +473,7 @@ class ShardFormat:
     plan_only: bool = False  # --plan-only: no token columns; each piece's start in its sample (seq_starts)
     limit_columns: tuple[str, ...] = ()  # --limit: COL per piece (PackPlan.piece_extra), COL_sum per pack
     source_starts: tuple[int, ...] | None = None  # --source: the first gid of every source, then the end
+    share_prefix: bool = False  # --share-prefix: parent_segments per piece; prefixes and branches laid out as trees
 
 
 def per_piece_columns(index: SequenceIndex, piece_gid: np.ndarray, fmt: ShardFormat,
@@ -503,6 +510,8 @@ def materialize(comm, job: WriteJob, scanned: Scanned, output: OutputDir, fmt: S
     kept = per_piece_columns(index, plan.piece_gid, fmt, plan.piece_extra) if kept is None else kept
     if fmt.plan_only:
         kept[SEQ_STARTS] = plan.piece_start
+    if fmt.share_prefix:
+        kept[PARENT_SEGMENTS] = piece_parents(plan, index.group_starts)
     assembler = ShardAssembler(plan, job.pack_lens, run, output=output, metadata=fmt.metadata,
                                pad_token_id=fmt.pad_token_id, budget=fmt.budget,
                                held_elsewhere=lambda: source.held, progress=progress, columns=job.columns,

@@ -23,6 +23,7 @@ from packctl.plan.bins import over_limits
 from packctl.plan.groups import (GroupOverLimit, GroupTooLong, check_groups_fit, check_groups_within_limits,
                                  group_ids, group_sizes, run_starts, run_totals)
 from packctl.plan.order import order_keys
+from packctl.plan.prefix import stored_padded
 from packctl.plan.windows import GroupTooBigForStep, SequenceOverLimit, UncuttableSequence, check_groups_fit_step
 from packctl.specs import GroupScope, GroupSpec, LengthSpec, Order, OrderSpec, TooLong, WindowOptions
 from packctl.source.index import SequenceIndex
@@ -131,6 +132,8 @@ class Ordered:
     group_starts: np.ndarray | None = None
     # --limit: each sequence's value of each limited column (int64, n x k), moved with its gid
     extra: np.ndarray | None = None
+    # --share-prefix: the tokens each sequence's group stores once (plan/prefix.py), moved with its gid
+    shared: np.ndarray | None = None
 
 
 def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, groups: GroupSpec | None = None,
@@ -157,26 +160,35 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
     gids = index.gid_lo + np.arange(n_local, dtype=np.int64)
     lengths = index.lengths
     extra = getattr(index, "extra", None)  # --limit: the costs travel with their sequence
+    shared = getattr(index, "shared", None)  # --share-prefix: so do the tokens their group shares
     total = index.num_sequences
     if spec.skip_empty:  # empty sequences take no place in the order (nor in window positions)
         kept = lengths > 0
         gids, lengths = gids[kept], lengths[kept]
         extra = None if extra is None else extra[kept]
+        shared = None if shared is None else shared[kept]
         total = comm.allreduce_sum(len(gids))
     group_starts = index.group_starts
     if spec.order != Order.INPUT:
         padded = round_up(lengths, spec.align)
         if group_starts is not None:
             ids = group_ids(gids, group_starts)
+            if shared is not None:  # a shared group sorts by its stored length (its prefix on its first row)
+                padded = stored_padded(lambda n: round_up(n, spec.align), lengths, shared, gids == ids)
             keys = order_keys(ids, group_totals(comm, ids, padded), spec.order, seed=spec.seed,
                               curriculum_order=spec.curriculum_order)
         else:
             keys = order_keys(gids, padded, spec.order, seed=spec.seed, curriculum_order=spec.curriculum_order)
-        if extra is None:
+        if extra is None and shared is None:
             _, gids, lengths = sample_sort(comm, keys, gids, payload=lengths)
         else:
-            _, gids, moved = sample_sort(comm, keys, gids, payload=np.column_stack([lengths, extra]))
-            lengths, extra = moved[:, 0].copy(), np.ascontiguousarray(moved[:, 1:])
+            carried = [lengths] + ([] if shared is None else [shared]) + ([] if extra is None else list(extra.T))
+            _, gids, moved = sample_sort(comm, keys, gids, payload=np.column_stack(carried))
+            lengths = moved[:, 0].copy()
+            if shared is not None:
+                shared = moved[:, 1].copy()
+            if extra is not None:
+                extra = np.ascontiguousarray(moved[:, 1 + (shared is not None):])
     starts = None
     if group_starts is not None:
         ids = group_ids(gids, group_starts)
@@ -191,17 +203,19 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
         unit = comm.exscan(int(counted.sum())) + np.cumsum(counted) - 1
         owners = window_owners(comm, unit // spec.window, counted & (unit % spec.window == 0), epoch, spec.epochs)
         columns = [gids, lengths] + ([starts.astype(np.int64)] if starts is not None else [])
+        columns += [] if shared is None else [shared]
         costs = [] if extra is None else list(extra.T)
         moved = redistribute(comm, columns + costs, 0, lambda positions: owners[positions])
         gids, lengths = moved[0], moved[1]
         starts = moved[2].astype(bool) if starts is not None else None
+        shared = None if shared is None else moved[len(columns) - 1]
         if extra is not None:
             extra = np.ascontiguousarray(np.stack(moved[len(columns):], axis=1), dtype=np.int64)
         # whole windows arrived: the units before this rank's are those of the windows before
         units_before = comm.exscan(len(gids) if starts is None else int(starts.sum()))
         first = -(-units_before // spec.window)
     ordered = Ordered(gids=gids, lengths=lengths, first_window=min(first, num_windows),
-                      new_group=starts, group_starts=group_starts, extra=extra)
+                      new_group=starts, group_starts=group_starts, extra=extra, shared=shared)
     if index.group_starts is not None:
         check_groups_fit_everywhere(comm, ordered, index, groups, windows)
     return ordered
@@ -260,6 +274,9 @@ def check_groups_fit_everywhere(comm: Comm, ordered: Ordered, index: SequenceInd
     over the capacity or more packs than a step (--group-scope step); with --limit, over a limit
     (its sum with pack, a member with step)."""
     padded = round_up(ordered.lengths, groups.align)
+    if ordered.shared is not None:  # a shared group costs its stored segments
+        padded = stored_padded(lambda n: round_up(n, groups.align), ordered.lengths, ordered.shared,
+                               ordered.new_group)
     mine = []
     try:
         if groups.scope == GroupScope.STEP:

@@ -25,6 +25,7 @@ from packctl.plan.align import pack_lengths_padded
 from packctl.plan.balance import BalancedPlan, balance_plan, lr_scales
 from packctl.plan.pack_order import reorder_packs
 from packctl.plan.groups import group_sizes
+from packctl.plan.prefix import piece_parents
 from packctl.plan.shapes import (batch_shapes, buckets_from_histogram, length_histogram, planned_item_lengths,
                                  with_row_length)
 from packctl.plan.windows import (PackPlan, SequenceOverLimit, SequenceTooLong, UncuttableSequence, merge_plans,
@@ -73,13 +74,13 @@ def plan_stage(comm: Comm, ordered: Ordered, specs: Specs,
     windows = specs.windows if item_buckets is None else dataclasses.replace(specs.windows, buckets=item_buckets)
     plan = plan_windows(ordered.gids, ordered.lengths, windows, first_window=ordered.first_window,
                         progress=progress, new_group=ordered.new_group,
-                        extra=ordered.extra if windows.limits else None)
+                        extra=ordered.extra if windows.limits else None, shared=ordered.shared)
     if batch:
         plan = with_row_length(plan, batch_shapes(plan, lengths.max_tokens, item_buckets)[0])
     if specs.balance is None:  # with --dp-size the balancer orders whole steps instead
         plan = reorder_packs(plan, windows.pack_order, windows.seed, ordered.first_window)
     balanced = (balance(comm, plan, specs.balance, specs.steps, lengths, ordered.first_window, item_buckets,
-                        ordered.group_starts) if specs.balance is not None else None)
+                        ordered.group_starts, shared=ordered.shared is not None) if specs.balance is not None else None)
     if balanced is not None:
         plan = balanced.result.plan
     pack_lens, columns, buckets = final_pack_lengths(comm, plan, lengths, item_buckets)
@@ -165,12 +166,13 @@ def plan_corpus(index, specs: Specs, ordered: Ordered | None = None,
 
 def balance(comm: Comm, plan: PackPlan, spec: BalanceSpec, steps: StepSpec, lengths: LengthSpec,
             first_window: int = 0, item_buckets: np.ndarray | None = None,
-            group_starts: np.ndarray | None = None) -> Balanced:
+            group_starts: np.ndarray | None = None, shared: bool = False) -> Balanced:
     """Balance this rank's windows (plan/balance.py); steps are numbered after the ranks before,
     and `lr_scale` needs the mean batch size of all ranks when no reference is given. Members of
     a group (`group_starts`, --group-column with --group-scope pack) stay in their pack, and with
     --limit so does every sequence that has a cost: only sequences of no cost move between packs
-    (`--balance-scope sequences`, equal counts), so every pack keeps every limit."""
+    (`--balance-scope sequences`, equal counts), so every pack keeps every limit. With `shared`
+    (--share-prefix) a branch's attention cost counts the prefix it attends to."""
     shape = None
     if steps.warmup_shapes:
         # a pack's shape: its padded length in batch mode (every piece already holds it), else the
@@ -185,8 +187,11 @@ def balance(comm: Comm, plan: PackPlan, spec: BalanceSpec, steps: StepSpec, leng
     if plan.piece_extra is not None:  # --limit: a sequence with a cost stays in its pack, which keeps every limit
         costly = (plan.piece_extra > 0).any(axis=1)
         pinned = costly if pinned is None else pinned | costly
+    context = None
+    if shared:
+        context = np.where(piece_parents(plan, group_starts) >= 0, plan.piece_start, 0).astype(np.float64)
     result = balance_plan(plan, spec, first_window=first_window,
-                          pack_shape=shape if plan.num_bins else None, pinned=pinned)
+                          pack_shape=shape if plan.num_bins else None, pinned=pinned, context=context)
     first_step = comm.exscan(result.num_steps)
     sizes = result.step_sequences if steps.batch_unit == BatchUnit.SEQUENCES else result.step_tokens
     ref = steps.ref_batch_size

@@ -18,6 +18,7 @@ from packctl.contract.manifest import epoch_dir
 from packctl.plan.metrics import PackSummary, padded_batching_tokens
 from packctl.plan.balance import imbalance_summary_of_steps, step_figures
 from packctl.plan.groups import group_ids
+from packctl.plan.prefix import piece_parents, prefix_pieces, sharing_counts
 from packctl.plan.windows import PackPlan
 from packctl.pipeline.runtime import peak_rss_bytes
 from packctl.contract.schema import BATCH_SIZE, DP_RANK, FORMAT_VERSION, STEP
@@ -25,6 +26,7 @@ from packctl.specs import Mode, ReportSpec
 from packctl.version import __version__
 
 STAGES = ("scan", "order", "plan", "assign", "materialize", "report")
+SHARE_PREFIX = "share_prefix"  # metrics.json's section of --share-prefix, and its counts' prefix in a summary
 
 
 @dataclass
@@ -85,6 +87,13 @@ class RankSummary:
                     "sequences_split": plan.split_pieces()[1], "tokens_dropped": int(plan.tokens_dropped),
                     "tokens_truncated": int(plan.tokens_truncated)},
             groups=group_summary(plan, group_starts) if group_starts is not None else None)
+        if spec.share_prefix and group_starts is not None:  # a prefix and its first branch are no split
+            parents = piece_parents(plan, group_starts)
+            prefix = prefix_pieces(plan.bin_offsets, parents)
+            gids, counts = np.unique(plan.piece_gid[~prefix], return_counts=True)
+            summary.counts["sequences_split"] = int((counts > 1).sum())
+            summary.counts.update({f"{SHARE_PREFIX}.{key}": value for key, value in
+                                   sharing_counts(plan.piece_start, plan.piece_len, parents, prefix).items()})
         if plan.piece_extra is not None and spec.limits:
             summary.counts["over_limit"] = len(plan.over_limit)
             summary.limits = limit_summary(plan, spec.limits, spec.capacity)
@@ -205,6 +214,20 @@ def group_summary(plan: PackPlan, group_starts: np.ndarray) -> dict[str, int]:
             "packs_max": int(packs.max()) if len(packs) else 0, "over_one_pack": int((packs[big] > 1).sum())}
 
 
+def share_prefix_report(counts: dict[str, int]) -> dict[str, Any]:
+    """metrics.json's `share_prefix` (--share-prefix) from the summed counts of `sharing_counts`:
+    groups stored as trees, tokens saved, and the causal attention cost (visible query-key pairs)
+    of the rows flat and as stored, with what it saves.
+
+        groups_shared 1, tokens_saved 3, attention 36 -> 30: attention_saved 6, fraction 0.1667
+    """
+    got = {key.split(".", 1)[1]: value for key, value in counts.items() if key.startswith(SHARE_PREFIX + ".")}
+    flat, tree = got.get("attention_flat", 0), got.get("attention_tree", 0)
+    return {"groups_shared": got.get("groups_shared", 0), "tokens_saved": got.get("tokens_saved", 0),
+            "attention_flat": flat, "attention_tree": tree, "attention_saved": flat - tree,
+            "attention_saved_fraction": (flat - tree) / flat if flat else 0.0}
+
+
 def group_report(summary: dict[str, int], scope: str) -> dict[str, Any]:
     """metrics.json's `groups` (--group-column) from `group_summary`: how many groups, of how
     many members, and over how many packs each lies (1 with --group-scope pack but for a group of
@@ -289,6 +312,9 @@ def plan_counts(summary: RankSummary, num_sequences: int, tokens_in: int, *,
         "tokens_packed": summary.packs.tokens,
         "tokens_dropped": summary.counts["tokens_dropped"],
         "tokens_truncated": summary.counts["tokens_truncated"],
+        # --share-prefix: the tokens of shared prefixes stored once instead of with every row
+        **({"tokens_shared": summary.counts[f"{SHARE_PREFIX}.tokens_saved"]}
+           if f"{SHARE_PREFIX}.tokens_saved" in summary.counts else {}),
         "packs": summary.packs.packs,
         "pieces": summary.packs.sequences,
         # --limit: the samples dropped for being over a limit on their own (among sequences_dropped)
@@ -364,6 +390,8 @@ def metrics_of(spec: ReportSpec, summary: RankSummary, baseline_tokens: int, ran
         metrics["balance"]["shapes"] = shape_coverage(summary.first_seen or {}, summary.num_steps)
     if groups and summary.groups is not None:
         metrics["groups"] = group_report(summary.groups, str(spec.group_scope))
+    if spec.share_prefix:
+        metrics[SHARE_PREFIX] = share_prefix_report(summary.counts)
     if spec.limits and summary.limits is not None:
         metrics["limits"] = limit_report(spec.limits, summary.limits, summary.packs.packs)
         metrics["packs_at_capacity"] = summary.limits["at_capacity"]

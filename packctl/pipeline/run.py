@@ -61,6 +61,7 @@ from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, 
 from packctl.plan.order import epoch_seed
 from packctl.pipeline.order import check_limits, check_too_long, order_and_distribute
 from packctl.pipeline.plan import Planned, check_something_to_pack, join_epochs, plan_stage
+from packctl.pipeline.prefix import share_prefix_lengths
 from packctl.pipeline.step_loss import step_loss_columns
 from packctl.pipeline.report import (Corpus, RankSummary, Transfer, epochs_index, epochs_metrics, input_order_lengths,
                                      metrics_of, padded_batching_over_ranks, rank_report, throughput)
@@ -322,7 +323,10 @@ def _scan(comm: Comm, index: SequenceIndex, specs: Specs, progress: Progress,
         budget = 0 if plan_only and not labels else scan.memory_budget  # 0: no decoded block kept
         index, source = scan_blocks(index, lo, hi, budget, progress=stage, skip_empty=scan.skip_empty,
                                     pad_token_id=scan.pad_token_id,
-                                    count_loss_tokens=scan.count_loss_tokens or (plan_only and labels))
+                                    count_loss_tokens=scan.count_loss_tokens or (plan_only and labels),
+                                    share_prefix=scan.share_prefix, prefix_column=scan.prefix_column)
+        if scan.share_prefix:
+            index.shared = share_prefix_lengths(comm, index)
         scanned = Scanned(index, source, block_bounds)
     check_limits(comm, index, specs.lengths, specs.report.limits)
     check_too_long(comm, index, specs.lengths)
@@ -379,7 +383,8 @@ def _shard_format(config: PackConfig, specs: Specs, index: SequenceIndex) -> Sha
                        pad_token_id=specs.write.pad_token_id, budget=specs.write.memory_budget,
                        keep_columns=specs.write.keep_columns, weight_column=specs.write.weight_column,
                        plan_only=config.plan_only, limit_columns=specs.write.limit_columns,
-                       source_starts=None if mixture is None else mixture.gid_starts)
+                       source_starts=None if mixture is None else mixture.gid_starts,
+                       share_prefix=specs.write.share_prefix)
 
 
 def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGuard, faults: Faults | None

@@ -475,7 +475,8 @@ class BalancedPlan:
 
 
 def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
-                 pack_shape: np.ndarray | None = None, pinned: np.ndarray | None = None) -> BalancedPlan:
+                 pack_shape: np.ndarray | None = None, pinned: np.ndarray | None = None,
+                 context: np.ndarray | None = None) -> BalancedPlan:
     """Cut each window's packs into steps and balance each step (`balance_step`).
 
     grouping "cost": a window's packs are sorted by cost (ties: output order) and cut into steps
@@ -490,12 +491,17 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
     rank (`_warmup_first`), so every shape is met, and compiled, in the first steps.
     With --limit (`plan.piece_extra`, `spec.limits`) no moved sequence takes a pack over a limit;
     with `spec.cost_column` each step is balanced on the combined cost (`combined_costs`).
+    `context` (--share-prefix): the tokens before each piece that it attends to (a branch: its
+    prefix), which add 2 * L * context to its attention cost (the pairs it sees, doubled as L^2 is).
     """
     d = spec.dp_size
     padded = plan.piece_padded.astype(np.int64)
     true = (plan.piece_padded if spec.padded_cost else plan.piece_len).astype(np.float64)
     costs = piece_costs(true, spec.cost, spec.attn_coeff)
     attention = piece_costs(true, "attention", spec.attn_coeff)
+    if context is not None:
+        attention = attention + 2 * true * context
+        costs = attention if spec.cost == "attention" else costs
     split = plan.split_pieces()[0]
     movable = ~split if pinned is None else ~split & ~pinned
     extra = plan.piece_extra if spec.limits and plan.piece_extra is not None else None

@@ -37,6 +37,7 @@ from packctl.plan.groups import (
     check_groups_within_limits,
     expand_items,
 )
+from packctl.plan.prefix import expand_shared, stored_padded
 from packctl.plan.order import window_seed
 from packctl.specs import WindowOptions
 
@@ -196,7 +197,8 @@ class GroupTooBigForStep(ValueError):
 
 
 def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, *, first_window: int = 0,
-                 progress=None, new_group: np.ndarray | None = None, extra: np.ndarray | None = None) -> PackPlan:
+                 progress=None, new_group: np.ndarray | None = None, extra: np.ndarray | None = None,
+                 shared: np.ndarray | None = None) -> PackPlan:
     """Pack sequences given in order (`gids[i]` has true length `lengths[i]`), window by window.
 
     The items are whole windows, the first being window `first_window` of the global order (its
@@ -213,6 +215,10 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
     column; every pack's sum of column j stays <= options.limits[j] (module docstring). A group of
     two or more over a limit (its sum with --group-scope pack, a member with step) raises
     GroupOverLimit; a sequence over a limit raises SequenceOverLimit unless --too-long drop.
+
+    `shared` (--share-prefix, with `new_group`): the tokens each row's group stores once
+    (plan/prefix.py); a shared group is packed as its prefix segment and one branch per row, and
+    costs its stored length.
     """
     o = options
     capacity, align, too_long, window = o.capacity, o.align, o.too_long, o.window
@@ -222,7 +228,9 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
     extra = _checked_extra(extra, limits, len(gids))
     if new_group is not None:
         if not o.step_scope:
-            check_groups_fit(gids, round_up(lengths, align), new_group, capacity)
+            padded = (round_up(lengths, align) if shared is None
+                      else stored_padded(lambda n: round_up(n, align), lengths, shared, new_group))
+            check_groups_fit(gids, padded, new_group, capacity)
         if extra is not None:
             check_groups_within_limits(gids, extra, new_group, limits, whole=not o.step_scope)
         cuts = np.flatnonzero(new_group)[::window]
@@ -256,7 +264,7 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
             steps = None
             result = _plan_one_window(gids[lo:hi], lengths[lo:hi],
                                       new_group=None if new_group is None else new_group[lo:hi], extra=window_extra,
-                                      **kwargs)
+                                      shared=None if shared is None else shared[lo:hi], **kwargs)
         if o.exchanges and o.algorithm != "batch":
             result = _exchanged(result, o, kwargs["seed"], steps,
                                 None if new_group is None or o.step_scope else new_group[lo:hi], gids[lo:hi],
@@ -512,10 +520,12 @@ def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tok
 
 
 def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max_seqs_per_bin, seed, pool_size=128,
-                     pool_strategy="closest", max_tokens=None, buckets=None, new_group=None, extra=None, limits=None):
+                     pool_strategy="closest", max_tokens=None, buckets=None, new_group=None, extra=None, limits=None,
+                     shared=None):
     """One window -> (bin_offsets, piece gid, start, len, padded), and with limits (`extra` n x k,
     `limits` k) each piece's costs (pieces x k) after them. With `new_group`, the algorithm packs
-    whole groups (only groups of one can be over-long: plan_windows checked)."""
+    whole groups (only groups of one can be over-long: plan_windows checked); with `shared` too,
+    the segments of each shared group (`expand_shared`)."""
     padded = round_up(lengths, align)
     over = padded > capacity
     if extra is not None and too_long == "drop":
@@ -534,6 +544,10 @@ def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max
         full_chunks = np.where(over, (lengths - 1) // capacity, 0)
         start = full_chunks * capacity
         lengths = lengths - start
+    if shared is not None and new_group is not None:  # only groups of one are cut above: they share nothing
+        rows, seg_start, lengths, new_group = expand_shared(lengths, shared[keep] if too_long == "drop" else shared,
+                                                            new_group)
+        gids, start, full_chunks = gids[rows], start[rows] + seg_start, full_chunks[rows]
     item_padded = round_up(lengths, align)
 
     budgets = {} if extra is None else {"limits": limits}

@@ -146,6 +146,10 @@ class SequenceIndex(RowsByGid):
     # (`packctl.source.kinds`): every later decode and message asks these, never a file's name
     kind: Any = None
     options: Any = None
+    # --share-prefix: what scan read of every row of this rank (source/prefix.py `PrefixScan`), and
+    # from it the tokens each row's group stores once (int64 per gid of this rank; pipeline/prefix.py)
+    prefix_scan: Any = None
+    shared: np.ndarray | None = None
 
     @classmethod
     def of_files(cls, files: list[InputFile], blocks: list[Block], fingerprints: list[FileFingerprint], *,

@@ -20,6 +20,7 @@ from packctl.source.files import FileFingerprint, changed_error
 from packctl.source.index import Block, Resolution, SequenceIndex
 from packctl.source.kinds import InputKind, InputOptions
 from packctl.source.parquet import check_weights, compact_block, describe_block, read_limit_values
+from packctl.source.prefix import PrefixScan, block_prefixes, read_prefix_lengths
 
 
 class TokenSource:
@@ -117,20 +118,23 @@ def index_inputs(resolution: Resolution, options: InputOptions, keep_columns: tu
 
 def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
                 progress=None, *, skip_empty: bool = False, pad_token_id: int | None = None,
-                count_loss_tokens: bool = False) -> tuple[SequenceIndex, TokenSource]:
+                count_loss_tokens: bool = False, share_prefix: bool = False,
+                prefix_column: str | None = None) -> tuple[SequenceIndex, TokenSource]:
     """Decode and validate blocks [block_lo, block_hi): their lengths, and a token source that
     keeps as many of them as the budget allows, in compact form (`DecodedBlock.compact`).
     Decoding runs on a small thread pool (Parquet and the kernels release the GIL), results in
     order. With `skip_empty`, empty rows get length 0 instead of an error; with `pad_token_id`,
     input tokens equal to it are counted in `source.tokens_equal_to_pad_id` (allowed, but worth
     knowing); with `count_loss_tokens`, `index.loss_tokens` (the step sums of --dp-size need them);
-    with `index.limit_columns`, `index.extra` (their values, checked: `read_limit_values`)."""
+    with `index.limit_columns`, `index.extra` (their values, checked: `read_limit_values`); with
+    `share_prefix`, `index.prefix_scan` (what --share-prefix needs of every row: `PrefixScan`)."""
     source = TokenSource.of_index(index, index.labels_column, budget, skip_empty=skip_empty)
     gid_lo, gid_hi = int(index.block_offsets[block_lo]), int(index.block_offsets[block_hi])
     lengths = np.zeros(gid_hi - gid_lo, dtype=np.int64)
     loss_tokens = np.zeros(gid_hi - gid_lo, dtype=np.int64) if count_loss_tokens else None
     limited = index.limit_columns
     extra = np.zeros((gid_hi - gid_lo, len(limited)), dtype=np.int64) if limited else None
+    prefix = PrefixScan.empty(gid_hi - gid_lo, prefix_column is not None) if share_prefix else None
 
     def decode(block: Block) -> tuple[DecodedBlock, int, np.ndarray | None]:
         if index.weight_column is not None:
@@ -142,12 +146,21 @@ def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
                                       block.rows, index.fingerprint(block.file))
         decoded = source.decode(block, check_values=False)
         digest = block_digest(decoded)
-        return (*compact_block(block, decoded, source.paths[block.file], index.tokens_column, index.labels_column,
-                               pad_token_id), costs, digest)
+        compact, pad_like = compact_block(block, decoded, source.paths[block.file], index.tokens_column,
+                                          index.labels_column, pad_token_id)
+        if prefix is not None:  # each row against the one before it (the block's first: below, in order)
+            bound = None if prefix_column is None else read_prefix_lengths(
+                source.paths[block.file], block.row_group, block.first_row, prefix_column, block.rows,
+                index.fingerprint(block.file))
+            costs = (costs, block_prefixes(compact), bound)
+        return compact, pad_like, costs, digest
 
     for b, (decoded, pad_like, costs, digest) in _decode_in_order(decode, index.blocks, block_lo, block_hi):
         source.digests[b] = digest
         rows = slice(index.block_offsets[b] - gid_lo, index.block_offsets[b + 1] - gid_lo)
+        if prefix is not None:
+            costs, block_rows, bound = costs
+            prefix.add(rows, block_rows, bound)
         lengths[rows] = np.diff(decoded.offsets)
         if extra is not None:
             extra[rows] = costs
@@ -157,7 +170,8 @@ def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
         source.offer(b, decoded)
         if progress is not None:
             progress(1)
-    return dataclasses.replace(index, lengths=lengths, gid_lo=gid_lo, loss_tokens=loss_tokens, extra=extra), source
+    return dataclasses.replace(index, lengths=lengths, gid_lo=gid_lo, loss_tokens=loss_tokens, extra=extra,
+                               prefix_scan=prefix), source
 
 
 def _decode_in_order(decode, blocks: list[Block], lo: int, hi: int, workers: int = 2):

@@ -34,9 +34,10 @@ from packctl.plan.metrics import (attention_cost, batch_metrics, dp_balance, fil
 from packctl.contract.manifest import EPOCHS, LEGACY_MANIFEST, MANIFEST, manifest_path
 from packctl.contract.reader import PackedOutput, open_output
 from packctl.contract.schema import (BALANCE_COLUMNS, BATCH_COLUMNS, BATCH_SIZE, CU_SEQLENS_PADDED, DP_RANK,
-                                     METADATA_KEY, MICRO_BATCH, NUM_TOKENS, PADDED_LEN, SAMPLE_IDS, SEQ_LENS, SOURCE_IDS,
-                                     STEP,
-                                     limit_sum_name)
+                                     METADATA_KEY, MICRO_BATCH, NUM_TOKENS, PADDED_LEN, PARENT_SEGMENTS, SAMPLE_IDS,
+                                     SEQ_LENS, SOURCE_IDS, STEP, limit_sum_name)
+from packctl.pipeline.report import SHARE_PREFIX, share_prefix_report
+from packctl.plan.prefix import prefix_pieces, sharing_counts
 
 READ_COLUMNS = (SEQ_LENS, SAMPLE_IDS, NUM_TOKENS)
 LIST_COLUMNS = (SEQ_LENS, SAMPLE_IDS, CU_SEQLENS_PADDED, SOURCE_IDS)
@@ -117,6 +118,25 @@ def read_packed(output: PackedOutput) -> PackedArrays:
         limit_sums={name: cat(limit_sum_name(name)) for name in limit_names(output.layout)},
         source_ids=cat(SOURCE_IDS) if parts and all(SOURCE_IDS in p for p in parts) else None,
     )
+
+
+def share_prefix_figures(output) -> dict[str, Any]:
+    """metrics.json's `share_prefix` of an output of `pack --share-prefix`, from its shards'
+    `parent_segments` and `seq_lens` (packctl.pipeline.report.share_prefix_report)."""
+    counts: dict[str, int] = {}
+    for entry in output.manifest["shards"]:
+        table = pq.read_table(output.root / entry["path"], columns=[SEQ_LENS, PARENT_SEGMENTS])
+        lens, per_pack = _flat_list(table.column(SEQ_LENS).combine_chunks())
+        parents, _ = _flat_list(table.column(PARENT_SEGMENTS).combine_chunks())
+        lens_offsets = np.concatenate([[0], np.cumsum(per_pack)]).astype(np.int64)
+        pack_first = np.repeat(lens_offsets[:-1], np.diff(lens_offsets))
+        branch = parents >= 0
+        context = np.zeros(len(lens), np.int64)
+        context[branch] = lens[(pack_first + parents)[branch]]  # depth 1: a branch's prefix
+        found = sharing_counts(context, lens, parents, prefix_pieces(lens_offsets, parents))
+        for key, value in found.items():
+            counts[f"{SHARE_PREFIX}.{key}"] = counts.get(f"{SHARE_PREFIX}.{key}", 0) + value
+    return share_prefix_report(counts)
 
 
 def limit_names(layout: dict[str, Any]) -> list[str]:
@@ -298,6 +318,8 @@ def _packed_report(path: str | Path, *, attn_coeff: float | None = None,
         "fill_histogram": fill_histogram(packed.num_tokens, capacity),
         "dp_balance": None,
     })
+    if layout.get("tree"):  # --share-prefix: what the trees save, recounted from the shards
+        report["share_prefix"] = share_prefix_figures(output)
     if packed.limit_sums:
         padded = pack_loads(round_up(packed.seq_lens, align), packed.seq_offsets)
         report.update(limit_figures(padded, capacity, packed.limit_sums, dict(layout["limits"])))

@@ -37,6 +37,7 @@ from packctl.config import PLANNING_OPTIONS, PackConfig, as_python  # noqa: F401
 from packctl.errors import PackctlError
 from packctl.source.files import FileFingerprint, open_parquet
 from packctl.source.kinds import PARQUET, InputOptions, check_options, options_of
+from packctl.mpi.comm import SingleComm
 from packctl.source.parquet import check_limit_column, check_list_column, is_plain_list, list_lengths
 from packctl.source.scan import index_inputs, scan_blocks
 from packctl.source.resolve import resolve
@@ -47,6 +48,7 @@ from packctl.plan.windows import PackPlan
 from packctl.mpi.comm import SingleComm
 from packctl.pipeline.order import Ordered, order_corpus
 from packctl.pipeline.plan import plan_corpus
+from packctl.pipeline.prefix import share_prefix_lengths
 from packctl.pipeline.report import Corpus, assemble_metrics
 from packctl.plan import ALGORITHMS, pack_lengths
 from packctl.plan.align import round_up
@@ -74,6 +76,8 @@ class LengthIndex(RowsByGid):
     # None without): what pack's scan puts in SequenceIndex.limit_columns and .extra
     limit_columns: tuple[str, ...] = ()
     extra: np.ndarray | None = None
+    # --share-prefix: the tokens each row's group stores once (pack's SequenceIndex.shared)
+    shared: np.ndarray | None = None
 
 
 def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_column: str | None = None, *,
@@ -234,6 +238,18 @@ def _specs(config: PackConfig, index: LengthIndex, source_files: list[int] | Non
     return with_mixture(config.specs(), config, index, source_files)
 
 
+def shared_lengths(inputs: list[str], config: PackConfig, group_starts: np.ndarray) -> np.ndarray:
+    """--share-prefix: the tokens each row's group stores once, as `pack` finds them (every block
+    decoded, each row compared with the one before it: pipeline/prefix.py)."""
+    options = options_of(dataclasses.asdict(config))
+    resolution = resolve(inputs, split=config.split, options=options)
+    index = index_inputs(resolution, options)
+    scanned, _ = scan_blocks(index, 0, len(index.blocks), 0, skip_empty=config.skip_empty, share_prefix=True,
+                             prefix_column=config.prefix_column)
+    scanned.group_starts = group_starts
+    return share_prefix_lengths(SingleComm(), scanned)
+
+
 def what_if_row(index: LengthIndex, config: PackConfig, ordered: Ordered | None = None,
                 ungrouped: Ordered | None = None, source_files: list[int] | None = None) -> dict[str, Any]:
     """One row of the what-if table: the `_metrics.json` `pack` writes for `config` (but for
@@ -274,7 +290,8 @@ def _order(index: LengthIndex, config: PackConfig, source_files: list[int] | Non
 
 def without_groups(index: LengthIndex, config: PackConfig) -> tuple[LengthIndex, PackConfig]:
     """The same corpus and options, each sequence packed on its own."""
-    return dataclasses.replace(index, group_starts=None), dataclasses.replace(config, group_column=None)
+    return (dataclasses.replace(index, group_starts=None, shared=None),
+            dataclasses.replace(config, group_column=None, share_prefix=False, prefix_column=None))
 
 
 def group_cost(index: LengthIndex, config: PackConfig, plan: PackPlan, ungrouped: Ordered | None = None
@@ -353,6 +370,8 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
         index = read_lengths(inputs, config.tokens_column, config.group_column, skip_empty=config.skip_empty,
                              limit_columns=tuple(config.limits), split=config.split,
                              options=options_of(dataclasses.asdict(config)))
+    if config.share_prefix and index.group_starts is not None:
+        index.shared = shared_lengths(inputs, config, index.group_starts)
     read_seconds = time.perf_counter() - started
     # With --too-long error, pack would stop at the first over-long sequence: the what-if reports
     # where, and plans that capacity's rows with split (every token kept) instead of stopping.
@@ -511,6 +530,10 @@ def recommendation(best: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         extra = packs - alone
         cost = f"{extra:+,} packs ({extra / alone:+.2%})" if extra else "no extra packs"
         text += f"; keeping groups whole costs {cost} over packing the sequences one by one ({alone:,} packs)"
+    shared = best.get("share_prefix")
+    if shared:  # --share-prefix
+        text += (f"; sharing prefixes saves {shared['tokens_saved']:,} tokens and "
+                 f"{shared['attention_saved_fraction']:.1%} of the attention pairs ({shared['groups_shared']:,} groups)")
     counts = best["counts"]
     for what, key in (("drops", "dropped"), ("truncates", "truncated")):
         if counts[f"sequences_{key}"]:

@@ -58,17 +58,20 @@ class Pack:
     sample_ids: np.ndarray
     shard: str | None = None
     row: int | None = None
+    parent_segments: np.ndarray | None = None  # --share-prefix: the pack is a tree (`check_tree_attention`)
 
     @classmethod
     def from_rows(cls, rows: PackRows, r: int, shard: str | None = None) -> "Pack":
         t0, t1 = int(rows.token_offsets[r]), int(rows.token_offsets[r + 1])
         s0, s1 = int(rows.seq_offsets[r]), int(rows.seq_offsets[r + 1])
         c0, c1 = int(rows.cu_offsets[r]), int(rows.cu_offsets[r + 1])
+        parents = None if rows.parent_segments is None else np.array(rows.parent_segments[s0:s1], dtype=np.int64)
         return cls(input_ids=np.array(rows.input_ids[t0:t1]), position_ids=np.array(rows.position_ids[t0:t1]),
                    seq_lens=np.array(rows.seq_lens[s0:s1], dtype=np.int64),
                    seq_lens_padded=np.array(rows.seq_lens_padded[s0:s1], dtype=np.int64),
                    cu_seqlens_padded=np.array(rows.cu_seqlens_padded[c0:c1], dtype=np.int64),
-                   sample_ids=np.array(rows.sample_ids[s0:s1], dtype=np.int64), shard=shard, row=r)
+                   sample_ids=np.array(rows.sample_ids[s0:s1], dtype=np.int64), shard=shard, row=r,
+                   parent_segments=parents)
 
     @property
     def offsets(self) -> np.ndarray:
@@ -269,6 +272,57 @@ def check_pack_attention(pack: Pack, backend: Backend, dtype: str, embedding: Pr
         return compare_pack(torch, pack, out, References.build(torch, inputs, dtype), dtype, backend.name)
 
 
+TREE_ATOL = 1e-9  # both sides in float64 over the same numbers: only the summation order differs
+
+
+def check_tree_attention(pack: Pack, embedding: ProbeEmbedding) -> tuple[list[Violation], np.ndarray]:
+    """A tree pack (--share-prefix) against its rows one by one, in float64 numpy: attention over the
+    whole pack under the tree's visibility (`packctl.contract.tree.visible`: causal in a segment, the
+    true tokens of its ancestors, never a sibling or padding) at the pack's position_ids, and each
+    row rebuilt from its chain (`row_positions`) attended causally alone at positions 0..n-1; the
+    rows of the pack's output at the row's flat positions must equal the row's own. Varlen kernels
+    cannot express a tree, so no backend runs here. Returns the violations and each row's error.
+
+        segments [1 2 3] [4 7 8] [4 9], parents [-1 0 0]: row 6 = flat [0 1 2 6 7] at positions
+        0 1 2 3 4, compared with attn([1 2 3 4 9]) at 0..4
+    """
+    from packctl.contract.tree import row_positions, visible
+    try:
+        mask = visible(pack.parent_segments, pack.seq_lens, pack.seq_lens_padded)
+        rows = row_positions(pack.parent_segments, pack.seq_lens, offsets_of(pack.seq_lens_padded),
+                             pack.sample_ids)
+    except ValueError as exc:
+        return [Violation("attention", "attention-layout", f"the tree cannot be attended over: {exc}",
+                          **pack.where())], np.zeros(0)
+    out = _masked_attention(embedding.qkv(pack.input_ids, pack.position_ids).astype(np.float64), mask)
+    errors, found = [], []
+    for k, segment in enumerate(rows.segments.tolist()):
+        where = rows.row(k)
+        alone = embedding.qkv(pack.input_ids[where], np.arange(len(where))).astype(np.float64)
+        own = _masked_attention(alone, np.tril(np.ones((len(where), len(where)), dtype=bool)))
+        errors.append(float(np.abs(out[where] - own).max()) if len(where) else 0.0)
+        if not errors[-1] <= TREE_ATOL and len(found) < 3:
+            found.append(Violation(
+                "attention", "attention-equivalence",
+                f"sample {pack.sample_ids[segment]}: attention over the tree differs from the row's own causal "
+                f"attention by {errors[-1]:.3g} > {TREE_ATOL:g} [numpy fp64]: it sees a sibling or padding, or its "
+                "parent_segments or position_ids are wrong", **pack.where(segment)))
+    return found, np.asarray(errors)
+
+
+def _masked_attention(qkv: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """softmax(q k^T / sqrt(D) where `mask`) v, (T, H, D) from qkv (3, T, H, D); a row that sees
+    nothing (padding with no key in view) gives 0."""
+    q, k, v = (np.transpose(t, (1, 0, 2)) for t in qkv)
+    scores = np.matmul(q, np.transpose(k, (0, 2, 1))) / math.sqrt(q.shape[-1])
+    scores = np.where(mask[None], scores, -np.inf)
+    top = np.max(scores, axis=-1, keepdims=True)
+    weights = np.exp(scores - np.where(np.isfinite(top), top, 0))
+    total = weights.sum(axis=-1, keepdims=True)
+    out = np.matmul(weights / np.where(total > 0, total, 1), v)
+    return np.transpose(out, (1, 0, 2))
+
+
 def probe_contamination(pack: Pack, backend: Backend, dtype: str, embedding: ProbeEmbedding, sequence: int, *,
                         baseline=None) -> tuple[list[Violation], float]:
     """Change the tokens of `sequence`; the output rows of every other sequence must not move.
@@ -433,6 +487,17 @@ def run_attention(packs: list[Pack], backends: list[Backend], dtypes: list[str],
 
     with torch.no_grad():
         for pack in packs:
+            if pack.parent_segments is not None:  # a tree: no varlen kernel expresses it (numpy, once)
+                found, errors = check_tree_attention(pack, embedding)
+                run.violations += found
+                for entry in stats.values():
+                    if entry["status"] != "skipped":
+                        entry["packs"] += 1
+                        entry["sequences"] += len(errors)
+                        entry["max_error_packed"] = max(entry["max_error_packed"], float(errors.max(initial=0.0)))
+                        entry["status"] = "failed" if found else entry["status"]
+                advance(1)
+                continue
             problem = pack.unusable()
             if problem is not None:
                 run.violations.append(Violation("attention", "attention-layout",

@@ -56,8 +56,9 @@ def check_counts(manifest: dict[str, Any], totals: Totals, *, complete: bool) ->
                sum(i["rows"] for i in inputs))
     expect("counts.sequences_packed vs sequences_in - sequences_dropped", c["sequences_packed"],
            c["sequences_in"] - c["sequences_dropped"])
-    expect("counts.tokens_in vs tokens_packed + tokens_dropped + tokens_truncated", c["tokens_in"],
-           c["tokens_packed"] + c["tokens_dropped"] + c["tokens_truncated"])
+    # --share-prefix: a shared prefix is stored once for its group (counts.tokens_shared the others)
+    expect("counts.tokens_in vs tokens_packed + tokens_shared + tokens_dropped + tokens_truncated", c["tokens_in"],
+           c["tokens_packed"] + c.get("tokens_shared", 0) + c["tokens_dropped"] + c["tokens_truncated"])
     # counts.packs and counts.tokens_packed against the shard entries: manifest_problems
     if not complete:
         return found
@@ -69,6 +70,7 @@ def check_counts(manifest: dict[str, Any], totals: Totals, *, complete: bool) ->
     if blend:  # how often each row is there is conservation's check (verify --source)
         return found
     sids = np.concatenate(totals.sample_ids) if totals.sample_ids else np.zeros(0, np.int64)
+    sids = sids[sids >= 0]  # -1: a prefix segment of --share-prefix, no input row
     ids, per_id = np.unique(sids, return_counts=True)
     expect("distinct sample ids in the shards vs counts.sequences_packed", len(ids), c["sequences_packed"])
     multi = ids[per_id > 1]

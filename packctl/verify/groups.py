@@ -57,7 +57,11 @@ class GroupRule:
         values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_numpy()
         row = np.repeat(np.arange(rows.num_rows, dtype=np.int64), np.diff(seq_offsets))
         position = np.arange(len(row), dtype=np.int64) - seq_offsets[row]
-        self.parts.append((shard, row, position, np.asarray(rows.sample_ids, dtype=np.int64), values))
+        sample = np.asarray(rows.sample_ids, dtype=np.int64)
+        # a prefix segment of --share-prefix (sample -1; pack_rules.py checks where) counts as its group's first row
+        if isinstance(rows, PackRows) and rows.parent_segments is not None:
+            sample = np.where(sample < 0, values, sample)
+        self.parts.append((shard, row, position, sample, values))
         if self.scope == "step":
             if STEP not in table.schema.names:
                 return [Violation("structure", "group-step", "the run kept groups within steps (--group-scope step) "

@@ -117,6 +117,47 @@ class Packs:
         """Each token's position in its padded sequence: what position_ids must hold."""
         return positions_in_segments(self.padded)
 
+    # ---- trees (--share-prefix: parent_segments)
+
+    @cached_property
+    def parents(self) -> np.ndarray | None:
+        """Each sequence's parent within its pack (-1: it starts a row); None for flat packs."""
+        parents = self.rows.parent_segments
+        return None if parents is None else np.asarray(parents, dtype=np.int64)
+
+    @cached_property
+    def parent_ok(self) -> np.ndarray:
+        """True where a sequence's parent is -1 or an earlier sequence of its pack."""
+        within = np.arange(len(self.seq_lens)) - self.seq_offsets[self.row_of_seq]
+        return (self.parents >= -1) & (self.parents < within)
+
+    @cached_property
+    def has_children(self) -> np.ndarray:
+        """True on each sequence another one continues (a prefix)."""
+        out = np.zeros(len(self.seq_lens), dtype=bool)
+        child = (self.parents >= 0) & self.parent_ok
+        out[self.seq_offsets[self.row_of_seq[child]] + self.parents[child]] = True
+        return out
+
+    @cached_property
+    def chain_start(self) -> np.ndarray:
+        """The position of each sequence's first token in its row: the true tokens of its ancestors
+        (0 for a flat pack, or where a parent is out of place: the tree rule reports it)."""
+        start = np.zeros(len(self.seq_lens), dtype=np.int64)
+        if self.parents is None or not self.parent_ok.all():
+            return start
+        up = np.where(self.parents >= 0, self.seq_offsets[self.row_of_seq] + self.parents, -1)
+        while (up >= 0).any():  # parents precede children: every chain ends
+            climbing = up >= 0
+            start[climbing] += self.seq_lens[up[climbing]]
+            up = np.where(climbing, up[np.maximum(up, 0)], -1)
+        return start
+
+    @cached_property
+    def starts_row(self) -> np.ndarray:
+        """True on each sequence that starts a row (every one of a flat pack)."""
+        return np.ones(len(self.seq_lens), dtype=bool) if self.parents is None else self.parents < 0
+
     @cached_property
     def is_pad(self) -> np.ndarray:
         seq_of_token = np.repeat(np.arange(len(self.padded)), self.padded)
@@ -168,6 +209,7 @@ BATCH_MODE = Need("pad_to is batch (batch mode)", lambda p: p.layout.pad_to == "
 SEQUENCES_IN = Need("the manifest gives sequences_in", lambda p: p.sequences_in is not None)
 CU_MATCH = Need("every pack has len(seq_lens) + 1 cu entries", lambda p: p.cu_matches)
 TILED = Need("seq_lens_padded tile every pack", lambda p: p.tiles)
+TREE = Need("the packs have parent_segments (--share-prefix)", lambda p: p.parents is not None)
 
 
 # ---- the rules; each docstring's first line is the contract's sentence it checks (docs/format.md)
@@ -263,8 +305,23 @@ def num_tokens_sum(p: Packs) -> Broken:
 def sample_ids_in_range(p: Packs) -> Broken:
     """sample_ids are global sample ids: in [0, sequences_in)."""
     sids, n = np.asarray(p.rows.sample_ids, dtype=np.int64), p.sequences_in
-    return (sids < 0) | (sids >= n), lambda k: (f"sample id {sids[k]} is outside [0, {n}) (the manifest's "
-                                                "sequences_in)")
+    prefix = np.zeros(len(sids), dtype=bool) if p.parents is None else p.has_children & (sids == -1)
+    return ((sids < 0) & ~prefix) | (sids >= n), lambda k: (f"sample id {sids[k]} is outside [0, {n}) (the "
+                                                            "manifest's sequences_in)")
+
+
+def tree_parents_precede(p: Packs) -> Broken:
+    """parent_segments: -1 or the index of an earlier sequence of the same pack."""
+    return ~p.parent_ok, lambda k: (f"parent_segments is {p.parents[k]} for sequence {p.seq(k)[1]} of the pack: a "
+                                    "parent is -1 or an earlier sequence of the pack")
+
+
+def tree_prefix_no_sample(p: Packs) -> Broken:
+    """sample_ids is -1 exactly on the segments others continue (the prefixes)."""
+    sids = np.asarray(p.rows.sample_ids, dtype=np.int64)
+    bad = (sids == -1) != p.has_children
+    return bad, lambda k: (f"sample id {sids[k]} on a segment that {'is' if p.has_children[k] else 'is not'} "
+                           "continued by another: a prefix segment has sample id -1, every other segment its row's")
 
 
 def cu_one_longer(p: Packs) -> Broken:
@@ -313,9 +370,10 @@ def padded_lengths_tile(p: Packs) -> Broken:
 def positions_restart(p: Packs) -> Broken:
     """position_ids restart at 0 at each sequence and continue through its padding (and the tail)."""
     position_ids = np.asarray(p.rows.position_ids)
-    return position_ids != p.position, lambda k: (
-        f"position_ids is {position_ids[k]} at {p.at(k)}, expected {p.position[k]}: positions restart at 0 "
-        "at each sequence and count through its padding")
+    expected = p.position if p.parents is None else p.position + np.repeat(p.chain_start, p.padded)
+    return position_ids != expected, lambda k: (
+        f"position_ids is {position_ids[k]} at {p.at(k)}, expected {expected[k]}: positions restart at 0 "
+        "at each sequence (a branch of a shared prefix goes on from its parent) and count through its padding")
 
 
 def padding_is_pad_token(p: Packs) -> Broken:
@@ -332,9 +390,9 @@ def padding_is_ignored(p: Packs) -> Broken:
 
 
 def first_label_ignored(p: Packs) -> Broken:
-    """labels: -100 on the first token of every sequence."""
+    """labels: -100 on the first token of every sequence that starts a row."""
     ignore, labels = p.layout.ignore_index, p.labels
-    starts = p.seq_token_offsets[:-1][p.seq_lens > 0]
+    starts = p.seq_token_offsets[:-1][(p.seq_lens > 0) & p.starts_row]
     bad = np.zeros(len(labels), dtype=bool)
     bad[starts[labels[starts] != ignore]] = True
     return bad, lambda k: (f"the first token of the sequence has label {labels[k]}; it must be {ignore} so that no "
@@ -385,6 +443,8 @@ PACK_RULES = (
     PackRule("alignment", SEQUENCE, sequence_aligned, (PACK_MODE,)),
     PackRule("num-tokens", PACK, num_tokens_sum),
     PackRule("sample-ids", SEQUENCE, sample_ids_in_range, (SEQUENCES_IN,)),
+    PackRule("tree-parents", SEQUENCE, tree_parents_precede, (TREE,)),
+    PackRule("tree-prefix", SEQUENCE, tree_prefix_no_sample, (TREE,)),
     PackRule("cu-length", PACK, cu_one_longer),
     # the rules of the cu columns are named after them
     PackRule(CU_SEQLENS, CU_ENTRY, cu_seqlens_cumsum, (CU_MATCH,)),

@@ -22,7 +22,8 @@ import pyarrow as pa
 
 from packctl.contract.layout import Layout
 from packctl.contract.schema import (BALANCE_COLUMNS, BATCH_COLUMNS, COLUMN, COLUMNS, CU_ENTRY, GROUP_IDS,
-                                     LOSS_COLUMNS, NUM_LOSS_TOKENS, NUM_TOKENS, PACK_COLUMNS, SEQ_LENGTHS,
+                                     LOSS_COLUMNS, NUM_LOSS_TOKENS, NUM_TOKENS, PACK_COLUMNS, PARENT_SEGMENTS,
+                                     SEQ_LENGTHS,
                                      SEQ_LENS_PADDED, SEQ_LOSS_TOKENS, SEQ_WEIGHTS, SEQUENCE, STEP,
                                      STEP_LOSS_COLUMNS, STEP_LOSS_SEQUENCES, STEP_LOSS_TOKENS, SUM_SQ_SEQLEN,
                                      TOKEN, limit_columns)
@@ -104,7 +105,19 @@ def rows_from_table(table: pa.Table, *, shard: str | None = None) -> tuple[PackR
     if num_tokens.null_count:
         return None, [Violation("structure", "schema", f"column {NUM_TOKENS} has a null row", shard=shard)]
     at = {_OFFSETS[level]: offsets[group[0]] for level, group in levels.items()}
-    return PackRows(**at, **read, num_tokens=num_tokens.to_numpy(zero_copy_only=False)), []
+    rows = PackRows(**at, **read, num_tokens=num_tokens.to_numpy(zero_copy_only=False))
+    if PARENT_SEGMENTS in table.column_names and table.schema.field(PARENT_SEGMENTS).type.equals(
+            COLUMN[PARENT_SEGMENTS].arrow_type):  # --share-prefix: the packs are trees (pack_rules.py)
+        column = list_column(table, PARENT_SEGMENTS)
+        if isinstance(column, str):
+            return None, [Violation("structure", "schema", column, shard=shard)]
+        parent_offsets, parents = column
+        ragged = np.diff(parent_offsets) != np.diff(rows.seq_offsets)
+        if ragged.any():
+            return None, [Violation("structure", "column-lengths", f"{PARENT_SEGMENTS} does not hold one entry per "
+                                    "sequence", shard=shard, row=int(np.argmax(ragged)), count=int(ragged.sum()))]
+        rows.parent_segments = np.asarray(parents, dtype=np.int64)
+    return rows, []
 
 
 @dataclass

@@ -303,3 +303,35 @@ def test_a_blend_of_sources_writes_the_same_bytes_for_one_to_three_processes(tmp
         proc = mpirun(n, *command)
         assert proc.returncode == 0, proc.stderr
         assert _fingerprint(out) == reference, f"{n} ranks"
+
+
+@pytest.mark.mpi
+def test_shared_prefixes_under_three_processes_write_the_single_process_bytes(tmp_path):
+    """Pairs and rollouts sharing prompts, in row groups of 5 so groups straddle blocks and ranks,
+    packed with --share-prefix in one process and under mpiexec -n 3 (shuffled, balanced over 2
+    data-parallel ranks): the same bytes, and prefixes shared."""
+    import numpy as np
+
+    from support.adversary import packctl
+    from support.data import write_table
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(9)
+    ids, group = [], []
+    for g in range(80):
+        prompt = rng.integers(1, 900, int(rng.integers(2, 60))).tolist()
+        for _ in range(int(rng.integers(1, 6))):
+            ids.append(prompt + rng.integers(1, 900, int(rng.integers(1, 40))).tolist())
+            group.append(g)
+    src = write_table(tmp_path / "in" / "rows.parquet", {"input_ids": ids, "g": group})
+    pq.write_table(pq.read_table(src), src, row_group_size=5)
+    out = tmp_path / "out"
+    args = ["pack", str(src), "-o", str(out), "--overwrite", "-q", "--capacity", "1024", "--group-column", "g",
+            "--share-prefix", "--order", "shuffle", "--window", "7", "--dp-size", "2", "--micro-batches", "2"]
+    single = packctl(*args)
+    assert single.code == 0, single.stderr
+    reference = _fingerprint(out)
+    assert reference[1]["counts"]["tokens_shared"] > 0
+    proc = mpirun(3, sys.executable, "-m", "packctl", *args)
+    assert proc.returncode == 0, proc.stderr
+    assert _fingerprint(out) == reference

@@ -21,7 +21,7 @@ PACKCTL = Path(packctl.__file__).resolve().parent
 
 
 def test_the_table_declares_each_column_once_with_a_type_a_level_and_an_option():
-    assert len(COLUMN) == len(COLUMNS) == len(RESERVED_COLUMNS) == 25
+    assert len(COLUMN) == len(COLUMNS) == len(RESERVED_COLUMNS) == 26
     assert set(RESERVED_COLUMNS) == {c.name for c in COLUMNS}
     for column in COLUMNS:
         assert column.value in ("int32", "int64", "float32", "float64"), column
@@ -53,7 +53,7 @@ def test_the_writer_gives_every_declared_column_its_type_whatever_it_is_handed()
     per_pack = {"step": np.array([0, 1]), "dp_rank": np.array([1, 0], np.int8), "micro_batch": np.array([0, 0]),
                 "lr_scale": np.array([1.0, 1 / 3]), "padded_len": np.array([8, 4]), "batch_size": np.array([2, 1]),
                 "step_loss_tokens": np.array([9, 2], np.int32), "step_loss_sequences": np.array([2, 1], np.uint8)}
-    per_sequence = {"group_ids": np.array([7, 3, 4], np.int32),
+    per_sequence = {"group_ids": np.array([7, 3, 4], np.int32), "parent_segments": np.array([-1, -1, -1]),
                     "seq_weights": pa.chunked_array([[0.5, 1.5], [2.0]], pa.float32()),
                     "doc": pa.chunked_array([["x", "y", "z"]]), "source_ids": np.array([0, 1, 1], np.int64)}
     table = rows_to_table(_rows(), b"{}", per_pack, per_sequence)
@@ -63,7 +63,7 @@ def test_the_writer_gives_every_declared_column_its_type_whatever_it_is_handed()
         assert not field.nullable
     assert table.schema.field("doc").type == pa.list_(pa.string())  # a kept column as it is
     assert table.column_names == column_order(table.column_names)
-    assert table.column_names[-4:] == ["doc", "seq_weights", "group_ids", "source_ids"]
+    assert table.column_names[-5:] == ["doc", "seq_weights", "group_ids", "parent_segments", "source_ids"]
     assert set(COLUMN) - {"seq_starts"} <= set(table.column_names)  # seq_starts: a plan's alone
     assert table.column("lr_scale").to_pylist() == [1.0, np.float32(1 / 3)]
     assert table.column("seq_weights").to_pylist() == [[0.5, 1.5], [2.0]]

@@ -61,6 +61,8 @@ CASES = {
     "sequence_aligned": (None, dict(align=2), {}, (0, 0)),
     "num_tokens_sum": (_set("num_tokens", 1, 5), {}, {}, (1, None)),
     "sample_ids_in_range": (None, {}, dict(sequences_in=5), (0, 0)),
+    "tree_parents_precede": (lambda r: setattr(r, "parent_segments", np.array([-1, 1, -1])), {}, {}, (0, 1)),
+    "tree_prefix_no_sample": (lambda r: setattr(r, "parent_segments", np.array([-1, 0, -1])), {}, {}, (0, 0)),
     "cu_one_longer": (_drop_cu_entry, {}, {}, (1, None)),
     "cu_seqlens_cumsum": (_set("cu_seqlens", 1, 6), {}, {}, (0, 0)),
     "cu_seqlens_padded_cumsum": (_set("cu_seqlens_padded", 2, 17), {}, {}, (0, 1)),
