@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from packctl.errors import PackctlError
-from packctl.export import ShardPacks, check_options
+from packctl.export import EXPORTERS, FORMATS, ShardPacks, check_options
 from packctl.export import megatron, olmo
 
 
@@ -56,3 +56,27 @@ def test_flat_starts_are_each_sequences_offset_in_the_shards_tokens():
                        input_ids=np.arange(10, dtype=np.int32), labels=np.arange(10, dtype=np.int32),
                        seq_offsets=np.array([0, 2, 3]), seq_lens=np.array([3, 2, 4]), seq_starts=np.array([0, 3, 0]))
     assert shard.num_packs == 2 and shard.flat_starts().tolist() == [0, 3, 6]
+
+
+def test_every_exporter_module_checks_a_layout_and_writes():
+    """The table names real functions: the layout check and the writer of each row."""
+    import importlib
+
+    for exporter in EXPORTERS.values():
+        module = importlib.import_module(f"packctl.export.{exporter.module}")
+        assert callable(module.check_layout) and callable(getattr(module, exporter.writer)), exporter.name
+        assert set(exporter.uses) <= {"eos_token_id", "bos_token_id", "vocab_size"}
+    assert FORMATS == tuple(EXPORTERS) == ("nemo", "nemo-npy", "olmo", "megatron")
+
+
+def test_export_help_lists_every_format_of_the_table():
+    from typer.testing import CliRunner
+
+    from packctl.cli.app import app
+
+    result = CliRunner().invoke(app, ["export", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    for exporter in EXPORTERS.values():
+        assert f"{exporter.name} ({' '.join(exporter.summary.split())})" in text
+    assert f"[{'|'.join(FORMATS)}]" in text
