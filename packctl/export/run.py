@@ -138,19 +138,8 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
     refuse_url(out, "input")
     refuse_url(target, "output")
     output = open_output(out, verify=verify)
-    out = output.root
-    if output.manifest.get("kind") == "plan":  # no tokens to export: they are in its source
-        raise PackctlError(f"{out}: a plan (packctl pack --plan-only) holds no tokens; run packctl materialize "
-                           f"{out} -o OUT first, and export OUT")
-    target = Path(target)
-    if target.resolve() == out.resolve() or out.resolve() in target.resolve().parents:
-        raise PackctlError(f"{target}: inside the packed output {out}; choose a -o outside it")
-    _refuse_replacing_inputs(target, out, output.manifest)
-    if (target.exists() or target.is_symlink()) and not overwrite:
-        raise PackctlError(f"{target}: exists; choose another -o or pass --overwrite")
-    if output.layout.get("pad_to") == "batch":
-        raise PackctlError(f"{out}: a batch-mode output (padded micro-batches); exports take packs: pack "
-                           "without --mode batch")
+    out, target = output.root, Path(target)
+    _refuse(output, target, overwrite)
     exporter = EXPORTERS[fmt]
     exporter.check_layout(output, options)  # refusals that need no shard, before anything is created
     reached = (faults or Faults()).reached
@@ -200,6 +189,24 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
     lock.release()
     result["output"] = str(target)
     return result
+
+
+def _refuse(output: PackedOutput, target: Path, overwrite: bool) -> None:
+    """What no format exports, and a -o that must not be written, refused before anything is
+    created: a plan (no tokens), a -o inside the output or holding its inputs, an existing -o
+    without --overwrite, a batch-mode output."""
+    out = output.root
+    if output.manifest.get("kind") == "plan":  # no tokens to export: they are in its source
+        raise PackctlError(f"{out}: a plan (packctl pack --plan-only) holds no tokens; run packctl materialize "
+                           f"{out} -o OUT first, and export OUT")
+    if target.resolve() == out.resolve() or out.resolve() in target.resolve().parents:
+        raise PackctlError(f"{target}: inside the packed output {out}; choose a -o outside it")
+    _refuse_replacing_inputs(target, out, output.manifest)
+    if (target.exists() or target.is_symlink()) and not overwrite:
+        raise PackctlError(f"{target}: exists; choose another -o or pass --overwrite")
+    if output.layout.get("pad_to") == "batch":
+        raise PackctlError(f"{out}: a batch-mode output (padded micro-batches); exports take packs: pack "
+                           "without --mode batch")
 
 
 def partial_export(target: Path) -> Path:
