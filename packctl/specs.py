@@ -1,5 +1,6 @@
-"""The choices of `packctl pack` as enums, and the frozen spec of each stage, built once per run from
-the options (`PackConfig.specs()`): a stage receives what it needs, not every option.
+"""The frozen spec of each stage of `packctl pack`, built once per run from the options
+(`PackConfig.specs()`): a stage receives what it needs, not every option. The choices they hold
+are the enums of packctl/enums.py.
 
     specs = PackConfig(inputs=["sample_data"], output="out", capacity=4096, cp_size=2,
                        order="shuffle", too_long="split").specs()
@@ -24,48 +25,24 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
-
-class Choice(str, Enum):
-    """An option with a fixed set of values: a `str` that is also an enum member, so
-    `Order("shuffle") == "shuffle"`, it hashes and prints as its value, and JSON writes its value."""
-
-    __hash__ = str.__hash__
-
-    def __str__(self) -> str:
-        return self.value
-
-    __format__ = str.__format__
-
-    @classmethod
-    def values(cls) -> tuple[str, ...]:
-        """The values, in declaration order: what --help lists and the option accepts."""
-        return tuple(member.value for member in cls)
-
-
-def _choice(name: str, *values: str) -> type[Choice]:
-    """A Choice enum whose members are the values, named in capitals: _choice("Order", "input")
-    gives Order.INPUT == "input"."""
-    return Choice(name, [(value.upper().replace("-", "_"), value) for value in values], module=__name__,
-                  qualname=name)
-
-
-Order = _choice("Order", "input", "shuffle", "curriculum")
-CurriculumOrder = _choice("CurriculumOrder", "asc", "desc")
-PackOrder = _choice("PackOrder", "auto", "planner", "shuffle", "longest", "mean")
-TooLong = _choice("TooLong", "error", "drop", "truncate", "split")
-Mode = _choice("Mode", "pack", "batch")
-PadTo = _choice("PadTo", "capacity", "multiple")
-GroupScope = _choice("GroupScope", "pack", "step")
-PoolStrategy = _choice("PoolStrategy", "closest", "first")
-TokenTransfer = _choice("TokenTransfer", "auto", "exchange", "read")
-Cost = _choice("Cost", "tokens", "attention")
-BalanceScope = _choice("BalanceScope", "packs", "sequences")
-StepGrouping = _choice("StepGrouping", "cost", "order")
-LrScaling = _choice("LrScaling", "none", "linear", "sqrt")
-BatchUnit = _choice("BatchUnit", "sequences", "tokens")
+from packctl.enums import (  # noqa: F401  (the choices, spelled where the specs that hold them are)
+    BalanceScope,
+    BatchUnit,
+    Cost,
+    CurriculumOrder,
+    GroupScope,
+    LrScaling,
+    Mode,
+    Order,
+    PackOrder,
+    PadTo,
+    PoolStrategy,
+    StepGrouping,
+    TokenTransfer,
+    TooLong,
+)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Fixtures, the hypothesis profiles, and the markers every test gets from its tier (tests/README.md):
 
     tests/unit/         pure functions, no packing run                      (fast)
-    tests/integration/  whole runs in-process, verify, stats, exports       (integration/torch: marker torch)
+    tests/integration/  whole runs in-process, verify, stats, exports       (integration/training: marker torch)
     tests/cli/          the command line as users type it, in processes of their own
     tests/adversarial/  what users and failures do to packctl: links, globs, full disks, kills, tampering
     tests/mpi/          under real mpiexec                                  (markers mpi and slow)
@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(config, items):
         parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts
         if parts[0] == "mpi":
             item.add_marker(pytest.mark.mpi)
-        if parts[:2] == ("integration", "torch"):
+        if parts[:2] == ("integration", "training"):
             item.add_marker(pytest.mark.torch)
         if item.get_closest_marker("mpi") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)  # an mpiexec launch starts an interpreter per rank: seconds

@@ -65,9 +65,9 @@ def gpu_plan(work: Path) -> Plan:
         corpora=(Corpus("sample_data, 4096", "sample_data", ("--capacity", "4096", "--too-long", "split")),
                  Corpus("rl-longtail, 16384", rl, ("--capacity", "16384")),
                  Corpus("rl-longtail, 16384, cp 2", rl, ("--capacity", "16384", "--cp-size", "2"))),
-        equivalence=("tests/integration/torch/test_torch_equivalence.py",
-                     "tests/integration/torch/test_loss_normalization.py",
-                     "tests/integration/torch/test_torch_loaders.py::test_flash_attn_varlen_matches_sdpa_on_gpu"),
+        equivalence=("tests/integration/training/test_torch_equivalence.py",
+                     "tests/integration/training/test_loss_normalization.py",
+                     "tests/integration/training/test_torch_loaders.py::test_flash_attn_varlen_matches_sdpa_on_gpu"),
         train=("--device", "cuda", "--attention", "flash-attn", "--head-dim", "64", "--steps", "6"),
         timeouts={"sample": 60, "pack": 60, "verify": 75, "wide": 90, "equivalence": 150, "train": 120})
 
@@ -81,7 +81,7 @@ def dry_plan(work: Path) -> Plan:
         corpora=(Corpus("sample, 1024", small, ("--capacity", "1024", "--too-long", "split")),
                  Corpus("rl-longtail, 2048", rl, ("--capacity", "2048")),
                  Corpus("rl-longtail, 2048, cp 2", rl, ("--capacity", "2048", "--cp-size", "2"))),
-        equivalence=("tests/integration/torch/test_torch_equivalence.py", "-k", "hf_padding_free"),
+        equivalence=("tests/integration/training/test_torch_equivalence.py", "-k", "hf_padding_free"),
         train=("--device", "cpu", "--attention", "sdpa", "--head-dim", "16", "--steps", "2", "--packs-per-step", "2"),
         timeouts={"sample": 60, "pack": 90, "verify": 120, "wide": 120, "equivalence": 180, "train": 180})
 

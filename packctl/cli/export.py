@@ -8,14 +8,13 @@ from typing import Optional
 import typer
 
 from packctl.cli.app import Command, app, console, fail, loading_modules
-from packctl.cli.options import EXPORT_FORMATS, choice
+from packctl.cli.options import choice
 from packctl.errors import PackctlError
+from packctl.export.formats import FORMATS, formats_help
 
-_EXPORT_EXAMPLE = """Rewrite a packed output in the packed format another trainer reads itself.
+_EXPORT_EXAMPLE = f"""Rewrite a packed output in the packed format another trainer reads itself.
 
-Formats: nemo (NeMo / Megatron-Bridge packed SFT, *.idx.parquet and packing_metadata.json),
-nemo-npy (the same as NeMo's legacy .npy), olmo (OLMo-core numpy token and label-mask files),
-megatron (megatron-core indexed datasets: tokens, loss_mask and cu_seqlens .bin/.idx).
+Formats: {formats_help()}.
 
 Examples:
 
@@ -30,7 +29,7 @@ Examples:
 def export_command(
     output: str = typer.Argument(..., metavar="OUT", help="Output directory of packctl pack."),
     target: str = typer.Option(..., "--output", "-o", help="Directory to write the export into."),
-    fmt: str = typer.Option(..., "--format", **choice(EXPORT_FORMATS), help="Format to write."),
+    fmt: str = typer.Option(..., "--format", **choice(FORMATS), help="Format to write."),
     eos_token_id: Optional[int] = typer.Option(None, help="The tokenizer's EOS id: NeMo pads sub-sequences with "
                                                           "it; OLMo-core finds document ends by it."),
     bos_token_id: Optional[int] = typer.Option(None, help="olmo: the BOS id every sequence starts with (checked); "

@@ -72,4 +72,3 @@ JSON_OUTPUT = inspect.Parameter("json_output", inspect.Parameter.KEYWORD_ONLY, a
                                 default=typer.Option(False, "--json", help="Print the result as JSON on stdout."))
 QUIET = inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                           default=typer.Option(False, "--quiet", "-q", help="No summary table."))
-EXPORT_FORMATS = ("nemo", "nemo-npy", "olmo", "megatron")  # packctl.export.FORMATS (tests check they agree)

@@ -194,7 +194,7 @@ def _shard_arrays(shard, out: Path, first_pack: int, vocab: int | None):
 
 def write(output: PackedOutput, target: Path, options) -> dict:
     """Write the export into `target` (a new, empty directory); returns what was written. The
-    refusals that need no shard (`check_layout`) come first, in export/__init__.py."""
+    refusals that need no shard (`check_layout`) come first, in export/run.py."""
     vocab = options.vocab_size
     dtype = token_dtype(vocab) if vocab is not None else np.dtype(np.uint16)
     writers: list[IndexedWriter] = []

@@ -75,8 +75,19 @@ def _rows(shard, align: int, eos: int | None, out: Path, first_pack: int):
     return row_offsets, tokens, loss_mask, shard.seq_offsets, seq_start_id, runtime, pack_of
 
 
-def write(output: PackedOutput, target: Path, *, npy: bool, eos_token_id: int | None) -> dict:
+def check_layout(output: PackedOutput, options) -> None:
+    """NeMo's rows hold packs of any layout: what it cannot hold is found pack by pack (`_rows`)."""
+
+
+def write_npy(output: PackedOutput, target: Path, options) -> dict:
+    """The rows of `write` as NeMo's legacy train.npy."""
+    return write(output, target, options, npy=True)
+
+
+def write(output: PackedOutput, target: Path, options, *, npy: bool = False) -> dict:
     from packctl.export import read_packs
+
+    eos_token_id = options.eos_token_id
 
     layout = output.layout
     align, capacity = int(layout["align"]), int(layout["capacity"])

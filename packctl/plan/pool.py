@@ -21,66 +21,11 @@ POOL_STRATEGIES: tuple[str, ...] = ("closest", "first")
 
 
 def pack_pool(lengths: np.ndarray, capacity: int, max_seqs: int, options: KernelOptions) -> Bins:
-    """Pack from a pool of `options.pool_size` waiting items, picked by `options.pool_strategy`."""
-    pool_strategy = options.pool_strategy
-    if pool_strategy not in POOL_STRATEGIES:
-        raise ValueError(f"unknown pool strategy {pool_strategy!r}: choose one of {', '.join(POOL_STRATEGIES)}")
-    step_item, bin_of_step, num_bins = _pool_kernel(lengths, capacity, max_seqs,
-                                                    positive_int(options.pool_size, "pool_size"),
-                                                    pool_strategy == "closest")
-    return whole_items_into_bins(lengths, step_item, bin_of_step, num_bins)
-
-
-@njit(cache=True)
-def _pool_kernel(lengths, capacity, max_seqs, pool_size, closest):
-    """Placement log of `pool`: the pool holds item indices in input order (oldest first)."""
-    n = lengths.size
-    step_item = np.empty(n, np.int64)
-    bin_of_step = np.empty(n, np.int64)
-    pool = np.empty(min(pool_size, n), np.int64)  # never more waiting than there are items
-    held = 0
-    next_item = 0
-    step = 0
-    num_bins = 0
-    while True:
-        while held < pool_size and next_item < n:
-            pool[held] = next_item
-            held += 1
-            next_item += 1
-        if held == 0:
-            break
-        pick = 0  # a bin opens with the oldest item
-        room = capacity
-        count = 0
-        while True:
-            item = pool[pick]
-            step_item[step] = item
-            bin_of_step[step] = num_bins
-            step += 1
-            room -= lengths[item]
-            count += 1
-            for j in range(pick, held - 1):
-                pool[j] = pool[j + 1]
-            held -= 1
-            while held < pool_size and next_item < n:
-                pool[held] = next_item
-                held += 1
-                next_item += 1
-            if count == max_seqs:
-                break
-            pick = -1
-            best = 0
-            for j in range(held):
-                size = lengths[pool[j]]
-                if size <= room and size > best:
-                    pick = j
-                    best = size
-                    if not closest or size == room:
-                        break
-            if pick < 0:
-                break
-        num_bins += 1
-    return step_item, bin_of_step, num_bins
+    """Pack from a pool of `options.pool_size` waiting items, picked by `options.pool_strategy`:
+    `pack_pool_limits` with no budget besides tokens (its cost loops run zero times; as fast as a
+    kernel of tokens alone, benchmarks/bench_limits_kernels.py)."""
+    return pack_pool_limits(lengths, np.zeros((len(lengths), 0), np.int64), np.zeros(0, np.int64), capacity,
+                            max_seqs, options)
 
 
 def pack_pool_limits(lengths: np.ndarray, extra: np.ndarray, limits: np.ndarray, capacity: int, max_seqs: int,
@@ -99,12 +44,13 @@ def pack_pool_limits(lengths: np.ndarray, extra: np.ndarray, limits: np.ndarray,
 
 @njit(cache=True)
 def _pool_limits_kernel(lengths, extra, limits, capacity, max_seqs, pool_size, closest):
-    """`_pool_kernel` with the room of the open bin in every cost column."""
+    """Placement log of `pool`: the pool holds item indices in input order (oldest first); the open
+    bin's room is kept in tokens and in every cost column (k = 0: tokens alone)."""
     n = lengths.size
     k = limits.size
     step_item = np.empty(n, np.int64)
     bin_of_step = np.empty(n, np.int64)
-    pool = np.empty(min(pool_size, n), np.int64)
+    pool = np.empty(min(pool_size, n), np.int64)  # never more waiting than there are items
     cost_room = np.empty(k, np.int64)
     held = 0
     next_item = 0
@@ -117,7 +63,7 @@ def _pool_limits_kernel(lengths, extra, limits, capacity, max_seqs, pool_size, c
             next_item += 1
         if held == 0:
             break
-        pick = 0
+        pick = 0  # a bin opens with the oldest item
         room = capacity
         for j in range(k):
             cost_room[j] = limits[j]

@@ -128,6 +128,7 @@ def test_source_changed_under_materialize_is_refused(tmp_path, corpus, monkeypat
     assert_nothing_left(out)
 
 
+@pytest.mark.torch
 def test_loader_on_a_plan_whose_source_moved(tmp_path, corpus):
     pytest.importorskip("torch")
     from packctl import PackctlError

@@ -160,13 +160,11 @@ def test_shell_completion_offers_the_choices():
 
 
 def test_cli_choice_lists_match_the_implementations():
-    from packctl.cli.options import (EXPORT_FORMATS, SAMPLE_DISTRIBUTIONS, SAMPLE_GROUPS, SAMPLE_MODALITIES,
-                                     VERIFY_BACKENDS)
-    from packctl.export import FORMATS
+    from packctl.cli.options import SAMPLE_DISTRIBUTIONS, SAMPLE_GROUPS, SAMPLE_MODALITIES, VERIFY_BACKENDS
     from packctl.sample import DISTRIBUTIONS, GROUP_KINDS, MODALITIES
     from packctl.verify.backends import BACKENDS
 
-    assert SAMPLE_DISTRIBUTIONS == DISTRIBUTIONS and VERIFY_BACKENDS == BACKENDS and EXPORT_FORMATS == FORMATS
+    assert SAMPLE_DISTRIBUTIONS == DISTRIBUTIONS and VERIFY_BACKENDS == BACKENDS
     assert SAMPLE_GROUPS == GROUP_KINDS and SAMPLE_MODALITIES == MODALITIES
 
 

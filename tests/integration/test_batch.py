@@ -1,5 +1,5 @@
 """Batch mode (padded micro-batches) and shape buckets. `packctl verify` runs here without its
-attention checks (torch); tests/integration/torch/test_verify_attention.py runs them on a batch
+attention checks (torch); tests/integration/training/test_verify_attention.py runs them on a batch
 output."""
 from __future__ import annotations
 

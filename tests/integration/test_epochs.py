@@ -165,6 +165,7 @@ def test_readers_name_the_epochs(tmp_path, sample_data):
     assert proc.code == 2 and "epoch-00000" in proc.stderr
 
 
+@pytest.mark.torch
 def test_packed_dataset_reads_one_epoch(tmp_path, sample_data):
     pytest.importorskip("torch")
     from packctl.torch import PackedDataset
@@ -177,6 +178,7 @@ def test_packed_dataset_reads_one_epoch(tmp_path, sample_data):
         assert [int(x) for x in ids] == [g for p in _column(out / f"epoch-{e:05d}", "sample_ids") for g in p]
 
 
+@pytest.mark.torch
 def test_the_documented_epoch_loop(tmp_path, sample_data, monkeypatch):
     pytest.importorskip("torch")
     from support.docs import run_docs_block

@@ -248,6 +248,7 @@ def test_sample_groups_share_a_masked_prompt(kind, size):
                    for r in group)
 
 
+@pytest.mark.torch
 def test_torch_batches_carry_group_ids(tmp_path):
     torch = pytest.importorskip("torch")
     from packctl.torch import PackedDataset, collate_hf, split_loss_fields

@@ -1,6 +1,7 @@
 """--keep-columns: per-sequence input columns carried into the packs, aligned with sample_ids."""
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
@@ -14,7 +15,6 @@ from support.runs import pack_to
 from support.data import write_table
 from packctl import PackConfig, PackctlError, pack
 from packctl.stats import stats
-from packctl.torch import PackedDataset
 from support.threadcomm import run_ranks
 
 
@@ -59,9 +59,12 @@ def test_kept_values_follow_their_sequences_into_the_packs(tmp_path, corpus, con
     assert check_contract(contract, out, [corpus]) == []
     schema = pq.read_schema(next(out.glob("data/*.parquet")))
     assert schema.field("doc_id").type == pa.list_(pa.string())
-    # the readers take the output with its extra columns
+    # the readers take the output with its extra columns (the loader where torch is installed)
     assert stats([str(out)])["packs"] > 0
-    assert len(PackedDataset(out)[0]["input_ids"]) == 64
+    if importlib.util.find_spec("torch") is not None:
+        from packctl.torch import PackedDataset
+
+        assert len(PackedDataset(out)[0]["input_ids"]) == 64
 
 
 def test_several_ranks_write_the_same_kept_columns(tmp_path, corpus):

@@ -26,6 +26,8 @@ from packctl.contract.manifest import EXPORT_MARK, sha256_file
 from packctl.errors import PackctlError
 from packctl.export import export
 
+pytestmark = pytest.mark.torch  # megatron-core runs on torch
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset",

@@ -93,6 +93,7 @@ def test_verify_checks_every_document_against_the_pair(corpus, tmp_path):
         assert report.checks["conservation"].details["samples"] == 300
 
 
+@pytest.mark.torch
 def test_verify_names_a_document_that_differs(tmp_path):
     documents = [[[1, 2, 3]], [[4, 5], [6]], [[7]]]
     idx = build_with_megatron(tmp_path / "c", documents)
@@ -133,6 +134,7 @@ def test_options_that_name_parquet_columns_are_refused(corpus, tmp_path, option)
         assert_clean_error(result, 2, f"{option[0]}: names a Parquet column")
 
 
+@pytest.mark.torch
 def test_resume_refuses_a_pair_rewritten_after_the_crash(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     documents = random_documents(1, 30, max_sequences=1, max_length=6)

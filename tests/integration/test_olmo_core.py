@@ -27,6 +27,8 @@ from support.runs import pack_to
 from packctl.export import export
 from packctl.sample import SampleSpec, write_sample
 
+pytestmark = pytest.mark.torch  # OLMo-core runs on torch
+
 olmo_data = pytest.importorskip("olmo_core.data", reason="ai2-olmo-core is not installed (pip install -e '.[dev]')")
 
 CAPACITY = 1024

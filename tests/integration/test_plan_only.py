@@ -1,6 +1,6 @@
 """`pack --plan-only` and `packctl materialize`: a plan is the output without its token columns,
 and materializing it writes the shards `pack` writes, byte for byte, for any rank count; the loader
-reads a plan as it reads the materialized output (tests/integration/torch/test_plan_loader.py)."""
+reads a plan as it reads the materialized output (tests/integration/training/test_plan_loader.py)."""
 from __future__ import annotations
 
 import hashlib

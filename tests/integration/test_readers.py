@@ -104,12 +104,18 @@ def _as_version_1(out: Path, target: Path) -> Path:
 
 
 def test_version_1_outputs_are_still_read(out, tmp_path, sample_data):
-    from packctl.torch import PackedDataset
-
     old = _as_version_1(out, tmp_path / "v1")
     report = verify(old, VerifyOptions(source=[str(sample_data)], **NO_ATTENTION))
     assert report.exit_code == 0, [str(v) for v in report.violations]
     assert stats([str(old)])["packs"] == stats([str(out)])["packs"]
+
+
+@pytest.mark.torch
+def test_version_1_outputs_are_still_read_by_the_loader(out, tmp_path):
+    pytest.importorskip("torch")
+    from packctl.torch import PackedDataset
+
+    old = _as_version_1(out, tmp_path / "v1")
     new, legacy = PackedDataset(out), PackedDataset(old)
     assert len(new) == len(legacy) and np.array_equal(new[7]["input_ids"], legacy[7]["input_ids"])
 

@@ -192,6 +192,7 @@ def test_more_ranks_than_windows_and_uneven_group_windows_write_the_same_bytes(t
             "sequences_in"]
 
 
+@pytest.mark.torch
 def test_a_megatron_input_under_mpi_writes_the_bytes_of_its_parquet_twin(tmp_path):
     """Pairs written by megatron-core, 1 and 3 ranks under mpiexec: the shards' data columns are
     those of the same documents packed from Parquet in one process, and 3 ranks write the bytes of
@@ -249,6 +250,7 @@ def test_limits_under_three_processes_write_the_single_process_bytes(tmp_path, c
     assert json.loads((out / "_manifest.json").read_text())["counts"]["over_limit"] > 0
 
 
+@pytest.mark.torch
 def test_a_plan_under_mpi_is_the_packed_output_without_its_token_columns(tmp_path):
     """`pack --plan-only` under mpiexec -n 3 counts its loss tokens without moving a token: with a
     labels column (sample_data, sequences cut by --too-long split), without one, and from Megatron

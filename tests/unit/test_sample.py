@@ -95,6 +95,7 @@ def _image_corpus(**options):
     return table, lengths, ids, labels
 
 
+@pytest.mark.slow
 def test_image_corpus_looks_like_a_llava_mix():
     table, lengths, ids, labels = _image_corpus(sequences=20_000, shards=3, seed=2)
     assert table.schema.field("images").type == table.schema.field("image_tokens").type == "int32"

@@ -162,6 +162,7 @@ def test_balanced_pack_output_passes_contract_and_records_slots(tmp_path, sample
     assert np.allclose(b["per_step"]["sequences"], seqs)
 
 
+@pytest.mark.torch
 def test_balanced_output_feeds_packed_dataset(tmp_path, sample_data):
     torch_ = pytest.importorskip("torch")
     from packctl.torch import PackedDataset, read_lr_scales

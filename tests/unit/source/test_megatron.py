@@ -32,6 +32,7 @@ def decoded_rows(idx: Path, skip_empty: bool = False) -> list[list[int]]:
     return [block.tokens[a:b].tolist() for a, b in zip(block.offsets[:-1], block.offsets[1:])]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_dtype_megatron_writes_reads_back_document_by_document(tmp_path, dtype):
     high = min(int(np.iinfo(dtype).max), 60000)
@@ -42,6 +43,7 @@ def test_every_dtype_megatron_writes_reads_back_document_by_document(tmp_path, d
     assert read_document(str(idx), 3).tolist() == joined(documents)[3]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("multimodal", [False, True])
 def test_the_test_writer_writes_megatrons_bytes(tmp_path, dtype, multimodal):
@@ -55,6 +57,7 @@ def test_the_test_writer_writes_megatrons_bytes(tmp_path, dtype, multimodal):
         assert (tmp_path / f"m{suffix}").read_bytes() == (tmp_path / f"w{suffix}").read_bytes()
 
 
+@pytest.mark.torch
 def test_empty_documents_are_refused_or_kept_at_length_zero(tmp_path):
     documents = [[[1, 2]], [], [[3]], [[]], [[4, 5]]]  # no sequence, and a sequence of no tokens
     idx = build_with_megatron(tmp_path / "c", documents)
@@ -64,6 +67,7 @@ def test_empty_documents_are_refused_or_kept_at_length_zero(tmp_path):
     assert document_lengths(str(idx)).tolist() == [2, 0, 1, 0, 2]
 
 
+@pytest.mark.torch
 def test_a_dataset_of_no_documents(tmp_path):
     idx = build_with_megatron(tmp_path / "c", [])
     assert document_lengths(str(idx)).tolist() == []
@@ -71,6 +75,7 @@ def test_a_dataset_of_no_documents(tmp_path):
         megatron.index_inputs(resolve([str(idx)]), "input_ids")
 
 
+@pytest.mark.torch
 def test_multimodal_text_sequences_are_read_and_other_modes_refused(tmp_path):
     documents = [[[1, 2], [3]], [[4]], [[5, 6]]]
     text = build_with_megatron(tmp_path / "t", documents, multimodal=True, modes=[[0, 0], [0], [0]])
@@ -80,6 +85,7 @@ def test_multimodal_text_sequences_are_read_and_other_modes_refused(tmp_path):
         decoded_rows(mixed)
 
 
+@pytest.mark.torch
 def test_a_plans_scan_reads_lengths_and_checks_from_the_idx_alone(tmp_path, monkeypatch):
     """`scan_lengths` (pack --plan-only): the lengths decoding gives, over blocks of several pairs,
     the same refusals of what the .idx shows, and no read of the .bin."""
@@ -108,6 +114,7 @@ def test_a_plans_scan_reads_lengths_and_checks_from_the_idx_alone(tmp_path, monk
         megatron.scan_lengths(index, 0, len(index.blocks))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("dtype, value", [(np.int8, -3), (np.int16, -1), (np.int32, -7), (np.int64, 2**31),
                                           (np.int64, -2**40)])
 def test_token_ids_outside_int32_are_refused_naming_the_document(tmp_path, dtype, value):

@@ -170,7 +170,7 @@ def test_sentencepiece_directory_falls_back_to_transformers(tmp_path, monkeypatc
             calls.append((path, kwargs))
             return Fast()
 
-    import transformers
+    transformers = pytest.importorskip("transformers")
 
     monkeypatch.setattr(transformers, "AutoTokenizer", Auto)
     tok = LocalTokenizer.load(str(directory))

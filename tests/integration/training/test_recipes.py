@@ -1,7 +1,7 @@
 """The training recipes of docs/training.md, run as written on a small packed output (CPU, tiny
 random models, no downloads): the quickstart loop with a Hugging Face model, the flash-attn style
 loop, Hugging Face `Trainer` (and its data-parallel loader), and Megatron's `forward_step` with
-context-parallel slicing. The TRL recipe is run by tests/integration/torch/test_trl.py.
+context-parallel slicing. The TRL recipe is run by tests/integration/training/test_trl.py.
 
 What each block needs from the reader's own code (`model`, `optimizer`, Megatron's `loss_func`)
 is given to it; settings a CPU run needs (`use_cpu`, a few steps) are added to the arguments the
