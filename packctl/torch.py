@@ -736,7 +736,19 @@ def _loss_fields(packs: Sequence[Mapping[str, Any]], seq_offsets: np.ndarray) ->
         NUM_LOSS_TOKENS: int(counts.sum()),
         SEQ_LOSS_TOKENS: torch.from_numpy(counts),
         "seq_index": _row(np.repeat(np.arange(len(counts)), np.diff(seq_offsets))),
+        **_step_fields(packs),
     }
+    for name in (SEQ_WEIGHTS, GROUP_IDS):
+        if all(name in p for p in packs):
+            dtype = np.dtype(COLUMN[name].value)
+            out[name] = torch.from_numpy(np.concatenate([np.asarray(p[name], dtype=dtype) for p in packs]))
+    return out
+
+
+def _step_fields(packs: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """`step`, `step_loss_tokens`, `step_loss_sequences` of the packs (one step a batch) and their
+    last `micro_batch`, those the output has (--dp-size)."""
+    out: dict[str, int] = {}
     for name in (STEP, *STEP_LOSS_COLUMNS):
         if all(name in p for p in packs):
             values = sorted({int(p[name]) for p in packs})
@@ -747,10 +759,6 @@ def _loss_fields(packs: Sequence[Mapping[str, Any]], seq_offsets: np.ndarray) ->
             out[name] = values[0]
     if all(MICRO_BATCH in p for p in packs):  # the batch's last: a step ends after micro-batch M - 1
         out[MICRO_BATCH] = max(int(p[MICRO_BATCH]) for p in packs)
-    for name in (SEQ_WEIGHTS, GROUP_IDS):
-        if all(name in p for p in packs):
-            dtype = np.dtype(COLUMN[name].value)
-            out[name] = torch.from_numpy(np.concatenate([np.asarray(p[name], dtype=dtype) for p in packs]))
     return out
 
 
@@ -939,7 +947,10 @@ def collate_tree(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             to end, the target each predicts (the row's next label; -100 at its last), its row.
         row_offsets: int64 [R+1]; row_sample_ids: int64 [R]; row_loss_tokens: int64 [R], targets
             that are not -100; num_loss_tokens: int, their sum (a shared token once per row,
-            as the unshared rows count it).
+            as the unshared rows count it). A tree pack's `seq_loss_tokens` holds the same
+            count on each row's segment (0 on a prefix), so the two agree.
+        step, step_loss_tokens, step_loss_sequences, micro_batch: int, as `collate_flash_attn`
+            carries them (--dp-size): the step's rows' targets and its rows with a target.
         row_group_ids (int64 [R], --group-column), row_weights (float64 [R], --weight-column).
     """
     cu_padded = _padded_offsets(packs, trees=True)  # checks every pack spans its tokens
@@ -987,6 +998,7 @@ def collate_tree(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "row_sample_ids": tensor(sample_ids[rows.segments]),
         "row_loss_tokens": tensor(loss_tokens),
         NUM_LOSS_TOKENS: int(loss_tokens.sum()),
+        **_step_fields(packs),
     }
     for name, key in ((GROUP_IDS, "row_group_ids"), (SEQ_WEIGHTS, "row_weights")):  # the row segment's value
         if all(name in p for p in packs):
@@ -1095,14 +1107,20 @@ def tree_loss(logits: torch.Tensor, batch: Mapping[str, Any], mode: str = "token
               denominator: float | None = None) -> torch.Tensor:
     """The causal-LM loss of a `collate_tree` batch, equal to `loss_fn` over the same rows unshared:
 
-        token:  the sum of every row's target losses / the loss tokens (`num_loss_tokens`)
-        row:    the sum of each row's mean target loss / the rows with a target
+        token:  the sum of every row's target losses / the step's loss tokens
+        row:    the sum of each row's mean target loss / the step's rows with a target
 
     Each row's targets are gathered from the logits at its own positions (`row_positions`), not
     by the flat shift, which would have a branch's last token predict its sibling's first. A
-    token of a shared prefix counts once per row, as it does unshared. `denominator` (the step's
-    count over micro-batches and ranks) replaces the batch's; with `row_weights`
-    (--weight-column) each row's terms are multiplied by its weight.
+    token of a shared prefix counts once per row, as it does unshared. The step's count is the
+    batch's `step_loss_tokens` / `step_loss_sequences` (--dp-size; a tree's counts are its rows',
+    so they equal those of the rows packed flat), else `denominator`, else the batch's own
+    (`num_loss_tokens`, the rows with a target); `denominator`, when given, wins. With
+    `row_weights` (--weight-column) each row's terms are multiplied by its weight. Summed over
+    the micro-batches and ranks of a step it is the step's loss, as `loss_fn`'s:
+
+        rows a: losses [1, 3], b: [2] in one micro-batch, c: [4] in the other; step_loss_tokens 4
+        token: (1 + 3 + 2) / 4 + 4 / 4 = 2.5
     """
     if mode not in ("token", "row"):
         raise ValueError(f"mode {mode!r}: use 'token' or 'row'")
@@ -1111,10 +1129,10 @@ def tree_loss(logits: torch.Tensor, batch: Mapping[str, Any], mode: str = "token
         losses = losses * batch["row_weights"].to(losses.device, torch.float32)[rows]
     counts = batch["row_loss_tokens"].to(losses.device)
     if mode == "token":
-        count = denominator if denominator is not None else batch[NUM_LOSS_TOKENS]
+        count = denominator if denominator is not None else batch.get(STEP_LOSS_TOKENS, batch[NUM_LOSS_TOKENS])
         return losses.sum() / max(count, 1)
     per_token = losses / counts.clamp(min=1).to(torch.float32)[rows]
-    count = denominator if denominator is not None else int((counts > 0).sum())
+    count = denominator if denominator is not None else batch.get(STEP_LOSS_SEQUENCES, int((counts > 0).sum()))
     return per_token.sum() / max(count, 1)
 
 

@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from packctl.arrays import Scratch, copy_segments, count_not_equal, offsets_of, row_cumsums, segment_positions
+from packctl.contract import tree
 from packctl.contract.schema import IGNORE_INDEX, INPUT_IDS, LABELS, POSITION_IDS
 
 
@@ -205,9 +206,33 @@ def loss_columns(rows: PackRows) -> LossColumns:
     per_seq = count_not_equal(np.asarray(rows.labels), offsets_of(padded)[:-1], padded, IGNORE_INDEX)
     seq_offsets = np.asarray(rows.seq_offsets, dtype=np.int64)
     seq_lens = np.asarray(rows.seq_lens, dtype=np.int64)
+    if rows.parent_segments is not None:
+        return _tree_loss_columns(per_seq, seq_lens, seq_offsets, rows.parent_segments)
     return LossColumns(num_loss_tokens=_row_sums(per_seq, seq_offsets).astype(np.int32),
                        seq_loss_tokens=per_seq.astype(np.int32),
                        sum_sq_seqlen=_row_sums(seq_lens * seq_lens, seq_offsets))
+
+
+def _tree_loss_columns(stored: np.ndarray, seq_lens: np.ndarray, seq_offsets: np.ndarray,
+                       parent_segments: np.ndarray) -> LossColumns:
+    """The loss columns of tree packs (--share-prefix), counted per input row as its rows hold
+    them unshared: a segment that holds a row counts the targets of its whole chain (`stored`: the
+    labels that are not -100 in each segment as written), a prefix counts 0, so `num_loss_tokens`
+    and the step sums are those of the rows packed flat. The attention cost of a segment of L
+    tokens after c tokens of its ancestors is L^2 + 2 L c (the pairs it sees, doubled as L^2 is;
+    the balance's cost): a row of n = c + L tokens alone costs n^2 = c^2 + 2 L c + L^2.
+
+        prefix [1 2 3] | branch 5 [4 7 8] | branch 6 [4 9]   labels . . . | . 7 8 | . 9
+        stored [0, 2, 1] -> seq_loss_tokens [0, 2, 1], num_loss_tokens 3
+        prefix labels . 2 3 (the prompt trained on): stored [2, 2, 1] -> seq_loss_tokens [0, 4, 3], 7
+        sum_sq_seqlen 9 + (9 + 2*3*3) + (4 + 2*2*3) = 52  (rows alone: 6^2 + 5^2 = 61)
+    """
+    parents = tree.flat_parents(seq_offsets, parent_segments)
+    per_row = np.where(tree.continued(parents), 0, stored + tree.ancestor_sums(parents, stored))
+    context = tree.ancestor_sums(parents, seq_lens)
+    return LossColumns(num_loss_tokens=_row_sums(per_row, seq_offsets).astype(np.int32),
+                       seq_loss_tokens=per_row.astype(np.int32),
+                       sum_sq_seqlen=_row_sums(seq_lens * seq_lens + 2 * seq_lens * context, seq_offsets))
 
 
 def counted_loss_columns(rows: PackRows, piece_loss: np.ndarray) -> LossColumns:

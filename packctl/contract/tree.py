@@ -78,13 +78,7 @@ def roots(parent_segments) -> np.ndarray:
 def depths(parent_segments) -> np.ndarray:
     """How many ancestors each segment has: [-1, 0, 0, -1, 3] -> [0, 1, 1, 0, 1]."""
     parents = check_parents(parent_segments)
-    depth = np.zeros(len(parents), dtype=np.int64)
-    rows, current = np.flatnonzero(parents >= 0), parents[parents >= 0]
-    while len(rows):  # every chain climbed one step at a time
-        depth[rows] += 1
-        current = parents[current]
-        rows, current = rows[current >= 0], current[current >= 0]
-    return depth
+    return ancestor_sums(parents, np.ones(len(parents), dtype=np.int64))
 
 
 def ancestry(parent_segments) -> np.ndarray:
@@ -104,6 +98,44 @@ def ancestry(parent_segments) -> np.ndarray:
         current[rows] = parents[current[rows]]
         alive = current >= 0
     return result
+
+
+def flat_parents(seq_offsets, parent_segments) -> np.ndarray:
+    """The `parent_segments` of several packs (CSR over `seq_offsets`) as indices into their
+    segments laid end to end; a parent out of place (not an earlier segment of its own pack, rule
+    `tree-parents` of verify) becomes -1, so a broken pack is still read as flat segments.
+
+        seq_offsets [0, 3, 5], parent_segments [-1, 0, 0, -1, 0]  ->  [-1, 0, 0, -1, 3]
+    """
+    offsets = _ints(seq_offsets)
+    parents = _ints(parent_segments)
+    first = np.repeat(offsets[:-1], np.diff(offsets))
+    within = np.arange(len(parents)) - first
+    return np.where((parents >= 0) & (parents < within), first + parents, -1)
+
+
+def ancestor_sums(parent_segments, values) -> np.ndarray:
+    """Each segment's sum of `values` over its strict ancestors (the segments its row holds before
+    it): parent_segments [-1, 0, 0, -1], values [3, 3, 2, 5] -> [0, 3, 3, 0]. Of `seq_lens`, the
+    position of each segment's first token in its row (a branch goes on from its prefix).
+    `parent_segments` may index several packs laid end to end (each parent before its child)."""
+    parents = check_parents(parent_segments)
+    values = np.asarray(values, dtype=np.int64).reshape(-1)
+    out = np.zeros(len(parents), dtype=np.int64)
+    rows, current = np.flatnonzero(parents >= 0), parents[parents >= 0]
+    while len(rows):  # every chain climbed one step at a time
+        out[rows] += values[current]
+        current = parents[current]
+        rows, current = rows[current >= 0], current[current >= 0]
+    return out
+
+
+def continued(parent_segments) -> np.ndarray:
+    """True on each segment another one continues (a prefix): [-1, 0, 0, -1] -> [T, F, F, F]."""
+    parents = check_parents(parent_segments)
+    out = np.zeros(len(parents), dtype=bool)
+    out[parents[parents >= 0]] = True
+    return out
 
 
 def chains(parent_segments) -> np.ndarray:

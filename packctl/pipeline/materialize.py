@@ -346,8 +346,9 @@ class ShardAssembler:
             starts = None if parents is None else np.where(parents >= 0, plan.piece_start[p_lo:p_hi], 0)
             rows, loss = lay_out_packs(*layout, place, pad_token_id=self.pad_token_id, scratch=scratch,
                                        position_starts=starts), None
-            if parents is not None:  # a prefix segment is no input row
+            if parents is not None:  # a prefix segment is no input row; the loss columns count rows
                 rows.sample_ids[prefix_pieces(layout[0], parents)] = -1
+                rows.parent_segments = parents
         extra = {name: values[lo:hi] for name, values in self.columns.items()}
         per_piece = {name: values[p_lo:p_hi] for name, values in self.kept.items()}
         data = encode_table(rows_to_table(rows, self.metadata, extra, per_piece, plan=self.plan_only,

@@ -59,6 +59,7 @@ from packctl.output.paths import check_output_location
 from packctl.output.resume import inspect_output
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.plan.order import epoch_seed
+from packctl.plan.prefix import piece_parents
 from packctl.pipeline.order import check_limits, check_too_long, order_and_distribute
 from packctl.pipeline.plan import Planned, check_something_to_pack, join_epochs, plan_stage
 from packctl.pipeline.prefix import share_prefix_lengths
@@ -240,8 +241,10 @@ def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, specs: Specs, epoc
         if epoch == 0:  # every epoch packs the same sequences
             check_something_to_pack(comm, planned.plan, scanned.index, specs.lengths, inputs, corpus.skipped_empty)
         if planned.balanced is not None:  # every pack of a step gets the step's loss tokens
+            parents = None if scanned.index.shared is None else piece_parents(planned.plan,
+                                                                               scanned.index.group_starts)
             planned.columns.update(step_loss_columns(comm, planned.plan, planned.balanced.result.step,
-                                                     scanned.index, scanned.source, scanned.block_bounds))
+                                                     scanned.index, scanned.source, scanned.block_bounds, parents))
     return planned
 
 

@@ -62,6 +62,10 @@ def test_the_layout_of_two_rows_sharing_four_tokens_is_the_one_docs_format_draws
     assert pack["sample_ids"] == [-1, 5, 6]
     assert pack["group_ids"] == [5, 5, 5]
     assert pack["labels"] == [IGNORE, IGNORE, IGNORE, IGNORE, 7, 8, IGNORE, 9]
+    # the loss columns count rows: each row's targets on its segment, 0 on the prefix; attention
+    # L^2 + 2 L c a segment of L tokens after c of its prefix: 9 + (9 + 18) + (4 + 12)
+    assert pack["seq_loss_tokens"] == [0, 2, 1] and pack["num_loss_tokens"] == 3
+    assert pack["sum_sq_seqlen"] == 52
     flat = next(p for p in _packs(out) if 0 in p["sample_ids"])
     assert flat["parent_segments"] == [-1] * len(flat["sample_ids"])  # the column is there, all -1
     manifest = json.loads((out / "_manifest.json").read_text())
@@ -142,6 +146,9 @@ def test_one_and_three_ranks_write_the_same_bytes(tmp_path, order):
     out = packed_on_ranks(tmp_path, 3, inputs=[str(src)], capacity=512, group_column="g", share_prefix=True,
                           order=order, window=9, dp_size=2, micro_batches=2)
     assert sorted(_rebuilt(out)) == list(range(len(ids)))
+    from packctl.verify import VerifyOptions, verify
+    report = verify(out, VerifyOptions(attention=False))  # loss-tokens, attn-cost, step-loss recounted per row
+    assert report.violations == []
 
 
 @pytest.mark.parametrize("options, says", [

@@ -105,7 +105,13 @@ def tree_pack(items: list[Row | Group], *, align: int = 1, length: int | None = 
         input_ids += s.tokens + [pad_token_id] * pad
         labels += s.labels + [IGNORE_INDEX] * pad
         position_ids += s.positions + list(range(s.positions[-1] + 1, s.positions[-1] + 1 + pad))
-    seq_loss = [sum(v != IGNORE_INDEX for v in s.labels) for s in segments]
+    # the loss columns count rows (docs/format.md): a row's segment its whole row's targets, a prefix 0;
+    # the attention cost of a segment of L tokens after c of its parent's is L^2 + 2 L c
+    stored = [sum(v != IGNORE_INDEX for v in s.labels) for s in segments]
+    continued = {s.parent for s in segments}
+    seq_loss = [0 if k in continued else stored[k] + (stored[s.parent] if s.parent >= 0 else 0)
+                for k, s in enumerate(segments)]
+    context = [lens[s.parent] if s.parent >= 0 else 0 for s in segments]
 
     def i32(values):
         return np.asarray(values, dtype=np.int32)
@@ -120,6 +126,7 @@ def tree_pack(items: list[Row | Group], *, align: int = 1, length: int | None = 
         "parent_segments": i32([s.parent for s in segments]),
         "num_tokens": np.int32(sum(lens)),
         "seq_loss_tokens": i32(seq_loss), "num_loss_tokens": np.int32(sum(seq_loss)),
+        "sum_sq_seqlen": np.int64(sum(n * n + 2 * n * c for n, c in zip(lens, context))),
     }
 
 

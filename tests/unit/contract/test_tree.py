@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from packctl.contract.tree import (ancestry, chains, check_parents, depths, offset_in_segment, roots, row_positions,
-                                   segment_of, visible)
+from packctl.contract.tree import (ancestor_sums, ancestry, chains, check_parents, continued, depths, flat_parents,
+                                   offset_in_segment, roots, row_positions, segment_of, visible)
 from support.profiles import examples
 from support.trees import Group, Row, random_items, rows_of, tree_pack
 
@@ -63,6 +63,10 @@ def test_helpers_follow_chains():
     above = ancestry(parents)
     assert [np.flatnonzero(r).tolist() for r in above] == [[], [0], [0, 1], [0], [], [4]]
     assert chains(parents).tolist() == [[0, -1, -1], [0, 1, -1], [0, 1, 2], [0, 3, -1], [4, -1, -1], [4, 5, -1]]
+    assert ancestor_sums(parents, [3, 3, 2, 1, 5, 4]).tolist() == [0, 3, 6, 3, 0, 5]
+    assert continued(parents).tolist() == [True, True, False, False, True, False]
+    # two packs end to end; the second pack's parent 5 is out of place and read as -1
+    assert flat_parents([0, 3, 6], [-1, 0, 0, -1, 0, 5]).tolist() == [-1, 0, 0, -1, 3, -1]
     assert segment_of([3, 0, 2]).tolist() == [0, 0, 0, 2, 2]
     assert offset_in_segment([3, 2]).tolist() == [0, 1, 2, 0, 1]
 
@@ -158,3 +162,44 @@ def test_packs_of_groups_give_back_their_rows(seed, align):
         assert (seen[np.ix_(at, at)] == np.tri(len(at), dtype=bool)).all()
         others = np.setdiff1d(np.arange(len(pack["input_ids"])), at)
         assert not seen[np.ix_(at, others)].any()
+
+
+def _pack_rows(packs):
+    """PackRows of `tree_pack` dicts laid end to end (what the writer and verify count over)."""
+    from packctl.arrays import offsets_of
+    from packctl.contract.thd import PackRows
+
+    def cat(name):
+        return np.concatenate([p[name] for p in packs])
+
+    return PackRows(token_offsets=offsets_of([len(p["input_ids"]) for p in packs]), input_ids=cat("input_ids"),
+                    labels=cat("labels"), position_ids=cat("position_ids"),
+                    seq_offsets=offsets_of([len(p["seq_lens"]) for p in packs]), seq_lens=cat("seq_lens"),
+                    seq_lens_padded=cat("seq_lens_padded"), sample_ids=cat("sample_ids"),
+                    cu_offsets=offsets_of([len(p["cu_seqlens"]) for p in packs]), cu_seqlens=cat("cu_seqlens"),
+                    cu_seqlens_padded=cat("cu_seqlens_padded"), num_tokens=np.array([p["num_tokens"] for p in packs]),
+                    parent_segments=cat("parent_segments"))
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 4))
+def test_the_loss_columns_of_trees_are_those_of_their_rows_packed_flat(seed, align):
+    """A tree's seq_loss_tokens holds its row's targets on each row's segment (0 on a prefix):
+    summed, they are the loss tokens of the same rows packed flat; its attention cost is the
+    balance's (a branch of L tokens after c: L^2 + 2 L c)."""
+    from packctl.contract.thd import loss_columns
+
+    rng = np.random.default_rng(seed)
+    items = [random_items(rng, first_gid=100 * k) for k in range(2)]
+    trees = [tree_pack(its, align=align) for its in items]
+    flats = [tree_pack(rows_of(its), align=align) for its in items]
+    counted = loss_columns(_pack_rows(trees))
+    flat = loss_columns(_pack_rows(flats))
+    assert counted.num_loss_tokens.tolist() == flat.num_loss_tokens.tolist()
+    rows = np.concatenate([p["sample_ids"] for p in trees]) >= 0
+    assert counted.seq_loss_tokens[rows].tolist() == flat.seq_loss_tokens.tolist()
+    assert not counted.seq_loss_tokens[~rows].any()
+    for got, pack in zip(counted.sum_sq_seqlen.tolist(), trees):
+        assert got == pack["sum_sq_seqlen"]  # the builder's L^2 + 2 L c
+    assert [c.tolist() for c in (counted.seq_loss_tokens, counted.num_loss_tokens)] == [
+        np.concatenate([p["seq_loss_tokens"] for p in trees]).tolist(), [p["num_loss_tokens"] for p in trees]]
