@@ -15,26 +15,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from packctl.torch import (collate_flash_attn, collate_tree, loss_fn, row_logprobs, tree_attention_mask,  # noqa: E402
-                           tree_block_mask, tree_loss)
+from packctl.torch import (collate_flash_attn, collate_tree, loss_fn, row_logprobs, tree_block_mask,  # noqa: E402
+                           tree_loss)
+from support.tiny_llama import (ATTENTION, TOLERANCE, alone as run_alone, assert_close, assert_same_grads,  # noqa: E402
+                                dpo_loss, grads, grpo_loss, packed_logits, tiny_llama,
+                                unshared_logps as unshared_row_logps)
 from support.trees import IGNORE_INDEX, Group, Row, rows_of, tree_pack  # noqa: E402
 
-TOLERANCE = 1e-5
 VOCAB = 300
-BETA = 0.1
 
 pytestmark = pytest.mark.slow  # a proof on a real model (tiny Llama, CPU); transformers loads in seconds
-
-
-def tiny_llama(seed: int, attn: str):
-    """LlamaForCausalLM: 2 layers, hidden 64, 4 heads (2 key/value heads), vocab 300, fp32."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         initializer_range=0.2, tie_word_embeddings=False, attn_implementation=attn)
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).float().train()
 
 
 def prompt_rows(rng, first_gid: int, rows: int, prompt: int, *, masked: bool = True) -> Group:
@@ -65,42 +55,9 @@ def data():
     return [row for its in items for row in rows_of(its)], collate_tree(packs), packs
 
 
-def alone(model, row: Row) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def alone(model, row: Row):
     """The row run by itself: (logits [n, V], per-target log p, valid [n-1])."""
-    logits = model(input_ids=torch.tensor([row.tokens]), use_cache=False).logits[0]
-    targets = torch.tensor(row.packed_labels[1:], dtype=torch.long)
-    valid = targets != IGNORE_INDEX
-    logp = -torch.nn.functional.cross_entropy(logits[:-1], targets.clamp(min=0), reduction="none")
-    return logits, logp[valid], valid
-
-
-def packed_logits(model, batch, dtype):
-    mask = tree_attention_mask(batch, dtype=dtype)
-    return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask,
-                 use_cache=False).logits
-
-
-def grads(model) -> dict[str, torch.Tensor]:
-    out = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return out
-
-
-def assert_close(packed: torch.Tensor, unshared: torch.Tensor):
-    """Within TOLERANCE of the unshared loss, relative to it or to 1 when it is smaller (a GRPO
-    loss is a sum of terms that cancel)."""
-    assert abs(float(packed) - float(unshared)) <= TOLERANCE * max(1.0, abs(float(unshared)))
-
-
-def assert_same_grads(packed: dict, unshared: dict):
-    assert packed.keys() == unshared.keys() and packed
-    for name in packed:
-        scale = float(unshared[name].abs().max())
-        assert float((packed[name] - unshared[name]).abs().max()) <= TOLERANCE * max(scale, 1e-12), name
-
-
-# eager takes the additive float mask, sdpa the boolean one
-ATTENTION = [("eager", torch.float32), ("sdpa", torch.bool)]
+    return run_alone(model, row.tokens, row.packed_labels)
 
 
 @pytest.mark.parametrize("attn, mask_dtype", ATTENTION)
@@ -129,22 +86,8 @@ def test_every_row_gets_its_own_logits_and_sft_loss(data, attn, mask_dtype):
         assert_same_grads(packed_grads, grads(model))
 
 
-def dpo_loss(logps: torch.Tensor, ref: torch.Tensor, pairs: list[tuple[int, int]]) -> torch.Tensor:
-    chosen, rejected = torch.tensor([c for c, _ in pairs]), torch.tensor([r for _, r in pairs])
-    margin = (logps[chosen] - ref[chosen]) - (logps[rejected] - ref[rejected])
-    return -torch.nn.functional.logsigmoid(BETA * margin).mean()
-
-
-def grpo_loss(logps: torch.Tensor, counts: torch.Tensor, group: list[int], rewards: torch.Tensor) -> torch.Tensor:
-    """On-policy GRPO: advantage (r - mean) / std of the group, each rollout's token mean."""
-    advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
-    index = torch.tensor(group)
-    return -(advantages * logps[index] / counts[index].clamp(min=1)).mean()
-
-
 def unshared_logps(model, rows) -> tuple[torch.Tensor, torch.Tensor]:
-    parts = [alone(model, row)[1] for row in rows]
-    return torch.stack([p.sum() for p in parts]), torch.tensor([len(p) for p in parts])
+    return unshared_row_logps(model, [(row.tokens, row.packed_labels) for row in rows])
 
 
 @pytest.mark.parametrize("attn, mask_dtype", ATTENTION)
