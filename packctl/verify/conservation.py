@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from packctl.arrays import offsets_of, positions_in_segments, ranges
 from packctl.config import FIELDS, PackConfig, parse_sources
+from packctl.contract import tree
 from packctl.contract.schema import IGNORE_INDEX, INPUT_IDS, LABELS, PARENT_SEGMENTS, SEQ_LENS, SEQ_LENS_PADDED
 from packctl.errors import PackctlError
 from packctl.source import parquet as reader
@@ -114,33 +115,15 @@ class OutputPieces:
 def _rebuilt_rows(rows: PackRows, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rows of tree packs (--share-prefix): the sequences that hold an input row (sample id >= 0)
     and, for each, the flat positions of its chain (ancestors root first, then itself) and its
-    length; a prefix segment (sample id -1) is in the rows that continue it. A parent out of place
-    (rule `tree-parents`) leaves the sequence as it is.
+    length (`packctl.contract.tree.row_positions`); a prefix segment (sample id -1) is in the rows
+    that continue it. A parent out of place (rule `tree-parents`) leaves the sequence as it is.
 
         segments [1 2 3] [4 7 8] [4 9], parents [-1 0 0], sample ids [-1 5 6]
         -> sequences [1, 2], positions [0 1 2 3 4 5 | 0 1 2 6 7], lengths [6, 5]
     """
-    seq_offsets = np.asarray(rows.seq_offsets, dtype=np.int64)
-    lens = np.asarray(rows.seq_lens, dtype=np.int64)
-    sids = np.asarray(rows.sample_ids, dtype=np.int64)
-    pack_first = np.repeat(seq_offsets[:-1], np.diff(seq_offsets))
-    parents = np.asarray(rows.parent_segments, dtype=np.int64)
-    within = np.arange(len(lens)) - pack_first
-    ok = (parents >= -1) & (parents < within)
-    up = np.where(ok & (parents >= 0), pack_first + parents, -1)
-    keep = np.flatnonzero(sids >= 0)
-    # (row, steps up, segment) for every segment of every chain, climbed one level at a time
-    rows_at, steps_at, segments_at = [np.arange(len(keep))], [np.zeros(len(keep), np.int64)], [keep]
-    k, current, step = np.arange(len(keep)), keep, 0
-    while len(current):
-        current = up[current]
-        alive = current >= 0
-        k, current, step = k[alive], current[alive], step + 1
-        rows_at.append(k), steps_at.append(np.full(len(k), step)), segments_at.append(current)
-    row_of, steps, segment = (np.concatenate(a) for a in (rows_at, steps_at, segments_at))
-    sizes = np.bincount(row_of, weights=lens[segment], minlength=len(keep)).astype(np.int64)
-    chained = segment[np.lexsort((-steps, row_of))]  # row by row, each chain root first
-    return keep, ranges(starts[chained], lens[chained]), sizes
+    parents = tree.flat_parents(rows.seq_offsets, rows.parent_segments)
+    found = tree.row_positions(parents, rows.seq_lens, starts, rows.sample_ids)
+    return found.segments, found.positions, np.diff(found.offsets)
 
 
 def _suffix_match(a: str, b: str) -> int:
@@ -550,13 +533,13 @@ def _decode_source(kind: InputKind, path: str, rows: int, options: InputOptions,
 def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, sample: str, paths: list[str],
               file_offsets: np.ndarray, kind: InputKind, options: InputOptions) -> Violation:
     """Read one differing sequence and its source slice again, and say at which token they part."""
-    tree = PARENT_SEGMENTS in pq.read_schema(out / shard).names
-    columns = [INPUT_IDS, LABELS, SEQ_LENS, SEQ_LENS_PADDED] + ([PARENT_SEGMENTS] if tree else [])
+    is_tree = PARENT_SEGMENTS in pq.read_schema(out / shard).names
+    columns = [INPUT_IDS, LABELS, SEQ_LENS, SEQ_LENS_PADDED] + ([PARENT_SEGMENTS] if is_tree else [])
     table = pq.read_table(out / shard, columns=columns).slice(row, 1)
     seq_lens = table.column(SEQ_LENS)[0].as_py()
     starts = offsets_of(np.asarray(table.column(SEQ_LENS_PADDED)[0].as_py(), dtype=np.int64))
     chain = [seq]  # with --share-prefix the row is its chain of segments, root first
-    parents = table.column(PARENT_SEGMENTS)[0].as_py() if tree else [-1] * len(seq_lens)
+    parents = table.column(PARENT_SEGMENTS)[0].as_py() if is_tree else [-1] * len(seq_lens)
     while 0 <= parents[chain[-1]] < chain[-1]:
         chain.append(parents[chain[-1]])
     where = np.concatenate([np.arange(starts[t], starts[t] + seq_lens[t]) for t in reversed(chain)]).astype(np.int64)

@@ -27,6 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from packctl.arrays import offsets_of, positions_in_segments, row_cumsums
+from packctl.contract import tree
 from packctl.contract.layout import Layout
 from packctl.contract.schema import CU_ENTRY, CU_SEQLENS, CU_SEQLENS_PADDED, PACK, SEQUENCE, TOKEN
 from packctl.contract.thd import PackRows
@@ -132,26 +133,23 @@ class Packs:
         return (self.parents >= -1) & (self.parents < within)
 
     @cached_property
+    def flat_parents(self) -> np.ndarray:
+        """Each sequence's parent as an index over the shard's sequences, -1 where it starts a row
+        or its parent is out of place (`packctl.contract.tree.flat_parents`)."""
+        return tree.flat_parents(self.seq_offsets, self.parents)
+
+    @cached_property
     def has_children(self) -> np.ndarray:
         """True on each sequence another one continues (a prefix)."""
-        out = np.zeros(len(self.seq_lens), dtype=bool)
-        child = (self.parents >= 0) & self.parent_ok
-        out[self.seq_offsets[self.row_of_seq[child]] + self.parents[child]] = True
-        return out
+        return tree.continued(self.flat_parents)
 
     @cached_property
     def chain_start(self) -> np.ndarray:
         """The position of each sequence's first token in its row: the true tokens of its ancestors
         (0 for a flat pack, or where a parent is out of place: the tree rule reports it)."""
-        start = np.zeros(len(self.seq_lens), dtype=np.int64)
-        if self.parents is None or not self.parent_ok.all():
-            return start
-        up = np.where(self.parents >= 0, self.seq_offsets[self.row_of_seq] + self.parents, -1)
-        while (up >= 0).any():  # parents precede children: every chain ends
-            climbing = up >= 0
-            start[climbing] += self.seq_lens[up[climbing]]
-            up = np.where(climbing, up[np.maximum(up, 0)], -1)
-        return start
+        if self.parents is None:
+            return np.zeros(len(self.seq_lens), dtype=np.int64)
+        return tree.ancestor_sums(self.flat_parents, self.seq_lens)
 
     @cached_property
     def starts_row(self) -> np.ndarray:
