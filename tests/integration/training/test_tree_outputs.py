@@ -146,9 +146,14 @@ def test_tokenized_preference_pairs_train_with_the_dpo_gradients_of_the_rows_alo
     assert rows["chosen"] == [True, False] * len(PREFERENCES)
     _, out = pack_to(tmp_path, [tokenized], capacity=256, group_column="record_id", share_prefix=True,
                      prefix_column="prompt_length", seq_multiple=ALIGN)
+    verified = packctl("verify", out, "--source", tokenized)  # the worked example of docs/shared-prefix.md
+    assert verified.code == 0 and "verdict: ok" in verified.stdout, verified.stdout + verified.stderr
+    stats = packctl("stats", out)
+    assert stats.code == 0 and "shared prefixes" in stats.stdout, stats.stdout + stats.stderr
     batch = collate_tree([p for p in PackedDataset(out)])
     gids = batch["row_sample_ids"].tolist()
     assert sorted(gids) == list(range(2 * len(PREFERENCES)))
+    assert batch["num_loss_tokens"] == sum(sum(v != IGNORE_INDEX for v in labels[1:]) for labels in rows["labels"])
     assert int((batch["parent_segments"] >= 0).sum()) == len(gids)  # every pair shares its prompt
     model, reference = tiny_llama(0, "sdpa", VOCAB), tiny_llama(1, "sdpa", VOCAB)
     _assert_rows_see_their_own_logits(model, batch, rows)
