@@ -240,18 +240,21 @@ def _per_pack_count(s: Shard, name: str, rule: str, want: np.ndarray, what: str)
 
 
 def pack_loss_tokens(s: Shard) -> list[Violation]:
-    """num_loss_tokens is the number of the pack's labels that are not -100."""
+    """num_loss_tokens is the number of the pack's labels that are not -100 (of a tree: its rows')."""
     return _per_pack_count(s, NUM_LOSS_TOKENS, "loss-tokens", s.expected.num_loss_tokens,
-                           "labels that are not -100 in the pack")
+                           "labels that are not -100 in the pack" if s.rows.parent_segments is None
+                           else "labels that are not -100 in the pack's rows")
 
 
 def attention_cost(s: Shard) -> list[Violation]:
-    """sum_sq_seqlen is sum(seq_lens ** 2)."""
-    return _per_pack_count(s, SUM_SQ_SEQLEN, "attn-cost", s.expected.sum_sq_seqlen, "sum of seq_lens squared")
+    """sum_sq_seqlen is sum(seq_lens ** 2) (of a tree: L^2 + 2 L c, L tokens after c of its chain)."""
+    return _per_pack_count(s, SUM_SQ_SEQLEN, "attn-cost", s.expected.sum_sq_seqlen,
+                           "sum of seq_lens squared" if s.rows.parent_segments is None
+                           else "sum of L^2 + 2 L c over segments of L tokens after c of their ancestors'")
 
 
 def sequence_loss_tokens(s: Shard) -> list[Violation]:
-    """seq_loss_tokens holds the labels that are not -100 of each sequence (no null: rule `schema`)."""
+    """seq_loss_tokens holds the labels that are not -100 of each sequence (of a tree: its row's)."""
     column = list_column(s.table, SEQ_LOSS_TOKENS)
     if isinstance(column, str):
         return [Violation("structure", "schema", column, shard=s.name)]
@@ -263,8 +266,9 @@ def sequence_loss_tokens(s: Shard) -> list[Violation]:
     bad = ~per_seq if not per_seq.all() else np.bincount(
         np.repeat(np.arange(len(seq_of_row)), seq_of_row),
         weights=values != expected, minlength=len(seq_of_row)) > 0
+    where = "each sequence" if s.rows.parent_segments is None else "each segment's row (0 on a prefix)"
     return [Violation("structure", "loss-tokens", f"{SEQ_LOSS_TOKENS} differs from the labels that are not -100 in "
-                      "each sequence", shard=s.name, row=int(np.argmax(bad)), count=int(bad.sum()))]
+                      f"{where}", shard=s.name, row=int(np.argmax(bad)), count=int(bad.sum()))]
 
 
 def sequence_weights(s: Shard) -> list[Violation]:

@@ -261,9 +261,16 @@ def _prefix_token_changed(pack):
     pack["input_ids"][pack["cu_seqlens_padded"][prefix]] += 1  # every row of the group changes
 
 
+def _prefix_counted_as_a_sequence(pack):
+    prefix = pack["sample_ids"].index(-1)
+    pack["seq_loss_tokens"][prefix] = 1  # a prefix is no row: its targets count in its rows, never on it
+    pack["num_loss_tokens"] += 1
+
+
 @pytest.mark.parametrize("change, rules", [
     (_second_branch_to_first, {"tree-prefix", "position-ids", "attention-equivalence"}),
     (_prefix_token_changed, {"tokens"}),
+    (_prefix_counted_as_a_sequence, {"loss-tokens"}),
 ])
 def test_a_tampered_tree_fails_with_a_named_rule(tmp_path, change, rules):
     from packctl.verify import VerifyOptions, verify
