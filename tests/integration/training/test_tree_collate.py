@@ -170,6 +170,22 @@ def test_weights_and_denominator():
     assert torch.allclose(tree_loss(logits, batch, "row"), (2.0 * losses[0].mean() + 0.5 * losses[1].mean()) / 2)
 
 
+def test_the_step_counts_travel_and_normalize_the_loss():
+    """With --dp-size each pack carries its step's counts (of rows): collate_tree passes them on
+    and tree_loss divides by them, as loss_fn does; `denominator` still wins."""
+    steps = {"step": 3, "micro_batch": 1, "step_loss_tokens": 12, "step_loss_sequences": 5}
+    pack = {**example_pack(), **steps}
+    logits = torch.randn(1, 8, 20, generator=torch.Generator().manual_seed(2))
+    batch = collate_tree([pack])
+    assert {k: batch[k] for k in steps} == steps
+    losses = reference_losses(logits[0], [example_items()], [pack])
+    assert torch.allclose(tree_loss(logits, batch), (losses[0].sum() + losses[1].sum()) / 12)
+    assert torch.allclose(tree_loss(logits, batch, "row"), (losses[0].mean() + losses[1].mean()) / 5)
+    assert torch.allclose(tree_loss(logits, batch, denominator=4), (losses[0].sum() + losses[1].sum()) / 4)
+    with pytest.raises(ValueError, match="packs of steps \\[3, 4\\]"):
+        collate_tree([pack, {**pack, "step": 4}])
+
+
 def test_a_forward_parent_names_the_pack_and_segment():
     good, bad = example_pack(), example_pack()
     bad["parent_segments"] = np.array([-1, 2, 0], np.int32)
