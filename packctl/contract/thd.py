@@ -224,7 +224,7 @@ def _tree_loss_columns(stored: np.ndarray, seq_lens: np.ndarray, seq_offsets: np
 
         prefix [1 2 3] | branch 5 [4 7 8] | branch 6 [4 9]   labels . . . | . 7 8 | . 9
         stored [0, 2, 1] -> seq_loss_tokens [0, 2, 1], num_loss_tokens 3
-        prefix labels . 2 3 (the prompt trained on): stored [2, 2, 1] -> seq_loss_tokens [0, 4, 3], 7
+        the prompt trained on (labels . 2 3 | 4 7 8 | 4 9): stored [2, 3, 2] -> seq_loss_tokens [0, 5, 4], 9
         sum_sq_seqlen 9 + (9 + 2*3*3) + (4 + 2*2*3) = 52  (rows alone: 6^2 + 5^2 = 61)
     """
     parents = tree.flat_parents(seq_offsets, parent_segments)
