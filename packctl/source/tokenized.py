@@ -24,6 +24,12 @@ def tokenized_sources(paths: list[str]) -> list[dict]:
             for source, m in found.items() if m is not None]
 
 
+def is_tokenized_output(directory: str | os.PathLike) -> bool:
+    """Whether `directory` is an output of `packctl tokenize` (its manifest's kind): an input,
+    though it holds a _manifest.json as a packed output does."""
+    return os.path.isdir(directory) and _manifest_of(os.fspath(directory)) is not None
+
+
 def _manifest_of(directory: str) -> dict | None:
     try:
         with open(os.path.join(directory, "_manifest.json"), encoding="utf-8") as fh:

@@ -38,6 +38,7 @@ from packctl.contract.schema import (BALANCE_COLUMNS, BATCH_COLUMNS, BATCH_SIZE,
                                      SEQ_LENS, SOURCE_IDS, STEP, limit_sum_name)
 from packctl.pipeline.report import SHARE_PREFIX, share_prefix_report
 from packctl.plan.prefix import prefix_pieces, sharing_counts
+from packctl.source.tokenized import is_tokenized_output
 
 READ_COLUMNS = (SEQ_LENS, SAMPLE_IDS, NUM_TOKENS)
 LIST_COLUMNS = (SEQ_LENS, SAMPLE_IDS, CU_SEQLENS_PADDED, SOURCE_IDS)
@@ -59,8 +60,11 @@ class PackedArrays:
 
 def is_packed_output(path: str | Path) -> bool:
     """A directory holding a manifest (_manifest.json, or a version-1 manifest.json), or the
-    manifest file itself; or the OUT of `pack --epochs` (reading it names its epochs' outputs)."""
+    manifest file itself; or the OUT of `pack --epochs` (reading it names its epochs' outputs).
+    The output of `packctl tokenize` holds a manifest too, and is an input."""
     path = Path(path)
+    if is_tokenized_output(path):
+        return False
     return (path.is_dir() and (manifest_path(path) is not None or (path / EPOCHS).is_file())) or \
         (path.is_file() and path.name in (MANIFEST, LEGACY_MANIFEST))
 

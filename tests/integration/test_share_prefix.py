@@ -356,6 +356,10 @@ def test_preference_pairs_from_packctl_tokenize_share_their_prompt_up_to_prompt_
     result = packctl("tokenize", tmp_path / "raw", "-o", tmp_path / "tokenized", "--tokenizer", tok, "--workers", "1")
     assert result.code == 0, result.stderr
     source = pq.read_table(tmp_path / "tokenized" / "data").to_pydict()
+    # the output of tokenize holds a manifest, yet it is an input: stats plans it, as pack reads it
+    what_if = packctl("stats", tmp_path / "tokenized", "--capacity", "512", "--group-column", "record_id",
+                      "--share-prefix", "--prefix-column", "prompt_length")
+    assert what_if.code == 0 and "sharing prefixes saves" in what_if.stdout, what_if.stdout + what_if.stderr
     _, out = pack_to(tmp_path, [tmp_path / "tokenized"], capacity=512, group_column="record_id", share_prefix=True,
                      prefix_column="prompt_length")
     counts = json.loads((out / "_manifest.json").read_text())["counts"]
