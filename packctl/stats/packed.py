@@ -124,6 +124,16 @@ def read_packed(output: PackedOutput) -> PackedArrays:
     )
 
 
+def _input_keys(sample_ids: np.ndarray) -> np.ndarray:
+    """The input position of each packed sequence, as `pack` orders its pieces for the padded-batching
+    baseline: a sample's id, and a prefix of --share-prefix (id -1) that of the row it is cut from,
+    its group's first, the branch after it: sample_ids [-1, 5, 6, 2] -> [5, 5, 6, 2]."""
+    keys = np.asarray(sample_ids, dtype=np.int64).copy()
+    prefix = np.flatnonzero(keys < 0)
+    keys[prefix] = keys[np.minimum(prefix + 1, len(keys) - 1)]
+    return keys
+
+
 def share_prefix_figures(output) -> dict[str, Any]:
     """metrics.json's `share_prefix` of an output of `pack --share-prefix`, from its shards'
     `parent_segments` and `seq_lens` (packctl.pipeline.report.share_prefix_report)."""
@@ -307,7 +317,7 @@ def _packed_report(path: str | Path, *, attn_coeff: float | None = None,
     t1 = time.perf_counter()
     capacity, align = layout["capacity"], layout["align"]
     # Stable: the pieces of a split sample keep their output order, as in `pack`.
-    input_order = np.argsort(packed.sample_ids, kind="stable")
+    input_order = np.argsort(_input_keys(packed.sample_ids), kind="stable")
     metrics = pack_metrics(packed.seq_lens, packed.seq_offsets, packed.pack_lens, capacity=capacity, align=align,
                            input_order=input_order)
     config = manifest.get("config") or {}

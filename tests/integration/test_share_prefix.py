@@ -290,10 +290,13 @@ def test_stats_of_the_output_and_the_what_if_report_what_pack_saved(tmp_path):
     src = write_table(tmp_path / "in.parquet", {"input_ids": ids, "labels": labels, "g": group})
     options = dict(group_column="g", share_prefix=True, algorithm="bfd")
     _, out = pack_to(tmp_path, [src], capacity=2048, **options)
-    written = json.loads((out / "_metrics.json").read_text())["share_prefix"]
+    metrics = json.loads((out / "_metrics.json").read_text())
+    written = metrics["share_prefix"]
     assert written["groups_shared"] == sum(1 for g in range(30) if g % 7 != 3)
     assert written["tokens_saved"] > 0 and 0 < written["attention_saved_fraction"] < 1
-    assert stats([str(out)])["share_prefix"] == written
+    recounted = stats([str(out)])
+    assert recounted["share_prefix"] == written
+    assert recounted["padded_batching"] == metrics["padded_batching"]  # each prefix where pack puts it
     (row,) = input_stats([str(src)], [2048], PackConfig(**options), algorithms=["bfd"])["what_if"]
     assert row["share_prefix"] == written
     assert row["counts"]["tokens_shared"] == written["tokens_saved"]
