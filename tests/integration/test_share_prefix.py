@@ -242,6 +242,7 @@ def _tamper(out, change) -> None:
     raise AssertionError("no shared group to tamper with")
 
 
+@pytest.mark.torch  # verify's attention check runs torch's sdpa
 def test_verify_accepts_a_tree_output_with_its_source_and_attention(tmp_path):
     from packctl.verify import VerifyOptions, verify
     src, out = _verified_tree(tmp_path)
@@ -267,6 +268,7 @@ def _prefix_counted_as_a_sequence(pack):
     pack["num_loss_tokens"] += 1
 
 
+@pytest.mark.torch  # verify's attention check runs torch's sdpa
 @pytest.mark.parametrize("change, rules", [
     (_second_branch_to_first, {"tree-prefix", "position-ids", "attention-equivalence"}),
     (_prefix_token_changed, {"tokens"}),
@@ -342,6 +344,7 @@ def test_export_refuses_a_tree_output_in_one_line(tmp_path):
         export(out, tmp_path / "nemo", "nemo")
 
 
+@pytest.mark.torch  # verify's attention check runs torch's sdpa
 def test_preference_pairs_from_packctl_tokenize_share_their_prompt_up_to_prompt_length(tmp_path):
     """`packctl tokenize` of preference records writes two rows a record and each row's
     `prompt_length`: packed with --prefix-column prompt_length each pair shares its prompt, every
