@@ -31,6 +31,7 @@ Importing this module loads numpy and numba only: no pyarrow, polars, typer or r
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +41,9 @@ import numpy as np
 from packctl.errors import PackctlError
 from packctl.plan.align import round_up
 from packctl.plan.balance import balance_plan
+from packctl.plan.balance import piece_costs
 from packctl.plan.groups import GroupTooLong
+from packctl.plan.kk import kk_parts
 from packctl.plan.metrics import attention_cost, dp_balance, pack_metrics
 from packctl.plan.names import ALGORITHMS
 from packctl.plan.windows import PackPlan, SequenceTooLong, plan_windows
@@ -52,12 +55,14 @@ __all__ = ["Packs", "Steps", "plan_packs", "plan_steps", "warm_up"]
 
 TOO_LONG = ("error", "drop", "truncate", "split")
 BALANCE = ("tokens", "attention")
-BALANCE_SCOPES = ("auto", "sequences", "packs")
+BALANCE_SCOPES = ("auto", "sequences", "packs", "ranks")
 # balance_scope "auto": sequences move between packs while a step holds at most this many. The
 # search for the best move or swap compares every sequence of the busiest rank with every one of
 # another, O(S^2 / D^2) a move: 2,000 sequences over 8 ranks balance in about 10 ms, 10,000 in
-# about 200 ms, where dealing whole packs takes 4 ms and, with that many packs, leaves the ranks
-# within 0.3% of each other (docs/online.md).
+# about 200 ms. Beyond, a batch planned as one step ("ranks") has its sequences split over the
+# ranks by Karmarkar-Karp first, then packed rank by rank: 11 ms at 10,000, ranks within 0.001%,
+# a few more packs; with micro_batches whole packs are dealt ("packs"), which keeps M packs a rank
+# and leaves the ranks within 0.3% of each other (docs/online.md).
 AUTO_SEQUENCES = 2048
 
 
@@ -299,6 +304,7 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
     _choice(balance_scope, BALANCE_SCOPES, "balance_scope")
     if isinstance(lengths, Packs) and packs is None:  # plan_steps(plan_packs(...), dp_size)
         lengths, packs = None, lengths
+    rank_packing: dict[str, Any] = {}
     if (lengths is None) == (packs is None):
         raise PackctlError("plan_steps: give the batch's lengths (with capacity=) or packs= from plan_packs, one of "
                            "the two")
@@ -306,6 +312,7 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
         if capacity is None:
             raise PackctlError("plan_steps: lengths need capacity= (tokens per pack), or pass packs= from plan_packs")
         packs = plan_packs(lengths, capacity, seed=seed, **packing)
+        rank_packing = {name: packing[name] for name in ("algorithm", "pool_size", "pool_strategy") if name in packing}
     elif packing or capacity is not None:
         raise PackctlError(f"plan_steps: packs= are planned already; leave out {', '.join([*packing] or ['capacity'])}")
     plan = PackPlan(window_bins=np.array([0, packs.num_packs], np.int64), bin_offsets=packs.offsets,
@@ -315,13 +322,15 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
     per_rank = micro_batches if micro_batches is not None else max(1, -(-packs.num_packs // dp_size))
     if balance_scope == "auto":
         per_step = len(packs.sequence) * min(1.0, dp_size * per_rank / max(packs.num_packs, 1))
-        balance_scope = "sequences" if per_step <= AUTO_SEQUENCES else "packs"
+        balance_scope = "sequences" if per_step <= AUTO_SEQUENCES else "packs" if micro_batches else "ranks"
     spec = BalanceSpec(dp_size=dp_size, micro_batches=per_rank, cost=balance, attn_coeff=float(attn_coeff),
                        scope=balance_scope, equal_counts=equal_counts, capacity=packs.capacity,
                        max_seqs_per_bin=packs.max_seqs_per_bin, seed=seed)
     pinned = None
     if packs.group_id is not None:
         pinned = _in_larger_group(_group_of_sequences(packs))[packs.sequence]
+    if balance_scope == "ranks":
+        return _steps_by_ranks(packs, plan, spec, micro_batches, pinned, rank_packing)
     balanced = balance_plan(plan, spec, pinned=pinned)
     out = balanced.plan
     group_of = None if packs.group_id is None else _group_of_sequences(packs)
@@ -331,6 +340,124 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
                  step=balanced.step, rank=balanced.dp_rank, micro_batch=balanced.micro_batch,
                  packs_added=balanced.packs_added, unequal_steps=balanced.unequal_steps,
                  attn_coeff=float(attn_coeff), _before=before)
+
+
+def _steps_by_ranks(packs: Packs, plan: PackPlan, spec: BalanceSpec, micro_batches: int | None,
+                    pinned: np.ndarray | None, rank_packing: dict[str, Any]) -> Steps:
+    """`balance_scope="ranks"`: each step's sequences are split over the ranks first, then packed
+    rank by rank, so the ranks' costs are as even as Karmarkar-Karp makes them over sequences and
+    no pack exceeds the capacity (each is planned on one rank's sequences, by the kernels).
+
+        lengths [9, 8, 7, 6, 5, 4, 3, 2], capacity 16, 2 ranks, balance tokens
+        Karmarkar-Karp over the sequences:  rank 0 {9, 6, 5, 2} = 22   rank 1 {8, 7, 4, 3} = 22
+        bfd on each rank:                   rank 0 [9 6] [5 2]         rank 1 [8 7] [4 3]
+
+    Steps: with `micro_batches` M, the planned packs are cut into steps of D x M as
+    `balance_scope="packs"` cuts them (plan/balance.py), and each step's sequences are split
+    anew; without, one step holds them all. A group's members stay one unit (one rank, one pack).
+    With `equal_counts`, a rank with fewer packs than the most of the step takes the last
+    sequence of its pack with the most sequences into a new pack until it has as many
+    (`_more_packs`); where it runs out of such sequences, the step stays unequal.
+    """
+    d = spec.dp_size
+    costs_of = (lambda lens: piece_costs(lens, spec.cost, spec.attn_coeff))
+    if micro_batches is None:
+        source, step_of_pack = plan, np.zeros(plan.num_bins, np.int64)
+        counts = np.diff(plan.bin_offsets)
+        pack_of_piece = np.repeat(np.arange(plan.num_bins), counts)
+        rank_of_piece = pack_of_piece % d  # before: the planned packs round robin, one step
+        before_tokens = np.bincount(rank_of_piece, weights=plan.piece_len, minlength=d)[None, :]
+        before_attention = np.bincount(rank_of_piece, weights=piece_costs(plan.piece_len, "attention", spec.attn_coeff),
+                                       minlength=d)[None, :]
+        source_pinned = pinned
+    else:
+        cut = balance_plan(plan, dataclasses.replace(spec, scope="packs"), pinned=pinned)
+        source, step_of_pack = cut.plan, cut.step
+        before_tokens, before_attention = cut.before_tokens, cut.before_attention
+        source_pinned = None
+        if pinned is not None:  # the pieces as balance_plan reordered them: pinned by sequence
+            pinned_gid = np.zeros(len(packs.pack), bool)
+            pinned_gid[plan.piece_gid[pinned]] = True
+            source_pinned = pinned_gid[source.piece_gid]
+    group_of = None if packs.group_id is None else _group_of_sequences(packs)
+    counts = np.diff(source.bin_offsets)
+    pack_of_piece = np.repeat(np.arange(source.num_bins), counts)
+    # a unit: a piece, or the pieces of one group in one pack (members follow each other there)
+    first = np.ones(len(source.piece_gid), bool)
+    if source_pinned is not None and len(first) > 1:
+        same_group = group_of[source.piece_gid[1:]] == group_of[source.piece_gid[:-1]]
+        first[1:] = ~(source_pinned[1:] & source_pinned[:-1] & same_group & (pack_of_piece[1:] == pack_of_piece[:-1]))
+    unit_of_piece = np.cumsum(first) - 1
+    algorithm = rank_packing.get("algorithm", "bfd")
+    options = WindowOptions(capacity=packs.capacity, align=packs.align,
+                            algorithm="bfd" if algorithm == "split" else algorithm, too_long="error", window=1,
+                            max_seqs_per_bin=packs.max_seqs_per_bin, seed=spec.seed,
+                            pool_size=rank_packing.get("pool_size", 128),
+                            pool_strategy=rank_packing.get("pool_strategy", "closest"))
+    piece_cost = costs_of(source.piece_len.astype(np.float64))
+    step_of_piece = step_of_pack[pack_of_piece]
+    by_step = np.argsort(step_of_piece, kind="stable")
+    step_starts = np.searchsorted(step_of_piece[by_step], np.arange(int(step_of_pack.max(initial=-1)) + 2))
+    taken, pack_sizes, pack_step, pack_rank, pack_micro = [], [], [], [], []
+    unequal = 0
+    for s in range(len(step_starts) - 1):
+        pieces = by_step[step_starts[s]:step_starts[s + 1]]  # in piece order
+        units, unit_index = np.unique(unit_of_piece[pieces], return_inverse=True)
+        unit_index = unit_index.reshape(-1)
+        unit_rank = kk_parts(np.bincount(unit_index, weights=piece_cost[pieces], minlength=len(units)), d)
+        rank_of = unit_rank[unit_index]
+        per_rank = []
+        for r in range(d):
+            mine = pieces[rank_of == r]
+            if not len(mine):
+                per_rank.append((np.zeros(1, np.int64), mine))
+                continue
+            new_group = first[mine] if source_pinned is not None else None
+            rank_plan = plan_windows(mine, source.piece_len[mine], dataclasses.replace(options, window=len(mine)),
+                                     first_window=s * d + r, new_group=new_group)
+            per_rank.append((rank_plan.bin_offsets, rank_plan.piece_gid))
+        most = max(len(o) - 1 for o, _ in per_rank)
+        equal = True
+        for r, (rank_offsets, rank_pieces) in enumerate(per_rank):
+            if spec.equal_counts and len(rank_offsets) - 1 < most:
+                fixed = np.zeros(len(rank_pieces), bool) if source_pinned is None else source_pinned[rank_pieces]
+                try:
+                    rank_offsets, order = _more_packs(rank_offsets, fixed, most)
+                    rank_pieces = rank_pieces[order]
+                except PackctlError:
+                    equal = False
+            num = len(rank_offsets) - 1
+            if not num:
+                continue
+            # micro-batch 0 the heaviest of the rank (ties: the first planned)
+            cost_sums = np.concatenate(([0.0], np.cumsum(piece_cost[rank_pieces])))
+            heaviest = np.argsort(cost_sums[rank_offsets[:-1]] - cost_sums[rank_offsets[1:]], kind="stable")
+            micro = np.empty(num, np.int64)
+            micro[heaviest] = np.arange(num)
+            taken.append(rank_pieces)
+            pack_sizes.append(np.diff(rank_offsets))
+            pack_step.append(np.full(num, s, np.int64))
+            pack_rank.append(np.full(num, r, np.int64))
+            pack_micro.append(micro)
+        unequal += not equal
+    cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
+    sizes, step, rank, micro_batch = cat(pack_sizes), cat(pack_step), cat(pack_rank), cat(pack_micro)
+    # packs step by step, micro-batch by micro-batch, rank by rank; pieces keep their order in a pack
+    pack_order = np.lexsort((rank, micro_batch, step))
+    new_place = np.empty(len(pack_order), np.int64)
+    new_place[pack_order] = np.arange(len(pack_order))
+    take_all = cat(taken)[np.argsort(np.repeat(new_place, sizes), kind="stable")]
+    new_offsets = np.concatenate(([0], np.cumsum(sizes[pack_order]))).astype(np.int64)
+    step, rank, micro_batch = step[pack_order], rank[pack_order], micro_batch[pack_order]
+    out = PackPlan(window_bins=np.array([0, len(new_offsets) - 1], np.int64), bin_offsets=new_offsets,
+                   piece_gid=source.piece_gid[take_all], piece_start=source.piece_start[take_all],
+                   piece_len=source.piece_len[take_all], piece_padded=source.piece_padded[take_all],
+                   dropped=source.dropped, truncated=source.truncated, tokens_dropped=0, tokens_truncated=0)
+    before = {"tokens": _imbalance(before_tokens), "attention": _imbalance(before_attention)}
+    return Steps(packs=_packs_of(out, len(packs.pack), packs.capacity, packs.align, group_of, packs.max_seqs_per_bin),
+                 dp_size=d, step=step, rank=rank, micro_batch=micro_batch,
+                 packs_added=out.num_bins - plan.num_bins, unequal_steps=unequal, attn_coeff=spec.attn_coeff,
+                 _before=before)
 
 
 def warm_up(algorithms=ALGORITHMS) -> None:
@@ -344,6 +471,7 @@ def warm_up(algorithms=ALGORITHMS) -> None:
         if algorithm != "split":
             plan_packs(lengths, 16, algorithm=algorithm, groups=np.arange(8) // 2)
         plan_steps(packs=packs, dp_size=2)
+    plan_steps(lengths, 2, capacity=8, balance_scope="ranks")  # Karmarkar-Karp over sequences (plan/kk.py)
     plan_packs(np.array([20, 3, 5]), 8, too_long="split")
 
 
