@@ -137,8 +137,8 @@ class Steps:
         rank [0, 1], micro_batch [0, 0], step [0, 0]
 
     `packs` may differ from the packs planned: with `balance_scope="sequences"` single sequences
-    move between packs (never over the capacity), and for equal counts packs of several sequences
-    are split until every rank gets as many.
+    move between packs (never over the capacity), with `"ranks"` each rank's sequences are packed
+    anew, and for equal counts packs of several sequences are split until every rank gets as many.
     """
 
     packs: Packs
@@ -284,8 +284,12 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
         balance: the cost balanced: "tokens", or "attention" (default, `a*L + L^2` a sequence).
         attn_coeff: `a` of the attention cost (12 x hidden size weighs the projections alike).
         balance_scope: "sequences" (sequences may move between packs, as `pack` does), "packs"
-            (whole packs dealt) or "auto" (default): sequences while a step holds at most
-            `AUTO_SEQUENCES` (2,048) of them, else packs.
+            (whole packs dealt), "ranks" (each step's sequences split over the ranks by
+            Karmarkar-Karp, then packed rank by rank with `algorithm`, bfd for `split` or for
+            `packs=`: the ranks' costs are Karmarkar-Karp's over sequences, a few more packs than
+            `plan_packs` makes, and a rank may get more than M micro-batches; `_steps_by_ranks`) or
+            "auto" (default): sequences while a step holds at most `AUTO_SEQUENCES` (2,048) of
+            them, beyond that ranks when micro_batches is None, else packs.
         equal_counts: every rank gets as many packs in a step (packs of several sequences are
             split until the count is a multiple of D).
         seed: the seed of the order of the steps (and of `ffs`).
