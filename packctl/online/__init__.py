@@ -359,21 +359,14 @@ def _steps_by_ranks(packs: Packs, plan: PackPlan, spec: BalanceSpec, micro_batch
     Steps: with `micro_batches` M, the planned packs are cut into steps of D x M as
     `balance_scope="packs"` cuts them (plan/balance.py), and each step's sequences are split
     anew; without, one step holds them all. A group's members stay one unit (one rank, one pack).
-    With `equal_counts`, a rank with fewer packs than the most of the step takes the last
-    sequence of its pack with the most sequences into a new pack until it has as many
-    (`_more_packs`); where it runs out of such sequences, the step stays unequal.
     """
     d = spec.dp_size
-    costs_of = (lambda lens: piece_costs(lens, spec.cost, spec.attn_coeff))
     if micro_batches is None:
-        source, step_of_pack = plan, np.zeros(plan.num_bins, np.int64)
-        counts = np.diff(plan.bin_offsets)
-        pack_of_piece = np.repeat(np.arange(plan.num_bins), counts)
-        rank_of_piece = pack_of_piece % d  # before: the planned packs round robin, one step
+        source, step_of_pack, source_pinned = plan, np.zeros(plan.num_bins, np.int64), pinned
+        rank_of_piece = np.repeat(np.arange(plan.num_bins), np.diff(plan.bin_offsets)) % d  # round robin
+        attention = piece_costs(plan.piece_len, "attention", spec.attn_coeff)
         before_tokens = np.bincount(rank_of_piece, weights=plan.piece_len, minlength=d)[None, :]
-        before_attention = np.bincount(rank_of_piece, weights=piece_costs(plan.piece_len, "attention", spec.attn_coeff),
-                                       minlength=d)[None, :]
-        source_pinned = pinned
+        before_attention = np.bincount(rank_of_piece, weights=attention, minlength=d)[None, :]
     else:
         cut = balance_plan(plan, dataclasses.replace(spec, scope="packs"), pinned=pinned)
         source, step_of_pack = cut.plan, cut.step
@@ -384,21 +377,15 @@ def _steps_by_ranks(packs: Packs, plan: PackPlan, spec: BalanceSpec, micro_batch
             pinned_gid[plan.piece_gid[pinned]] = True
             source_pinned = pinned_gid[source.piece_gid]
     group_of = None if packs.group_id is None else _group_of_sequences(packs)
-    counts = np.diff(source.bin_offsets)
-    pack_of_piece = np.repeat(np.arange(source.num_bins), counts)
-    # a unit: a piece, or the pieces of one group in one pack (members follow each other there)
-    first = np.ones(len(source.piece_gid), bool)
-    if source_pinned is not None and len(first) > 1:
-        same_group = group_of[source.piece_gid[1:]] == group_of[source.piece_gid[:-1]]
-        first[1:] = ~(source_pinned[1:] & source_pinned[:-1] & same_group & (pack_of_piece[1:] == pack_of_piece[:-1]))
-    unit_of_piece = np.cumsum(first) - 1
+    pack_of_piece = np.repeat(np.arange(source.num_bins), np.diff(source.bin_offsets))
+    first = _unit_starts(source, pack_of_piece, source_pinned, group_of)
     algorithm = rank_packing.get("algorithm", "bfd")
     options = WindowOptions(capacity=packs.capacity, align=packs.align,
                             algorithm="bfd" if algorithm == "split" else algorithm, too_long="error", window=1,
                             max_seqs_per_bin=packs.max_seqs_per_bin, seed=spec.seed,
                             pool_size=rank_packing.get("pool_size", 128),
                             pool_strategy=rank_packing.get("pool_strategy", "closest"))
-    piece_cost = costs_of(source.piece_len.astype(np.float64))
+    piece_cost = piece_costs(source.piece_len, spec.cost, spec.attn_coeff)
     step_of_piece = step_of_pack[pack_of_piece]
     by_step = np.argsort(step_of_piece, kind="stable")
     step_starts = np.searchsorted(step_of_piece[by_step], np.arange(int(step_of_pack.max(initial=-1)) + 2))
@@ -406,62 +393,86 @@ def _steps_by_ranks(packs: Packs, plan: PackPlan, spec: BalanceSpec, micro_batch
     unequal = 0
     for s in range(len(step_starts) - 1):
         pieces = by_step[step_starts[s]:step_starts[s + 1]]  # in piece order
-        units, unit_index = np.unique(unit_of_piece[pieces], return_inverse=True)
-        unit_index = unit_index.reshape(-1)
-        unit_rank = kk_parts(np.bincount(unit_index, weights=piece_cost[pieces], minlength=len(units)), d)
-        rank_of = unit_rank[unit_index]
-        per_rank = []
-        for r in range(d):
-            mine = pieces[rank_of == r]
-            if not len(mine):
-                per_rank.append((np.zeros(1, np.int64), mine))
-                continue
-            new_group = first[mine] if source_pinned is not None else None
-            rank_plan = plan_windows(mine, source.piece_len[mine], dataclasses.replace(options, window=len(mine)),
-                                     first_window=s * d + r, new_group=new_group)
-            per_rank.append((rank_plan.bin_offsets, rank_plan.piece_gid))
-        most = max(len(o) - 1 for o, _ in per_rank)
-        equal = True
-        for r, (rank_offsets, rank_pieces) in enumerate(per_rank):
-            if spec.equal_counts and len(rank_offsets) - 1 < most:
-                fixed = np.zeros(len(rank_pieces), bool) if source_pinned is None else source_pinned[rank_pieces]
-                try:
-                    rank_offsets, order = _more_packs(rank_offsets, fixed, most)
-                    rank_pieces = rank_pieces[order]
-                except PackctlError:
-                    equal = False
-            num = len(rank_offsets) - 1
-            if not num:
-                continue
-            # micro-batch 0 the heaviest of the rank (ties: the first planned)
-            cost_sums = np.concatenate(([0.0], np.cumsum(piece_cost[rank_pieces])))
-            heaviest = np.argsort(cost_sums[rank_offsets[:-1]] - cost_sums[rank_offsets[1:]], kind="stable")
-            micro = np.empty(num, np.int64)
-            micro[heaviest] = np.arange(num)
-            taken.append(rank_pieces)
-            pack_sizes.append(np.diff(rank_offsets))
-            pack_step.append(np.full(num, s, np.int64))
-            pack_rank.append(np.full(num, r, np.int64))
-            pack_micro.append(micro)
+        unit_of_piece = np.cumsum(first[pieces]) - 1
+        unit_rank = kk_parts(np.bincount(unit_of_piece, weights=piece_cost[pieces]), d)
+        shares, equal = _rank_packs(pieces, unit_rank[unit_of_piece], d, source, first, source_pinned, piece_cost,
+                                    options, spec.equal_counts, s)
         unequal += not equal
+        for r, (rank_pieces, sizes, micro) in enumerate(shares):
+            taken.append(rank_pieces)
+            pack_sizes.append(sizes)
+            pack_step.append(np.full(len(sizes), s, np.int64))
+            pack_rank.append(np.full(len(sizes), r, np.int64))
+            pack_micro.append(micro)
     cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
     sizes, step, rank, micro_batch = cat(pack_sizes), cat(pack_step), cat(pack_rank), cat(pack_micro)
     # packs step by step, micro-batch by micro-batch, rank by rank; pieces keep their order in a pack
     pack_order = np.lexsort((rank, micro_batch, step))
     new_place = np.empty(len(pack_order), np.int64)
     new_place[pack_order] = np.arange(len(pack_order))
-    take_all = cat(taken)[np.argsort(np.repeat(new_place, sizes), kind="stable")]
+    take = cat(taken)[np.argsort(np.repeat(new_place, sizes), kind="stable")]
     new_offsets = np.concatenate(([0], np.cumsum(sizes[pack_order]))).astype(np.int64)
-    step, rank, micro_batch = step[pack_order], rank[pack_order], micro_batch[pack_order]
     out = PackPlan(window_bins=np.array([0, len(new_offsets) - 1], np.int64), bin_offsets=new_offsets,
-                   piece_gid=source.piece_gid[take_all], piece_start=source.piece_start[take_all],
-                   piece_len=source.piece_len[take_all], piece_padded=source.piece_padded[take_all],
+                   piece_gid=source.piece_gid[take], piece_start=source.piece_start[take],
+                   piece_len=source.piece_len[take], piece_padded=source.piece_padded[take],
                    dropped=source.dropped, truncated=source.truncated, tokens_dropped=0, tokens_truncated=0)
     before = {"tokens": _imbalance(before_tokens), "attention": _imbalance(before_attention)}
     return Steps(packs=_packs_of(out, len(packs.pack), packs.capacity, packs.align, group_of, packs.max_seqs_per_bin),
-                 dp_size=d, step=step, rank=rank, micro_batch=micro_batch,
+                 dp_size=d, step=step[pack_order], rank=rank[pack_order], micro_batch=micro_batch[pack_order],
                  packs_added=out.num_bins - plan.num_bins, unequal_steps=unequal, attn_coeff=spec.attn_coeff,
                  _before=before)
+
+
+def _unit_starts(plan: PackPlan, pack_of_piece: np.ndarray, pinned: np.ndarray | None,
+                 group_of: np.ndarray | None) -> np.ndarray:
+    """True on the first piece of each unit `balance_scope="ranks"` moves whole: a piece, or the
+    members of one group in one pack (they follow each other there). Groups [5, 5, 7] in one pack,
+    the 5s pinned: [T, F, T]."""
+    first = np.ones(len(plan.piece_gid), bool)
+    if pinned is not None and len(first) > 1:
+        same_group = group_of[plan.piece_gid[1:]] == group_of[plan.piece_gid[:-1]]
+        first[1:] = ~(pinned[1:] & pinned[:-1] & same_group & (pack_of_piece[1:] == pack_of_piece[:-1]))
+    return first
+
+
+def _rank_packs(pieces: np.ndarray, rank_of: np.ndarray, dp_size: int, plan: PackPlan, first: np.ndarray,
+                pinned: np.ndarray | None, piece_cost: np.ndarray, options: WindowOptions, equal_counts: bool,
+                step: int) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], bool]:
+    """One step of `balance_scope="ranks"`: rank r's pieces (`pieces[rank_of == r]`) packed on
+    their own, as (its pieces pack by pack, the size of each pack, each pack's micro-batch: 0 the
+    heaviest, ties the first planned), and whether every rank got as many packs.
+
+    Equal counts: a rank with fewer packs than the most of the step moves the last sequence of its
+    pack with the most sequences into a new pack until it has as many (`_more_packs`, a group's
+    members never); where it runs out of such sequences, the step stays unequal.
+    """
+    planned = []
+    for r in range(dp_size):
+        mine = pieces[rank_of == r]
+        if not len(mine):
+            planned.append((np.zeros(1, np.int64), mine))
+            continue
+        new_group = None if pinned is None else first[mine]
+        rank_plan = plan_windows(mine, plan.piece_len[mine], dataclasses.replace(options, window=len(mine)),
+                                 first_window=step * dp_size + r, new_group=new_group)
+        planned.append((rank_plan.bin_offsets, rank_plan.piece_gid))
+    most = max(len(offsets) - 1 for offsets, _ in planned)
+    equal = True
+    shares = []
+    for offsets, rank_pieces in planned:
+        if equal_counts and len(offsets) - 1 < most:
+            fixed = np.zeros(len(rank_pieces), bool) if pinned is None else pinned[rank_pieces]
+            try:
+                offsets, order = _more_packs(offsets, fixed, most)
+                rank_pieces = rank_pieces[order]
+            except PackctlError:
+                equal = False
+        sums = np.concatenate(([0.0], np.cumsum(piece_cost[rank_pieces])))
+        heaviest = np.argsort(sums[offsets[:-1]] - sums[offsets[1:]], kind="stable")
+        micro = np.empty(len(heaviest), np.int64)
+        micro[heaviest] = np.arange(len(heaviest))
+        shares.append((rank_pieces, np.diff(offsets), micro))
+    return shares, equal
 
 
 def warm_up(algorithms=ALGORITHMS) -> None:
