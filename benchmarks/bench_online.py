@@ -18,6 +18,12 @@ size. Printed per size:
   balance tokens per rank, max / mean: plan_steps against a pure-Python Karmarkar-Karp of the
           sequences over the ranks (equal counts), then over each rank's micro-batches
           (ceil(tokens / capacity) of them): how many of those micro-batches exceed the capacity
+  ranks   plan_steps balance_scope="ranks" (the sequences split over the ranks by Karmarkar-Karp,
+          then packed rank by rank; `auto` picks it for one step of more than 2,048 sequences)
+          against balance_scope="packs" (whole packs dealt): balance, time, packs against
+          plan_packs' global bfd, packs over the capacity; and verl's
+          get_seqlen_balanced_partitions (packctl's compiled Karmarkar-Karp) against the
+          pure-Python one at the ranks' level
 
 The pure-Python baselines run up to --python-up-to sequences (the first fit is O(n * packs)).
 """
@@ -168,7 +174,27 @@ def main() -> None:
             row[f"packctl_{balance}_rank_attention"] = figures["attention"]["max"]
             row["packctl_packs_over_capacity"] = int((steps.packs.loads() > capacity).sum())
             row["packctl_micro_batches"] = int(steps.micro_batch.max()) + 1
+        for scope in ("ranks", "packs"):
+            for balance in ("tokens", "attention"):
+                call = (lambda: packctl.plan_steps(lengths, d, capacity=capacity, balance=balance, balance_scope=scope))
+                median, fastest = timed(call, max(3, args.repeat // 4))
+                steps = call()
+                figures = steps.metrics()
+                key = f"{scope}_{balance}"
+                row[f"{key}_ms"], row[f"{key}_fastest_ms"] = 1e3 * median, 1e3 * fastest
+                row[f"{key}_rank_tokens"] = figures["tokens"]["max"]
+                row[f"{key}_rank_attention"] = figures["attention"]["max"]
+                row[f"{key}_packs"] = steps.packs.num_packs
+                row[f"{key}_over_capacity"] = int((steps.packs.loads() > capacity).sum())
+                row[f"{key}_unequal_steps"] = steps.unequal_steps
+        from packctl.online.adapters import get_seqlen_balanced_partitions
+
+        median, fastest = timed(lambda: get_seqlen_balanced_partitions(lengths, d, equal_size=False), args.repeat)
+        row["verl_adapter_ms"], row["verl_adapter_fastest_ms"] = 1e3 * median, 1e3 * fastest
         if n <= args.python_up_to:
+            start = time.perf_counter()
+            python_kk(lengths.tolist(), d, equal_size=False)
+            row["python_kk_ranks_ms"] = 1e3 * (time.perf_counter() - start)
             start = time.perf_counter()
             steps = packctl.plan_steps(lengths, d, capacity=capacity, balance="tokens", balance_scope="sequences")
             row["packctl_sequences_ms"] = 1e3 * (time.perf_counter() - start)
@@ -215,6 +241,18 @@ def main() -> None:
             line += (f"\n          Python KK {row['python_kk_rank_tokens']:.4f}, {row['python_kk_rank_attention']:.4f} in "
                      f"{row['python_kk_ms']:.1f} ms, {row['python_kk_micro_batches_over_capacity']} micro-batches over "
                      f"capacity")
+        print(line)
+        for balance in ("tokens", "attention"):
+            print(f"  ranks balance={balance}: tokens, attention per rank " + "; ".join(
+                f"{scope} {row[f'{scope}_{balance}_rank_tokens']:.4f}, {row[f'{scope}_{balance}_rank_attention']:.4f} "
+                f"in {row[f'{scope}_{balance}_ms']:.1f} ({row[f'{scope}_{balance}_fastest_ms']:.1f}) ms, "
+                f"{row[f'{scope}_{balance}_packs']} packs, {row[f'{scope}_{balance}_over_capacity']} over capacity, "
+                f"{row[f'{scope}_{balance}_unequal_steps']} unequal" for scope in ("ranks", "packs"))
+                + f" (plan_packs bfd {row['packs_bfd']} packs)")
+        line = (f"  verl get_seqlen_balanced_partitions {row['verl_adapter_ms']:.2f} "
+                f"({row['verl_adapter_fastest_ms']:.2f}) ms")
+        if "python_kk_ranks_ms" in row:
+            line += f"; pure-Python Karmarkar-Karp over the ranks {row['python_kk_ranks_ms']:.1f} ms"
         print(line)
     if args.json:
         with open(args.json, "w") as f:

@@ -31,6 +31,7 @@ Importing this module loads numpy and numba only: no pyarrow, polars, typer or r
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +41,9 @@ import numpy as np
 from packctl.errors import PackctlError
 from packctl.plan.align import round_up
 from packctl.plan.balance import balance_plan
+from packctl.plan.balance import piece_costs
 from packctl.plan.groups import GroupTooLong
+from packctl.plan.kk import kk_parts
 from packctl.plan.metrics import attention_cost, dp_balance, pack_metrics
 from packctl.plan.names import ALGORITHMS
 from packctl.plan.windows import PackPlan, SequenceTooLong, plan_windows
@@ -52,12 +55,14 @@ __all__ = ["Packs", "Steps", "plan_packs", "plan_steps", "warm_up"]
 
 TOO_LONG = ("error", "drop", "truncate", "split")
 BALANCE = ("tokens", "attention")
-BALANCE_SCOPES = ("auto", "sequences", "packs")
+BALANCE_SCOPES = ("auto", "sequences", "packs", "ranks")
 # balance_scope "auto": sequences move between packs while a step holds at most this many. The
 # search for the best move or swap compares every sequence of the busiest rank with every one of
 # another, O(S^2 / D^2) a move: 2,000 sequences over 8 ranks balance in about 10 ms, 10,000 in
-# about 200 ms, where dealing whole packs takes 4 ms and, with that many packs, leaves the ranks
-# within 0.3% of each other (docs/online.md).
+# about 200 ms. Beyond, a batch planned as one step ("ranks") has its sequences split over the
+# ranks by Karmarkar-Karp first, then packed rank by rank: 11 ms at 10,000, ranks within 0.001%,
+# a few more packs; with micro_batches whole packs are dealt ("packs"), which keeps M packs a rank
+# and leaves the ranks within 0.3% of each other (docs/online.md).
 AUTO_SEQUENCES = 2048
 
 
@@ -132,8 +137,8 @@ class Steps:
         rank [0, 1], micro_batch [0, 0], step [0, 0]
 
     `packs` may differ from the packs planned: with `balance_scope="sequences"` single sequences
-    move between packs (never over the capacity), and for equal counts packs of several sequences
-    are split until every rank gets as many.
+    move between packs (never over the capacity), with `"ranks"` each rank's sequences are packed
+    anew, and for equal counts packs of several sequences are split until every rank gets as many.
     """
 
     packs: Packs
@@ -279,8 +284,12 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
         balance: the cost balanced: "tokens", or "attention" (default, `a*L + L^2` a sequence).
         attn_coeff: `a` of the attention cost (12 x hidden size weighs the projections alike).
         balance_scope: "sequences" (sequences may move between packs, as `pack` does), "packs"
-            (whole packs dealt) or "auto" (default): sequences while a step holds at most
-            `AUTO_SEQUENCES` (2,048) of them, else packs.
+            (whole packs dealt), "ranks" (each step's sequences split over the ranks by
+            Karmarkar-Karp, then packed rank by rank with `algorithm`, bfd for `split` or for
+            `packs=`: the ranks' costs are Karmarkar-Karp's over sequences, a few more packs than
+            `plan_packs` makes, and a rank may get more than M micro-batches; `_steps_by_ranks`) or
+            "auto" (default): sequences while a step holds at most `AUTO_SEQUENCES` (2,048) of
+            them, beyond that ranks when micro_batches is None, else packs.
         equal_counts: every rank gets as many packs in a step (packs of several sequences are
             split until the count is a multiple of D).
         seed: the seed of the order of the steps (and of `ffs`).
@@ -299,6 +308,7 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
     _choice(balance_scope, BALANCE_SCOPES, "balance_scope")
     if isinstance(lengths, Packs) and packs is None:  # plan_steps(plan_packs(...), dp_size)
         lengths, packs = None, lengths
+    rank_packing: dict[str, Any] = {}
     if (lengths is None) == (packs is None):
         raise PackctlError("plan_steps: give the batch's lengths (with capacity=) or packs= from plan_packs, one of "
                            "the two")
@@ -306,6 +316,7 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
         if capacity is None:
             raise PackctlError("plan_steps: lengths need capacity= (tokens per pack), or pass packs= from plan_packs")
         packs = plan_packs(lengths, capacity, seed=seed, **packing)
+        rank_packing = {name: packing[name] for name in ("algorithm", "pool_size", "pool_strategy") if name in packing}
     elif packing or capacity is not None:
         raise PackctlError(f"plan_steps: packs= are planned already; leave out {', '.join([*packing] or ['capacity'])}")
     plan = PackPlan(window_bins=np.array([0, packs.num_packs], np.int64), bin_offsets=packs.offsets,
@@ -315,13 +326,15 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
     per_rank = micro_batches if micro_batches is not None else max(1, -(-packs.num_packs // dp_size))
     if balance_scope == "auto":
         per_step = len(packs.sequence) * min(1.0, dp_size * per_rank / max(packs.num_packs, 1))
-        balance_scope = "sequences" if per_step <= AUTO_SEQUENCES else "packs"
+        balance_scope = "sequences" if per_step <= AUTO_SEQUENCES else "packs" if micro_batches else "ranks"
     spec = BalanceSpec(dp_size=dp_size, micro_batches=per_rank, cost=balance, attn_coeff=float(attn_coeff),
                        scope=balance_scope, equal_counts=equal_counts, capacity=packs.capacity,
                        max_seqs_per_bin=packs.max_seqs_per_bin, seed=seed)
     pinned = None
     if packs.group_id is not None:
         pinned = _in_larger_group(_group_of_sequences(packs))[packs.sequence]
+    if balance_scope == "ranks":
+        return _steps_by_ranks(packs, plan, spec, micro_batches, pinned, rank_packing)
     balanced = balance_plan(plan, spec, pinned=pinned)
     out = balanced.plan
     group_of = None if packs.group_id is None else _group_of_sequences(packs)
@@ -331,6 +344,135 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
                  step=balanced.step, rank=balanced.dp_rank, micro_batch=balanced.micro_batch,
                  packs_added=balanced.packs_added, unequal_steps=balanced.unequal_steps,
                  attn_coeff=float(attn_coeff), _before=before)
+
+
+def _steps_by_ranks(packs: Packs, plan: PackPlan, spec: BalanceSpec, micro_batches: int | None,
+                    pinned: np.ndarray | None, rank_packing: dict[str, Any]) -> Steps:
+    """`balance_scope="ranks"`: each step's sequences are split over the ranks first, then packed
+    rank by rank, so the ranks' costs are as even as Karmarkar-Karp makes them over sequences and
+    no pack exceeds the capacity (each is planned on one rank's sequences, by the kernels).
+
+        lengths [9, 8, 7, 6, 5, 4, 3, 2], capacity 16, 2 ranks, balance tokens
+        Karmarkar-Karp over the sequences:  rank 0 {9, 6, 5, 2} = 22   rank 1 {8, 7, 4, 3} = 22
+        bfd on each rank:                   rank 0 [9 6] [5 2]         rank 1 [8 7] [4 3]
+
+    Steps: with `micro_batches` M, the planned packs are cut into steps of D x M as
+    `balance_scope="packs"` cuts them (plan/balance.py), and each step's sequences are split
+    anew; without, one step holds them all. A group's members stay one unit (one rank, one pack).
+    """
+    d = spec.dp_size
+    if micro_batches is None:
+        source, step_of_pack, source_pinned = plan, np.zeros(plan.num_bins, np.int64), pinned
+        rank_of_piece = np.repeat(np.arange(plan.num_bins), np.diff(plan.bin_offsets)) % d  # round robin
+        attention = piece_costs(plan.piece_len, "attention", spec.attn_coeff)
+        before_tokens = np.bincount(rank_of_piece, weights=plan.piece_len, minlength=d)[None, :]
+        before_attention = np.bincount(rank_of_piece, weights=attention, minlength=d)[None, :]
+    else:
+        cut = balance_plan(plan, dataclasses.replace(spec, scope="packs"), pinned=pinned)
+        source, step_of_pack = cut.plan, cut.step
+        before_tokens, before_attention = cut.before_tokens, cut.before_attention
+        source_pinned = None
+        if pinned is not None:  # the pieces as balance_plan reordered them: pinned by sequence
+            pinned_gid = np.zeros(len(packs.pack), bool)
+            pinned_gid[plan.piece_gid[pinned]] = True
+            source_pinned = pinned_gid[source.piece_gid]
+    group_of = None if packs.group_id is None else _group_of_sequences(packs)
+    pack_of_piece = np.repeat(np.arange(source.num_bins), np.diff(source.bin_offsets))
+    first = _unit_starts(source, pack_of_piece, source_pinned, group_of)
+    algorithm = rank_packing.get("algorithm", "bfd")
+    options = WindowOptions(capacity=packs.capacity, align=packs.align,
+                            algorithm="bfd" if algorithm == "split" else algorithm, too_long="error", window=1,
+                            max_seqs_per_bin=packs.max_seqs_per_bin, seed=spec.seed,
+                            pool_size=rank_packing.get("pool_size", 128),
+                            pool_strategy=rank_packing.get("pool_strategy", "closest"))
+    piece_cost = piece_costs(source.piece_len, spec.cost, spec.attn_coeff)
+    step_of_piece = step_of_pack[pack_of_piece]
+    by_step = np.argsort(step_of_piece, kind="stable")
+    step_starts = np.searchsorted(step_of_piece[by_step], np.arange(int(step_of_pack.max(initial=-1)) + 2))
+    taken, pack_sizes, pack_step, pack_rank, pack_micro = [], [], [], [], []
+    unequal = 0
+    for s in range(len(step_starts) - 1):
+        pieces = by_step[step_starts[s]:step_starts[s + 1]]  # in piece order
+        unit_of_piece = np.cumsum(first[pieces]) - 1
+        unit_rank = kk_parts(np.bincount(unit_of_piece, weights=piece_cost[pieces]), d)
+        shares, equal = _rank_packs(pieces, unit_rank[unit_of_piece], d, source, first, source_pinned, piece_cost,
+                                    options, spec.equal_counts, s)
+        unequal += not equal
+        for r, (rank_pieces, sizes, micro) in enumerate(shares):
+            taken.append(rank_pieces)
+            pack_sizes.append(sizes)
+            pack_step.append(np.full(len(sizes), s, np.int64))
+            pack_rank.append(np.full(len(sizes), r, np.int64))
+            pack_micro.append(micro)
+    cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
+    sizes, step, rank, micro_batch = cat(pack_sizes), cat(pack_step), cat(pack_rank), cat(pack_micro)
+    # packs step by step, micro-batch by micro-batch, rank by rank; pieces keep their order in a pack
+    pack_order = np.lexsort((rank, micro_batch, step))
+    new_place = np.empty(len(pack_order), np.int64)
+    new_place[pack_order] = np.arange(len(pack_order))
+    take = cat(taken)[np.argsort(np.repeat(new_place, sizes), kind="stable")]
+    new_offsets = np.concatenate(([0], np.cumsum(sizes[pack_order]))).astype(np.int64)
+    out = PackPlan(window_bins=np.array([0, len(new_offsets) - 1], np.int64), bin_offsets=new_offsets,
+                   piece_gid=source.piece_gid[take], piece_start=source.piece_start[take],
+                   piece_len=source.piece_len[take], piece_padded=source.piece_padded[take],
+                   dropped=source.dropped, truncated=source.truncated, tokens_dropped=0, tokens_truncated=0)
+    before = {"tokens": _imbalance(before_tokens), "attention": _imbalance(before_attention)}
+    return Steps(packs=_packs_of(out, len(packs.pack), packs.capacity, packs.align, group_of, packs.max_seqs_per_bin),
+                 dp_size=d, step=step[pack_order], rank=rank[pack_order], micro_batch=micro_batch[pack_order],
+                 packs_added=out.num_bins - plan.num_bins, unequal_steps=unequal, attn_coeff=spec.attn_coeff,
+                 _before=before)
+
+
+def _unit_starts(plan: PackPlan, pack_of_piece: np.ndarray, pinned: np.ndarray | None,
+                 group_of: np.ndarray | None) -> np.ndarray:
+    """True on the first piece of each unit `balance_scope="ranks"` moves whole: a piece, or the
+    members of one group in one pack (they follow each other there). Groups [5, 5, 7] in one pack,
+    the 5s pinned: [T, F, T]."""
+    first = np.ones(len(plan.piece_gid), bool)
+    if pinned is not None and len(first) > 1:
+        same_group = group_of[plan.piece_gid[1:]] == group_of[plan.piece_gid[:-1]]
+        first[1:] = ~(pinned[1:] & pinned[:-1] & same_group & (pack_of_piece[1:] == pack_of_piece[:-1]))
+    return first
+
+
+def _rank_packs(pieces: np.ndarray, rank_of: np.ndarray, dp_size: int, plan: PackPlan, first: np.ndarray,
+                pinned: np.ndarray | None, piece_cost: np.ndarray, options: WindowOptions, equal_counts: bool,
+                step: int) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], bool]:
+    """One step of `balance_scope="ranks"`: rank r's pieces (`pieces[rank_of == r]`) packed on
+    their own, as (its pieces pack by pack, the size of each pack, each pack's micro-batch: 0 the
+    heaviest, ties the first planned), and whether every rank got as many packs.
+
+    Equal counts: a rank with fewer packs than the most of the step moves the last sequence of its
+    pack with the most sequences into a new pack until it has as many (`_more_packs`, a group's
+    members never); where it runs out of such sequences, the step stays unequal.
+    """
+    planned = []
+    for r in range(dp_size):
+        mine = pieces[rank_of == r]
+        if not len(mine):
+            planned.append((np.zeros(1, np.int64), mine))
+            continue
+        new_group = None if pinned is None else first[mine]
+        rank_plan = plan_windows(mine, plan.piece_len[mine], dataclasses.replace(options, window=len(mine)),
+                                 first_window=step * dp_size + r, new_group=new_group)
+        planned.append((rank_plan.bin_offsets, rank_plan.piece_gid))
+    most = max(len(offsets) - 1 for offsets, _ in planned)
+    equal = True
+    shares = []
+    for offsets, rank_pieces in planned:
+        if equal_counts and len(offsets) - 1 < most:
+            fixed = np.zeros(len(rank_pieces), bool) if pinned is None else pinned[rank_pieces]
+            try:
+                offsets, order = _more_packs(offsets, fixed, most)
+                rank_pieces = rank_pieces[order]
+            except PackctlError:
+                equal = False
+        sums = np.concatenate(([0.0], np.cumsum(piece_cost[rank_pieces])))
+        heaviest = np.argsort(sums[offsets[:-1]] - sums[offsets[1:]], kind="stable")
+        micro = np.empty(len(heaviest), np.int64)
+        micro[heaviest] = np.arange(len(heaviest))
+        shares.append((rank_pieces, np.diff(offsets), micro))
+    return shares, equal
 
 
 def warm_up(algorithms=ALGORITHMS) -> None:
@@ -344,6 +486,7 @@ def warm_up(algorithms=ALGORITHMS) -> None:
         if algorithm != "split":
             plan_packs(lengths, 16, algorithm=algorithm, groups=np.arange(8) // 2)
         plan_steps(packs=packs, dp_size=2)
+    plan_steps(lengths, 2, capacity=8, balance_scope="ranks")  # Karmarkar-Karp over sequences (plan/kk.py)
     plan_packs(np.array([20, 3, 5]), 8, too_long="split")
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from packctl.errors import PackctlError
 from packctl.online import Packs, _lengths, plan_packs
-from packctl.plan.balance import kk_partition
+from packctl.plan.kk import kk_parts
 
 __all__ = ["NEMO_RL_ALGORITHMS", "SequencePacker", "get_packer", "get_seqlen_balanced_partitions"]
 
@@ -92,9 +92,9 @@ def get_packer(algorithm: Any, bin_capacity: int, collect_metrics: bool = False,
 
 def get_seqlen_balanced_partitions(seqlen_list, k_partitions: int, equal_size: bool) -> list[list[int]]:
     """verl's `get_seqlen_balanced_partitions`: the indices of `seqlen_list` in `k_partitions`
-    parts of close sums (Karmarkar-Karp largest differencing, `plan/balance.py` `kk_partition`,
-    the balancer of `pack --dp-size`), each part sorted and non-empty; with `equal_size` every part
-    holds len(seqlen_list) / k_partitions items.
+    parts of close sums (Karmarkar-Karp largest differencing, `plan/kk.py` `kk_parts`: the parts
+    of `pack --dp-size`'s balancer, compiled), each part sorted and non-empty; with `equal_size`
+    every part holds len(seqlen_list) / k_partitions items.
 
         >>> get_seqlen_balanced_partitions([8, 7, 6, 5, 4], 2, equal_size=False)
         [[1, 3, 4], [0, 2]]
@@ -112,6 +112,6 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions: int, equal_size: b
     if equal_size and n % k_partitions:
         raise PackctlError(f"equal_size: {n} sequences do not split into {k_partitions} equal partitions; pass a "
                            f"multiple of {k_partitions} sequences or equal_size=False")
-    part = kk_partition(lengths, int(k_partitions), equal_counts=equal_size)
+    part = kk_parts(lengths, int(k_partitions), equal_counts=equal_size)
     order = np.argsort(part, kind="stable")
     return [chunk.tolist() for chunk in np.split(order, np.cumsum(np.bincount(part, minlength=k_partitions))[:-1])]

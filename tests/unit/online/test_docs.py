@@ -22,7 +22,7 @@ def printed_and_promised(name: str) -> tuple[list[str], list[str]]:
     return out.getvalue().splitlines(), promised
 
 
-@pytest.mark.parametrize("name", ["online-example", "nemo-rl", "verl"])
+@pytest.mark.parametrize("name", ["online-example", "nemo-rl", "verl", "ranks"])
 def test_blocks_print_what_they_say(name):
     printed, promised = printed_and_promised(name)
     assert printed == promised

@@ -48,6 +48,7 @@ def test_after_python_m_packctl_online_a_first_call_compiles_nothing(tmp_path):
              "for a in ALGORITHMS:\n"
              "    packctl.plan_steps(packctl.plan_packs(lengths, 1024, algorithm=a), 4)\n"
              "packctl.plan_packs(lengths, 2048, groups=np.arange(500) // 2)\n"
+             "packctl.plan_steps(lengths, 4, capacity=1024, balance_scope='ranks')\n"
              "from packctl.jit import compile_seconds\n"
              "print(compile_seconds())")
     result = subprocess.run([sys.executable, "-c", probe], check=True, env=env, timeout=600, capture_output=True,
