@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from packctl.errors import PackctlError
+from packctl.plan.algorithms import cuts_items
 from packctl.plan.align import round_up
 from packctl.plan.balance import balance_plan
 from packctl.plan.groups import GroupTooLong
@@ -341,7 +342,7 @@ def warm_up(algorithms=ALGORITHMS) -> None:
     for algorithm in algorithms:
         packs = plan_packs(lengths, 8, algorithm=algorithm)
         plan_packs(lengths, 8, algorithm=algorithm, max_seqs_per_bin=2)
-        if algorithm != "split":
+        if not cuts_items(algorithm):
             plan_packs(lengths, 16, algorithm=algorithm, groups=np.arange(8) // 2)
         plan_steps(packs=packs, dp_size=2)
     plan_packs(np.array([20, 3, 5]), 8, too_long="split")
