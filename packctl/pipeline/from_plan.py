@@ -47,7 +47,7 @@ from packctl.output.paths import check_output_location
 from packctl.output.resume import inspect_output
 from packctl.pipeline.manifest import PLAN_KIND
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
-from packctl.pipeline.run import PackResult, _completed, _open_output
+from packctl.pipeline.outcome import PackResult, already_complete, open_partial_output
 from packctl.pipeline.report import Corpus, Transfer, rank_report, scale_out, throughput
 from packctl.pipeline.runtime import Progress, SignalGuard, job_stage, run_guarded, timed
 from packctl.plan.windows import PackPlan
@@ -133,7 +133,7 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
     fingerprint, done, note = broadcast_outcome(comm, lambda: _preflight(plan_path, out, lock, guard, faults,
                                                                           overwrite=overwrite, resume=resume))
     if note is not None:
-        return _completed(out, note) if comm.rank == 0 else PackResult(output=out, counts={}, metrics={},
+        return already_complete(out, note) if comm.rank == 0 else PackResult(output=out, counts={}, metrics={},
                                                                         timings={}, note=note)
     plan = open_plan(plan_path)
     index, source = plan_source(plan.manifest, plan.outputs[0].manifest_file, budget=budget)
@@ -152,7 +152,7 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
     amplification = read_amplification(comm, job.plan, index) if comm.size > 1 else 1.0
     config = plan.manifest.get("config", {})
     read_own = choose_read_own(token_transfer, amplification, config.get("order", "input"), comm.size)
-    output = opened["output"] = _open_output(comm, out, overwrite, fingerprint, done, faults)
+    output = opened["output"] = open_partial_output(comm, out, overwrite, fingerprint, done, faults)
     fmt = ShardFormat(metadata=plan.metadata, pad_token_id=int(plan.manifest["layout"]["pad_token_id"]),
                       budget=budget, limit_columns=plan_limits(plan.manifest))
     with timed(timings, "materialize"):
