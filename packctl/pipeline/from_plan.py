@@ -1,11 +1,11 @@
 """`packctl materialize PLAN -o OUT`: the output `pack` writes, from the plan `pack --plan-only`
 wrote of it, on one rank or many. Its shards are those of `pack` without --plan-only, byte for
 byte: a plan's shards carry that output's `packctl` metadata, and its row groups are the units
-that output is written in (mpi/assign.py), so the same machinery writes them:
+that output is written in (pipeline/assign.py), so the same machinery writes them:
 
     rank r:  its share of the source's blocks decoded, kept within --memory-budget  (as pack's scan)
              units of its share of the plan's shards (footers, seq_lens_padded)
-             assign: its run of units, equal tokens on every rank          mpi/assign.py
+             assign: its run of units, equal tokens on every rank          pipeline/assign.py
              its packs read from the plan (checked against its manifest)
              materialize: tokens from the source into the packs           pipeline/materialize.py
     rank 0:  the plan's reports and manifests, with the shards written and
@@ -38,7 +38,7 @@ from packctl.contract.schema import (COLUMN, METADATA_KEY, PACK, PACK_COLUMNS, S
                                      SEQ_LENS_PADDED, SEQ_STARTS, SEQUENCE, LOSS_COLUMNS, SEQ_LENGTHS,
                                      limit_columns)
 from packctl.errors import PackctlError
-from packctl.mpi.assign import Units, WriteJob, assign
+from packctl.pipeline.assign import Units, WriteJob, assign
 from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
 from packctl.output import commit as protocol
 from packctl.output.lock import OutputLock

@@ -143,7 +143,7 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
     The order is a sample sort of (key, gid) over all ranks (input order needs none: blocks are
     already split in gid order); windows are then moved so each lives whole on one rank, dealt by
     their sequences so every rank plans an equal share (`window_owners`; writing is dealt out
-    later by tokens, mpi/assign.py). With `spec.epochs` E the sequences of every epoch count after
+    later by tokens, pipeline/assign.py). With `spec.epochs` E the sequences of every epoch count after
     those of the epochs before, so each rank's windows of all epochs are one run of the global
     order (epoch 0's packs, then epoch 1's, ...); `first_window` counts within the epoch. Where a
     window is planned never changes its plan: the output is the same for any number of ranks.

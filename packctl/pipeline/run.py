@@ -7,7 +7,7 @@ materialize.
     rank r:  scan its blocks (by bytes)          source/parquet.py
              order: sample-sort, whole windows   order.py (dealt by their sequences)
              plan its windows                    plan.py (plan/)
-             assign: its run of packs to write,  mpi/assign.py
+             assign: its run of packs to write,  pipeline/assign.py
                      equal tokens on every rank
              materialize its packs' row groups   materialize.py
              summarize its plan; summaries       report.py (no rank gathers another's plan)
@@ -19,7 +19,7 @@ of the global order: planning.py), and the joined plan is assigned and materiali
 every block is decoded as often as for one epoch and its sequences are written K times; each epoch
 is reported as an output of its own (OUT/epoch-0000e), and OUT/_epochs.json comes last.
 
-Shards are fixed runs of packs in global order (mpi/assign.py), never cut by rank, so the output
+Shards are fixed runs of packs in global order (pipeline/assign.py), never cut by rank, so the output
 bytes do not depend on the number of ranks.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ import numpy as np
 
 from packctl.config import PackConfig
 from packctl.specs import Specs, TooLong, WriteSpec
-from packctl.mpi.assign import WriteJob, assign, hand_over, units_of
+from packctl.pipeline.assign import WriteJob, assign, hand_over, units_of
 from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
 from packctl.contract.manifest import DATA_DIR, EPOCHS, MANIFEST, METRICS, epoch_dir
 from packctl.errors import PackctlError
@@ -348,7 +348,7 @@ def _check_blocks_unchanged(out: Path, index: SequenceIndex, digests: list[int])
 
 def _assign(comm: Comm, planned: Planned, scanned: Scanned, spec: WriteSpec,
             epoch_packs: list[int]) -> tuple[WriteJob, Transfer]:
-    """Deal the writing out by tokens (mpi/assign.py), move the plan to its writers, and choose
+    """Deal the writing out by tokens (pipeline/assign.py), move the plan to its writers, and choose
     how tokens reach them (--token-transfer). `epoch_packs`: this rank's packs of each epoch."""
     pack_epoch = np.repeat(np.arange(spec.epochs), epoch_packs) if spec.epochs > 1 else None
     assignment = assign(comm.allgather(units_of(planned.plan.window_bins, planned.pack_lens, spec.shard_rows,
