@@ -175,7 +175,7 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
                       resumed_tokens=sum(e.tokens for e in (done or {}).values()), blocks=len(index.blocks),
                       tokens_equal_to_pad_id=pad_like)
     reports, manifests, entries = _reports(plan, by_number, run, execution)
-    with guard.deferred():  # a signal now waits: the output is moments from complete
+    with guard.deferred():  # from here a signal waits: the output is moments from complete
         output.commit(reports=reports, manifests=manifests, shards=entries, overwrite=overwrite)
     comm.barrier()
     metrics = reports[0][1]

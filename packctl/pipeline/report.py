@@ -125,7 +125,7 @@ class RankSummary:
             packs=self.packs + other.packs,
             counts={key: self.counts[key] + other.counts[key] for key in self.counts},
             steps={**self.steps, **other.steps}, balance_totals=totals,
-            # the same on every rank of an epoch; of epochs added up, the first epoch's (as reported before)
+            # the same on every rank of an epoch; of epochs added up, the first epoch's (the one _metrics.json reports)
             ref_batch_size=refs[0] if refs else None,
             first_seen=first_seen, num_steps=max(self.num_steps, other.num_steps),
             groups=_add_groups(self.groups, other.groups), limits=_add_limits(self.limits, other.limits))

@@ -203,7 +203,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
             metrics["mixture"] = mixture
         reports.insert(0, (METRICS, metrics))
         manifests.append((EPOCHS, epochs_index(specs.report, metrics, timings)))  # last: every epoch is complete
-    with guard.deferred():  # a signal now waits: the output is moments from complete
+    with guard.deferred():  # from here a signal waits: the output is moments from complete
         output.commit(reports=reports, manifests=manifests, shards=listed, overwrite=config.overwrite)
     comm.barrier()
     return PackResult(output=out, counts=metrics["counts"], metrics=metrics, timings=timings, shards=listed,
