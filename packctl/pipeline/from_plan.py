@@ -49,7 +49,7 @@ from packctl.pipeline.manifest import PLAN_KIND
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.pipeline.outcome import PackResult, already_complete, open_partial_output
 from packctl.pipeline.report import Corpus, Transfer, rank_report, scale_out, throughput
-from packctl.pipeline.runtime import Progress, SignalGuard, job_stage, run_guarded, timed
+from packctl.runtime import Progress, SignalGuard, job_stage, run_guarded, timed
 from packctl.plan.windows import PackPlan
 from packctl.source.parquet import split_blocks
 from packctl.source.scan import scan_blocks

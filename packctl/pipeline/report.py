@@ -20,7 +20,7 @@ from packctl.plan.balance import imbalance_summary_of_steps, step_figures
 from packctl.plan.groups import group_ids
 from packctl.plan.prefix import piece_parents, prefix_pieces, sharing_counts
 from packctl.plan.windows import PackPlan
-from packctl.pipeline.runtime import peak_rss_bytes
+from packctl.runtime import peak_rss_bytes
 from packctl.contract.schema import BATCH_SIZE, DP_RANK, FORMAT_VERSION, STEP
 from packctl.specs import Mode, ReportSpec
 from packctl.version import __version__

@@ -66,7 +66,7 @@ from packctl.pipeline.prefix import share_prefix_lengths
 from packctl.pipeline.step_loss import step_loss_columns
 from packctl.pipeline.report import (Corpus, RankSummary, Transfer, epochs_index, epochs_metrics, input_order_lengths,
                                      metrics_of, padded_batching_over_ranks, rank_report, throughput)
-from packctl.pipeline.runtime import (Progress, RunInterrupted, SignalGuard, in_background, job_stage, run_guarded,
+from packctl.runtime import (Progress, RunInterrupted, SignalGuard, in_background, job_stage, run_guarded,
                                       timed)
 from packctl.source.index import Resolution, SequenceIndex
 

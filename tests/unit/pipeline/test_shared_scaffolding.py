@@ -1,5 +1,5 @@
 """pack (pipeline/run.py) and materialize (pipeline/from_plan.py) share their scaffolding through
-public modules (pipeline/outcome.py, pipeline/runtime.py): no module of pipeline/ imports a private
+public modules (pipeline/outcome.py, packctl/runtime.py): no module of pipeline/ imports a private
 name of another module."""
 from __future__ import annotations
 
