@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from packctl.mpi.assign import assign, units_of
+from packctl.pipeline.assign import assign, units_of
 from packctl.source.parquet import split_blocks
 from packctl.plan.align import pack_lengths_padded, round_up
 from packctl.plan.order import order_sequences
@@ -144,7 +144,7 @@ def plan_rank(windows: np.ndarray, sizes: np.ndarray, config, *, seed: int, dist
     sequences' plan is in memory here; returns what the rank would hold and how long planning took."""
     import pickle
 
-    from packctl.mpi.assign import units_of
+    from packctl.pipeline.assign import units_of
     from packctl.pipeline.plan import Planned
     from packctl.pipeline.report import RankSummary
 
@@ -219,7 +219,7 @@ def simulate_memory(total: int, ranks: list[int], *, capacity: int, window: int,
                    for k in ("plan_bytes", "pieces", "packs", "units", "old_share")}
         total_units = per_seq["units"] * total
         total_packs = per_seq["packs"] * total
-        unit_table = total_units * UNIT_BYTES  # allgathered: every rank holds every unit (mpi/assign.py)
+        unit_table = total_units * UNIT_BYTES  # allgathered: every rank holds every unit (pipeline/assign.py)
         share = total / size
         peak_work = work.max()
         plan_stage = PLANNED_BYTES * peak_work + heavy["plan_bytes"]

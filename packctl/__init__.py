@@ -6,19 +6,10 @@
 """
 from __future__ import annotations
 
-import os
+from packctl.version import __version__
 
-# Arrow's allocator (mimalloc) returns freed pages to the system 10 ms after they are freed by
-# default, so nearly every block decoded and every shard encoded fills fresh pages again. Keeping
-# them for a second lets the next block or shard reuse them: `pack` runs 6-9% faster, peak memory
-# stays within the budget's margin (docs/performance.md). Read once, when pyarrow loads: it
-# applies when packctl is imported first (the `packctl` command), and a user's own setting wins.
-os.environ.setdefault("MIMALLOC_PURGE_DELAY", "1000")
-
-from packctl.version import __version__  # noqa: E402
-
-from packctl.config import PackConfig, load_config  # noqa: E402
-from packctl.errors import PackctlError, in_api_terms  # noqa: E402
+from packctl.config import PackConfig, load_config
+from packctl.errors import PackctlError, in_api_terms
 
 __all__ = ["PackConfig", "PackResult", "PackctlError", "load_config", "pack", "plan_packs", "plan_steps", "__version__"]
 

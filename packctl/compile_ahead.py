@@ -53,12 +53,14 @@ def kernel(module: str, name: str):
 def missing() -> list[str]:
     """Names of the `KERNELS` whose cache index is missing (none when the kernels are not cached at
     all: packctl/jit.py compiles them in memory then)."""
+    from packctl.jit import cache_index_path
+
     names = []
     for module, name, _ in KERNELS:
-        cache_file = getattr(getattr(kernel(module, name), "_cache", None), "_cache_file", None)
-        if cache_file is None:
+        index = cache_index_path(kernel(module, name))
+        if index is None:
             return []
-        if not os.path.exists(cache_file._index_path):
+        if not os.path.exists(index):
             names.append(name)
     return names
 

@@ -92,11 +92,32 @@ class _KernelCache(FunctionCache):
             return super().load_overload(sig, target_context)
 
 
+# numba offers no public API for what the two functions below do; they are the only places packctl
+# reaches into numba's internals (a kernel's `_cache`, its `_cache_file._index_path`,
+# `FunctionCache._load_overload`). What they buy and what guards them:
+#   _light_loading    a pack of sample_data 0.15 s less, 17% of its CPU (A/B 1.17-1.20 without it,
+#                     9 interleaved pairs), which takes a pack of sample_data from about 1.4x a plain
+#                     pyarrow copy of it to 1.6x. If numba renames what it uses, loading falls back
+#                     to numba's own (the same kernels, slower), and
+#                     tests/cli/test_startup.py::test_a_cached_kernel_loads_without_initializing_numbas_target
+#                     fails.
+#   cache_index_path  whether a kernel is in the cache without loading it, so that the first run
+#                     after an install compiles in a second process (packctl/compile_ahead.py: about
+#                     0.8 s of a first run). If numba renames it, the child is never started (no
+#                     harm but the time), and tests/cli/test_compile_ahead.py fails.
+
 def _light_loading(kernel):
     """`kernel` with its disk cache loaded the light way (`_KernelCache`), where it has one."""
     if type(getattr(kernel, "_cache", None)) is FunctionCache:
         kernel._cache.__class__ = _KernelCache
     return kernel
+
+
+def cache_index_path(kernel) -> str | None:
+    """The file of numba's cache that indexes `kernel`'s compiled signatures (it exists once the
+    kernel has been compiled into the cache), or None for a kernel not cached on disk."""
+    cache_file = getattr(getattr(kernel, "_cache", None), "_cache_file", None)
+    return None if cache_file is None else cache_file._index_path
 
 
 @functools.cache

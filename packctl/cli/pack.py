@@ -110,7 +110,7 @@ _MEMORY_BY_STAGE = {
 
 def _out_of_memory(stage: str | None, cfg) -> str:
     """`out of memory while writing the packs; lower ...`, and where finished shards wait for
-    --resume (a run that fails keeps them: pipeline/runtime.py after_failure)."""
+    --resume (a run that fails keeps them: packctl/runtime.py after_failure)."""
     from packctl.output.journal import partial_dir
 
     what, advice = _MEMORY_BY_STAGE.get(stage, ("packing", "lower --memory-budget, --window or --capacity"))

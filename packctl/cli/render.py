@@ -15,7 +15,7 @@ from rich.progress import (BarColumn, Progress as RichProgressBar, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
-from packctl.pipeline.runtime import Progress
+from packctl.runtime import Progress
 
 if TYPE_CHECKING:  # the stats and verify reports need none of the packing pipeline
     from packctl.pipeline import PackResult

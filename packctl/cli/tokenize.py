@@ -66,7 +66,7 @@ def tokenize_command(
 ) -> None:
     with loading_modules():
         from packctl.mpi.comm import get_comm
-        from packctl.pipeline.runtime import Progress
+        from packctl.runtime import Progress
         from packctl.tokenize.formats import Columns
         from packctl.tokenize.run import TokenizeConfig, tokenize_corpus
 

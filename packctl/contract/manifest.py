@@ -48,8 +48,8 @@ LEGACY_MANIFEST = "manifest.json"  # format version 1
 EXPORT_MARK = "_packctl_export.json"
 LEGACY_METRICS = "metrics.json"
 READABLE_VERSIONS = (1, FORMAT_VERSION)
-# The counts every manifest holds (DESIGN.md's list); `packs` and `pieces` are written since they
-# were added and checked when present.
+# The counts every manifest holds (DESIGN.md's list); `packs` and `pieces` are checked when present
+# (a manifest of an earlier format version that packctl still reads may lack them).
 COUNT_KEYS = ("sequences_in", "sequences_packed", "sequences_dropped", "sequences_truncated", "sequences_split",
               "tokens_in", "tokens_packed", "tokens_dropped", "tokens_truncated")
 OPTIONAL_COUNT_KEYS = ("packs", "pieces", "tokens_shared")  # tokens_shared: with --share-prefix

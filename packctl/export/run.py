@@ -28,7 +28,7 @@ from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults
 from packctl.output.paths import check_output_location, missing_parents, remove_empty
 from packctl.source.kinds import input_files
-from packctl.pipeline.runtime import Interrupted, RunInterrupted, SignalGuard
+from packctl.runtime import Interrupted, RunInterrupted, SignalGuard
 from packctl.urls import refuse_url
 from packctl.version import __version__
 

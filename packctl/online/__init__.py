@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from packctl.errors import PackctlError
+from packctl.plan.algorithms import cuts_items
 from packctl.plan.align import round_up
 from packctl.plan.balance import balance_plan
 from packctl.plan.balance import piece_costs
@@ -381,7 +382,7 @@ def _steps_by_ranks(packs: Packs, plan: PackPlan, spec: BalanceSpec, micro_batch
     first = _unit_starts(source, pack_of_piece, source_pinned, group_of)
     algorithm = rank_packing.get("algorithm", "bfd")
     options = WindowOptions(capacity=packs.capacity, align=packs.align,
-                            algorithm="bfd" if algorithm == "split" else algorithm, too_long="error", window=1,
+                            algorithm="bfd" if cuts_items(algorithm) else algorithm, too_long="error", window=1,
                             max_seqs_per_bin=packs.max_seqs_per_bin, seed=spec.seed,
                             pool_size=rank_packing.get("pool_size", 128),
                             pool_strategy=rank_packing.get("pool_strategy", "closest"))
@@ -483,7 +484,7 @@ def warm_up(algorithms=ALGORITHMS) -> None:
     for algorithm in algorithms:
         packs = plan_packs(lengths, 8, algorithm=algorithm)
         plan_packs(lengths, 8, algorithm=algorithm, max_seqs_per_bin=2)
-        if algorithm != "split":
+        if not cuts_items(algorithm):
             plan_packs(lengths, 16, algorithm=algorithm, groups=np.arange(8) // 2)
         plan_steps(packs=packs, dp_size=2)
     plan_steps(lengths, 2, capacity=8, balance_scope="ranks")  # Karmarkar-Karp over sequences (plan/kk.py)

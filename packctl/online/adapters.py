@@ -25,6 +25,7 @@ import numpy as np
 
 from packctl.errors import PackctlError
 from packctl.online import Packs, _lengths, plan_packs
+from packctl.plan.algorithms import cuts_items
 from packctl.plan.kk import kk_parts
 
 __all__ = ["NEMO_RL_ALGORITHMS", "SequencePacker", "get_packer", "get_seqlen_balanced_partitions"]
@@ -60,9 +61,9 @@ class SequencePacker:
                  min_bin_count: int | None = None, bin_count_multiple: int | None = None, *, seed: int = 0):
         name = getattr(algorithm, "value", algorithm)  # NeMo-RL passes its PackingAlgorithm enum too
         self.algorithm = NEMO_RL_ALGORITHMS.get(name, name)
-        if self.algorithm == "split":
-            raise PackctlError("algorithm 'split' cuts sequences; a SequencePacker's bins hold whole sequences: "
-                               "choose another algorithm")
+        if cuts_items(self.algorithm):
+            raise PackctlError(f"algorithm {self.algorithm!r} cuts sequences; a SequencePacker's bins hold whole "
+                               "sequences: choose another algorithm")
         self.bin_capacity = bin_capacity
         self.collect_metrics = collect_metrics
         self.min_bin_count = min_bin_count

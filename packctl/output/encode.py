@@ -1,6 +1,6 @@
 """Parquet encoding of packs: the contract's table (schema.py) and its bytes.
 
-A shard is written row group by row group (mpi/assign.py): each row group is encoded on its own
+A shard is written row group by row group (pipeline/assign.py): each row group is encoded on its own
 as a small Parquet file (`encode_table`), and a shard's row groups are joined (output/stitch.py).
 """
 from __future__ import annotations

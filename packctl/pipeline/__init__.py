@@ -5,7 +5,7 @@
     scan        every block decoded and checked once, lengths indexed                source/parquet.py
     order       sample sort into windows, whole windows to ranks                     order.py
     plan        packs per window, shapes, balance, final pack lengths                plan.py, step_loss.py
-    assign      writing dealt out to ranks by tokens                                 mpi/assign.py
+    assign      writing dealt out to ranks by tokens                                 pipeline/assign.py
     materialize tokens moved into packs, shards encoded and journaled                materialize.py
     report      metrics and manifest, then the commit                                report.py
 

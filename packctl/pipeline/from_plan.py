@@ -1,11 +1,11 @@
 """`packctl materialize PLAN -o OUT`: the output `pack` writes, from the plan `pack --plan-only`
 wrote of it, on one rank or many. Its shards are those of `pack` without --plan-only, byte for
 byte: a plan's shards carry that output's `packctl` metadata, and its row groups are the units
-that output is written in (mpi/assign.py), so the same machinery writes them:
+that output is written in (pipeline/assign.py), so the same machinery writes them:
 
     rank r:  its share of the source's blocks decoded, kept within --memory-budget  (as pack's scan)
              units of its share of the plan's shards (footers, seq_lens_padded)
-             assign: its run of units, equal tokens on every rank          mpi/assign.py
+             assign: its run of units, equal tokens on every rank          pipeline/assign.py
              its packs read from the plan (checked against its manifest)
              materialize: tokens from the source into the packs           pipeline/materialize.py
     rank 0:  the plan's reports and manifests, with the shards written and
@@ -38,7 +38,7 @@ from packctl.contract.schema import (COLUMN, METADATA_KEY, PACK, PACK_COLUMNS, S
                                      SEQ_LENS_PADDED, SEQ_STARTS, SEQUENCE, LOSS_COLUMNS, SEQ_LENGTHS,
                                      limit_columns)
 from packctl.errors import PackctlError
-from packctl.mpi.assign import Units, WriteJob, assign
+from packctl.pipeline.assign import Units, WriteJob, assign
 from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
 from packctl.output import commit as protocol
 from packctl.output.lock import OutputLock
@@ -47,9 +47,9 @@ from packctl.output.paths import check_output_location
 from packctl.output.resume import inspect_output
 from packctl.pipeline.manifest import PLAN_KIND
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
-from packctl.pipeline.run import PackResult, _completed, _open_output
+from packctl.pipeline.outcome import PackResult, already_complete, open_partial_output
 from packctl.pipeline.report import Corpus, Transfer, rank_report, scale_out, throughput
-from packctl.pipeline.runtime import Progress, SignalGuard, job_stage, run_guarded, timed
+from packctl.runtime import Progress, SignalGuard, job_stage, run_guarded, timed
 from packctl.plan.windows import PackPlan
 from packctl.source.parquet import split_blocks
 from packctl.source.scan import scan_blocks
@@ -133,7 +133,7 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
     fingerprint, done, note = broadcast_outcome(comm, lambda: _preflight(plan_path, out, lock, guard, faults,
                                                                           overwrite=overwrite, resume=resume))
     if note is not None:
-        return _completed(out, note) if comm.rank == 0 else PackResult(output=out, counts={}, metrics={},
+        return already_complete(out, note) if comm.rank == 0 else PackResult(output=out, counts={}, metrics={},
                                                                         timings={}, note=note)
     plan = open_plan(plan_path)
     index, source = plan_source(plan.manifest, plan.outputs[0].manifest_file, budget=budget)
@@ -152,7 +152,7 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
     amplification = read_amplification(comm, job.plan, index) if comm.size > 1 else 1.0
     config = plan.manifest.get("config", {})
     read_own = choose_read_own(token_transfer, amplification, config.get("order", "input"), comm.size)
-    output = opened["output"] = _open_output(comm, out, overwrite, fingerprint, done, faults)
+    output = opened["output"] = open_partial_output(comm, out, overwrite, fingerprint, done, faults)
     fmt = ShardFormat(metadata=plan.metadata, pad_token_id=int(plan.manifest["layout"]["pad_token_id"]),
                       budget=budget, limit_columns=plan_limits(plan.manifest))
     with timed(timings, "materialize"):
@@ -175,7 +175,7 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
                       resumed_tokens=sum(e.tokens for e in (done or {}).values()), blocks=len(index.blocks),
                       tokens_equal_to_pad_id=pad_like)
     reports, manifests, entries = _reports(plan, by_number, run, execution)
-    with guard.deferred():  # a signal now waits: the output is moments from complete
+    with guard.deferred():  # from here a signal waits: the output is moments from complete
         output.commit(reports=reports, manifests=manifests, shards=entries, overwrite=overwrite)
     comm.barrier()
     metrics = reports[0][1]

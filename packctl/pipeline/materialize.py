@@ -1,6 +1,6 @@
 """Materialize: move every piece's tokens from its input block to its output shard, in bounded memory.
 
-Each rank writes its run of units (row groups; mpi/assign.py deals them out by tokens) and gets
+Each rank writes its run of units (row groups; pipeline/assign.py deals them out by tokens) and gets
 the tokens of its pieces in one of two ways (`--token-transfer`):
 
   exchange  each rank reads its own input blocks once, in order, and sends every piece to the
@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.arrays import Scratch, copy_segments, offsets_of
-from packctl.mpi.assign import WriteJob, WriteRun, write_run
+from packctl.pipeline.assign import WriteJob, WriteRun, write_run
 from packctl.source.parquet import read_kept_columns
 from packctl.source.scan import TokenSource
 from packctl.source.pieces import place_from_blocks

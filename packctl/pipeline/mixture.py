@@ -86,7 +86,7 @@ def order_blend(comm: Comm, index, spec: OrderSpec, epoch: int):
     """This rank's whole windows of the blend's global order (pipeline/order.py `Ordered`), dealt
     to ranks by the rule of `order.window_owners`: rank r plans the windows whose middle lies in
     the r-th of comm.size equal parts of every epoch's sequences."""
-    from packctl.pipeline.order import Ordered
+    from packctl.pipeline.ordered import Ordered
 
     lengths, extra = gathered_lengths(comm, index)
     gids, _, _ = blend_order(lengths, spec)

@@ -11,8 +11,6 @@ so the what-if orders exactly as `pack` does:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from packctl.errors import PackctlError
@@ -25,6 +23,7 @@ from packctl.plan.groups import (GroupOverLimit, GroupTooLong, check_groups_fit,
 from packctl.plan.order import order_keys
 from packctl.plan.prefix import stored_padded
 from packctl.plan.windows import GroupTooBigForStep, SequenceOverLimit, UncuttableSequence, check_groups_fit_step
+from packctl.pipeline.ordered import Ordered
 from packctl.specs import GroupScope, GroupSpec, LengthSpec, Order, OrderSpec, TooLong, WindowOptions
 from packctl.source.index import SequenceIndex
 
@@ -120,22 +119,6 @@ def check_limits(comm: Comm, index: SequenceIndex, lengths: LengthSpec, limits: 
     raise limit_error(index, tuple(limits), exc)
 
 
-@dataclass
-class Ordered:
-    """This rank's whole windows of the global order."""
-
-    gids: np.ndarray
-    lengths: np.ndarray  # true lengths
-    first_window: int  # index of its first window in the global order (of its epoch, with --epochs)
-    # --group-column: True on the first member of each group, and SequenceIndex.group_starts
-    new_group: np.ndarray | None = None
-    group_starts: np.ndarray | None = None
-    # --limit: each sequence's value of each limited column (int64, n x k), moved with its gid
-    extra: np.ndarray | None = None
-    # --share-prefix: the tokens each sequence's group stores once (plan/prefix.py), moved with its gid
-    shared: np.ndarray | None = None
-
-
 def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, groups: GroupSpec | None = None,
                          windows: WindowOptions | None = None, epoch: int = 0) -> Ordered:
     """This rank's whole windows of the global order (of epoch `epoch`, ordered with `spec.seed`).
@@ -143,7 +126,7 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
     The order is a sample sort of (key, gid) over all ranks (input order needs none: blocks are
     already split in gid order); windows are then moved so each lives whole on one rank, dealt by
     their sequences so every rank plans an equal share (`window_owners`; writing is dealt out
-    later by tokens, mpi/assign.py). With `spec.epochs` E the sequences of every epoch count after
+    later by tokens, pipeline/assign.py). With `spec.epochs` E the sequences of every epoch count after
     those of the epochs before, so each rank's windows of all epochs are one run of the global
     order (epoch 0's packs, then epoch 1's, ...); `first_window` counts within the epoch. Where a
     window is planned never changes its plan: the output is the same for any number of ranks.

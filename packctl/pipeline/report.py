@@ -20,7 +20,7 @@ from packctl.plan.balance import imbalance_summary_of_steps, step_figures
 from packctl.plan.groups import group_ids
 from packctl.plan.prefix import piece_parents, prefix_pieces, sharing_counts
 from packctl.plan.windows import PackPlan
-from packctl.pipeline.runtime import peak_rss_bytes
+from packctl.runtime import peak_rss_bytes
 from packctl.contract.schema import BATCH_SIZE, DP_RANK, FORMAT_VERSION, STEP
 from packctl.specs import Mode, ReportSpec
 from packctl.version import __version__
@@ -125,7 +125,7 @@ class RankSummary:
             packs=self.packs + other.packs,
             counts={key: self.counts[key] + other.counts[key] for key in self.counts},
             steps={**self.steps, **other.steps}, balance_totals=totals,
-            # the same on every rank of an epoch; of epochs added up, the first epoch's (as reported before)
+            # the same on every rank of an epoch; of epochs added up, the first epoch's (the one _metrics.json reports)
             ref_batch_size=refs[0] if refs else None,
             first_seen=first_seen, num_steps=max(self.num_steps, other.num_steps),
             groups=_add_groups(self.groups, other.groups), limits=_add_limits(self.limits, other.limits))

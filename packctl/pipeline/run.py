@@ -7,7 +7,7 @@ materialize.
     rank r:  scan its blocks (by bytes)          source/parquet.py
              order: sample-sort, whole windows   order.py (dealt by their sequences)
              plan its windows                    plan.py (plan/)
-             assign: its run of packs to write,  mpi/assign.py
+             assign: its run of packs to write,  pipeline/assign.py
                      equal tokens on every rank
              materialize its packs' row groups   materialize.py
              summarize its plan; summaries       report.py (no rank gathers another's plan)
@@ -19,7 +19,7 @@ of the global order: planning.py), and the joined plan is assigned and materiali
 every block is decoded as often as for one epoch and its sequences are written K times; each epoch
 is reported as an output of its own (OUT/epoch-0000e), and OUT/_epochs.json comes last.
 
-Shards are fixed runs of packs in global order (mpi/assign.py), never cut by rank, so the output
+Shards are fixed runs of packs in global order (pipeline/assign.py), never cut by rank, so the output
 bytes do not depend on the number of ranks.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ import numpy as np
 
 from packctl.config import PackConfig
 from packctl.specs import Specs, TooLong, WriteSpec
-from packctl.mpi.assign import WriteJob, assign, hand_over, units_of
+from packctl.pipeline.assign import WriteJob, assign, hand_over, units_of
 from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
 from packctl.contract.manifest import DATA_DIR, EPOCHS, MANIFEST, METRICS, epoch_dir
 from packctl.errors import PackctlError
@@ -57,6 +57,7 @@ from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults, OutputDir
 from packctl.output.paths import check_output_location
 from packctl.output.resume import inspect_output
+from packctl.pipeline.outcome import PackResult, already_complete, open_partial_output
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.plan.order import epoch_seed
 from packctl.plan.prefix import piece_parents
@@ -66,27 +67,11 @@ from packctl.pipeline.prefix import share_prefix_lengths
 from packctl.pipeline.step_loss import step_loss_columns
 from packctl.pipeline.report import (Corpus, RankSummary, Transfer, epochs_index, epochs_metrics, input_order_lengths,
                                      metrics_of, padded_batching_over_ranks, rank_report, throughput)
-from packctl.pipeline.runtime import (Progress, RunInterrupted, SignalGuard, in_background, job_stage, run_guarded,
+from packctl.runtime import (Progress, RunInterrupted, SignalGuard, in_background, job_stage, run_guarded,
                                       timed)
 from packctl.source.index import Resolution, SequenceIndex
 
 __all__ = ["PackResult", "Progress", "RunInterrupted", "pack", "run_fingerprint"]
-
-
-@dataclass
-class PackResult:
-    """What a pack run did: where it wrote, the counts of the manifest, metrics and timings.
-    Under MPI, rank 0 holds the whole result; other ranks get their own timings only."""
-
-    output: Path
-    counts: dict[str, int]
-    metrics: dict[str, Any]
-    timings: dict[str, float]
-    shards: list[ShardEntry] = field(default_factory=list)
-    # "OUT: already complete ...": a run that found its output written (counts, metrics, timings
-    # and shards are then OUT's); the CLI prints it on stderr
-    note: str | None = None
-    plan_only: bool = False  # --plan-only: the packs were planned, no token was moved
 
 
 def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | None = None,
@@ -143,7 +128,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     config, index, fingerprint, done, note, source_files = broadcast_outcome(
         comm, lambda: _preflight(config, out, lock, guard, faults))
     if note is not None:  # OUT already holds this run's output
-        return _completed(out, note) if comm.rank == 0 else PackResult(output=out, counts={}, metrics={},
+        return already_complete(out, note) if comm.rank == 0 else PackResult(output=out, counts={}, metrics={},
                                                                         timings={}, note=note)
     specs = with_mixture(config.specs(index.labels_column), config, index, source_files)
 
@@ -161,7 +146,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     with timed(timings, "assign"):
         job, transfer = _assign(comm, planned, scanned, specs.write, [e.plan.num_bins for e in epochs])
 
-    output = run.output = _open_output(comm, out, config.overwrite, fingerprint, done, faults)
+    output = run.output = open_partial_output(comm, out, config.overwrite, fingerprint, done, faults)
     if comm.rank == 0 and digests is not None:
         write_block_digests(output.tmp, digests)
     # each rank summarizes its own windows beside materialize; the summaries are added up in report
@@ -219,7 +204,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
             metrics["mixture"] = mixture
         reports.insert(0, (METRICS, metrics))
         manifests.append((EPOCHS, epochs_index(specs.report, metrics, timings)))  # last: every epoch is complete
-    with guard.deferred():  # a signal now waits: the output is moments from complete
+    with guard.deferred():  # from here a signal waits: the output is moments from complete
         output.commit(reports=reports, manifests=manifests, shards=listed, overwrite=config.overwrite)
     comm.barrier()
     return PackResult(output=out, counts=metrics["counts"], metrics=metrics, timings=timings, shards=listed,
@@ -366,7 +351,7 @@ def _check_blocks_unchanged(out: Path, index: SequenceIndex, digests: list[int])
 
 def _assign(comm: Comm, planned: Planned, scanned: Scanned, spec: WriteSpec,
             epoch_packs: list[int]) -> tuple[WriteJob, Transfer]:
-    """Deal the writing out by tokens (mpi/assign.py), move the plan to its writers, and choose
+    """Deal the writing out by tokens (pipeline/assign.py), move the plan to its writers, and choose
     how tokens reach them (--token-transfer). `epoch_packs`: this rank's packs of each epoch."""
     pack_epoch = np.repeat(np.arange(spec.epochs), epoch_packs) if spec.epochs > 1 else None
     assignment = assign(comm.allgather(units_of(planned.plan.window_bins, planned.pack_lens, spec.shard_rows,
@@ -440,14 +425,6 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
     return config, index, fingerprint, found.done, None, source_files
 
 
-def _completed(out: Path, note: str) -> PackResult:
-    """The result of a run whose output OUT already holds: OUT's counts, metrics and shards."""
-    metrics = json.loads((out / METRICS).read_text())
-    shards = protocol.listed_shards(out) or []
-    return PackResult(output=out, counts=metrics.get("counts", {}), metrics=metrics,
-                      timings=metrics.get("timings", {}), shards=shards, note=note)
-
-
 def _refuse_output_in_reach(out: Path, specs: list[str]) -> None:
     """An OUT that an INPUT pattern matches would be read as input by the next run of the same
     command (and its partial directory by `--resume`): as for an OUT inside an input directory."""
@@ -495,17 +472,3 @@ def run_fingerprint(config: PackConfig, index: SequenceIndex) -> dict[str, Any]:
     if config.tokenizer is not None:  # the tokenizer as the manifest records it: a complete OUT compares it too
         fingerprint["tokenization"] = [tokenization(index.options, [f.path for f in index.files])]
     return fingerprint
-
-
-def _open_output(comm: Comm, out: Path, overwrite: bool, fingerprint: dict, done: dict | None,
-                 faults: Faults | None) -> OutputDir:
-    """Rank 0 creates (or, resuming, cleans) the partial output directory; every rank writes its
-    shards into it, skipping those in `done`."""
-    created: dict[str, OutputDir] = {}
-
-    def create() -> str:
-        created["dir"] = OutputDir.create(out, overwrite=overwrite, fingerprint=fingerprint, done=done, faults=faults)
-        return str(created["dir"].tmp)
-
-    tmp = broadcast_outcome(comm, create)
-    return created["dir"] if "dir" in created else OutputDir(out, Path(tmp), rank=comm.rank, done=done, faults=faults)

@@ -74,7 +74,7 @@ from packctl.plan.sequential import (
 )
 
 __all__ = ["ALGORITHMS", "KERNELS", "POOL_STRATEGIES", "Bins", "Kernel", "KernelOptions", "OverLimit",
-           "UncuttableTooLong", "batch_lengths", "choose_buckets", "over_limits", "pack_lengths"]
+           "UncuttableTooLong", "batch_lengths", "choose_buckets", "cuts_items", "over_limits", "pack_lengths"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,13 @@ KERNELS: dict[str, Kernel] = {
     "split": Kernel(pack_split, pack_split_limits, cuts_items=True),
     "pool": Kernel(pack_pool, pack_pool_limits),
 }
+
+
+def cuts_items(algorithm: str) -> bool:
+    """Whether `algorithm` may cut a sequence across packs (its `Kernel.cuts_items`): True for
+    `split`; False for the others, and for `batch` (--mode batch: no kernel of `KERNELS`)."""
+    kernel = KERNELS.get(algorithm)
+    return kernel is not None and kernel.cuts_items
 
 
 class UncuttableTooLong(ValueError):

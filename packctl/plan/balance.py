@@ -606,7 +606,7 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
     def grid(cell: np.ndarray, weights: np.ndarray, steps_in: int) -> np.ndarray:
         return np.bincount(cell, weights=weights, minlength=steps_in * d).reshape(steps_in, d)
 
-    # before: the planner's packs in output order, round robin over consecutive steps
+    # balance.before (no balancing): the planner's packs in output order, round robin over consecutive steps
     rr_bounds = plan.step_bins if plan.step_bins is not None else step_bounds(pack_tokens, plan.window_bins, spec)
     rr_step = np.searchsorted(rr_bounds, pack_of_piece, side="right") - 1
     before_cell = rr_step * d + (pack_of_piece - rr_bounds[rr_step]) % d

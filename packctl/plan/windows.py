@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packctl.arrays import ranges
-from packctl.plan.algorithms import batch_lengths, pack_lengths
+from packctl.plan.algorithms import batch_lengths, cuts_items, pack_lengths
 from packctl.plan.align import round_up
 from packctl.plan.bins import over_limits
 from packctl.plan.exchange import exchange_pieces
@@ -346,7 +346,7 @@ def _exchanged(result: tuple[np.ndarray, ...], options: WindowOptions, seed: int
     offsets, p_gid, p_start, p_len, p_padded = result[:5]
     p_extra = result[5] if len(result) > 5 else None
     limits = np.asarray(options.limits, dtype=np.int64) if p_extra is not None else None
-    if options.algorithm == "split":  # any sequence may be cut
+    if cuts_items(options.algorithm):  # any sequence may be cut
         unique, counts = np.unique(p_gid, return_counts=True)
         movable = ~np.isin(p_gid, unique[counts > 1])
     elif options.too_long == "split":  # only the over-long ones are
@@ -539,7 +539,7 @@ def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max
         extra = None if extra is None else extra[keep]
     elif too_long == "truncate":
         lengths = np.where(over, capacity, lengths)
-    elif too_long == "split" and algorithm != "split":
+    elif too_long == "split" and not cuts_items(algorithm):
         # Full chunks of `capacity` fill a pack each; only the last piece is packed by the algorithm.
         full_chunks = np.where(over, (lengths - 1) // capacity, 0)
         start = full_chunks * capacity

@@ -51,6 +51,7 @@ from packctl.pipeline.plan import plan_corpus
 from packctl.pipeline.prefix import share_prefix_lengths
 from packctl.pipeline.report import Corpus, assemble_metrics
 from packctl.plan import ALGORITHMS, pack_lengths
+from packctl.plan.algorithms import cuts_items
 from packctl.plan.align import round_up
 from packctl.stats.lazy import collect_streaming
 from packctl.stats.packed import binding_of
@@ -359,7 +360,7 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     if config.mode == "batch":  # batch mode forms its micro-batches itself: no algorithm to compare
         algorithms = [config.algorithm]
     algorithms = list(algorithms) if algorithms is not None else [a for a in ALGORITHMS
-                                                                  if not (grouped and a == "split")]
+                                                                  if not (grouped and cuts_items(a))]
     configs = {(c, a): _checked(dataclasses.replace(config, capacity=c, algorithm=a))
                for c in capacities for a in algorithms}
 

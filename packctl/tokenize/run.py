@@ -55,7 +55,7 @@ from packctl.version import __version__
 if TYPE_CHECKING:
     # Imported where used: a worker process imports this module to tokenize its shards, and
     # packctl.pipeline brings in the stages of pack (numba), 0.3 s more for every worker started.
-    from packctl.pipeline.runtime import Progress, SignalGuard
+    from packctl.runtime import Progress, SignalGuard
 
 TOKENIZED_KIND = TOKENIZED
 TOKENIZED_FORMAT_VERSION = 1
@@ -105,7 +105,7 @@ def tokenize_corpus(config: TokenizeConfig, *, progress: Progress | None = None,
 
     >>> tokenize_corpus(TokenizeConfig(inputs=["chat.jsonl"], output="tok", tokenizer="tok-dir"))  # doctest: +SKIP
     """
-    from packctl.pipeline.runtime import Progress, SignalGuard, run_guarded
+    from packctl.runtime import Progress, SignalGuard, run_guarded
 
     comm = comm or get_comm()
     progress = progress if (progress is not None and comm.rank == 0) else Progress()
@@ -131,7 +131,7 @@ class _Prepared:
 
 def _tokenize(config: TokenizeConfig, comm: Comm, progress: Progress, out: Path, lock: OutputLock,
               guard: SignalGuard, state: dict, faults: Faults | None) -> TokenizeResult:
-    from packctl.pipeline.runtime import timed
+    from packctl.runtime import timed
 
     started = time.perf_counter()
     timings: dict[str, float] = {}

@@ -38,7 +38,7 @@ from packctl.verify.structure import check_shard, manifest_violations, unlisted_
 from packctl.verify.violation import Violation
 
 if TYPE_CHECKING:  # verify runs without the packing pipeline loaded
-    from packctl.pipeline.runtime import Progress
+    from packctl.runtime import Progress
 
 Stage = Callable[[str, "int | None"], Callable[[int], None]]  # a Progress's `stage`
 

@@ -153,3 +153,23 @@ def test_only_the_kernels_missing_from_the_cache_are_compiled(monkeypatch, tmp_p
     for name in rest:
         indexes[name].write_bytes(b"")
     assert compile_ahead.missing() == []
+
+
+def _triple(values):
+    return values * 3
+
+
+def test_a_kernels_cache_index_appears_when_it_is_compiled(monkeypatch, tmp_path):
+    """packctl.jit.cache_index_path reads numba's internals: this fails loudly when numba moves them
+    (the child would silently never start)."""
+    import numpy as np
+
+    from packctl import jit
+
+    monkeypatch.setattr(jit, "cache_dir", lambda source_dir: str(tmp_path))
+    kernel = jit.njit(cache=True)(_triple)
+    index = jit.cache_index_path(kernel)
+    assert isinstance(index, str) and not os.path.exists(index)
+    assert kernel(np.arange(3)).tolist() == [0, 3, 6]
+    assert os.path.exists(index)
+    assert jit.cache_index_path(jit.njit(_triple)) is None  # not cached on disk

@@ -12,7 +12,7 @@ from rich.console import Console
 from packctl.cli.render import ECHO_ROOM, LogProgress, RichProgress, counted, rate
 from packctl.config import PackConfig
 from packctl.pipeline import pack
-from packctl.pipeline.runtime import Progress, job_stage
+from packctl.runtime import Progress, job_stage
 from support.threadcomm import run_ranks
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -1,5 +1,5 @@
 """The fixed cost of a packctl process (docs/performance.md "Fixed cost"): what a run loads, how
-option values are converted, how cached kernels are loaded. Checked by behaviour and by module,
+option values are converted, where Arrow's allocator is tuned, how cached kernels are loaded. Checked by behaviour and by module,
 never by time."""
 from __future__ import annotations
 
@@ -135,3 +135,26 @@ def test_commands_load_their_modules_with_the_collector_paused_and_leave_it_as_i
         finally:
             gc.enable()
     assert gc.get_freeze_count() == frozen  # only the packctl executable freezes what it loaded
+
+
+def test_only_the_packctl_process_tunes_arrows_allocator(monkeypatch):
+    """`import packctl` leaves a program's environment alone; the `packctl` command sets
+    MIMALLOC_PURGE_DELAY before anything of the command (pyarrow among it) is imported, and a
+    user's own setting wins."""
+    env = {k: v for k, v in os.environ.items() if k != "MIMALLOC_PURGE_DELAY"}
+    code = ("import os, sys, packctl, packctl.__main__\n"
+            "print(os.environ.get('MIMALLOC_PURGE_DELAY'), 'pyarrow' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                          check=False)
+    assert proc.stdout.split() == ["None", "False"], proc.stderr[-2000:]
+
+    import packctl.cli
+    from packctl.__main__ import entry
+
+    seen = []
+    monkeypatch.setattr(packctl.cli, "main", lambda: seen.append(os.environ.get("MIMALLOC_PURGE_DELAY")))
+    monkeypatch.delenv("MIMALLOC_PURGE_DELAY", raising=False)
+    entry()
+    monkeypatch.setenv("MIMALLOC_PURGE_DELAY", "50")
+    entry()
+    assert seen == ["1000", "50"]

@@ -15,6 +15,7 @@ from support.runs import pack_to, packed_on_ranks
 from support.data import write_table
 from support.profiles import examples
 from packctl import PackConfig, PackctlError
+from packctl.plan.algorithms import KERNELS
 from packctl.plan.align import round_up
 from packctl.plan.balance import BalanceSpec, balance_plan
 from packctl.plan.groups import GroupTooLong
@@ -22,7 +23,7 @@ from packctl.plan.windows import GroupTooBigForStep, WindowOptions, check_groups
 from packctl.sample import SampleSpec, write_sample
 from packctl.verify import VerifyOptions, verify
 
-ALGORITHMS = ("concat", "ffd", "bfd", "mffd", "ffs", "pool")
+ALGORITHMS = tuple(name for name, kernel in KERNELS.items() if not kernel.cuts_items)  # groups are never cut
 
 
 def _ordered_groups(sizes, order):

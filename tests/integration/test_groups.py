@@ -17,6 +17,7 @@ from support.runs import pack_to, packed_on_ranks
 from support.data import write_table
 from support.profiles import examples
 from packctl import PackctlError
+from packctl.plan.algorithms import KERNELS
 from packctl.plan.align import round_up
 from packctl.plan.groups import GroupTooLong
 from packctl.plan.windows import WindowOptions, plan_windows
@@ -24,7 +25,7 @@ from packctl.sample import SampleSpec, generate, write_sample
 from packctl.verify import VerifyOptions, verify
 from packctl.verify.groups import GroupRule
 
-ALGORITHMS = ("concat", "ffd", "bfd", "mffd", "ffs", "pool")
+ALGORITHMS = tuple(name for name, kernel in KERNELS.items() if not kernel.cuts_items)  # groups are never cut
 
 
 def _groups_of(new_group, gids):

@@ -9,7 +9,7 @@ import pytest
 
 from support.contract import check_contract
 from support.runs import pack_to
-from packctl.mpi.assign import shard_bounds
+from packctl.pipeline.assign import shard_bounds
 
 
 @pytest.fixture(scope="module")

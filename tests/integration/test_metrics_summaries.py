@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from packctl import PackConfig, PackctlError, pack
 from packctl.mpi.comm import SingleComm
 from packctl.pipeline.report import padded_batching_over_ranks
+from packctl.plan.algorithms import KERNELS
 from packctl.plan.metrics import PackSummary, exact_sum_of_squares, pack_metrics, padded_batching_tokens
 from packctl.sample import SampleSpec, write_sample
 
@@ -78,7 +79,7 @@ def test_metrics_are_those_of_the_whole_plan(tmp_path, corpora, name, ranks):
 @pytest.mark.slow
 @settings(max_examples=examples(100, default=12), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(algorithm=st.sampled_from(["concat", "ffd", "bfd", "mffd", "ffs", "pool", "split"]),
+@given(algorithm=st.sampled_from(list(KERNELS)),
        order=st.sampled_from(["input", "shuffle", "curriculum"]),
        too_long=st.sampled_from(["split", "truncate", "drop"]), capacity=st.sampled_from([512, 1024, 4096]),
        window=st.integers(20, 500), seq_multiple=st.sampled_from([1, 8]),

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from packctl import PackConfig, pack
-from packctl.mpi.assign import ROW_GROUP_PACKS, Units, assign, units_of, write_run, writer_cuts
+from packctl.pipeline.assign import ROW_GROUP_PACKS, Units, assign, units_of, write_run, writer_cuts
 from packctl.mpi.samplesort import _lex_order, merge_runs
 from packctl.output.stitch import encode_footer, parse_footer, stitch
 from packctl.output.encode import PARQUET_OPTIONS, encode_table

@@ -24,10 +24,11 @@ pytest.importorskip("transformers")
 
 from support.runs import pack_to  # noqa: E402
 from support.data import write_table  # noqa: E402
+from packctl.plan.algorithms import KERNELS  # noqa: E402
 from packctl.torch import PackedDataset, block_causal_mask, collate_flash_attn, loss_fn  # noqa: E402
 from support.torch_proof import IGNORE_INDEX, _grads, source_pieces, tiny_llama, token_losses  # noqa: E402
 
-ALGORITHMS = ["concat", "ffd", "bfd", "mffd", "ffs", "split", "pool"]  # docs/algorithms.md
+ALGORITHMS = list(KERNELS)  # every algorithm
 DP_SIZE, MICRO_BATCHES = 2, 2
 TOLERANCE = 1e-5
 NAIVE_MARGIN = 1e-3  # the naive loss must move some gradient by more than this

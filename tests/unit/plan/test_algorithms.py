@@ -600,3 +600,22 @@ def test_a_kernel_calls_numba_functions_of_its_own_file_only():
                             f"{module.__name__}.{kernel.py_func.__name__} calls "
                             f"{callee.py_func.__module__}.{callee.py_func.__name__}")
     assert checked >= 15  # the walk found the kernels
+
+
+@pytest.mark.parametrize("algorithm", [*KERNELS, "batch"])
+def test_cuts_items_says_which_algorithms_take_an_item_over_capacity(algorithm):
+    """`cuts_items` is what the planner asks instead of an algorithm's name: an algorithm that cuts
+    takes an item over capacity in pieces, the others refuse it; `batch` has no kernel and cuts
+    nothing."""
+    from packctl.plan.algorithms import cuts_items
+
+    if algorithm == "batch":
+        assert cuts_items(algorithm) is False
+        return
+    try:
+        bins = pack_lengths([12, 3], 8, algorithm)
+    except ValueError:
+        assert not cuts_items(algorithm)
+    else:
+        assert cuts_items(algorithm)
+        assert sorted(bins.lens.tolist()) == [3, 4, 8]
