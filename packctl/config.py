@@ -21,7 +21,7 @@ from typing import Any
 from packctl.contract.schema import INT32_MAX, RESERVED_COLUMNS, limit_sum_name
 from packctl.errors import PackctlError
 from packctl.plan.names import ALGORITHMS
-from packctl.tokenize.formats import LossOn, RecordFormat
+from packctl.tokenize.formats import AddSpecial, LossOn, RecordFormat
 from packctl.urls import refuse_url
 from packctl.specs import (BalanceScope, BalanceSpec, BatchUnit, Cost, CurriculumOrder, GroupScope, GroupSpec,
                            LengthSpec, LrScaling, Mode, Order, OrderSpec, PackOrder, PadTo, PoolStrategy, ReportSpec,
@@ -210,6 +210,12 @@ class PackConfig:
                                     help="With --tokenizer: the record field of completions.")
     tools_column: str = option("tools", panel="Input", metavar="COL", planning=True,
                                help="With --tokenizer: the record field of tool definitions (chat).")
+    add_bos: str = option("auto", panel="Input", planning=True, choices=tuple(a.value for a in AddSpecial),
+                          help="With --tokenizer: BOS at the start of each row: auto (as the tokenizer or the "
+                               "template writes it), always or never; never doubled (as packctl tokenize --add-bos).")
+    add_eos: str = option("auto", panel="Input", planning=True, choices=tuple(a.value for a in AddSpecial),
+                          help="With --tokenizer: EOS at the end of each row: auto, always or never; never doubled "
+                               "(as packctl tokenize --add-eos).")
     limits: dict[str, int] = option(panel="Packing", metavar="COL=N", factory=dict, planning=True, flag="--limit", cli=list, shown_default="none",
                                     help="COL=N: every pack holds at most N of the integer input column COL (images, "
                                          "image tokens, any per-sample cost) summed over its sequences, beside "
@@ -362,6 +368,11 @@ class PackConfig:
         for name, f in FIELDS.items():
             if f.type in ("int", "int | None") and getattr(self, name) is not None:
                 _in_range(name, getattr(self, name))
+        if self.tokenizer is None:  # how to tokenize means nothing without a tokenizer: never silently ignored
+            given = [name for name in TOKENIZE_OPTIONS[1:] if getattr(self, name) != FIELDS[name].default]
+            if given:
+                raise PackctlError(f"{_flag(given[0])} tells how to tokenize raw records: it needs --tokenizer DIR "
+                                   "(docs/tokenize.md); INPUT of token ids takes neither")
         reserved = {*RESERVED_COLUMNS, self.tokens_column, self.labels_column or "labels"}
         clash = [c for c in self.keep_columns if c in reserved]
         if clash:
@@ -869,7 +880,7 @@ def _size(n: int, *, up: bool = False) -> str:
 FIELDS = {f.name: f for f in dataclasses.fields(PackConfig)}
 # --tokenizer and the options of how it tokenizes (recorded only with a tokenizer)
 TOKENIZE_OPTIONS = ("tokenizer", "format", "loss_on", "text_column", "messages_column", "prompt_column",
-                    "completion_column", "tools_column")
+                    "completion_column", "tools_column", "add_bos", "add_eos")
 
 # The options that change what `pack` plans (declared with `planning=True`): `packctl stats INPUT`
 # takes every one of them, with the same flag, help and meaning, for its what-if.

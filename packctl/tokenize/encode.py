@@ -33,24 +33,9 @@ import jinja2
 import numpy as np
 
 from packctl.errors import PackctlError
-from packctl.tokenize.formats import Columns, LossOn, RecordFormat, detect_format, resolve_loss_on
+from packctl.tokenize.formats import AddSpecial, Columns, LossOn, RecordFormat, detect_format, resolve_loss_on
 from packctl.tokenize.masks import IGNORE_INDEX, SpanError, token_spans
 from packctl.tokenize.tokenizer import LocalTokenizer, first_line
-
-
-class AddSpecial(StrEnum):
-    """Whether packctl puts the tokenizer's BOS (or EOS) around a row."""
-
-    AUTO = "auto"
-    """Plain text: as the tokenizer does (its post-processor, or tokenizer_config.json's
-    add_bos_token / add_eos_token); a plain completion also ends with EOS, as TRL appends it. A
-    chat: only what its template writes."""
-
-    ALWAYS = "always"
-    """Every row starts with BOS (ends with EOS), unless it already does."""
-
-    NEVER = "never"
-    """packctl adds none (a chat template's own tokens stay)."""
 
 
 class OnBadRow(StrEnum):

@@ -129,3 +129,18 @@ def resolve_loss_on(fmt: RecordFormat, loss_on: LossOn | None) -> LossOn:
         allowed = ", ".join(rule.value for rule in ALLOWED_LOSS_ON[fmt])
         raise PackctlError(f"--loss-on {loss_on.value} does not apply to the {fmt.value} format; use one of: {allowed}")
     return loss_on
+
+
+class AddSpecial(StrEnum):
+    """Whether packctl puts the tokenizer's BOS (or EOS) around a row."""
+
+    AUTO = "auto"
+    """Plain text: as the tokenizer does (its post-processor, or tokenizer_config.json's
+    add_bos_token / add_eos_token); a plain completion also ends with EOS, as TRL appends it. A
+    chat: only what its template writes."""
+
+    ALWAYS = "always"
+    """Every row starts with BOS (ends with EOS), unless it already does."""
+
+    NEVER = "never"
+    """packctl adds none (a chat template's own tokens stay)."""

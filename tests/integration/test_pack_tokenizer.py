@@ -80,6 +80,30 @@ def test_pack_tokenizer_gives_the_packs_of_tokenize_then_pack(tmp_path, tok):
     assert manifest["config"]["tokenizer"] == str(tok) and manifest["config"]["labels_column"] == "labels"
 
 
+@pytest.mark.parametrize("special", [("--add-eos", "always"), ("--add-bos", "always"), ("--add-eos", "never")])
+def test_pack_takes_tokenizes_bos_and_eos_options(tmp_path, tok, special):
+    """--add-bos/--add-eos mean in pack what they mean in tokenize, and are recorded: the packs of
+    pack --tokenizer with the flag equal tokenize with it then pack, and differ from the default."""
+    raw = _chats(tmp_path / "raw", records=14)
+    assert packctl("tokenize", raw, "-o", tmp_path / "tokenized", "--tokenizer", tok, *special, "-q").code == 0
+    assert packctl("pack", tmp_path / "tokenized", "-o", tmp_path / "two-steps", *PACK).code == 0
+    result = packctl("pack", raw, "--tokenizer", tok, *special, "-o", tmp_path / "one-step", *PACK)
+    assert result.code == 0, result.stderr
+    assert _data(tmp_path / "one-step") == _data(tmp_path / "two-steps")
+    manifest = json.loads((tmp_path / "one-step" / "_manifest.json").read_text())
+    assert manifest["config"][special[0][2:].replace("-", "_")] == special[1]
+    assert manifest["tokenization"][0]["tokenize"][special[0][2:].replace("-", "_")] == special[1]
+    if special[1] == "always":  # the chat template writes no EOS/BOS of its own: the flag changes the tokens
+        assert packctl("pack", raw, "--tokenizer", tok, "-o", tmp_path / "default", *PACK).code == 0
+        assert _data(tmp_path / "default")["input_ids"] != _data(tmp_path / "one-step")["input_ids"]
+
+
+def test_how_to_tokenize_without_a_tokenizer_is_refused(tmp_path):
+    for flag, value in (("--add-eos", "always"), ("--format", "text"), ("--loss-on", "all")):
+        _refused(packctl("pack", ROOT / "sample_data", "-o", tmp_path / "out", flag, value),
+                 rf"{flag} tells how to tokenize raw records: it needs --tokenizer DIR")
+
+
 def test_stats_what_if_on_raw_records_is_the_what_if_on_their_tokens(tmp_path, tok):
     raw = _chats(tmp_path / "raw")
     assert packctl("tokenize", raw, "-o", tmp_path / "tokenized", "--tokenizer", tok, "-q").code == 0

@@ -58,7 +58,7 @@ def test_a_misspelled_toml_key_names_the_closest_known_key(tmp_path, text, line)
 def test_a_toml_key_near_no_known_key_lists_them_all(tmp_path):
     path = tmp_path / "pack.toml"
     path.write_text("xyzzy = 1\n")
-    with pytest.raises(PackctlError, match="unknown key 'xyzzy'; known keys: algorithm, .*, window"):
+    with pytest.raises(PackctlError, match="unknown key 'xyzzy'; known keys: add_bos, add_eos, algorithm, .*, window"):
         load_config(path)
 
 
