@@ -36,7 +36,7 @@ from packctl.source.files import FileFingerprint, changed_error
 from packctl.source.index import Block, InputFile, Resolution, SequenceIndex
 from packctl.source.kinds import InputOptions, OneFile
 from packctl.tokenize import rawfiles
-from packctl.tokenize.options import LABELS, TOKENS  # the columns `packctl tokenize` writes, as the index names them
+from packctl.contract.schema import INPUT_IDS as TOKENS, LABELS  # the columns `packctl tokenize` writes, as the index names them
 
 BLOCK_RECORDS = 1024  # records a block: what one decode tokenizes (tokenize's row groups are as long)
 
