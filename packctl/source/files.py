@@ -112,6 +112,22 @@ def changed_error(path: str, what: str) -> PackctlError:
     return PackctlError(f"{path}: changed while packctl was reading it ({what}); rerun when the input is stable")
 
 
+def stat_unchanged(path: str, expected: "FileFingerprint | None") -> os.stat_result:
+    """The file's stat; with `expected`, refused in one line when its size or modification time
+    differs from the fingerprint's, or it is gone (a file of one piece: JSONL, raw records)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if expected is not None:
+            raise changed_error(path, "it was removed after the start of the run") from None
+        raise PackctlError(f"{path}: no such file") from None
+    if expected is not None and (st.st_size, st.st_mtime_ns) != (expected.size, expected.mtime_ns):
+        what = (f"its size went from {expected.size} to {st.st_size} bytes" if st.st_size != expected.size
+                else "its modification time changed")
+        raise changed_error(path, f"{what} since the start of the run")
+    return st
+
+
 def open_parquet(path: str, expected: FileFingerprint | None = None) -> pq.ParquetFile:
     """Open a Parquet file; with `expected` (the fingerprint taken when the run resolved it),
     first check that the file is still that file: same size, same footer (the footer is read

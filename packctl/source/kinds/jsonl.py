@@ -21,7 +21,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
 import zlib
 from itertools import chain
 
@@ -29,7 +28,7 @@ import numpy as np
 
 from packctl.errors import PackctlError
 from packctl.source.blocks import DecodedBlock, first_outside_int32
-from packctl.source.files import FileFingerprint, changed_error
+from packctl.source.files import FileFingerprint, changed_error, stat_unchanged
 from packctl.source.index import Block, InputFile, Resolution, SequenceIndex
 from packctl.source.kinds import InputOptions, OneFile
 
@@ -47,20 +46,6 @@ def _open(path: str):
     except OSError as exc:
         raise PackctlError(f"{path}: cannot be read ({exc.strerror or exc}); make it readable, or leave it out "
                            "of INPUT") from None
-
-
-def _stat(path: str, expected: FileFingerprint | None) -> os.stat_result:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        if expected is not None:
-            raise changed_error(path, "it was removed after the start of the run") from None
-        raise PackctlError(f"{path}: no such file") from None
-    if expected is not None and (st.st_size, st.st_mtime_ns) != (expected.size, expected.mtime_ns):
-        what = (f"its size went from {expected.size} to {st.st_size} bytes" if st.st_size != expected.size
-                else "its modification time changed")
-        raise changed_error(path, f"{what} since the start of the run")
-    return st
 
 
 def _first_keys(path: str) -> set[str]:
@@ -89,7 +74,7 @@ class JsonlKind(OneFile):
                   options: InputOptions | None = None) -> tuple[FileFingerprint, list[Block], int]:
         """One read of the file: rows, blocks (byte offsets of their first line) and a digest of
         its bytes. Lines a, b, c (6 bytes each), 2 lines a block -> blocks at bytes 0 and 12."""
-        st = _stat(path, expected)
+        st = stat_unchanged(path, expected)
         digest = hashlib.blake2b(digest_size=16)
         cuts, rows, at, line_start, block_start, block_rows = [], 0, 0, 0, 0, 0
         try:
@@ -141,7 +126,7 @@ class JsonlKind(OneFile):
 
     def decode(self, path: str, block: Block, options: InputOptions, *, skip_empty: bool = False,
                check_values: bool = True, expected: FileFingerprint | None = None) -> DecodedBlock:
-        _stat(path, expected)
+        stat_unchanged(path, expected)
         try:
             with _open(path) as handle:
                 if block.row_group is None:  # the whole file

@@ -32,7 +32,7 @@ import numpy as np
 
 from packctl.errors import PackctlError
 from packctl.source.blocks import DecodedBlock
-from packctl.source.files import FileFingerprint, changed_error
+from packctl.source.files import FileFingerprint, changed_error, stat_unchanged
 from packctl.source.index import Block, InputFile, Resolution, SequenceIndex
 from packctl.source.kinds import InputOptions, OneFile
 from packctl.tokenize import rawfiles
@@ -45,24 +45,10 @@ _files: dict[tuple, rawfiles.RawFile] = {}  # (path, size, mtime_ns, inode, bloc
 _tokenizers: dict[tuple, object] = {}  # the directory and its files' sizes and times -> LocalTokenizer
 
 
-def _stat(path: str, expected: FileFingerprint | None) -> os.stat_result:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        if expected is not None:
-            raise changed_error(path, "it was removed after the start of the run") from None
-        raise PackctlError(f"{path}: no such file") from None
-    if expected is not None and (st.st_size, st.st_mtime_ns) != (expected.size, expected.mtime_ns):
-        what = (f"its size went from {expected.size} to {st.st_size} bytes" if st.st_size != expected.size
-                else "its modification time changed")
-        raise changed_error(path, f"{what} since the start of the run")
-    return st
-
-
 def _indexed(path: str, expected: FileFingerprint | None = None) -> rawfiles.RawFile:
     """The file counted and hashed (`rawfiles.index_file`), once a process while its size,
     modification time and inode stay the same."""
-    st = _stat(path, expected)
+    st = stat_unchanged(path, expected)
     key = (path, st.st_size, st.st_mtime_ns, st.st_ino, BLOCK_RECORDS)
     with _lock:
         found = _files.get(key)
