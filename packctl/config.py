@@ -21,7 +21,7 @@ from typing import Any
 from packctl.contract.schema import INT32_MAX, RESERVED_COLUMNS, limit_sum_name
 from packctl.errors import PackctlError
 from packctl.plan.names import ALGORITHMS
-from packctl.tokenize.formats import AddSpecial, LossOn, RecordFormat
+from packctl.enums import AddSpecial, LossOn, RecordFormat
 from packctl.urls import refuse_url
 from packctl.specs import (BalanceScope, BalanceSpec, BatchUnit, Cost, CurriculumOrder, GroupScope, GroupSpec,
                            LengthSpec, LrScaling, Mode, Order, OrderSpec, PackOrder, PadTo, PoolStrategy, ReportSpec,

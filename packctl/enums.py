@@ -178,3 +178,60 @@ class BatchUnit(Choice):
     """Sequences."""
     TOKENS = "tokens"
     """Tokens."""
+
+
+# The choices of how raw records are tokenized (`packctl tokenize`, `pack --tokenizer`)
+
+class RecordFormat(StrEnum):
+    """What a record holds, and so how it becomes token rows."""
+
+    TEXT = "text"
+    """Language modelling: a `text` string, the loss on every token."""
+
+    MESSAGES = "messages"
+    """Conversational: a `messages` list of {role, content, ...} rendered by the chat template,
+    with an optional `tools` list passed to the template."""
+
+    PROMPT_COMPLETION = "prompt-completion"
+    """TRL's prompt-completion: `prompt` and `completion`, each a plain string or a list of
+    messages (both of the same kind)."""
+
+    PREFERENCE = "preference"
+    """TRL's preference: `chosen` and `rejected` with an optional `prompt`, plain or conversational;
+    two rows per record (chosen, then rejected). Without a `prompt` column the prompt is implicit:
+    the leading messages (or characters) chosen and rejected share."""
+
+    AUTO = "auto"
+    """Detected from the columns present: preference, then prompt-completion, then messages, then
+    text."""
+
+
+class LossOn(StrEnum):
+    """Which tokens of a row carry a label (the others get -100)."""
+
+    ASSISTANT = "assistant"
+    """Every assistant turn of a conversation (its content and its end-of-turn token)."""
+
+    ALL = "all"
+    """Every token."""
+
+    LAST_ASSISTANT = "last-assistant"
+    """Only the last assistant turn of a conversation."""
+
+    COMPLETION = "completion"
+    """Only the completion (for preference: the chosen or the rejected part)."""
+
+
+class AddSpecial(StrEnum):
+    """Whether packctl puts the tokenizer's BOS (or EOS) around a row."""
+
+    AUTO = "auto"
+    """Plain text: as the tokenizer does (its post-processor, or tokenizer_config.json's
+    add_bos_token / add_eos_token); a plain completion also ends with EOS, as TRL appends it. A
+    chat: only what its template writes."""
+
+    ALWAYS = "always"
+    """Every row starts with BOS (ends with EOS), unless it already does."""
+
+    NEVER = "never"
+    """packctl adds none (a chat template's own tokens stay)."""

@@ -46,6 +46,7 @@ LEGACY_MANIFEST = "manifest.json"  # format version 1
 # In every directory `packctl export` writes (written last: the export is complete), so that
 # INPUT never reads an export back as samples: {"packctl_version", "format", "source"}
 EXPORT_MARK = "_packctl_export.json"
+TOKENIZED = "tokenized"  # the manifest kind of `packctl tokenize`'s output: an input, not a packed output
 LEGACY_METRICS = "metrics.json"
 READABLE_VERSIONS = (1, FORMAT_VERSION)
 # The counts every manifest holds (DESIGN.md's list); `packs` and `pieces` are checked when present

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 
-TOKENIZED = "tokenized"  # the manifest kind of `packctl tokenize`'s output
+from packctl.contract.manifest import TOKENIZED  # the manifest kind of `packctl tokenize`'s output
 
 
 def tokenized_sources(paths: list[str]) -> list[dict]:

@@ -33,7 +33,8 @@ import jinja2
 import numpy as np
 
 from packctl.errors import PackctlError
-from packctl.tokenize.formats import AddSpecial, Columns, LossOn, RecordFormat, detect_format, resolve_loss_on
+from packctl.enums import AddSpecial
+from packctl.tokenize.formats import Columns, LossOn, RecordFormat, detect_format, resolve_loss_on
 from packctl.tokenize.masks import IGNORE_INDEX, SpanError, token_spans
 from packctl.tokenize.tokenizer import LocalTokenizer, first_line
 

@@ -47,7 +47,7 @@ from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults, OutputDir
 from packctl.output.paths import check_output_location
 from packctl.output.resume import inspect_output
-from packctl.source.tokenized import TOKENIZED
+from packctl.contract.manifest import TOKENIZED
 from packctl.tokenize.options import CHOSEN, LABELS, PROMPT_LENGTH, RECORD_ID, TOKENS, TokenizeConfig
 from packctl.tokenize.rawfiles import RawFile, RawIndex, TextUnit, find_inputs, index_file, read_records
 from packctl.version import __version__
