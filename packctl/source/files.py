@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.errors import PackctlError
+from packctl.store import is_store_url, open_object
 
 _MAGIC = b"PAR1"
 
@@ -67,12 +68,19 @@ def _parse_footer(path: str, footer: bytes) -> pq.FileMetaData:
         raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
 
 
-def read_fingerprint(path: str) -> tuple[FileFingerprint, pq.FileMetaData, os.stat_result]:
+def read_fingerprint(path: str) -> tuple[FileFingerprint, pq.FileMetaData, os.stat_result | None]:
     """The first read of an input file (packctl.source.resolve): its fingerprint, its parsed
     footer and its stat (device and inode: the file's identity), all from one open descriptor.
+    An object of a store (`s3://...`) has no stat (None): its size and last-modified time come
+    from the store, its footer from two ranged reads.
 
     Errors name the file: it cannot be opened (permissions), is not a regular file, or is not
     Parquet. `O_NONBLOCK` keeps a FIFO that replaced the file from blocking the run."""
+    if is_store_url(path):
+        handle, found = open_object(path)
+        footer = _store_read(path, lambda: _footer_bytes(path, found.size, handle.read_at))
+        fingerprint = FileFingerprint(size=found.size, mtime_ns=found.mtime_ns, footer=_footer_digest(footer))
+        return fingerprint, _parse_footer(path, footer), None
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
@@ -120,16 +128,19 @@ def open_parquet(path: str, expected: FileFingerprint | None = None) -> pq.Parqu
         open_parquet("a.parquet", fp)  ->  error: a.parquet: changed while packctl was reading it
                                            (its size went from 706 to 1412 bytes since the start of the run); ...
     """
-    try:
-        handle = pa.OSFile(path)
-    except (pa.ArrowException, OSError) as exc:
-        if expected is not None and isinstance(exc, FileNotFoundError):
-            raise changed_error(path, "it was removed after the start of the run") from None
-        raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
-    try:
-        size = handle.size()
-    except (pa.ArrowException, OSError) as exc:
-        raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
+    if is_store_url(path):
+        handle, size = _open_object(path, expected)
+    else:
+        try:
+            handle = pa.OSFile(path)
+        except (pa.ArrowException, OSError) as exc:
+            if expected is not None and isinstance(exc, FileNotFoundError):
+                raise changed_error(path, "it was removed after the start of the run") from None
+            raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
+        try:
+            size = handle.size()
+        except (pa.ArrowException, OSError) as exc:
+            raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
     if expected is not None and size != expected.size:
         raise changed_error(path, f"its size went from {expected.size} to {size} bytes since the start of the run")
     try:
@@ -146,6 +157,33 @@ def open_parquet(path: str, expected: FileFingerprint | None = None) -> pq.Parqu
         return pq.ParquetFile(handle, metadata=_parse_footer(path, footer))
     except (pa.ArrowException, OSError) as exc:
         raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
+
+
+def _open_object(url: str, expected: FileFingerprint | None):
+    """(a ranged reader of the object at `url`, its size); with `expected`, the object must still
+    be the one the run first read: its last-modified time is checked here, its size and footer
+    by `open_parquet` as for a local file. Last-modified times are whole seconds: an object
+    rewritten within the second it was read is told by its size and footer, as a local file is."""
+    try:
+        handle, found = open_object(url)
+    except PackctlError:
+        if expected is not None:
+            raise changed_error(url, "it can no longer be read from the store since the start of the run") from None
+        raise
+    if expected is not None and found.mtime_ns != expected.mtime_ns:
+        raise changed_error(url, "the store's last-modified time of the object differs from the one read at the "
+                                 "start of the run")
+    return handle, found.size
+
+
+def _store_read(url: str, read):
+    """`read()` over an object, its transport errors as one line naming the URL."""
+    from packctl.store import store_error
+
+    try:
+        return read()
+    except (pa.ArrowException, OSError) as exc:
+        raise store_error(url, exc, "read") from None
 
 
 def _short(exc: BaseException) -> str:
