@@ -162,3 +162,17 @@ def _env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+@pytest.mark.slow  # verify checks every pack (about 20 s here)
+def test_verify_source_on_s3(s3, tmp_path):
+    """An output packed from local files, verified against the same files on S3 (conservation:
+    every token of the source in the packs), and refused when an object differs."""
+    s3.upload_dir(SAMPLE, "corpus")
+    out = _pack([str(SAMPLE)], tmp_path / "out")
+    ok = run_cli("verify", str(out), "--source", s3.url("corpus"), env=_env())
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    s3.put("corpus/" + SHARDS[0], (SAMPLE / SHARDS[1]).read_bytes())
+    bad = run_cli("verify", str(out), "--source", s3.url("corpus"), env=_env())
+    assert bad.returncode == 1, bad.stdout + bad.stderr  # the other object's rows are not the packs' rows
+    assert "[conservation: sample-" in bad.stdout and "Traceback" not in bad.stdout + bad.stderr
