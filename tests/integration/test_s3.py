@@ -176,3 +176,17 @@ def test_verify_source_on_s3(s3, tmp_path):
     bad = run_cli("verify", str(out), "--source", s3.url("corpus"), env=_env())
     assert bad.returncode == 1, bad.stdout + bad.stderr  # the other object's rows are not the packs' rows
     assert "[conservation: sample-" in bad.stdout and "Traceback" not in bad.stdout + bad.stderr
+
+
+def test_materialize_a_plan_of_objects_on_s3(s3, tmp_path):
+    """`pack --plan-only` over s3:// INPUT records the URLs; `materialize` reads the objects back
+    and writes the shards a pack writes."""
+    from packctl.pipeline.from_plan import materialize_plan
+
+    s3.upload_dir(SAMPLE, "corpus")
+    plan = _pack([s3.url("corpus")], tmp_path / "plan", plan_only=True)
+    manifest = json.loads((plan / "_manifest.json").read_text())
+    assert [f["absolute_path"] for f in manifest["inputs"]] == [s3.url(f"corpus/{name}") for name in SHARDS]
+    materialize_plan(plan, tmp_path / "out")
+    packed = _pack([s3.url("corpus")], tmp_path / "packed")
+    assert [p.read_bytes() for p in _shards(tmp_path / "out")] == [p.read_bytes() for p in _shards(packed)]
