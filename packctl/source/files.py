@@ -78,7 +78,7 @@ def read_fingerprint(path: str) -> tuple[FileFingerprint, pq.FileMetaData, os.st
     Parquet. `O_NONBLOCK` keeps a FIFO that replaced the file from blocking the run."""
     if is_store_url(path):
         handle, found = open_object(path)
-        footer = _store_read(path, lambda: _footer_bytes(path, found.size, handle.read_at))
+        footer = _store_read(path, lambda: _footer_bytes(path, found.size, _tail_reader(handle, found.size)))
         fingerprint = FileFingerprint(size=found.size, mtime_ns=found.mtime_ns, footer=_footer_digest(footer))
         return fingerprint, _parse_footer(path, footer), None
     try:
@@ -144,7 +144,7 @@ def open_parquet(path: str, expected: FileFingerprint | None = None) -> pq.Parqu
     if expected is not None and size != expected.size:
         raise changed_error(path, f"its size went from {expected.size} to {size} bytes since the start of the run")
     try:
-        footer = _footer_bytes(path, size, handle.read_at)
+        footer = _footer_bytes(path, size, _tail_reader(handle, size) if is_store_url(path) else handle.read_at)
     except (pa.ArrowException, OSError) as exc:
         raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
     except PackctlError:
@@ -174,6 +174,23 @@ def _open_object(url: str, expected: FileFingerprint | None):
         raise changed_error(url, "the store's last-modified time of the object differs from the one read at the "
                                  "start of the run")
     return handle, found.size
+
+
+_TAIL = 64 * 1024  # one ranged GET of an object's last 64 KiB holds the footer of most Parquet files
+
+
+def _tail_reader(handle, size: int) -> Callable[[int, int], bytes]:
+    """`read_at(nbytes, offset)` over an object that fetches its last 64 KiB once and serves reads
+    inside them from memory: a footer in one request instead of two (length, then footer)."""
+    start = max(0, size - _TAIL)
+    tail = handle.read_at(size - start, start)
+
+    def read_at(n: int, offset: int) -> bytes:
+        if offset >= start and offset + n <= size:
+            return tail[offset - start:offset - start + n]
+        return handle.read_at(n, offset)
+
+    return read_at
 
 
 def _store_read(url: str, read):
