@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.errors import PackctlError
-from packctl.store import is_store_url, open_object
+from packctl.urls import is_url  # packctl.store is loaded for URLs only: local runs never pay for it
 
 _MAGIC = b"PAR1"
 
@@ -76,7 +76,9 @@ def read_fingerprint(path: str) -> tuple[FileFingerprint, pq.FileMetaData, os.st
 
     Errors name the file: it cannot be opened (permissions), is not a regular file, or is not
     Parquet. `O_NONBLOCK` keeps a FIFO that replaced the file from blocking the run."""
-    if is_store_url(path):
+    if is_url(path):  # resolve refuses the URLs of stores packctl does not read
+        from packctl.store import open_object
+
         handle, found = open_object(path)
         footer = _store_read(path, lambda: _footer_bytes(path, found.size, _tail_reader(handle, found.size)))
         fingerprint = FileFingerprint(size=found.size, mtime_ns=found.mtime_ns, footer=_footer_digest(footer))
@@ -128,7 +130,7 @@ def open_parquet(path: str, expected: FileFingerprint | None = None) -> pq.Parqu
         open_parquet("a.parquet", fp)  ->  error: a.parquet: changed while packctl was reading it
                                            (its size went from 706 to 1412 bytes since the start of the run); ...
     """
-    if is_store_url(path):
+    if is_url(path):
         handle, size = _open_object(path, expected)
     else:
         try:
@@ -144,7 +146,7 @@ def open_parquet(path: str, expected: FileFingerprint | None = None) -> pq.Parqu
     if expected is not None and size != expected.size:
         raise changed_error(path, f"its size went from {expected.size} to {size} bytes since the start of the run")
     try:
-        footer = _footer_bytes(path, size, _tail_reader(handle, size) if is_store_url(path) else handle.read_at)
+        footer = _footer_bytes(path, size, _tail_reader(handle, size) if is_url(path) else handle.read_at)
     except (pa.ArrowException, OSError) as exc:
         raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
     except PackctlError:
@@ -164,6 +166,8 @@ def _open_object(url: str, expected: FileFingerprint | None):
     be the one the run first read: its last-modified time is checked here, its size and footer
     by `open_parquet` as for a local file. Last-modified times are whole seconds: an object
     rewritten within the second it was read is told by its size and footer, as a local file is."""
+    from packctl.store import open_object
+
     try:
         handle, found = open_object(url)
     except PackctlError:
