@@ -14,6 +14,7 @@ from packctl.contract.schema import FORMAT_VERSION, IGNORE_INDEX
 from packctl.source.kinds import options_of
 from packctl.source.kinds.raw import tokenization
 from packctl.source.tokenized import tokenized_sources
+from packctl.urls import is_url
 from packctl.version import __version__
 
 if TYPE_CHECKING:
@@ -112,7 +113,8 @@ def build_manifest(config: PackConfig, labels_column: str | None, inputs: list[I
     if config.plan_only:
         manifest["kind"] = PLAN_KIND
         for entry, read in zip(manifest["inputs"], fingerprints or []):
-            entry["absolute_path"] = os.path.abspath(entry["path"])  # where its readers find it, from any folder
+            path = entry["path"]  # where its readers find it, from any folder (a URL is already absolute)
+            entry["absolute_path"] = path if is_url(path) else os.path.abspath(path)
             entry["mtime_ns"] = read.mtime_ns
             entry["footer"] = read.footer
     return manifest

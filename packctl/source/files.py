@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.errors import PackctlError
+from packctl.urls import is_url  # packctl.store is loaded for URLs only: local runs never pay for it
 
 _MAGIC = b"PAR1"
 
@@ -67,12 +68,21 @@ def _parse_footer(path: str, footer: bytes) -> pq.FileMetaData:
         raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
 
 
-def read_fingerprint(path: str) -> tuple[FileFingerprint, pq.FileMetaData, os.stat_result]:
+def read_fingerprint(path: str) -> tuple[FileFingerprint, pq.FileMetaData, os.stat_result | None]:
     """The first read of an input file (packctl.source.resolve): its fingerprint, its parsed
     footer and its stat (device and inode: the file's identity), all from one open descriptor.
+    An object of a store (`s3://...`) has no stat (None): its size and last-modified time come
+    from the store, its footer from two ranged reads.
 
     Errors name the file: it cannot be opened (permissions), is not a regular file, or is not
     Parquet. `O_NONBLOCK` keeps a FIFO that replaced the file from blocking the run."""
+    if is_url(path):  # resolve refuses the URLs of stores packctl does not read
+        from packctl.store import open_object
+
+        handle, found = open_object(path)
+        footer = _store_read(path, lambda: _footer_bytes(path, found.size, _tail_reader(handle, found.size)))
+        fingerprint = FileFingerprint(size=found.size, mtime_ns=found.mtime_ns, footer=_footer_digest(footer))
+        return fingerprint, _parse_footer(path, footer), None
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
@@ -136,20 +146,23 @@ def open_parquet(path: str, expected: FileFingerprint | None = None) -> pq.Parqu
         open_parquet("a.parquet", fp)  ->  error: a.parquet: changed while packctl was reading it
                                            (its size went from 706 to 1412 bytes since the start of the run); ...
     """
-    try:
-        handle = pa.OSFile(path)
-    except (pa.ArrowException, OSError) as exc:
-        if expected is not None and isinstance(exc, FileNotFoundError):
-            raise changed_error(path, "it was removed after the start of the run") from None
-        raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
-    try:
-        size = handle.size()
-    except (pa.ArrowException, OSError) as exc:
-        raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
+    if is_url(path):
+        handle, size = _open_object(path, expected)
+    else:
+        try:
+            handle = pa.OSFile(path)
+        except (pa.ArrowException, OSError) as exc:
+            if expected is not None and isinstance(exc, FileNotFoundError):
+                raise changed_error(path, "it was removed after the start of the run") from None
+            raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
+        try:
+            size = handle.size()
+        except (pa.ArrowException, OSError) as exc:
+            raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
     if expected is not None and size != expected.size:
         raise changed_error(path, f"its size went from {expected.size} to {size} bytes since the start of the run")
     try:
-        footer = _footer_bytes(path, size, handle.read_at)
+        footer = _footer_bytes(path, size, _tail_reader(handle, size) if is_url(path) else handle.read_at)
     except (pa.ArrowException, OSError) as exc:
         raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
     except PackctlError:
@@ -162,6 +175,52 @@ def open_parquet(path: str, expected: FileFingerprint | None = None) -> pq.Parqu
         return pq.ParquetFile(handle, metadata=_parse_footer(path, footer))
     except (pa.ArrowException, OSError) as exc:
         raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
+
+
+def _open_object(url: str, expected: FileFingerprint | None):
+    """(a ranged reader of the object at `url`, its size); with `expected`, the object must still
+    be the one the run first read: its last-modified time is checked here, its size and footer
+    by `open_parquet` as for a local file. Last-modified times are whole seconds: an object
+    rewritten within the second it was read is told by its size and footer, as a local file is."""
+    from packctl.store import open_object
+
+    try:
+        handle, found = open_object(url)
+    except PackctlError:
+        if expected is not None:
+            raise changed_error(url, "it can no longer be read from the store since the start of the run") from None
+        raise
+    if expected is not None and found.mtime_ns != expected.mtime_ns:
+        raise changed_error(url, "the store's last-modified time of the object differs from the one read at the "
+                                 "start of the run")
+    return handle, found.size
+
+
+_TAIL = 64 * 1024  # one ranged GET of an object's last 64 KiB holds the footer of most Parquet files
+
+
+def _tail_reader(handle, size: int) -> Callable[[int, int], bytes]:
+    """`read_at(nbytes, offset)` over an object that fetches its last 64 KiB once and serves reads
+    inside them from memory: a footer in one request instead of two (length, then footer)."""
+    start = max(0, size - _TAIL)
+    tail = handle.read_at(size - start, start)
+
+    def read_at(n: int, offset: int) -> bytes:
+        if offset >= start and offset + n <= size:
+            return tail[offset - start:offset - start + n]
+        return handle.read_at(n, offset)
+
+    return read_at
+
+
+def _store_read(url: str, read):
+    """`read()` over an object, its transport errors as one line naming the URL."""
+    from packctl.store import store_error
+
+    try:
+        return read()
+    except (pa.ArrowException, OSError) as exc:
+        raise store_error(url, exc, "read") from None
 
 
 def _short(exc: BaseException) -> str:

@@ -31,6 +31,7 @@ from packctl.source.files import FileFingerprint
 from packctl.source.scan import TokenSource
 from packctl.source.index import Block, InputFile, SequenceIndex
 from packctl.source.kinds import InputKind, InputOptions, kind_of_paths, options_of
+from packctl.urls import is_url
 
 Place = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
@@ -152,7 +153,7 @@ def plan_source(manifest: dict[str, Any], manifest_file: os.PathLike | str, *,
         if not isinstance(path, str) or not isinstance(footer, str) or not isinstance(size, int):
             raise PackctlError(f"{manifest_file}: inputs[{f}] records no fingerprint of its file (absolute_path, "
                                "bytes, footer); run packctl pack --plan-only again")
-        if not os.path.exists(path):
+        if not is_url(path) and not os.path.exists(path):  # a missing object is refused by its read
             raise PackctlError(f"{path}: source of the plan {manifest_file} is missing; a plan reads its tokens from "
                                "the files it was made from: put the file back, or run packctl pack again")
         fingerprint, file_blocks, rows = _read_source_file(kind, path, f, options)

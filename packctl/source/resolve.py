@@ -55,7 +55,7 @@ from packctl.source.files import changed_error, file_kind, read_fingerprint
 from packctl.source.index import BIN, IDX, is_indexed, prefix_of
 from packctl.source.kinds import PARQUET, InputKind, InputOptions, claimed, kind_of, kind_of_paths
 from packctl.source.splits import select_split
-from packctl.urls import refuse_url
+from packctl.urls import is_url, refuse_url
 
 _GLOB_CHARS = frozenset("*?[")
 # what packctl keeps beside an OUT it is writing or replacing: .OUT.packctl-partial, .OUT.packctl-old-PID,
@@ -77,7 +77,12 @@ class _Found:
 def normalize_spec(spec: str | os.PathLike) -> str:
     """An INPUT as the run records it: `./data/` -> `data`, `/abs/data//x.parquet` -> `/abs/data/x.parquet`."""
     text = os.fspath(spec)
-    refuse_url(text, "input")  # normpath would make s3://b/x "s3:/b/x", which does not exist
+    if is_url(text):
+        from packctl import store
+
+        if store.is_store_url(text):
+            return store.normalize_url(text)
+        refuse_url(text, "input")  # normpath would make s3://b/x "s3:/b/x", which does not exist
     return os.path.normpath(text) if text else text
 
 
@@ -90,6 +95,10 @@ def resolve(inputs: Iterable[str | os.PathLike], *, split: str | None = None,
     here, once, from their names and `options` (a tokenizer makes `*.jsonl` raw records), and
     the resolution carries it."""
     specs = [normalize_spec(s) for s in inputs]
+    if any(is_url(spec) for spec in specs):
+        from packctl.source.stored import resolve_objects
+
+        return resolve_objects(specs, split=split, options=options)
     found: list[_Found] = []
     for spec in specs:
         found += _in_split(spec, _expand(spec, options), split)
