@@ -87,3 +87,11 @@ def test_share_prefix_with_sources_is_refused_in_one_line(tmp_path, blend):
     result = packctl("pack", "--source", f"pairs={blend['pairs']}:1", "--group-column", "g", "--share-prefix",
                      "-o", tmp_path / "out")
     assert_clean_error(result, 2, "--share-prefix with --source")
+
+
+def test_groups_kept_within_steps_in_a_blend_pass_verify(tmp_path, blend):
+    pack(_config(blend, tmp_path / "out", {"pairs": 0.5, "plain": 0.5}, {"pairs": 2.0}, tokens=20_000,
+                 order="shuffle", group_scope="step", dp_size=2, micro_batches=2, capacity=128))
+    report = packctl("verify", tmp_path / "out", "--source", blend["pairs"], "--source", blend["plain"],
+                     "--no-attention")
+    assert report.code == 0, report.stdout + report.stderr
