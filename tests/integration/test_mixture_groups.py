@@ -95,3 +95,9 @@ def test_groups_kept_within_steps_in_a_blend_pass_verify(tmp_path, blend):
     report = packctl("verify", tmp_path / "out", "--source", blend["pairs"], "--source", blend["plain"],
                      "--no-attention")
     assert report.code == 0, report.stdout + report.stderr
+
+
+def test_stats_of_a_grouped_blend_before_packing_is_refused_in_one_line(blend):
+    result = packctl("stats", "--source", f"pairs={blend['pairs']}:0.5:2", "--source", f"plain={blend['plain']}:0.5",
+                     "--group-column", "g", "--capacity", str(CAPACITY))
+    assert_clean_error(result, 2, "--group-column g", "packctl stats OUT")
