@@ -9,7 +9,9 @@ tokens of web alone, so code and math are repeated (caps 4 and 8). The blend is 
 --plan-only (no token moves: the planning cost, which is where the blend differs) and, for the
 cost, the same number of tokens from one corpus of the same lengths. Prints one markdown row per
 source: target, realized share, worst |share - target| over the windows, and the tolerance of
-docs/mixtures.md for the smallest window; then the seconds of each run and their ratio.
+docs/mixtures.md for the smallest window; then the seconds of each run and their ratio; then
+with --steps, the worst |share - target| over the optimizer steps of --dp-size 2 x 2 micro-batches
+for every algorithm and --step-grouping (a tenth of the tokens: one row a pair).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=8192)
     parser.add_argument("--window", type=int, default=2000)
     parser.add_argument("--order", default="shuffle", choices=("input", "shuffle", "curriculum"))
+    parser.add_argument("--steps", action="store_true", help="also the per-step deviation of every planner")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench_mixture-"))
     sources = {"web": (args.sequences, "zipf", 0.6, 1.0), "code": (args.sequences // 10, "lognormal", 0.3, 4.0),
@@ -83,6 +86,17 @@ def main() -> None:
     print("| stage | " + " | ".join(stages) + " |\n|---|" + "---|" * len(stages))
     for name, timings in (("blend", result.timings), ("one source", single.timings)):
         print(f"| {name} | " + " | ".join(f"{timings[k]:.3f}s" for k in stages) + " |")
+    if args.steps:
+        print("| algorithm | --step-grouping | worst window deviation | worst step deviation (per source) |")
+        print("|---|---|---|---|")
+        for algorithm in ("concat", "ffd", "bfd", "ffs", "pool"):
+            for grouping in ("cost", "order"):
+                steps = pack(PackConfig(output=str(root / "steps"), sources=blend, tokens=web_tokens // 10,
+                                        algorithm=algorithm, step_grouping=grouping, dp_size=2, micro_batches=2,
+                                        **options)).metrics["mixture"]
+                per = ", ".join(f"{s['name']} {s['worst_step_deviation']:.3f}" for s in steps["sources"])
+                print(f"| {algorithm} | {grouping} | {steps['worst_window_deviation']:.4f} | "
+                      f"{steps['worst_step_deviation']:.3f} ({per}) |")
 
 
 if __name__ == "__main__":

@@ -565,9 +565,9 @@ class PackConfig:
         if self.epochs_of is not None and self.epochs_of not in self.sources:
             raise PackctlError(f"--epochs-of {self.epochs_of}: not a source; name one of "
                                f"{', '.join(e.name for e in entries)}")
-        if self.group_column is not None:
-            raise PackctlError("--group-column with --source: a blend draws and interleaves single rows, which "
-                               "would break groups apart; pack a grouped corpus on its own")
+        if self.share_prefix:
+            raise PackctlError("--share-prefix with --source: a blend may draw a group more than once, and a shared "
+                               "prefix is stored once a group; pack the grouped source with --share-prefix on its own")
 
     def _validate_share_prefix(self) -> None:
         """--share-prefix: groups to share within, one pack each, and nothing that writes a

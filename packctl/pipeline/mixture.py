@@ -17,8 +17,8 @@ import numpy as np
 from packctl.plan.align import round_up
 from packctl.errors import PackctlError
 from packctl.mpi.comm import Comm
-from packctl.plan.mixture import (SEQUENCES, Draw, EmptySource, RepeatOverCap, draw_blend, interleave, source_order,
-                                  uses_of, window_deviation)
+from packctl.plan.mixture import (SEQUENCES, Draw, EmptySource, RepeatOverCap, blend_groups, draw_blend, interleave,
+                                  member_uses, source_order, uses_of, window_deviation)
 from packctl.specs import MixtureSpec, OrderSpec
 
 
@@ -31,14 +31,15 @@ def gathered_lengths(comm: Comm, index) -> tuple[np.ndarray, np.ndarray | None]:
     return lengths, extra
 
 
-def draw(lengths: np.ndarray, mix: MixtureSpec, skip_empty: bool) -> tuple[Draw, list[np.ndarray]]:
+def draw(lengths: np.ndarray, mix: MixtureSpec, skip_empty: bool,
+         groups: np.ndarray | None = None) -> tuple[Draw, list[np.ndarray]]:
     """The uses of every row of every source (`lengths`: every gid's), and each source's gids
     that may be drawn (with --skip-empty, those of rows that are not empty); a mix that needs more
     passes over a source than its cap is refused naming the source and the cap it would need."""
     epochs_of = mix.names.index(mix.epochs_of) if mix.epochs_of is not None else None
     try:
         return draw_blend(lengths, mix.gid_starts, mix.weights, mix.max_repeats, unit=mix.unit, size=mix.size,
-                          epochs_of=epochs_of, seed=mix.seed, skip_empty=skip_empty)
+                          epochs_of=epochs_of, seed=mix.seed, skip_empty=skip_empty, group_starts=groups)
     except RepeatOverCap as exc:
         name, cap = mix.names[exc.source], _cap_needed(exc.needed)
         raise PackctlError(
@@ -64,32 +65,77 @@ def _cap_needed(needed: float) -> str:
     return f"{np.ceil(needed * 100 - 1e-9) / 100:g}"
 
 
-def blend_order(lengths: np.ndarray, spec: OrderSpec) -> tuple[np.ndarray, np.ndarray, Draw]:
-    """The global order of one epoch's uses (spec.seed: the epoch's): their gids and sources."""
+def blend_order(lengths: np.ndarray, spec: OrderSpec, group_starts: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray, Draw, np.ndarray | None]:
+    """The global order of one epoch's uses (spec.seed: the epoch's): their gids and sources, and
+    with --group-column (`group_starts`) True on the first row of each use of a group.
+
+    Groups are drawn and interleaved whole (a group's units: its rows' summed); each use of a
+    group then becomes its rows in gid order (with --skip-empty, those not empty), the order the
+    order stage keeps groups in without a blend.
+
+        group_starts [0, 2, 3], group uses in order [2, 0] -> gids [2, 0, 1], starts [T, T, F]"""
     mix = spec.mixture
-    found, gids = draw(lengths, mix, spec.skip_empty)
+    groups = None if group_starts is None else blend_groups(group_starts, mix.gid_starts)
+    found, gids = draw(lengths, mix, spec.skip_empty, groups)
+    padded_of = round_up(np.asarray(lengths, dtype=np.int64), spec.align)
+    if groups is not None:
+        first = groups[:-1]
+        size_of = np.zeros(len(lengths), np.int64)
+        size_of[first] = np.add.reduceat(np.asarray(lengths, dtype=np.int64), first) if len(first) else 0
+        padded = np.zeros(len(lengths), np.int64)
+        padded[first] = np.add.reduceat(padded_of, first) if len(first) else 0
+        rows = np.zeros(len(lengths), np.int64)
+        rows[first] = np.diff(groups)
+    else:
+        size_of, padded, rows = np.asarray(lengths, dtype=np.int64), padded_of, np.ones(len(lengths), np.int64)
     ordered_gids, units = [], []
     for k, (ids, counts) in enumerate(zip(gids, found.counts)):
         use_gids, passes = uses_of(ids, counts)
-        used = lengths[use_gids]
-        perm = source_order(use_gids, passes, round_up(used, spec.align), str(spec.order), seed=spec.seed, source=k,
+        perm = source_order(use_gids, passes, padded[use_gids], str(spec.order), seed=spec.seed, source=k,
                             num_sequences=len(lengths), curriculum_order=str(spec.curriculum_order))
         ordered_gids.append(use_gids[perm])
-        units.append(np.ones(len(perm), np.int64) if mix.unit == SEQUENCES else used[perm])
+        units.append((rows if mix.unit == SEQUENCES else size_of)[use_gids[perm]])
     positions = interleave(units)
     all_gids = np.concatenate(ordered_gids) if ordered_gids else np.zeros(0, np.int64)
     source_of = np.repeat(np.arange(len(gids), dtype=np.int64), [len(g) for g in ordered_gids])
-    return all_gids[positions], source_of[positions], found
+    all_gids, source_of = all_gids[positions], source_of[positions]
+    if groups is None:
+        return all_gids, source_of, found, None
+    counts = rows[all_gids]
+    member = np.repeat(all_gids, counts) + (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
+    starts = np.zeros(len(member), dtype=bool)
+    starts[np.cumsum(counts) - counts] = True
+    source_of = np.repeat(source_of, counts)
+    if spec.skip_empty:  # an empty row takes no place; a group's first kept row starts its use
+        use = np.cumsum(starts) - 1
+        kept = lengths[member] > 0
+        member, source_of, use = member[kept], source_of[kept], use[kept]
+        starts = np.ones(len(member), dtype=bool)
+        starts[1:] = use[1:] != use[:-1]
+    return member, source_of, found, starts
 
 
-def order_blend(comm: Comm, index, spec: OrderSpec, epoch: int):
+def order_blend(comm: Comm, index, spec: OrderSpec, epoch: int, groups=None, windows=None):
     """This rank's whole windows of the blend's global order (pipeline/order.py `Ordered`), dealt
     to ranks by the rule of `order.window_owners`: rank r plans the windows whose middle lies in
-    the r-th of comm.size equal parts of every epoch's sequences."""
+    the r-th of comm.size equal parts of every epoch's sequences. With --group-column windows
+    count uses of groups, so a group never straddles a window, nor a rank, and every group is
+    checked to fit as the order stage checks it without a blend."""
     from packctl.pipeline.ordered import Ordered
 
     lengths, extra = gathered_lengths(comm, index)
-    gids, _, _ = blend_order(lengths, spec)
+    group_starts = getattr(index, "group_starts", None)
+    gids, _, _, starts = blend_order(lengths, spec, group_starts)
+    if starts is not None:
+        ordered = _windows_of(comm, spec, epoch, np.flatnonzero(starts), len(gids))
+        lo_row, hi_row, first, num_windows = ordered
+        gids, starts = gids[lo_row:hi_row], starts[lo_row:hi_row]
+        out = Ordered(gids=gids, lengths=lengths[gids], first_window=min(first, num_windows), new_group=starts,
+                      group_starts=group_starts, extra=None if extra is None else np.ascontiguousarray(extra[gids]))
+        from packctl.pipeline.order import check_groups_fit_everywhere
+        check_groups_fit_everywhere(comm, out, index, groups, windows)
+        return out
     total = len(gids)
     num_windows = -(-total // spec.window)
     lo = np.arange(num_windows, dtype=np.int64) * spec.window
@@ -106,6 +152,24 @@ def order_blend(comm: Comm, index, spec: OrderSpec, epoch: int):
                    extra=None if extra is None else np.ascontiguousarray(extra[gids]))
 
 
+def _windows_of(comm: Comm, spec: OrderSpec, epoch: int, use_first: np.ndarray, rows: int):
+    """This rank's rows [lo, hi) of an order of group uses (`use_first`: each use's first row),
+    its first window and the number of windows: windows of --window uses, dealt as `order_blend`
+    deals windows of rows."""
+    total = len(use_first)
+    num_windows = -(-total // spec.window)
+    lo = np.arange(num_windows, dtype=np.int64) * spec.window
+    hi = np.minimum(lo + spec.window, total)
+    middle2 = 2 * epoch * total + lo + hi
+    owner = np.minimum(middle2 * comm.size // (2 * spec.epochs * max(total, 1)), comm.size - 1)
+    mine = np.flatnonzero(owner == comm.rank)
+    first = int(np.count_nonzero(owner < comm.rank))
+    edges = np.append(use_first, rows)
+    if not len(mine):
+        return 0, 0, first, num_windows
+    return int(edges[lo[mine[0]]]), int(edges[hi[mine[-1]]]), first, num_windows
+
+
 def blend_metrics(comm: Comm, index, spec: OrderSpec, planned=None) -> dict:
     """`_metrics.json`'s `mixture`: per source its rows, the rows used, uses, tokens, passes
     (uses / rows drawn from), target and realized share of the output's units, and the worst
@@ -113,7 +177,7 @@ def blend_metrics(comm: Comm, index, spec: OrderSpec, planned=None) -> dict:
     this rank's plan of epoch 0)."""
     mix = spec.mixture
     lengths, _ = gathered_lengths(comm, index)
-    gids, source_of, found = blend_order(lengths, spec)
+    gids, source_of, found, _ = blend_order(lengths, spec, getattr(index, "group_starts", None))
     units = np.ones(len(gids), np.int64) if mix.unit == SEQUENCES else lengths[gids]
     weights = np.asarray(mix.weights)
     worst = window_deviation(source_of, units, spec.window, weights)
@@ -186,9 +250,14 @@ def blend_corpus(comm: Comm, index, spec: OrderSpec, corpus):
     import dataclasses
 
     lengths, _ = gathered_lengths(comm, index)
-    found, gids = draw(lengths, spec.mixture, spec.skip_empty)
-    uses = sum(int(c.sum()) for c in found.counts)
-    tokens = sum(int((c * lengths[g]).sum()) for g, c in zip(gids, found.counts))
+    group_starts = getattr(index, "group_starts", None)
+    groups = None if group_starts is None else blend_groups(group_starts, spec.mixture.gid_starts)
+    found, gids = draw(lengths, spec.mixture, spec.skip_empty, groups)
+    per_row = member_uses(len(lengths), gids, found.counts, groups)
+    if spec.skip_empty:
+        per_row[lengths == 0] = 0
+    uses = int(per_row.sum())
+    tokens = int((per_row * lengths).sum())
     return dataclasses.replace(corpus, sequences=uses, tokens=tokens, skipped_empty=0)
 
 

@@ -138,7 +138,7 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
     """
     if spec.mixture is not None:  # a blend: the sources' uses, interleaved (pipeline/mixture.py)
         from packctl.pipeline.mixture import order_blend
-        return order_blend(comm, index, spec, epoch)
+        return order_blend(comm, index, spec, epoch, groups, windows)
     n_local = len(index.lengths)
     gids = index.gid_lo + np.arange(n_local, dtype=np.int64)
     lengths = index.lengths

@@ -96,11 +96,20 @@ def draw_uses(sizes: list[np.ndarray], gids: list[np.ndarray], weights: np.ndarr
 
 
 def draw_blend(lengths: np.ndarray, gid_starts, weights, caps, *, unit: str = TOKENS, size: int | None = None,
-               epochs_of: int | None = None, seed: int = 0, skip_empty: bool = False
-               ) -> tuple[Draw, list[np.ndarray]]:
+               epochs_of: int | None = None, seed: int = 0, skip_empty: bool = False,
+               group_starts: np.ndarray | None = None) -> tuple[Draw, list[np.ndarray]]:
     """`draw_uses` over a blend's gids (`lengths`: every gid's true length; the gids of source k
     are gid_starts[k]:gid_starts[k+1]): the draw, and each source's gids that may be drawn (with
-    `skip_empty`, the rows that are not empty). The one draw of `pack` and of `verify --source`."""
+    `skip_empty`, the rows that are not empty). The one draw of `pack` and of `verify --source`.
+
+    With `group_starts` (--group-column; `blend_groups` cuts them at the sources' edges) the draw
+    is of whole groups: a group's units are its rows' (tokens, or rows), its gid is its first
+    row's, and every member is used as often as its group (`member_uses`).
+
+        lengths [3, 5, 4], one source, group_starts [0, 2, 3] -> gids [0, 2], sizes [8, 4]"""
+    if group_starts is not None:
+        return _draw_groups(lengths, gid_starts, weights, caps, unit=unit, size=size, epochs_of=epochs_of,
+                            seed=seed, skip_empty=skip_empty, group_starts=group_starts)
     gids, sizes = [], []
     for k in range(len(gid_starts) - 1):
         ids = np.arange(gid_starts[k], gid_starts[k + 1], dtype=np.int64)
@@ -110,6 +119,52 @@ def draw_blend(lengths: np.ndarray, gid_starts, weights, caps, *, unit: str = TO
         sizes.append(np.ones(len(ids), np.int64) if unit == SEQUENCES else lengths[ids])
     return draw_uses(sizes, gids, np.asarray(weights, dtype=np.float64), np.asarray(caps, dtype=np.float64),
                      size=size, epochs_of=epochs_of, seed=seed), gids
+
+
+def blend_groups(group_starts: np.ndarray, gid_starts) -> np.ndarray:
+    """The group starts cut at every source's first gid, so no group spans two sources.
+
+        group_starts [0, 3, 6], sources at [0, 2, 6] -> [0, 2, 3, 6]"""
+    return np.union1d(np.asarray(group_starts, dtype=np.int64), np.asarray(gid_starts, dtype=np.int64))
+
+
+def _group_members(lengths: np.ndarray, group_starts: np.ndarray, skip_empty: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's rows (with `skip_empty`, those not empty) and tokens."""
+    first = group_starts[:-1]
+    member = np.diff(group_starts)
+    tokens = np.add.reduceat(np.asarray(lengths, dtype=np.int64), first) if len(first) else first.copy()
+    if skip_empty:
+        member = np.add.reduceat((np.asarray(lengths) > 0).astype(np.int64), first) if len(first) else member
+    return member, tokens
+
+
+def _draw_groups(lengths, gid_starts, weights, caps, *, unit, size, epochs_of, seed, skip_empty, group_starts):
+    member, tokens = _group_members(lengths, group_starts, skip_empty)
+    first = group_starts[:-1]
+    gids, sizes = [], []
+    for k in range(len(gid_starts) - 1):
+        inside = (first >= gid_starts[k]) & (first < gid_starts[k + 1])
+        if skip_empty:
+            inside &= tokens > 0
+        gids.append(first[inside])
+        sizes.append(member[inside] if unit == SEQUENCES else tokens[inside])
+    return draw_uses(sizes, gids, np.asarray(weights, dtype=np.float64), np.asarray(caps, dtype=np.float64),
+                     size=size, epochs_of=epochs_of, seed=seed), gids
+
+
+def member_uses(num_rows: int, gids: list[np.ndarray], counts: list[np.ndarray],
+                group_starts: np.ndarray | None = None) -> np.ndarray:
+    """Each row's number of uses (one value a gid): its own, or its group's (`gids` then hold
+    group starts).
+
+        3 rows, gids [[0, 2]], counts [[2, 1]], group_starts [0, 2, 3] -> [2, 2, 1]"""
+    uses = np.zeros(num_rows, dtype=np.int64)
+    for ids, c in zip(gids, counts):
+        uses[ids] = c
+    if group_starts is not None:
+        first = np.asarray(group_starts[:-1], dtype=np.int64)
+        uses = np.repeat(uses[first], np.diff(group_starts))
+    return uses
 
 
 def uses_of(gids: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -365,6 +365,9 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
                for c in capacities for a in algorithms}
 
     source_files = None
+    if config.sources and config.group_column is not None:
+        raise PackctlError(f"packctl stats --source with --group-column {config.group_column}: the what-if of a "
+                           "grouped blend is not measured; pack it and run packctl stats OUT")
     if config.sources:  # a blend: its sources' lengths, joined as pack joins them
         index, source_files = read_blend_lengths(config)
     else:

@@ -406,6 +406,24 @@ def _per_use(lengths: np.ndarray, config: PackConfig) -> np.ndarray:
     return per_use
 
 
+def _source_group_starts(paths: list[str], column: str) -> np.ndarray:
+    """The gid where each run of equal values of `column` starts over the source files, plus the
+    number of rows (source/groups.py reads them so for pack)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    try:
+        values = pa.chunked_array([c for p in paths for c in pq.read_table(p, columns=[column]).column(column).chunks])
+    except (pa.ArrowException, OSError, KeyError) as exc:
+        raise PackctlError(f"--group-column {column}: cannot read it from the sources ({exc}); pass the sources "
+                           "given to packctl pack") from None
+    values = values.combine_chunks()
+    n = len(values)
+    changed = pc.not_equal(values.slice(1), values.slice(0, n - 1)).to_numpy(zero_copy_only=False) if n else []
+    return np.concatenate([[0], np.flatnonzero(changed) + 1, [n]]).astype(np.int64) if n else np.zeros(1, np.int64)
+
+
 def _blend_conservation(out: Path, manifest: dict[str, Any], config: PackConfig, blend: dict[str, Any],
                         pieces: OutputPieces, kind: InputKind, paths: list[str], file_offsets: np.ndarray, src_len: np.ndarray,
                         covered: np.ndarray, count: np.ndarray, sample_ids: np.ndarray, valid: np.ndarray,
@@ -418,19 +436,22 @@ def _blend_conservation(out: Path, manifest: dict[str, Any], config: PackConfig,
 
         web row 7 drawn twice, 40 tokens: the output holds 80 tokens of sample 7, in pieces that
         rebuild it twice"""
-    from packctl.plan.mixture import EmptySource, RepeatOverCap, draw_blend
+    from packctl.plan.mixture import EmptySource, RepeatOverCap, blend_groups, draw_blend, member_uses
 
+    groups = None
+    if config.group_column is not None:  # whole groups are drawn: every row as often as its group
+        groups = blend_groups(_source_group_starts(paths, config.group_column), blend["starts"])
     try:
         draw, gids = draw_blend(src_len, blend["starts"], blend["weights"], blend["caps"], unit=config.mix_unit,
                                 size=config.tokens, epochs_of=blend["epochs_of"], seed=config.seed,
-                                skip_empty=config.skip_empty)
+                                skip_empty=config.skip_empty, group_starts=groups)
     except (RepeatOverCap, EmptySource) as exc:
         raise PackctlError(f"--source: the source does not give the blend the output was drawn from "
                            f"({blend['names'][exc.source]}: {type(exc).__name__}); pass the sources given to "
                            "packctl pack") from None
-    uses = np.zeros(len(src_len), dtype=np.int64)
-    for ids, counts in zip(gids, draw.counts):
-        uses[ids] = counts
+    uses = member_uses(len(src_len), gids, draw.counts, groups)
+    if config.skip_empty:
+        uses[src_len == 0] = 0
     expected = uses * _per_use(src_len, config)
     source_of = np.searchsorted(np.asarray(blend["starts"]), np.arange(len(src_len)), side="right") - 1
     wrong = covered != expected

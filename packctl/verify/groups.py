@@ -13,6 +13,12 @@ Rules (over every shard at once, since a group could be cut across shards):
                     --too-long split: its pieces are one sample id)
     group-adjacent  members next to each other, in input order (increasing sample_ids)
 
+A blend (`--source`) may draw a group more than once: each member's k-th appearance in the
+output (shards, packs and sequences in order) belongs to the group's k-th use, and the rules
+hold for every use.
+
+    pack 0  sample_ids [2, 3]   pack 1  sample_ids [3, 2]  -> use 0 whole; use 1 not in input order
+
 With --group-scope step (the manifest's config says `group_scope: "step"`) a group may spread over
 several packs, and group-whole and group-adjacent give way to
     group-step      all members of a group in packs of one optimizer step (the `step` column)
@@ -34,13 +40,14 @@ class GroupRule:
     """Collects every shard's group ids; `check` applies the rules after the last shard."""
 
     scope: str = "pack"  # or "step": --group-scope of the run
+    blend: bool = False  # --source: a group may be used more than once
     parts: list = field(default_factory=list)
     steps: list = field(default_factory=list)
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> "GroupRule":
         config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
-        return cls(scope="step" if config.get("group_scope") == "step" else "pack")
+        return cls(scope="step" if config.get("group_scope") == "step" else "pack", blend=bool(config.get("sources")))
 
     def add(self, table: pa.Table, rows: PackRows, shard: str) -> list[Violation]:
         """Keep one shard's group ids; returns what is wrong with the column itself."""
@@ -76,9 +83,10 @@ class GroupRule:
         row, position, sample, group = (np.concatenate([p[k] for p in self.parts]) for k in range(1, 5))
         pack = shard_of * (int(row.max()) + 1) + row  # one number per pack of the output
         step = np.concatenate(self.steps) if self.scope == "step" and len(self.steps) == len(self.parts) else None
-        order = np.lexsort((sample, group))
-        pack, position, sample, group, shard_of, row = (a[order] for a in (pack, position, sample, group, shard_of,
-                                                                             row))
+        use = self._uses(pack, position, sample) if self.blend else np.zeros(len(sample), np.int64)
+        order = np.lexsort((sample, use, group))
+        pack, position, sample, group, shard_of, row, use = (a[order] for a in (pack, position, sample, group,
+                                                                                  shard_of, row, use))
         found = []
 
         def report(rule: str, bad: np.ndarray, message) -> None:
@@ -87,11 +95,12 @@ class GroupRule:
                 found.append(Violation("structure", rule, message(k), shard=self.parts[shard_of[k]][0],
                                        row=int(row[k]), sequence=int(position[k]), count=int(bad.sum())))
 
-        same = group[1:] == group[:-1]
+        one_group = group[1:] == group[:-1]
+        same = one_group & (use[1:] == use[:-1])  # one use of one group
         members = same & (sample[1:] != sample[:-1])  # pieces of a split sequence (a group of one) may part
         # the id of the next group in id order, for each sequence: the group that follows its own
         unset = np.iinfo(np.int64).max
-        at_group_end = np.where(np.append(~same, True), np.append(group[1:], unset), unset)
+        at_group_end = np.where(np.append(~one_group, True), np.append(group[1:], unset), unset)
         next_group = np.minimum.accumulate(at_group_end[::-1])[::-1]
         report("group-ids", (group > sample) | (sample >= next_group),
                lambda k: f"sample {sample[k]} has group id {group[k]}, but a group is a run of sample ids starting at "
@@ -110,3 +119,15 @@ class GroupRule:
                lambda k: f"members of group {group[k]} are not next to each other in input order (sample "
                          f"{sample[k]}, then {sample[k + 1]})")
         return found
+
+    @staticmethod
+    def _uses(pack: np.ndarray, position: np.ndarray, sample: np.ndarray) -> np.ndarray:
+        """Each sequence's appearance of its sample before it in the output: 0 for the first."""
+        at = np.lexsort((position, pack))
+        by_sample = at[np.argsort(sample[at], kind="stable")]
+        s = sample[by_sample]
+        first = np.concatenate([[0], np.flatnonzero(s[1:] != s[:-1]) + 1]) if len(s) else np.zeros(0, np.int64)
+        rank = np.arange(len(s)) - np.repeat(first, np.diff(np.append(first, len(s))))
+        use = np.empty(len(s), np.int64)
+        use[by_sample] = rank
+        return use

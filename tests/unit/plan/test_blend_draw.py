@@ -104,3 +104,26 @@ def test_window_deviation_is_the_worst_share_off_its_weight():
     assert window_deviation(np.array([0, 1, 0, 1]), np.array([1, 1, 1, 1]), 2, np.array([0.5, 0.5])).tolist() == [0, 0]
     assert window_deviation(np.array([0, 0, 1, 1]), np.array([1, 1, 1, 1]), 2, np.array([0.5, 0.5])).tolist() == [
         0.5, 0.5]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31), st.integers(1, 4))
+def test_groups_are_drawn_whole_and_each_source_gives_its_target_within_half_its_largest_group(seed, sources):
+    from packctl.plan.mixture import blend_groups, member_uses
+
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(5, 60, sources)
+    lengths = rng.integers(1, 100, int(rows.sum()))
+    gid_starts = np.concatenate([[0], np.cumsum(rows)])
+    cuts = np.flatnonzero(rng.random(len(lengths)) < 0.5)  # groups of 1 to a few rows, some over two sources
+    groups = blend_groups(np.concatenate([[0], cuts[cuts > 0], [len(lengths)]]), gid_starts)
+    weights = rng.dirichlet(np.ones(sources))
+    found, gids = draw_blend(lengths, gid_starts, weights, np.full(sources, 10.0), size=int(lengths.sum()),
+                             seed=seed, group_starts=groups)
+    uses = member_uses(len(lengths), gids, found.counts, groups)
+    member_of = np.searchsorted(groups, np.arange(len(lengths)), side="right") - 1
+    assert (uses == uses[groups[member_of]]).all()  # every row as often as its group
+    largest = np.maximum.reduceat(np.add.reduceat(lengths, groups[:-1]), np.searchsorted(groups[:-1], gid_starts[:-1]))
+    for k in range(sources):
+        given_k = int((uses * lengths)[gid_starts[k]:gid_starts[k + 1]].sum())
+        assert abs(given_k - found.targets[k]) <= largest[k] / 2 + 1e-6
