@@ -116,12 +116,12 @@ def blend_order(lengths: np.ndarray, spec: OrderSpec, group_starts: np.ndarray |
     return member, source_of, found, starts
 
 
-def order_blend(comm: Comm, index, spec: OrderSpec, epoch: int, groups=None, windows=None):
+def order_blend(comm: Comm, index, spec: OrderSpec, epoch: int):
     """This rank's whole windows of the blend's global order (pipeline/order.py `Ordered`), dealt
     to ranks by the rule of `order.window_owners`: rank r plans the windows whose middle lies in
     the r-th of comm.size equal parts of every epoch's sequences. With --group-column windows
-    count uses of groups, so a group never straddles a window, nor a rank, and every group is
-    checked to fit as the order stage checks it without a blend."""
+    count uses of groups, so a group never straddles a window, nor a rank (the order stage then
+    checks that every group fits, as without a blend)."""
     from packctl.pipeline.ordered import Ordered
 
     lengths, extra = gathered_lengths(comm, index)
@@ -133,21 +133,9 @@ def order_blend(comm: Comm, index, spec: OrderSpec, epoch: int, groups=None, win
         gids, starts = gids[lo_row:hi_row], starts[lo_row:hi_row]
         out = Ordered(gids=gids, lengths=lengths[gids], first_window=min(first, num_windows), new_group=starts,
                       group_starts=group_starts, extra=None if extra is None else np.ascontiguousarray(extra[gids]))
-        from packctl.pipeline.order import check_groups_fit_everywhere
-        check_groups_fit_everywhere(comm, out, index, groups, windows)
         return out
-    total = len(gids)
-    num_windows = -(-total // spec.window)
-    lo = np.arange(num_windows, dtype=np.int64) * spec.window
-    hi = np.minimum(lo + spec.window, total)
-    middle2 = 2 * epoch * total + lo + hi
-    owner = np.minimum(middle2 * comm.size // (2 * spec.epochs * max(total, 1)), comm.size - 1)
-    mine = np.flatnonzero(owner == comm.rank)
-    first = int(np.count_nonzero(owner < comm.rank))
-    if len(mine):
-        gids = gids[int(lo[mine[0]]):int(hi[mine[-1]])]
-    else:
-        gids = gids[:0]
+    lo_row, hi_row, first, num_windows = _windows_of(comm, spec, epoch, np.arange(len(gids)), len(gids))
+    gids = gids[lo_row:hi_row]  # every row a use of its own
     return Ordered(gids=gids, lengths=lengths[gids], first_window=min(first, num_windows),
                    extra=None if extra is None else np.ascontiguousarray(extra[gids]))
 

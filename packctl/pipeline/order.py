@@ -138,7 +138,10 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
     """
     if spec.mixture is not None:  # a blend: the sources' uses, interleaved (pipeline/mixture.py)
         from packctl.pipeline.mixture import order_blend
-        return order_blend(comm, index, spec, epoch, groups, windows)
+        ordered = order_blend(comm, index, spec, epoch)
+        if ordered.new_group is not None:  # each use of a group whole in one window: does it fit?
+            check_groups_fit_everywhere(comm, ordered, index, groups, windows)
+        return ordered
     n_local = len(index.lengths)
     gids = index.gid_lo + np.arange(n_local, dtype=np.int64)
     lengths = index.lengths
