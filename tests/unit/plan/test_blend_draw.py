@@ -118,7 +118,7 @@ def test_groups_are_drawn_whole_and_each_source_gives_its_target_within_half_its
     cuts = np.flatnonzero(rng.random(len(lengths)) < 0.5)  # groups of 1 to a few rows, some over two sources
     groups = blend_groups(np.concatenate([[0], cuts[cuts > 0], [len(lengths)]]), gid_starts)
     weights = rng.dirichlet(np.ones(sources))
-    found, gids = draw_blend(lengths, gid_starts, weights, np.full(sources, 10.0), size=int(lengths.sum()),
+    found, gids = draw_blend(lengths, gid_starts, weights, np.full(sources, 1e6), size=int(lengths.sum()),
                              seed=seed, group_starts=groups)
     uses = member_uses(len(lengths), gids, found.counts, groups)
     member_of = np.searchsorted(groups, np.arange(len(lengths)), side="right") - 1
