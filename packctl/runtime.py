@@ -13,6 +13,7 @@ import threading
 import time
 from concurrent.futures import Future
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from packctl.errors import PackctlError
@@ -143,7 +144,7 @@ def after_failure(comm, output, exc: BaseException) -> BaseException:
         kept, complete = output.finished_shards(), output.is_complete()
         if comm.size == 1 and kept == 0 and not complete:
             output.abort()
-    where = output.tmp if output is not None else None
+    where = output.where if output is not None else None
     if complete:
         resume_hint = (f"the complete output is kept in {where}: rerun the same command with --resume to put it "
                        "in place")
@@ -174,7 +175,8 @@ def run_guarded(comm, progress: Progress, out, lock, guard: SignalGuard, body: C
     """
     from packctl.output.paths import missing_parents, remove_empty
 
-    made, failed = missing_parents(out), False  # the directories above OUT this run creates
+    made = missing_parents(out) if isinstance(out, Path) else []  # the directories above OUT this run creates
+    failed = False
     try:
         with guard.installed():
             return body()

@@ -42,6 +42,9 @@ MANIFEST = "_manifest.json"
 EPOCHS = "_epochs.json"  # the OUT of --epochs > 1: one output per epoch, in epoch-00000/ ... (docs/format.md)
 METRICS = "_metrics.json"
 DATA_DIR = "data"
+# On an object store each run writes under OUT/runs/<run-id>/ and its manifest lists its shards
+# there: `runs/20261128T071800Z-3f9a0c12/data/train-00000.parquet` (output/stored.py)
+RUNS_DIR = "runs"
 LEGACY_MANIFEST = "manifest.json"  # format version 1
 # In every directory `packctl export` writes (written last: the export is complete), so that
 # INPUT never reads an export back as samples: {"packctl_version", "format", "source"}
@@ -91,6 +94,22 @@ def listed_shard_name(shard: int, format_version: int) -> str:
     epoch's folder numbers its shards from 0 again): `data/train-00003.parquet`, version 1
     `part-00003.parquet`."""
     return shard_name(shard) if format_version >= 2 else f"part-{shard:05d}.parquet"
+
+
+_STORE_RUN = re.compile(rf"^{RUNS_DIR}/[A-Za-z0-9._-]+/")
+
+
+def store_run_prefix(shards: object) -> str:
+    """The run prefix under which an output on an object store lists every shard (taken from the
+    first entry), or "" for a manifest that lists them under OUT itself:
+
+        [{"path": "runs/20261128T071800Z-3f9a0c12/data/train-00000.parquet", ...}, ...]
+        -> "runs/20261128T071800Z-3f9a0c12/"
+    """
+    first = shards[0] if isinstance(shards, list) and shards else None
+    path = first.get("path") if isinstance(first, dict) else None
+    found = _STORE_RUN.match(path) if isinstance(path, str) else None
+    return found.group(0) if found else ""
 
 
 def epoch_dir(epoch: int) -> str:
@@ -248,6 +267,7 @@ def manifest_problems(out: Path, manifest: dict[str, Any]) -> list[ManifestProbl
     elif not shards:
         found.append(ManifestProblem("manifest-fields", "shards", "lists no shards; an output holds at least one"))
     root_real = os.path.realpath(out)
+    run_prefix = store_run_prefix(shards)
     seen: dict[str, int] = {}
     sums_known = True
     for k, entry in enumerate(shards):
@@ -281,7 +301,7 @@ def manifest_problems(out: Path, manifest: dict[str, Any]) -> list[ManifestProbl
                                          unreadable=True))
             continue
         seen[path] = k
-        expected = listed_shard_name(k, version)
+        expected = run_prefix + listed_shard_name(k, version)
         if path != expected:
             found.append(ManifestProblem("manifest-order", f"{where}.path", f"is {path!r}, where pack lists shard {k} "
                                          f"as {expected!r}", shard=k))

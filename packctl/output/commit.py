@@ -97,7 +97,12 @@ EXPORT_STEPS = (                 # `packctl export`: the same swap, for a direct
     "export:renamed",            # the partial directory renamed to DIR
     "export:old-removed",        # `.DIR.packctl-export-old` removed
 )
-KILL_POINTS = STEPS + EXPORT_STEPS  # where `Faults(kill_at=)` may stop pack, materialize or export
+STORE_STEPS = (                  # OUT on an object store (output/stored.py): the steps not named above
+    "store:shard-put",           # a shard PUT under the run prefix, not yet journaled
+    "store:replaces-noted",      # run.json PUT again naming the run it replaces; the manifest not yet PUT
+    "store:old-removed",         # the manifest PUT and the replaced run's objects deleted
+)
+KILL_POINTS = STEPS + EXPORT_STEPS + STORE_STEPS  # where `Faults(kill_at=)` may stop pack, materialize or export
 
 Reached = Callable[[str], None]  # called with a step's name as the run passes it (Faults.reached)
 

@@ -35,7 +35,8 @@ from packctl.errors import PackctlError
 from packctl.output import commit as protocol
 from packctl.output.commit import KILL_POINTS
 from packctl.output.fs import write_failed
-from packctl.output.journal import JOURNAL, RUN_FILE, fsync_dir, journal_line, partial_dir, read_journal
+from packctl.output.journal import (JOURNAL, RUN_FILE, fsync_dir, journal_line, partial_dir, read_journal,
+                                    write_block_digests)
 from packctl.output.paths import check_output_path
 
 
@@ -148,6 +149,15 @@ class OutputDir:
                 shutil.rmtree(self.tmp, ignore_errors=True)
             raise write_failed(Path(exc.filename or self.tmp), exc) from None
         return self
+
+    @property
+    def where(self) -> Path:
+        """Where the finished work of this run waits for `--resume`: the partial directory."""
+        return self.tmp
+
+    def keep_block_digests(self, digests: list[int]) -> None:
+        """Record the digest of every input block beside run.json (journal.py), for `--resume`."""
+        write_block_digests(self.tmp, digests)
 
     def reached(self, step: str) -> None:
         """This process has passed `step` (output/commit.py): a simulated crash, if one is wanted there."""

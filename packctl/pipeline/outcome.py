@@ -17,6 +17,7 @@ from packctl.contract.manifest import METRICS, ShardEntry
 from packctl.mpi.comm import Comm, broadcast_outcome
 from packctl.output import commit as protocol
 from packctl.output.outdir import Faults, OutputDir
+from packctl.output.stored import StoreOutput, StoreOutputDir
 
 __all__ = ["PackResult", "already_complete", "open_partial_output"]
 
@@ -37,10 +38,13 @@ class PackResult:
     plan_only: bool = False  # --plan-only: the packs were planned, no token was moved
 
 
-def already_complete(out: Path, note: str) -> PackResult:
+def already_complete(out: Path | StoreOutput, note: str) -> PackResult:
     """The result of a run whose output OUT already holds: OUT's counts, metrics and shards."""
-    metrics = json.loads((out / METRICS).read_text())
-    shards = protocol.listed_shards(out) or []
+    if isinstance(out, StoreOutput):
+        metrics, shards = out.committed_report()
+    else:
+        metrics = json.loads((out / METRICS).read_text())
+        shards = protocol.listed_shards(out) or []
     return PackResult(output=out, counts=metrics.get("counts", {}), metrics=metrics,
                       timings=metrics.get("timings", {}), shards=shards, note=note)
 
@@ -49,6 +53,8 @@ def open_partial_output(comm: Comm, out: Path, overwrite: bool, fingerprint: dic
                  faults: Faults | None) -> OutputDir:
     """Rank 0 creates (or, resuming, cleans) the partial output directory; every rank writes its
     shards into it, skipping those in `done`."""
+    if isinstance(out, StoreOutput):  # one process writes a store output (refused under MPI before)
+        return StoreOutputDir.create(out, fingerprint=fingerprint, done=done, faults=faults)
     created: dict[str, OutputDir] = {}
 
     def create() -> str:

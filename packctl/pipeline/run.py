@@ -52,11 +52,12 @@ from packctl.source.mixture import resolve_sources, with_blend
 from packctl.pipeline.mixture import blend_corpus, blend_metrics, source_table, with_mixture
 from packctl.contract.manifest import ShardEntry
 from packctl.output import commit as protocol
-from packctl.output.journal import RUN_FILE, partial_dir, read_block_digests, write_block_digests
+from packctl.output.journal import RUN_FILE, partial_dir, read_block_digests
 from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults, OutputDir
 from packctl.output.paths import check_output_location
 from packctl.output.resume import inspect_output
+from packctl.output.stored import StoreOutput, is_store_output, refuse_on_store
 from packctl.pipeline.outcome import PackResult, already_complete, open_partial_output
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.plan.order import epoch_seed
@@ -99,8 +100,12 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
     comm = comm or get_comm()
     config.check_types()  # OUT's path is used at once: a value of the wrong type is refused first
     progress = progress if (progress is not None and comm.rank == 0) else Progress()
-    out = Path(config.output)
-    lock = OutputLock(out)
+    if is_store_output(config.output):  # OUT on a store: no lock, its commit is one PUT (output/stored.py)
+        refuse_on_store(config.output, epochs=config.epochs, ranks=comm.size)
+        out = lock = StoreOutput(config.output)
+    else:
+        out = Path(config.output)
+        lock = OutputLock(out)
     guard = SignalGuard()
     run = _Run()
 
@@ -148,7 +153,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
 
     output = run.output = open_partial_output(comm, out, config.overwrite, fingerprint, done, faults)
     if comm.rank == 0 and digests is not None:
-        write_block_digests(output.tmp, digests)
+        output.keep_block_digests(digests)
     # each rank summarizes its own windows beside materialize; the summaries are added up in report
     summaries = in_background(lambda: [RankSummary.of(p, specs.report, epoch=e, rank=comm.rank,
                                                        group_starts=index.group_starts)
@@ -338,14 +343,16 @@ def _block_digests(comm: Comm, scanned: Scanned) -> list[int] | None:
 def _check_blocks_unchanged(out: Path, index: SequenceIndex, digests: list[int]) -> None:
     """`--resume` keeps shards an earlier run wrote from its blocks: each block must hold what it
     held then (a file rewritten with the same size, modification time and footer does not)."""
-    recorded = read_block_digests(partial_dir(out))
+    store = isinstance(out, StoreOutput)
+    recorded = out.recorded_blocks if store else read_block_digests(partial_dir(out))
+    where = out.url(out.run_prefix.rstrip("/")) if store else partial_dir(out)
     if recorded is None or len(recorded) != len(digests):
         return  # nothing recorded to compare: the inputs' fingerprints were checked
     for b, (then, now) in enumerate(zip(recorded, digests)):
         if then != now:
             block = index.blocks[b]
             raise PackctlError(f"{index.files[block.file].path}: --resume refused: {describe_block(block)} holds other "
-                               f"tokens than the interrupted run in {partial_dir(out)} read (its size, modification "
+                               f"tokens than the interrupted run in {where} read (its size, modification "
                                "time and footer are the same); delete that directory and run without --resume")
 
 
@@ -386,7 +393,9 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
     reached = (faults or Faults()).reached
     config = with_blend(config)
     config.validate()
-    check_output_location(out)
+    store = isinstance(out, StoreOutput)
+    if not store:
+        check_output_location(out)
     options = options_of(dataclasses.asdict(config))
     source_files = None
     if config.sources:  # a blend: each source resolved on its own, its files after those of the sources before
@@ -397,7 +406,7 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
         specs = [normalize_spec(s) for s in config.inputs]
         _refuse_output_in_reach(out, specs)
         resolution = resolve(specs, split=config.split, options=options)
-        if config.resume:
+        if config.resume and not store:
             resolution = _spelled_as_earlier_run(out, resolution)
         config = dataclasses.replace(config, inputs=resolution.specs)
     check_options(resolution, tokens_column=config.tokens_column, labels_column=config.labels_column,
@@ -406,6 +415,11 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
     index = index_inputs(resolution, options, tuple(config.keep_columns), config.weight_column, tuple(config.limits))
     if config.group_column is not None:
         index.group_starts = read_group_starts(index, config.group_column)
+    if store:
+        fingerprint = run_fingerprint(config, index)
+        with guard.deferred(stop_after=True):  # finishing an interrupted commit: a signal waits for it
+            found = out.settle(fingerprint, resume=config.resume, overwrite=config.overwrite)
+        return _decided(config, index, fingerprint, found, out, source_files)
     check_output_location(out, inputs=[p for f in index.files for p in index.kind.partners(f.path)],
                           input_dirs=[str(i) for i in config.inputs] or resolution.specs)
     lock.acquire()
@@ -419,15 +433,23 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
             protocol.publish(out, overwrite=config.overwrite, reached=reached)
         return config, None, None, None, (f"{out}: already complete: the interrupted run had written all of it; "
                                           "it is now in place"), None
+    return _decided(config, index, fingerprint, found, out, source_files)
+
+
+def _decided(config: PackConfig, index: SequenceIndex, fingerprint: dict, found, out, source_files):
+    """`_preflight`'s answer once what earlier runs left is decided (`found`, an Outcome)."""
     if found.complete:
         return (config, None, None, None, f"{out}: already complete with these inputs and options; nothing to do",
                 None)
     return config, index, fingerprint, found.done, None, source_files
 
 
-def _refuse_output_in_reach(out: Path, specs: list[str]) -> None:
+def _refuse_output_in_reach(out: Path | StoreOutput, specs: list[str]) -> None:
     """An OUT that an INPUT pattern matches would be read as input by the next run of the same
     command (and its partial directory by `--resume`): as for an OUT inside an input directory."""
+    if isinstance(out, StoreOutput):
+        out.check_location(specs)
+        return
     for shard in (out / DATA_DIR / "train-00000.parquet", out / epoch_dir(0) / DATA_DIR / "train-00000.parquet",
                   partial_dir(out) / DATA_DIR / "train-00000.parquet"):
         spec = pattern_reaching(specs, str(shard))
