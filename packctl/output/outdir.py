@@ -330,6 +330,10 @@ class OutputDir:
         self.reached("commit:manifest-written")
         protocol.publish(self.out, overwrite=overwrite, reached=self.reached)
 
+    def close(self) -> None:
+        """The run is over, whatever its end: nothing to release here (a store output removes its
+        local scratch directory)."""
+
     def abort(self) -> None:
         """Remove the partial directory: only when it holds nothing finished (`after_failure`)."""
         if not self.is_complete():

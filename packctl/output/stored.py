@@ -501,18 +501,22 @@ class StoreOutputDir(OutputDir):
                            replaced_objects=replaced_objects)
         self.reached("store:replaces-noted")
         if not overwrite and get_bytes(target.url(MANIFEST)) is not None:
-            raise PackctlError(f"{target.root}: appeared while this run wrote it; the run's shards wait under "
-                               f"{self.where}: rerun with --resume --overwrite to replace OUT", everywhere=True)
+            raise PackctlError(f"{target.root}: appeared while this run wrote it (another run committed it); "
+                               "pass --overwrite to replace it with this run's output", everywhere=True)
         put_bytes(target.url(MANIFEST), (json.dumps(manifest, indent=2) + "\n").encode())
         self.committed = True
         self.reached("commit:manifest-written")
         self.target._finish_replacing(prefix)
         self.reached("store:old-removed")
+        self.close()
+
+    def close(self) -> None:
+        """Remove the local scratch directory (what is finished is on the store)."""
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def abort(self) -> None:
         """Remove the scratch directory, and the run prefix when it holds no finished shard."""
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.close()
         if not self.entries and not self.committed:
             try:
                 delete_below(self.where)

@@ -113,11 +113,13 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
         run.ahead = CompileAhead.start(comm.size)
         return _pack(config, comm, progress, out, lock, guard, run, faults)
 
-    def stop_compiling() -> None:
+    def release() -> None:
         if run.ahead is not None:
             run.ahead.stop()
+        if run.output is not None:
+            run.output.close()
 
-    return run_guarded(comm, progress, out, lock, guard, body, lambda: run.output, on_exit=stop_compiling)
+    return run_guarded(comm, progress, out, lock, guard, body, lambda: run.output, on_exit=release)
 
 
 @dataclass

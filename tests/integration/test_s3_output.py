@@ -285,3 +285,40 @@ def _post(url: str, body: bytes) -> None:
 def test_what_a_store_output_does_not_take_is_refused(s3, options, expected):
     with pytest.raises(PackctlError, match=f"^{s3.url('out')}: {expected}"):
         pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), **OPTIONS, **options))
+
+
+def test_an_output_that_appears_while_a_run_writes_is_not_replaced(s3):
+    """Two runs at once without --overwrite: the one that finds the other's manifest just before its
+    own PUT stops in one line and leaves that output as it is; its shards wait for --resume."""
+    from packctl.output.outdir import Faults
+
+    pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("other"), too_long="drop"))
+    theirs = _get(s3, "other/_manifest.json")
+
+    def meanwhile(step: str) -> None:
+        if step == "store:replaces-noted":
+            s3.put("out/_manifest.json", theirs)
+
+    expected = (r"^s3://packctl-test/out: appeared while this run wrote it \(another run committed it\); pass "
+                r"overwrite=True to replace it with this run's output; 3 finished shard\(s\) are kept in "
+                r"s3://packctl-test/out/runs/\S+: rerun the same command with resume=True")
+    with pytest.raises(PackctlError, match=expected):
+        pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), **OPTIONS), faults=Faults(on_step=meanwhile))
+    assert _get(s3, "out/_manifest.json") == theirs
+
+
+def test_a_failed_run_names_its_run_prefix_and_leaves_no_scratch(s3, tmp_path, monkeypatch):
+    """Shards are encoded in a local scratch directory before their PUT: a run that fails removes
+    it, and its message says where the finished shards wait for --resume."""
+    import tempfile
+
+    from packctl.output.outdir import Faults
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(PackctlError, match=r"write failed \(No space left on device.*; 1 finished shard\(s\) are kept "
+                                           r"in s3://packctl-test/out/runs/\d{8}T\d{6}Z-[0-9a-f]{8}: rerun"):
+        pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), **OPTIONS),
+             faults=Faults(fail_write_after_shards=1))
+    assert not list(tmp_path.iterdir())
+    pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), resume=True, **OPTIONS))
+    assert not list(tmp_path.iterdir())
