@@ -45,6 +45,7 @@ from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults
 from packctl.output.paths import check_output_location
 from packctl.output.resume import inspect_output
+from packctl.output.stored import StoreOutput, is_store_output, refuse_on_store
 from packctl.pipeline.manifest import PLAN_KIND
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.pipeline.outcome import PackResult, already_complete, open_partial_output
@@ -112,16 +113,20 @@ def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bo
     """
     comm = comm or get_comm()
     refuse_url(plan_path, "input")
-    refuse_url(output, "output")
     progress = progress if (progress is not None and comm.rank == 0) else Progress()
-    out = Path(output)
-    lock = OutputLock(out)
+    if is_store_output(output):  # OUT on a store: no lock, its commit is one PUT (output/stored.py)
+        refuse_on_store(str(output), epochs=1, ranks=comm.size)
+        out = lock = StoreOutput(str(output))
+    else:
+        refuse_url(output, "output")
+        out = Path(output)
+        lock = OutputLock(out)
     guard = SignalGuard()
     opened: dict[str, Any] = {}
     return run_guarded(comm, progress, out, lock, guard,
                        lambda: _materialize(Path(plan_path), out, overwrite, resume, memory_budget, token_transfer,
                                             comm, progress, lock, guard, opened, faults),
-                       lambda: opened.get("output"))
+                       lambda: opened.get("output"), on_exit=lambda: opened["output"].close() if opened else None)
 
 
 def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memory_budget, token_transfer: str,
@@ -188,6 +193,8 @@ def _preflight(plan_path: Path, out: Path, lock: OutputLock, guard: SignalGuard,
     commit finished or undone, and what earlier runs left decided (as `pack`'s preflight).
     Returns (fingerprint, the shards --resume keeps, None) or (None, None, note)."""
     reached = (faults or Faults()).reached
+    if isinstance(out, StoreOutput):
+        return _settle_on_store(plan_path, out, guard, overwrite=overwrite, resume=resume)
     out_real, plan_real = os.path.realpath(out), os.path.realpath(plan_path)
     if out_real == plan_real or plan_real.startswith(out_real + os.sep) or out_real.startswith(plan_real + os.sep):
         raise PackctlError(f"{out}: is the plan {plan_path} or holds it, or lies inside it; write the materialized "
@@ -208,6 +215,22 @@ def _preflight(plan_path: Path, out: Path, lock: OutputLock, guard: SignalGuard,
             protocol.publish(out, overwrite=overwrite, reached=reached)
         return None, None, (f"{out}: already complete: the interrupted run had written all of it; it is now in "
                             "place")
+    if found.complete:
+        return None, None, f"{out}: already complete: it holds the output of this plan"
+    return fingerprint, found.done, None
+
+
+def _settle_on_store(plan_path: Path, out: StoreOutput, guard: SignalGuard, *, overwrite: bool, resume: bool
+                     ) -> tuple[dict | None, dict | None, str | None]:
+    """`_preflight` for an OUT on a store (output/stored.py `StoreOutput.settle`): one output, so
+    the plan of one epoch only."""
+    plan = open_plan(plan_path)
+    if len(plan.outputs) > 1:
+        refuse_on_store(str(out), epochs=len(plan.outputs), ranks=1)
+    plan_source(plan.manifest, plan.outputs[0].manifest_file)
+    fingerprint = materialized_fingerprint(plan)
+    with guard.deferred(stop_after=True):
+        found = out.settle(fingerprint, resume=resume, overwrite=overwrite)
     if found.complete:
         return None, None, f"{out}: already complete: it holds the output of this plan"
     return fingerprint, found.done, None

@@ -46,10 +46,11 @@ def test_the_copy_command_fits_the_store(tmp_path):
     assert "(e.g. `gcloud storage rsync -r gs://bucket/corpus DIR`)" in line
 
 
-# pack writes s3:// OUT (tests/integration/test_s3_output.py); other schemes, and the other commands' s3://, are refused
+# pack and materialize write s3:// OUT (tests/integration/test_s3_output.py); other schemes, and export's s3://,
+# are refused
 @pytest.mark.parametrize("command, url, copy", [
     ("pack", "gs://bucket/out", "gcloud storage rsync -r DIR gs://bucket/out"),
-    ("materialize", "s3://bucket/out", "aws s3 sync DIR s3://bucket/out"),
+    ("materialize", "gs://bucket/out", "gcloud storage rsync -r DIR gs://bucket/out"),
     ("export", "s3://bucket/out", "aws s3 sync DIR s3://bucket/out"),
 ])
 def test_a_url_output_is_refused_in_one_line(tmp_path, sample_data, command, url, copy):

@@ -322,3 +322,16 @@ def test_a_failed_run_names_its_run_prefix_and_leaves_no_scratch(s3, tmp_path, m
     assert not list(tmp_path.iterdir())
     pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), resume=True, **OPTIONS))
     assert not list(tmp_path.iterdir())
+
+
+def test_materialize_a_local_plan_to_s3(s3, local, tmp_path):
+    """`materialize PLAN -o s3://...` shares pack's store commit: the shards of a pack, byte for
+    byte, and a rerun finds it complete."""
+    from packctl.pipeline.from_plan import materialize_plan
+
+    plan = tmp_path / "plan"
+    pack(PackConfig(inputs=[str(SAMPLE)], output=str(plan), plan_only=True, **OPTIONS))
+    materialize_plan(plan, s3.url("out"))
+    _same_as_local(s3, "out", local)
+    again = materialize_plan(plan, s3.url("out"))
+    assert again.note == f"{s3.url('out')}: already complete: it holds the output of this plan"
