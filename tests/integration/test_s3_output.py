@@ -335,3 +335,11 @@ def test_materialize_a_local_plan_to_s3(s3, local, tmp_path):
     _same_as_local(s3, "out", local)
     again = materialize_plan(plan, s3.url("out"))
     assert again.note == f"{s3.url('out')}: already complete: it holds the output of this plan"
+
+
+def test_an_output_inside_its_input_prefix_is_refused(s3):
+    s3.upload_dir(SAMPLE, "corpus")
+    with pytest.raises(PackctlError, match=r"^s3://packctl-test/corpus/packed: inside the input "
+                                           r"s3://packctl-test/corpus \(or holding it\)"):
+        pack(PackConfig(inputs=[s3.url("corpus")], output=s3.url("corpus/packed"), **OPTIONS))
+    assert not _keys(s3, "corpus/packed")
