@@ -22,8 +22,7 @@ from packctl.contract.schema import INT32_MAX, RESERVED_COLUMNS, limit_sum_name
 from packctl.errors import PackctlError
 from packctl.plan.names import ALGORITHMS
 from packctl.enums import AddSpecial, LossOn, RecordFormat
-from packctl.store import is_store_url
-from packctl.urls import refuse_url
+from packctl.urls import is_url, refuse_url
 from packctl.specs import (BalanceScope, BalanceSpec, BatchUnit, Cost, CurriculumOrder, GroupScope, GroupSpec,
                            LengthSpec, LrScaling, Mode, Order, OrderSpec, PackOrder, PadTo, PoolStrategy, ReportSpec,
                            ScanSpec, Specs, StepGrouping, StepSpec, TokenTransfer, TooLong, WindowOptions,
@@ -426,8 +425,10 @@ class PackConfig:
             wanted = _type_problem(name, getattr(self, name))
             if wanted:
                 raise PackctlError(f"{_flag(name)} {getattr(self, name)!r}: must be {wanted}", everywhere=True)
-        if not is_store_url(self.output):  # s3:// is written (output/stored.py); other URLs are refused
-            refuse_url(self.output, "output")
+        if is_url(self.output):
+            from packctl.store import is_store_url  # loaded for URLs only
+            if not is_store_url(self.output):  # s3:// is written (output/stored.py); other URLs are refused
+                refuse_url(self.output, "output")
 
     def _check_pack_size(self) -> None:
         """The largest pack (a micro-batch in batch mode) fits a shard and the memory budget."""

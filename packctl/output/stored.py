@@ -52,12 +52,15 @@ from packctl.errors import PackctlError
 from packctl.output.journal import BLOCKS_FILE, JOURNAL, RUN_FILE, differences, journal_line
 from packctl.output.outdir import Faults, OutputDir, StagedShard
 from packctl.output.resume import Outcome
+from packctl.urls import is_url
 
 _RUN_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
 
 
 def is_store_output(output: object) -> bool:
-    """Whether `-o` names a store packctl writes (`s3://...`)."""
+    """Whether `-o` names a store packctl writes (`s3://...`); packctl.store is loaded for URLs only."""
+    if not is_url(output):
+        return False
     from packctl.store import is_store_url
     return is_store_url(output)
 
@@ -292,7 +295,9 @@ class StoreOutput:
         check_bucket(self.root)
         manifest = get_json(self.url(MANIFEST))
         if manifest is None and get_bytes(self.url(EPOCHS)) is not None:
-            manifest = {}  # an --epochs output copied to the store: there, but not one a store run wrote
+            raise PackctlError(f"{self.root}: holds an output of --epochs ({EPOCHS}), which a store run neither "
+                               "replaces nor resumes; delete it (`aws s3 rm --recursive "
+                               f"{self.root}`) or choose another -o", everywhere=True)
         committed = committed_run(manifest) if manifest else None
         if committed is not None:
             self._finish_replacing(committed)

@@ -343,3 +343,13 @@ def test_an_output_inside_its_input_prefix_is_refused(s3):
                                            r"s3://packctl-test/corpus \(or holding it\)"):
         pack(PackConfig(inputs=[s3.url("corpus")], output=s3.url("corpus/packed"), **OPTIONS))
     assert not _keys(s3, "corpus/packed")
+
+
+def test_an_epochs_output_on_the_store_is_neither_replaced_nor_resumed(s3):
+    """An --epochs OUT copied to the store has K manifests and `_epochs.json`, which one PUT cannot
+    replace: refused in one line, with or without --overwrite, and left as it is."""
+    s3.put("out/_epochs.json", b'{"epochs": 2}')
+    for overwrite in (False, True):
+        with pytest.raises(PackctlError, match=r"^s3://packctl-test/out: holds an output of --epochs \(_epochs.json\)"):
+            pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), overwrite=overwrite, **OPTIONS))
+    assert _keys(s3, "out") == ["out/_epochs.json"]
