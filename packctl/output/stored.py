@@ -47,7 +47,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packctl.contract.manifest import DATA_DIR, EPOCHS, MANIFEST, METRICS, RUNS_DIR, ShardEntry, sha256_file, store_run_prefix
+from packctl.contract.manifest import (DATA_DIR, EPOCHS, MANIFEST, METRICS, RUNS_DIR, ShardEntry, sha256_file,
+                                       store_run_prefix)
 from packctl.errors import PackctlError
 from packctl.output.journal import BLOCKS_FILE, JOURNAL, RUN_FILE, differences, journal_line
 from packctl.output.outdir import Faults, OutputDir, StagedShard
@@ -55,6 +56,7 @@ from packctl.output.resume import Outcome
 from packctl.urls import is_url
 
 _RUN_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
+_RUN_PREFIX = re.compile(rf"^{RUNS_DIR}/\d{{8}}T\d{{6}}Z-[0-9a-f]{{8}}/$")
 
 
 def is_store_output(output: object) -> bool:
@@ -250,7 +252,10 @@ class StoreOutput:
 
     root: str
     run_id: str = field(default_factory=new_run_id)
-    replaces: str | None = None  # the run prefix of the committed output (relative to OUT), if any
+    # what the commit replaces (--overwrite): the committed run's prefix (relative to OUT), or the
+    # objects listed by a manifest whose shards are not under a run prefix (a local OUT copied there)
+    replaces: str | None = None
+    replaced_objects: list[str] = field(default_factory=list)
     recorded_blocks: list[int] | None = None  # the block digests the continued run recorded
 
     def __post_init__(self) -> None:
@@ -287,7 +292,7 @@ class StoreOutput:
                 raise PackctlError(f"{self.root}: inside the input {spec} (or holding it), so its shards would be "
                                    "read as input by the next run; choose an -o outside it", everywhere=True)
 
-    def settle(self, fingerprint: dict, *, resume: bool, overwrite: bool, reached=lambda step: None) -> Outcome:
+    def settle(self, fingerprint: dict, *, resume: bool, overwrite: bool) -> Outcome:
         """What this run does with what earlier runs left at OUT (output/resume.py's decision, on
         a store): finishes an interrupted overwrite, then returns `Outcome(complete=True)` for an
         OUT that is this run's output, or the shards of an interrupted run that `--resume` keeps
@@ -310,7 +315,10 @@ class StoreOutput:
                 detail = f" and is not the output of this command: {why}" if why and resume else ""
                 raise PackctlError(f"{self.root}: already exists{detail}; pass --overwrite to replace it or choose "
                                    "another -o", everywhere=True)
-            self.replaces = committed or ""
+            self.replaces = committed
+            if committed is None:
+                self.replaced_objects = sorted({str(s["path"]) for s in manifest.get("shards") or []
+                                                if isinstance(s, dict) and isinstance(s.get("path"), str)})
         return Outcome(done=self._interrupted_run(fingerprint, committed, resume=resume))
 
     def committed_report(self) -> tuple[dict, list[ShardEntry]]:
@@ -328,12 +336,11 @@ class StoreOutput:
         whatever is left of that run goes."""
         run = get_json(self.url(committed + RUN_FILE)) or {}
         replaced = run.get("replaces")
-        if isinstance(replaced, str) and replaced and replaced != committed:
-            if replaced.startswith(f"{RUNS_DIR}/"):
-                delete_below(self.url(replaced.rstrip("/")))
-            else:  # an output whose shards were not under a run prefix: the objects it listed
-                for name in run.get("replaced_objects", []):
-                    delete_object(self.url(str(name)))
+        if isinstance(replaced, str) and _RUN_PREFIX.match(replaced) and replaced != committed:
+            delete_below(self.url(replaced.rstrip("/")))
+        for name in run.get("replaced_objects") or []:  # an output whose shards were not under a run prefix
+            if isinstance(name, str) and not name.startswith(committed):
+                delete_object(self.url(name))
 
     def _not_this_output(self, manifest: dict, fingerprint: dict) -> str | None:
         """Why the manifest at OUT is not of the run of `fingerprint` (None: it is, and every shard
@@ -498,12 +505,7 @@ class StoreOutputDir(OutputDir):
         self.reached("commit:metrics-written")
         manifest = dict(manifests[0][1])
         manifest["shards"] = [{**entry, "path": prefix + entry["path"]} for entry in manifest["shards"]]
-        replaced_objects: list[str] = []
-        if overwrite and target.replaces == "":  # the output it replaces lists shards elsewhere
-            old = get_json(target.url(MANIFEST)) or {}
-            replaced_objects = [str(s["path"]) for s in old.get("shards", []) if isinstance(s, dict) and "path" in s]
-        self._put_run_file(replaces=target.replaces or ("" if not replaced_objects else "listed"),
-                           replaced_objects=replaced_objects)
+        self._put_run_file(replaces=target.replaces, replaced_objects=target.replaced_objects)
         self.reached("store:replaces-noted")
         if not overwrite and get_bytes(target.url(MANIFEST)) is not None:
             raise PackctlError(f"{target.root}: appeared while this run wrote it (another run committed it); "

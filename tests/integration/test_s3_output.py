@@ -149,13 +149,22 @@ def test_overwrite_leaves_only_the_new_run(s3, local):
     assert json.loads(_get(s3, f"out/{new_run}/run.json"))["replaces"] == f"{old_run}/"
 
 
-def test_overwrite_of_a_copied_local_output_removes_what_it_listed(s3, local):
+@pytest.mark.parametrize("killed_at", [None, "commit:manifest-written"])
+def test_overwrite_of_a_copied_local_output_removes_what_it_listed(s3, local, killed_at):
     """An OUT copied to the store from a local pack (`aws s3 sync`) lists `data/...`: an overwrite
-    deletes those objects once its manifest is PUT."""
+    deletes those objects once its manifest is PUT (after a crash there, the next run does)."""
+    from packctl.output.outdir import Faults
+
     for path in sorted(local.rglob("*")):
         if path.is_file():
             s3.put(f"out/{path.relative_to(local).as_posix()}", path.read_bytes())
-    pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), overwrite=True, too_long="drop"))
+    argv = ["pack", str(SAMPLE), "-o", s3.url("out"), "--too-long", "drop", "--overwrite", "-q"]
+    if killed_at is not None:
+        code, _, err = run_forked(argv, Faults(kill_at=killed_at))
+        assert code == -9 and _keys(s3, "out/data"), err
+        argv.append("--resume")
+    code, _, err = run_forked(argv, None)
+    assert code == 0, err
     assert not _keys(s3, "out/data")
     assert _manifest(s3, "out")["shards"][0]["path"].startswith("runs/")
 
