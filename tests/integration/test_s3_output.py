@@ -29,6 +29,19 @@ OPTIONS = dict(too_long="split", shard_rows=100)  # 278 packs: 3 shards
 ARGS = ["--too-long", "split", "--shard-rows", "100", "-q"]
 
 
+@pytest.fixture(autouse=True)
+def scratch(tmp_path, monkeypatch) -> Path:
+    """Where store runs encode their shards (TMPDIR): inside the test's folder, for runs in this
+    process, forked from it, and started by run_cli."""
+    import tempfile
+
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    return folder
+
+
 @pytest.fixture(scope="module")
 def local(tmp_path_factory) -> Path:
     """What a pack of sample_data writes to a local directory."""
@@ -316,21 +329,18 @@ def test_an_output_that_appears_while_a_run_writes_is_not_replaced(s3):
     assert _get(s3, "out/_manifest.json") == theirs
 
 
-def test_a_failed_run_names_its_run_prefix_and_leaves_no_scratch(s3, tmp_path, monkeypatch):
+def test_a_failed_run_names_its_run_prefix_and_leaves_no_scratch(s3, scratch):
     """Shards are encoded in a local scratch directory before their PUT: a run that fails removes
     it, and its message says where the finished shards wait for --resume."""
-    import tempfile
-
     from packctl.output.outdir import Faults
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(PackctlError, match=r"write failed \(No space left on device.*; 1 finished shard\(s\) are kept "
                                            r"in s3://packctl-test/out/runs/\d{8}T\d{6}Z-[0-9a-f]{8}: rerun"):
         pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), **OPTIONS),
              faults=Faults(fail_write_after_shards=1))
-    assert not list(tmp_path.iterdir())
+    assert not list(scratch.iterdir())
     pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), resume=True, **OPTIONS))
-    assert not list(tmp_path.iterdir())
+    assert not list(scratch.iterdir())
 
 
 def test_materialize_a_local_plan_to_s3(s3, local, tmp_path):
