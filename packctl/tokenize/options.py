@@ -8,6 +8,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Sequence, TypeVar
 
 from packctl.errors import PackctlError
+from packctl.urls import refuse_url
 from packctl.tokenize.encode import AddSpecial, OnBadRow, TokenizeSpec
 from packctl.tokenize.formats import Columns, LossOn, RecordFormat, detect_format, resolve_loss_on
 
@@ -52,6 +53,7 @@ class TokenizeConfig:
         return out
 
     def validate(self) -> None:
+        refuse_url(self.output, "output")  # os.path would make s3://b/tok a local folder "s3:/b/tok"
         if not self.inputs:
             raise PackctlError("no INPUT: name JSONL, JSON, Parquet or text files, directories or globs")
         if not isinstance(self.shard_records, int) or self.shard_records < 1:

@@ -14,6 +14,7 @@ from support.adversary import assert_clean_error, packctl
 from support.data import write_table
 from support.runs import pack_to
 
+SAMPLE_CHAT = Path(__file__).resolve().parents[2] / "sample_chat"
 URLS = ["s3://bucket/corpus", "gs://bucket/corpus/", "hf://datasets/org/name", "https://example.com/a.parquet",
         "abfss://container@account.dfs.core.windows.net/corpus"]
 
@@ -52,11 +53,14 @@ def test_the_copy_command_fits_the_store(tmp_path):
     ("pack", "gs://bucket/out", "gcloud storage rsync -r DIR gs://bucket/out"),
     ("materialize", "gs://bucket/out", "gcloud storage rsync -r DIR gs://bucket/out"),
     ("export", "s3://bucket/out", "aws s3 sync DIR s3://bucket/out"),
+    ("tokenize", "s3://bucket/out", "aws s3 sync DIR s3://bucket/out"),
 ])
 def test_a_url_output_is_refused_in_one_line(tmp_path, sample_data, command, url, copy):
     argv = {"pack": ["pack", sample_data, "-o", url, "--capacity", "64"],
             "materialize": ["materialize", tmp_path / "plan", "-o", url],
-            "export": ["export", tmp_path / "packed", "-o", url, "--format", "nemo"]}[command]
+            "export": ["export", tmp_path / "packed", "-o", url, "--format", "nemo"],
+            "tokenize": ["tokenize", SAMPLE_CHAT / "chat.jsonl", "-o", url, "--tokenizer", SAMPLE_CHAT / "tokenizer"]
+            }[command]
     assert_clean_error(packctl(*argv), 2, f"{url}: object-store and URL outputs are not written yet; write to a "
                        f"local directory and copy it there (e.g. `{copy}`)")
     assert not os.path.exists(url.split("//")[0])  # nothing made of the mangled path
