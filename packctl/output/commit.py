@@ -44,6 +44,9 @@ it is OUT, or `-old` beside a complete new output that the next run puts in its 
 `packctl export` swaps its directory in by the same steps 4, 6 and 7 (`EXPORT_STEPS`, its mark
 `_packctl_export.json` written last in place of the manifest) and recovers by the same `settle`.
 
+An OUT on an object store has no rename: output/stored.py commits it by one PUT of its manifest
+(`STORE_STEPS` are the steps of its own).
+
 Kill points: every step has a name (the tuples below), and `Faults(kill_at=NAME)`
 (output/outdir.py) stops the process there: the crash tests iterate these tuples.
 """
