@@ -146,6 +146,9 @@ def test_a_rerun_is_complete_and_an_existing_output_is_refused(s3):
     assert again.metrics["counts"] == first.metrics["counts"]
     with pytest.raises(PackctlError, match=r"^s3://packctl-test/out: already exists; pass overwrite=True to replace it"):
         pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), too_long="drop"))
+    result = run_cli("pack", str(SAMPLE), "-o", s3.url("out"), "--too-long", "drop", env=_env())
+    assert result.returncode == 2 and result.stderr == (f"error: {s3.url('out')}: already exists; pass --overwrite to "
+                                                        "replace it or choose another -o\n"), result.stderr
     assert _keys(s3, "out") == keys
 
 
@@ -259,6 +262,7 @@ def test_missing_bucket_one_line(s3):
     assert result.returncode == 2, result.stderr
     assert result.stderr == ("error: s3://no-such-bucket-here/out: cannot write: the bucket no-such-bucket-here does "
                              "not exist; check the bucket name in the URL\n")
+    assert SECRET_KEY not in result.stdout + result.stderr
 
 
 def test_denied_write_one_line(s3):
