@@ -137,6 +137,17 @@ def test_a_downloaded_copy_passes_the_contract_checker(s3, tmp_path):
     assert result.stdout.strip().splitlines()[-1].startswith("VERDICT: ok"), result.stdout
 
 
+@pytest.mark.slow  # verify checks every pack, attention included (about 4 s)
+def test_a_downloaded_copy_passes_verify(s3, tmp_path):
+    """packctl's own reader takes shard paths under a run prefix (contract/manifest.py
+    `store_run_prefix`): `verify --source` of a copy of the manifest and what it lists is ok."""
+    pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), **OPTIONS))
+    copy = _download(s3, "out", tmp_path / "copy")
+    result = run_cli("verify", str(copy), "--source", str(SAMPLE), env=_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "verdict: ok" in result.stdout + result.stderr
+
+
 def test_a_rerun_is_complete_and_an_existing_output_is_refused(s3):
     first = pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), **OPTIONS))
     keys = _keys(s3, "out")
