@@ -387,3 +387,11 @@ def test_an_epochs_output_on_the_store_is_neither_replaced_nor_resumed(s3):
         with pytest.raises(PackctlError, match=r"^s3://packctl-test/out: holds an output of --epochs \(_epochs.json\)"):
             pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), overwrite=overwrite, **OPTIONS))
     assert _keys(s3, "out") == ["out/_epochs.json"]
+
+
+def test_a_plan_to_s3_equals_a_local_plan(s3, tmp_path):
+    """`pack --plan-only -o s3://...`: the plan's shards and manifest (kind "plan") as a local plan's."""
+    pack(PackConfig(inputs=[str(SAMPLE)], output=str(tmp_path / "plan"), plan_only=True, **OPTIONS))
+    pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("plan"), plan_only=True, **OPTIONS))
+    assert _manifest(s3, "plan")["kind"] == "plan"
+    _same_as_local(s3, "plan", tmp_path / "plan")
