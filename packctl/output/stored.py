@@ -359,11 +359,9 @@ class StoreOutput:
                 return f"its shard {path} is missing"
         return None
 
-    def _interrupted_run(self, fingerprint: dict, committed: str | None, *, resume: bool
-                         ) -> dict[str, ShardEntry] | None:
-        """The shards an interrupted run finished that this run keeps (`--resume`), this run's
-        `run_id` then being that run's; None when no run prefix holds journaled shards. The newest
-        such prefix is the interrupted run (run ids sort by their start time)."""
+    def _newest_interrupted(self, committed: str | None) -> tuple[str, list[ShardEntry]] | None:
+        """(run prefix, its journaled shards) of the interrupted run: the newest run prefix (run ids
+        sort by their start time) with journaled shards that no manifest names; None if none."""
         below = len(self.url(RUNS_DIR)) + 1
         runs = sorted({url[below:].split("/", 1)[0] for url in list_below(self.url(RUNS_DIR))}, reverse=True)
         for run_id in runs:
@@ -371,29 +369,47 @@ class StoreOutput:
             if prefix == committed or prefix == self.replaces or not _RUN_ID.match(run_id):
                 continue
             journaled = read_journal_text((get_bytes(self.url(prefix + JOURNAL)) or b"").decode(errors="replace"))
-            if not journaled:
-                continue
-            where = self.url(prefix.rstrip("/"))
-            if not resume:
-                raise PackctlError(f"{self.root}: an interrupted run left {len(journaled)} finished shard(s) under "
-                                   f"{where}; pass --resume to continue it, or delete that prefix "
-                                   f"(`aws s3 rm --recursive {where}`) to start over", everywhere=True)
-            earlier = (get_json(self.url(prefix + RUN_FILE)) or {}).get("fingerprint")
-            if not isinstance(earlier, dict):
-                raise PackctlError(f"{where}: holds {len(journaled)} finished shard(s) of an interrupted run but no "
-                                   f"readable {RUN_FILE}, so they cannot be resumed; delete that prefix "
-                                   f"(`aws s3 rm --recursive {where}`) and run again", everywhere=True)
-            differ = differences(earlier, fingerprint)
-            if differ:
-                raise PackctlError(f"{self.root}: --resume refused: the interrupted run under {where} used "
-                                   f"different {', '.join(differ)}; run with the same options and inputs, or delete "
-                                   f"that prefix (`aws s3 rm --recursive {where}`) and run without --resume",
-                                   everywhere=True)
-            self.run_id = run_id
-            blocks = get_json(self.url(prefix + BLOCKS_FILE)) or {}
-            self.recorded_blocks = blocks.get("blocks") if isinstance(blocks.get("blocks"), list) else None
-            return {info.path: info for info in journaled if sha256_object(self.url(prefix + info.path)) == info.sha256}
+            if journaled:
+                return prefix, journaled
         return None
+
+    def earlier_records(self) -> list[dict | None]:
+        """What earlier runs recorded of their INPUT, newest first: the fingerprint in the
+        interrupted run's run.json, then the committed manifest (`--resume` spells INPUT as they
+        did: pipeline/run.py `_spelled_as_earlier_run`)."""
+        manifest = get_json(self.url(MANIFEST))
+        found = self._newest_interrupted(committed_run(manifest) if manifest else None)
+        run = get_json(self.url(found[0] + RUN_FILE)) if found else None
+        return [run.get("fingerprint") if run else None, manifest]
+
+    def _interrupted_run(self, fingerprint: dict, committed: str | None, *, resume: bool
+                         ) -> dict[str, ShardEntry] | None:
+        """The shards an interrupted run (`_newest_interrupted`) finished that this run keeps
+        (`--resume`), this run's `run_id` then being that run's; None when there is none."""
+        found = self._newest_interrupted(committed)
+        if found is None:
+            return None
+        prefix, journaled = found
+        where = self.url(prefix.rstrip("/"))
+        if not resume:
+            raise PackctlError(f"{self.root}: an interrupted run left {len(journaled)} finished shard(s) under "
+                               f"{where}; pass --resume to continue it, or delete that prefix "
+                               f"(`aws s3 rm --recursive {where}`) to start over", everywhere=True)
+        earlier = (get_json(self.url(prefix + RUN_FILE)) or {}).get("fingerprint")
+        if not isinstance(earlier, dict):
+            raise PackctlError(f"{where}: holds {len(journaled)} finished shard(s) of an interrupted run but no "
+                               f"readable {RUN_FILE}, so they cannot be resumed; delete that prefix "
+                               f"(`aws s3 rm --recursive {where}`) and run again", everywhere=True)
+        differ = differences(earlier, fingerprint)
+        if differ:
+            raise PackctlError(f"{self.root}: --resume refused: the interrupted run under {where} used "
+                               f"different {', '.join(differ)}; run with the same options and inputs, or delete "
+                               f"that prefix (`aws s3 rm --recursive {where}`) and run without --resume",
+                               everywhere=True)
+        self.run_id = prefix.split("/")[1]
+        blocks = get_json(self.url(prefix + BLOCKS_FILE)) or {}
+        self.recorded_blocks = blocks.get("blocks") if isinstance(blocks.get("blocks"), list) else None
+        return {info.path: info for info in journaled if sha256_object(self.url(prefix + info.path)) == info.sha256}
 
 
 def committed_run(manifest: dict) -> str | None:

@@ -408,7 +408,7 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
         specs = [normalize_spec(s) for s in config.inputs]
         _refuse_output_in_reach(out, specs)
         resolution = resolve(specs, split=config.split, options=options)
-        if config.resume and not store:
+        if config.resume:
             resolution = _spelled_as_earlier_run(out, resolution)
         config = dataclasses.replace(config, inputs=resolution.specs)
     check_options(resolution, tokens_column=config.tokens_column, labels_column=config.labels_column,
@@ -466,16 +466,27 @@ def _spelled_as_earlier_run(out: Path, resolution: Resolution) -> Resolution:
     completed, OUT's manifest), so the shards it writes carry the same metadata as those it keeps,
     and a completed OUT is recognised. Other inputs are left as they are (and refused by the
     fingerprint check)."""
-    for recorded, key in ((partial_dir(out) / RUN_FILE, "fingerprint"), (out / MANIFEST, None)):
+    if isinstance(out, StoreOutput):
+        records = out.earlier_records()
+    else:
+        records = [_json_file(partial_dir(out) / RUN_FILE, "fingerprint"), _json_file(out / MANIFEST)]
+    for earlier in records:
         try:
-            earlier = json.loads(recorded.read_text())
-            earlier = earlier[key] if key else earlier
             specs = [str(s) for s in earlier["config"]["inputs"]]
             paths = [str(entry["path"]) for entry in earlier["inputs"]]
-        except (OSError, ValueError, KeyError, TypeError):
+        except (KeyError, TypeError):
             continue
         return respell(resolution, specs, paths)
     return resolution
+
+
+def _json_file(path: Path, key: str | None = None) -> Any:
+    """The JSON of a file (its `key`); None when it cannot be read."""
+    try:
+        value = json.loads(path.read_text())
+        return value[key] if key else value
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def run_fingerprint(config: PackConfig, index: SequenceIndex) -> dict[str, Any]:

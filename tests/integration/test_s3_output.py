@@ -395,3 +395,17 @@ def test_a_plan_to_s3_equals_a_local_plan(s3, tmp_path):
     pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("plan"), plan_only=True, **OPTIONS))
     assert _manifest(s3, "plan")["kind"] == "plan"
     _same_as_local(s3, "plan", tmp_path / "plan")
+
+
+def test_resume_takes_the_input_spelled_another_way(s3, local, monkeypatch):
+    """`data` after `/abs/data`: the same files, so --resume continues the store run with the INPUT
+    it recorded (as for a local OUT) and writes the bytes of an uninterrupted run."""
+    from packctl.output.outdir import Faults
+
+    monkeypatch.chdir(SAMPLE.parent)
+    out = s3.url("out")
+    code, _, err = run_forked(["pack", str(SAMPLE), "-o", out, *ARGS], Faults(kill_at="shard:journaled"))
+    assert code == -9, err
+    pack(PackConfig(inputs=[SAMPLE.name], output=out, resume=True, **OPTIONS))
+    _same_as_local(s3, "out", local)
+    assert [e["path"] for e in _manifest(s3, "out")["inputs"]] == [str(p) for p in sorted(SAMPLE.glob("*.parquet"))]
