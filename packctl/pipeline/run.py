@@ -355,7 +355,8 @@ def _check_blocks_unchanged(out: Path, index: SequenceIndex, digests: list[int])
             block = index.blocks[b]
             raise PackctlError(f"{index.files[block.file].path}: --resume refused: {describe_block(block)} holds other "
                                f"tokens than the interrupted run in {where} read (its size, modification "
-                               "time and footer are the same); delete that directory and run without --resume")
+                               f"time and footer are the same); delete that {'prefix' if store else 'directory'} and "
+                               "run without --resume")
 
 
 def _assign(comm: Comm, planned: Planned, scanned: Scanned, spec: WriteSpec,
