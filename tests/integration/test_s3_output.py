@@ -409,3 +409,13 @@ def test_resume_takes_the_input_spelled_another_way(s3, local, monkeypatch):
     pack(PackConfig(inputs=[SAMPLE.name], output=out, resume=True, **OPTIONS))
     _same_as_local(s3, "out", local)
     assert [e["path"] for e in _manifest(s3, "out")["inputs"]] == [str(p) for p in sorted(SAMPLE.glob("*.parquet"))]
+
+
+def test_several_ranks_to_a_store_are_refused_before_anything_is_read(s3):
+    """Under MPI (here two in-process ranks) every rank refuses a store OUT in the same line."""
+    from support.threadcomm import run_ranks
+
+    with pytest.raises(PackctlError, match=r"^s3://packctl-test/out: an output on an object store is written by one "
+                                           r"process, not under mpiexec"):
+        run_ranks(2, lambda comm: pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), **OPTIONS), comm=comm))
+    assert not _keys(s3, "out")
