@@ -84,6 +84,9 @@ def _s3_filesystem(endpoint: str | None, credentials: tuple):
     from pyarrow import fs
 
     options = {"retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=RETRY_ATTEMPTS)}
+    # an object smaller than one part is written by one PutObject, not a multipart upload of three
+    # requests (output/stored.py: the manifest is the commit's one PUT); reads are not affected
+    options["allow_delayed_open"] = True
     if endpoint is not None:
         options["endpoint_override"] = endpoint
         options["scheme"] = "https" if endpoint.startswith("https://") else "http"

@@ -419,3 +419,33 @@ def test_several_ranks_to_a_store_are_refused_before_anything_is_read(s3):
                                            r"process, not under mpiexec"):
         run_ranks(2, lambda comm: pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), **OPTIONS), comm=comm))
     assert not _keys(s3, "out")
+
+
+def test_the_manifest_is_one_put_and_the_last_write(s3):
+    """Every request of a run, as the server logs it: the manifest is written by one PutObject (no
+    multipart upload), after every other write of the run."""
+    import logging
+
+    seen: list[tuple[str, str]] = []
+
+    class Requests(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            line = record.getMessage()  # '127.0.0.1 - - [date] "PUT /bucket/key?query HTTP/1.1" 200 -'
+            if '"' in line:
+                method, path = line.split('"')[1].split(" ")[:2]
+                seen.append((method, path))
+
+    server_log = logging.getLogger("werkzeug")
+    handler, level = Requests(), server_log.level
+    server_log.addHandler(handler)
+    server_log.setLevel(logging.INFO)
+    try:
+        pack(PackConfig(inputs=[str(SAMPLE)], output=s3.url("out"), **OPTIONS))
+    finally:
+        server_log.removeHandler(handler)
+        server_log.setLevel(level)
+    writes = [(method, path) for method, path in seen if method in ("PUT", "POST", "DELETE")]
+    manifest = f"/{BUCKET}/out/_manifest.json"
+    assert [w for w in writes if w[1].split("?")[0] == manifest] == [("PUT", manifest)]
+    assert writes[-1] == ("PUT", manifest) and len(writes) > 5
+    assert not [w for w in writes if w[0] == "DELETE"]  # nothing replaced
