@@ -187,7 +187,7 @@ class PackedDataset(torch.utils.data.Dataset):
 
     def __repr__(self) -> str:
         rank = "" if self.dp_rank is None else f", dp_rank={self.dp_rank}, dp_size={self.dp_size}"
-        return f"PackedDataset({str(self.root)!r}{rank}: {len(self)} of {self.num_packs} packs)"
+        return f"PackedDataset({self.output.location!r}{rank}: {len(self)} of {self.num_packs} packs)"
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers receive a copy: send the index, not the decoded row groups (each

@@ -37,6 +37,7 @@ for, and a shard changed after its check is refused at the next row group read f
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import itertools
 import json
@@ -44,7 +45,7 @@ import os
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +55,10 @@ from packctl.contract.manifest import (ShardEntry, epoch_output, inside, manifes
                                        read_manifest)
 from packctl.contract.schema import METADATA_KEY, NUM_TOKENS
 from packctl.errors import PackctlError
+from packctl.urls import is_url
+
+if TYPE_CHECKING:
+    from packctl.contract.mirror import StoreMirror
 
 SKIP_CHECKS = "pass verify=False (--no-verify-checksums) to read it unchecked"
 # What a reader's error advises for a shard that fails its checks; a reader that never reads
@@ -239,6 +244,20 @@ def _checked_range(start: int, data: bytes) -> pa.BufferReader:
     return pa.BufferReader(pa.py_buffer(view))
 
 
+def _user_named(method):
+    """A reader method whose one-line errors name an output on a store by its URL, not by the
+    local mirror the shard was read from."""
+    @functools.wraps(method)
+    def named(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except PackctlError as exc:
+            if self.mirror is None:
+                raise
+            raise _named(exc, self.mirror) from None
+    return named
+
+
 @dataclass
 class PackedOutput:
     """A packed output whose manifest was read and validated (`open_output`).
@@ -264,6 +283,13 @@ class PackedOutput:
     _row_groups: dict[int, RowGroupIndex] = field(default_factory=dict, repr=False, compare=False)
     # called with k after `read_shard(k)` returned (a command's progress: export counts shards)
     on_shard_read: Callable[[int], None] | None = field(default=None, repr=False, compare=False)
+    # an output on an object store: `root` is its local mirror, each shard fetched at first use
+    mirror: StoreMirror | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def location(self) -> str:
+        """OUT as the user named it: the directory, or the URL of an output on a store."""
+        return self.mirror.url if self.mirror is not None else str(self.root)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -286,7 +312,14 @@ class PackedOutput:
         """Where shard k is: OUT / its manifest path (checked to stay inside OUT when read)."""
         return self.root / self.shards[k].path
 
+    def local_file(self, k: int) -> Path:
+        """The local file of shard k, checked to exist inside OUT (fetched into the mirror first for
+        an output on a store); unchecked against the manifest: `read_shard` checks."""
+        return self._existing(k)
+
     def _existing(self, k: int) -> Path:
+        if self.mirror is not None:
+            return self.mirror.fetch(self.shards[k].path, self.shards[k].sha256)
         path = self.shard_path(k)
         # checked again at each read: a link made after open_output must not lead the reader out
         if not inside(os.path.realpath(self.root), path):
@@ -297,6 +330,7 @@ class PackedOutput:
                                "damaged: pack again")
         return path
 
+    @_user_named
     def read_shard(self, k: int, columns: Sequence[str] | None = None) -> pa.Table:
         """Shard k as an Arrow table (`columns`, or every column), checked against the manifest when
         `verify` is on; one PackctlError line naming the shard otherwise.
@@ -321,6 +355,7 @@ class PackedOutput:
             self.on_shard_read(k)
         return checked.table
 
+    @_user_named
     def row_group_index(self, k: int) -> RowGroupIndex:
         """The row groups of shard k. With `verify` on, the first call in a process reads the shard
         whole and checks it as `read_shard` does (one PackctlError line naming it otherwise), then
@@ -349,6 +384,7 @@ class PackedOutput:
         self._row_groups[k] = index
         return index
 
+    @_user_named
     def read_row_group(self, k: int, group: int, columns: Sequence[str]) -> pa.Table:
         """Row group `group` of shard k as an Arrow table of `columns`, reading only its bytes: with
         `verify` on, its byte range is read once into memory, its sha256 compared with the one kept
@@ -399,12 +435,14 @@ class PackedOutput:
             raise PackctlError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions, or pack "
                                "again") from None
 
+    @_user_named
     def read_unchecked(self, k: int, columns: Sequence[str]) -> pa.Table:
         """Columns of shard k read without any check, whatever `verify` says: for what a reader
         plans with before reading the data (PackedDataset's balanced order), never for what it
         hands out."""
         return self._read_unchecked(self._existing(k), columns)
 
+    @_user_named
     def column_names(self, k: int) -> list[str]:
         """The columns of shard k, from its footer (unchecked: what to ask `read_shard` for)."""
         path = self._existing(k)
@@ -454,18 +492,37 @@ def open_output(path: str | Path, epoch: int | None = None, *, verify: bool = Tr
         >>> len(output.shards), output.layout["capacity"]   # doctest: +SKIP
         (3, 4096)
     """
-    root, manifest = read_manifest(path if epoch is None else epoch_output(path, epoch))
+    mirror = None
+    if is_url(path):
+        from packctl.contract.mirror import mirror_output
+
+        if epoch is not None:
+            raise PackctlError(f"{path}: epoch={epoch} names an output of packctl pack --epochs, which packctl does "
+                               "not read from an object store; copy it locally and read the copy")
+        mirror = mirror_output(str(path))
+        path = mirror.root
+    try:
+        root, manifest = read_manifest(path if epoch is None else epoch_output(path, epoch))
+    except PackctlError as exc:
+        raise _named(exc, mirror) from None
     shards = [ShardEntry(path=s["path"], rows=s["rows"], tokens=s["tokens"], sha256=s["sha256"])
               for s in manifest["shards"]]
     output = PackedOutput(root=root, manifest_file=manifest_path(root), manifest=manifest, shards=shards,
-                          verify=verify, remedy=remedy)
-    if verify:
+                          verify=verify, remedy=remedy, mirror=mirror)
+    if verify and mirror is None:  # a store's prefix holds other runs' objects; only the listed are read
         stray = unlisted_parquet(root, [s.path for s in shards])
         if stray:
             raise PackctlError(f"{root / stray[0]}: a Parquet file that {output.manifest_file.name} does not list "
                                f"({len(stray)} such file(s)): a manifest entry was dropped, or another output's "
                                f"shard copied in; {remedy}")
     return output
+
+
+def _named(exc: PackctlError, mirror: StoreMirror | None) -> PackctlError:
+    """`exc` with a mirror's local folder spelled as the URL it mirrors."""
+    if mirror is None:
+        return exc
+    return PackctlError(mirror.local_name(str(exc)), everywhere=exc.everywhere)
 
 
 def _short(exc: BaseException) -> str:

@@ -257,7 +257,7 @@ def _write_packs(output: PackedOutput, target: Path, options, tokens: IndexedWri
         "sequence_tokens": true_tokens,
         "padding_tokens": all_tokens - true_tokens,
         "loss_tokens": loss_tokens,
-        "source": {"output": str(out), "manifest": output.manifest_file.name,
+        "source": {"output": output.location, "manifest": output.manifest_file.name,
                    "manifest_sha256": sha256_file(output.manifest_file)},
     }
     info.update(_loader(output))

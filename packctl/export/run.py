@@ -135,10 +135,19 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
     """
     options = check_options(fmt, overwrite=overwrite, eos_token_id=eos_token_id, bos_token_id=bos_token_id,
                             vocab_size=vocab_size)
-    refuse_url(out, "input")
     refuse_url(target, "output")
-    output = open_output(out, verify=verify)
-    out, target = output.root, Path(target)
+    output = open_output(out, verify=verify)  # an OUT on a store is read through its mirror
+    try:
+        return _export(output, Path(target), fmt, options, overwrite=overwrite, faults=faults, progress=progress)
+    except PackctlError as exc:
+        if output.mirror is None or type(exc) is not PackctlError:
+            raise
+        raise PackctlError(output.mirror.local_name(str(exc)), everywhere=exc.everywhere) from None
+
+
+def _export(output: PackedOutput, target: Path, fmt: str, options, *, overwrite: bool, faults: Faults | None,
+            progress) -> dict:
+    out = output.root
     _refuse(output, target, overwrite)
     exporter = EXPORTERS[fmt]
     exporter.check_layout(output, options)  # refusals that need no shard, before anything is created
@@ -166,7 +175,7 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
                 raise PackctlError(f"{target.parent}: cannot write there ({exc.strerror or exc}); "
                                    "choose another -o") from None
             result = exporter.write(output, staging, options)
-            _write_mark(staging, fmt, out)
+            _write_mark(staging, fmt, output.location)
             reached("export:written")
             with guard.deferred():
                 _put_in_place(staging, target, reached)
@@ -237,7 +246,7 @@ def recover(target: Path) -> str | None:
     return done
 
 
-def _write_mark(directory: Path, fmt: str, source: Path) -> None:
+def _write_mark(directory: Path, fmt: str, source: str) -> None:
     """The mark of a complete export (written last, durable): what reads INPUT recognises it by."""
     path = directory / EXPORT_MARK
     with open(path, "w", encoding="utf-8") as fh:

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packctl.config import default_memory_budget, parse_bytes
-from packctl.urls import refuse_url
+from packctl.urls import is_url, refuse_url
 from packctl.contract.manifest import EPOCHS, MANIFEST, METRICS, epoch_dir, epoch_outputs, read_json_object
 from packctl.contract.reader import PackedOutput, open_output
 from packctl.contract.schema import (COLUMN, METADATA_KEY, PACK, PACK_COLUMNS, SAMPLE_IDS, SEQ_LENS,
@@ -82,8 +82,8 @@ class Plan:
 def open_plan(path: str | Path) -> Plan:
     """The plan at `path` (the OUT of `pack --plan-only`), its manifests validated; one PackctlError
     line when it is not a plan."""
-    root = Path(path)
-    epochs = epoch_outputs(root)
+    root = path if is_url(path) else Path(path)  # a plan on a store is read through its mirror
+    epochs = None if is_url(root) else epoch_outputs(root)
     remedy = "make the plan again (packctl pack --plan-only); materialize reads a plan only checked"
     outputs = [open_output(p, remedy=remedy) for p in (epochs if epochs is not None else [root])]
     for output in outputs:
@@ -94,7 +94,7 @@ def open_plan(path: str | Path) -> Plan:
     shard_epoch = np.array([o for o, _ in shard_output], np.int64) if epochs is not None else None
     first = outputs[0]
     try:
-        metadata = (pq.read_schema(first.shard_path(0)).metadata or {}).get(METADATA_KEY)
+        metadata = (pq.read_schema(first.local_file(0)).metadata or {}).get(METADATA_KEY)
     except (pa.ArrowException, OSError) as exc:
         raise PackctlError(f"{first.shard_path(0)}: not a readable Parquet file ({exc}); make the plan again") from None
     if metadata is None:
@@ -112,7 +112,8 @@ def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bo
     >>> materialize_plan("plan", "out")          # doctest: +SKIP
     """
     comm = comm or get_comm()
-    refuse_url(plan_path, "input")
+    if not is_store_output(plan_path):  # a plan on s3:// is read (contract/mirror.py); other URLs are not
+        refuse_url(plan_path, "input")
     progress = progress if (progress is not None and comm.rank == 0) else Progress()
     if is_store_output(output):  # OUT on a store: no lock, its commit is one PUT (output/stored.py)
         refuse_on_store(str(output), epochs=1, ranks=comm.size)
@@ -124,7 +125,7 @@ def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bo
     guard = SignalGuard()
     opened: dict[str, Any] = {}
     return run_guarded(comm, progress, out, lock, guard,
-                       lambda: _materialize(Path(plan_path), out, overwrite, resume, memory_budget, token_transfer,
+                       lambda: _materialize(plan_path if is_url(plan_path) else Path(plan_path), out, overwrite, resume, memory_budget, token_transfer,
                                             comm, progress, lock, guard, opened, faults),
                        lambda: opened.get("output"), on_exit=lambda: opened["output"].close() if opened else None)
 

@@ -39,6 +39,7 @@ from packctl.contract.schema import (BALANCE_COLUMNS, BATCH_COLUMNS, BATCH_SIZE,
 from packctl.pipeline.report import SHARE_PREFIX, share_prefix_report
 from packctl.plan.prefix import prefix_pieces, sharing_counts
 from packctl.source.tokenized import is_tokenized_output
+from packctl.urls import is_url
 
 READ_COLUMNS = (SEQ_LENS, SAMPLE_IDS, NUM_TOKENS)
 LIST_COLUMNS = (SEQ_LENS, SAMPLE_IDS, CU_SEQLENS_PADDED, SOURCE_IDS)
@@ -61,7 +62,15 @@ class PackedArrays:
 def is_packed_output(path: str | Path) -> bool:
     """A directory holding a manifest (_manifest.json, or a version-1 manifest.json), or the
     manifest file itself; or the OUT of `pack --epochs` (reading it names its epochs' outputs).
-    The output of `packctl tokenize` holds a manifest too, and is an input."""
+    The output of `packctl tokenize` holds a manifest too, and is an input. A URL is a packed
+    output when the store holds its `_manifest.json` and that is no tokenized corpus's."""
+    if is_url(path):
+        from packctl.contract.mirror import store_manifest_kind
+
+        try:
+            return store_manifest_kind(str(path)) == "packed"
+        except PackctlError:  # a HEAD's errors cannot name their cause: the input's listing says it
+            return False
     path = Path(path)
     if is_tokenized_output(path):
         return False
@@ -71,6 +80,8 @@ def is_packed_output(path: str | Path) -> bool:
 
 def looks_like_unfinished_output(path: str | Path) -> bool:
     """A directory of packctl shards without a manifest: a run that did not finish."""
+    if is_url(path):
+        return False  # a store run's shards sit under runs/ without a manifest until its commit
     path = Path(path)
     if not path.is_dir() or manifest_path(path) is not None:
         return False
@@ -138,8 +149,8 @@ def share_prefix_figures(output) -> dict[str, Any]:
     """metrics.json's `share_prefix` of an output of `pack --share-prefix`, from its shards'
     `parent_segments` and `seq_lens` (packctl.pipeline.report.share_prefix_report)."""
     counts: dict[str, int] = {}
-    for entry in output.manifest["shards"]:
-        table = pq.read_table(output.root / entry["path"], columns=[SEQ_LENS, PARENT_SEGMENTS])
+    for k in range(len(output.shards)):
+        table = output.read_unchecked(k, [SEQ_LENS, PARENT_SEGMENTS])
         lens, per_pack = _flat_list(table.column(SEQ_LENS).combine_chunks())
         parents, _ = _flat_list(table.column(PARENT_SEGMENTS).combine_chunks())
         lens_offsets = np.concatenate([[0], np.cumsum(per_pack)]).astype(np.int64)
@@ -321,7 +332,7 @@ def _packed_report(path: str | Path, *, attn_coeff: float | None = None,
     metrics = pack_metrics(packed.seq_lens, packed.seq_offsets, packed.pack_lens, capacity=capacity, align=align,
                            input_order=input_order)
     config = manifest.get("config") or {}
-    report: dict[str, Any] = {"kind": "packed", "path": str(out), "format_version": manifest["format_version"]}
+    report: dict[str, Any] = {"kind": "packed", "path": output.location, "format_version": manifest["format_version"]}
     report.update(metrics)
     report.update({
         "algorithm": config.get("algorithm"),

@@ -13,6 +13,8 @@ one shard plus a few integers per sequence.
 """
 from __future__ import annotations
 
+import dataclasses
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +25,7 @@ import numpy as np
 from packctl.arrays import offsets_of
 from packctl.config import as_python
 from packctl.contract.layout import Layout
-from packctl.contract.manifest import MANIFEST, manifest_problems, read_manifest_json
+from packctl.contract.manifest import MANIFEST, manifest_problems, read_manifest_json, relative_path_problem
 from packctl.source.pieces import BlockCache, plan_source
 from packctl.errors import MissingExtraError, PackctlError
 from packctl.verify import backends
@@ -36,6 +38,7 @@ from packctl.verify.counts import Totals, check_counts, check_metrics
 from packctl.verify.shard_rules import StepLoss
 from packctl.verify.structure import check_shard, manifest_violations, unlisted_shards
 from packctl.verify.violation import Violation
+from packctl.urls import is_url
 
 if TYPE_CHECKING:  # verify runs without the packing pipeline loaded
     from packctl.runtime import Progress
@@ -215,6 +218,8 @@ def verify(out: str | Path, options: VerifyOptions | None = None, *, progress: P
         (True, [])
     """
     options = options or VerifyOptions()
+    if is_url(out):
+        return _verify_stored(str(out), options, progress)
     stage: Stage = progress.stage if progress is not None else _unshown
     options.validate()
     plan = _plan_attention(options)
@@ -324,6 +329,44 @@ def verify(out: str | Path, options: VerifyOptions | None = None, *, progress: P
 
     _attention_checks(checks, violations, plan, packs, options, stage)
     return VerifyReport(output=str(out), checks=checks, violations=violations)
+
+
+def _verify_stored(url: str, options: VerifyOptions, progress: Progress | None) -> VerifyReport:
+    """`verify` of an output on an object store: its manifest and every object the manifest lists,
+    fetched as they are into a scratch folder (an object the store lacks is left out, for the
+    structure check to report as a missing shard), then checked as a local output; the report
+    names the URL."""
+    from packctl.contract.mirror import mirror_output
+    from packctl.store import stat_object
+
+    options.validate()
+    with tempfile.TemporaryDirectory(prefix="packctl-verify-") as scratch:
+        mirror = mirror_output(url, scratch, check=False)
+        _, _, manifest = read_manifest_json(mirror.root)
+        shards = manifest.get("shards") if isinstance(manifest.get("shards"), list) else []
+        for entry in shards:
+            path = entry.get("path") if isinstance(entry, dict) else None
+            if isinstance(path, str) and relative_path_problem(path) is None and \
+                    stat_object(f"{mirror.url}/{path}") is not None:
+                mirror.fetch(path, entry.get("sha256"))
+        report = verify(mirror.root, options, progress=progress)
+    return _spelled(report, mirror.local_name)
+
+
+def _spelled(value, rename):
+    """`value` (a report, its checks and violations) with every string passed through `rename`."""
+    if isinstance(value, str):
+        return rename(value)
+    if isinstance(value, list):
+        return [_spelled(v, rename) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_spelled(v, rename) for v in value)
+    if isinstance(value, dict):
+        return {k: _spelled(v, rename) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _spelled(getattr(value, f.name), rename)
+                                             for f in dataclasses.fields(value) if f.init})
+    return value
 
 
 def _attention_checks(checks: dict[str, CheckResult], violations: list[Violation], plan: _AttentionPlan,

@@ -25,9 +25,11 @@ def packed(tmp_path_factory) -> Path:
     return pack_to(root, [write_table(root / "a.parquet", {"input_ids": [[1, 2, 3], [4, 5]] * 4})], capacity=8)[1]
 
 
-# pack, stats and verify --source read s3:// INPUT (tests/integration/test_s3.py); materialize's PLAN is local
-REFUSED = [(url, command) for url in URLS for command in ("pack", "stats", "verify --source", "materialize")
-           if not (url.startswith("s3://") and command != "materialize")]
+# pack, stats and verify --source read s3:// INPUT (tests/integration/test_s3.py), and every reader of
+# outputs an s3:// OUT or PLAN (tests/integration/test_s3_readers.py): other schemes are refused
+REFUSED = [(url, command) for url in URLS
+           for command in ("pack", "stats", "verify --source", "materialize", "verify", "export")
+           if not url.startswith("s3://")]
 
 
 @pytest.mark.parametrize("url, command", REFUSED)
@@ -35,7 +37,9 @@ def test_a_url_input_is_refused_in_one_line(tmp_path, packed, url, command):
     argv = {"pack": ["pack", url, "-o", tmp_path / "out", "--capacity", "64"],
             "stats": ["stats", url],
             "verify --source": ["verify", packed, "--source", url],
-            "materialize": ["materialize", url, "-o", tmp_path / "out"]}[command]
+            "materialize": ["materialize", url, "-o", tmp_path / "out"],
+            "verify": ["verify", url],
+            "export": ["export", url, "-o", tmp_path / "out", "--format", "nemo"]}[command]
     line = assert_clean_error(packctl(*argv), 2, f"{url}: object-store and URL inputs are not read yet; copy the "
                               "files locally (e.g. `")
     assert line.endswith("and pass the local directory")
