@@ -11,8 +11,8 @@ the S3 client is the AWS SDK's (credentials from `AWS_ACCESS_KEY_ID`/`AWS_SECRET
 `AWS_SESSION_TOKEN`, `AWS_PROFILE`, `~/.aws/credentials` and `~/.aws/config`, instance roles), and
 its standard retry strategy retries throttling, 5xx and connection errors with exponential backoff.
 pyarrow reports no ETag, so an object's identity is its size, its last-modified time and the digest
-of its Parquet footer (`packctl.source.files`), checked at every open. An endpoint other than AWS's
-(MinIO, a local test server) is `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`.
+of its Parquet footer (`packctl.source.files`); each later open checks its size and footer. An
+endpoint other than AWS's (MinIO, a local test server) is `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`.
 
 Only `s3://` is read; other schemes are refused by `packctl.urls.refuse_url`. This module imports
 `pyarrow.fs`'s S3 support only when a URL is opened, so a run over local files never loads it.
@@ -208,3 +208,13 @@ def open_object(url: str):
         _check_bucket(url, filesystem, path, "read")
         raise PackctlError(f"{url}: cannot read: no such object", everywhere=True)
     return _call(url, "read", filesystem.open_input_file, path), _object(url, info)
+
+
+def open_reader(url: str):
+    """(a pyarrow random-access file over the object at `url`, its size): one HEAD, by pyarrow's
+    open, then ranged GETs as the file is read. For the opens of a run after the object's identity
+    was taken (`open_object`), which check what they read against it."""
+    filesystem, path = filesystem_of(url)
+    handle = _call(url, "read", filesystem.open_input_file, path)
+    return handle, _call(url, "read", handle.size)
+

@@ -68,21 +68,29 @@ def _parse_footer(path: str, footer: bytes) -> pq.FileMetaData:
         raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
 
 
-def read_fingerprint(path: str) -> tuple[FileFingerprint, pq.FileMetaData, os.stat_result | None]:
+def read_fingerprint(path: str, listed=None) -> tuple[FileFingerprint, pq.FileMetaData, os.stat_result | None]:
     """The first read of an input file (packctl.source.resolve): its fingerprint, its parsed
     footer and its stat (device and inode: the file's identity), all from one open descriptor.
     An object of a store (`s3://...`) has no stat (None): its size and last-modified time come
-    from the store, its footer from two ranged reads.
+    from the store (`listed`: the `StoreObject` a listing of the store gave, which saves a HEAD),
+    its footer from one ranged read.
 
     Errors name the file: it cannot be opened (permissions), is not a regular file, or is not
     Parquet. `O_NONBLOCK` keeps a FIFO that replaced the file from blocking the run."""
     if is_url(path):  # resolve refuses the URLs of stores packctl does not read
-        from packctl.store import open_object
+        from packctl.store import open_object, open_reader
 
-        handle, found = open_object(path)
+        handle, found = (None, None)
+        if listed is not None:
+            handle, size = open_reader(path)
+            found = listed if size == listed.size else None  # rewritten since the listing: ask again
+        if found is None:
+            handle, found = open_object(path)
         footer = _store_read(path, lambda: _footer_bytes(path, found.size, _tail_reader(handle, found.size)))
         fingerprint = FileFingerprint(size=found.size, mtime_ns=found.mtime_ns, footer=_footer_digest(footer))
-        return fingerprint, _parse_footer(path, footer), None
+        metadata = _parse_footer(path, footer)
+        _FIRST_FOOTERS[(path, fingerprint)] = metadata
+        return fingerprint, metadata, None
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
@@ -106,6 +114,18 @@ def read_fingerprint(path: str) -> tuple[FileFingerprint, pq.FileMetaData, os.st
         os.close(fd)
     fingerprint = FileFingerprint(size=st.st_size, mtime_ns=st.st_mtime_ns, footer=_footer_digest(footer))
     return fingerprint, _parse_footer(path, footer), st
+
+
+# The footer the first read of a store's object parsed, by URL and fingerprint, until the index of
+# the run's input takes it (`take_first_footer`): indexing needs only the object's row groups and
+# schema, which it would otherwise fetch again a moment later (a HEAD and a ranged GET an object).
+_FIRST_FOOTERS: dict[tuple[str, FileFingerprint], pq.FileMetaData] = {}
+
+
+def take_first_footer(url: str, fingerprint: FileFingerprint) -> pq.FileMetaData | None:
+    """The footer `read_fingerprint` parsed for the object at `url` with this fingerprint, once;
+    None when it has none (a local file, or taken already)."""
+    return _FIRST_FOOTERS.pop((url, fingerprint), None)
 
 
 def file_kind(st: os.stat_result) -> str:
@@ -172,28 +192,25 @@ def open_parquet(path: str, expected: FileFingerprint | None = None) -> pq.Parqu
     if expected is not None and _footer_digest(footer) != expected.footer:
         raise changed_error(path, "its Parquet footer differs from the one read at the start of the run")
     try:
-        return pq.ParquetFile(handle, metadata=_parse_footer(path, footer))
+        # an object's column chunks are fetched by coalesced ranged GETs (pre_buffer), not one a chunk
+        return pq.ParquetFile(handle, metadata=_parse_footer(path, footer), pre_buffer=is_url(path))
     except (pa.ArrowException, OSError) as exc:
         raise PackctlError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
 
 
 def _open_object(url: str, expected: FileFingerprint | None):
-    """(a ranged reader of the object at `url`, its size); with `expected`, the object must still
-    be the one the run first read: its last-modified time is checked here, its size and footer
-    by `open_parquet` as for a local file. Last-modified times are whole seconds: an object
-    rewritten within the second it was read is told by its size and footer, as a local file is."""
-    from packctl.store import open_object
+    """(a ranged reader of the object at `url`, its size): one HEAD, for its size. With `expected`
+    the object must still be the one the run first read, told as a local file is told, by its size
+    and its footer (`open_parquet`): an object rewritten with other data has another footer (its
+    row groups' offsets, sizes and statistics), whatever its last-modified time says."""
+    from packctl.store import open_reader
 
     try:
-        handle, found = open_object(url)
+        return open_reader(url)
     except PackctlError:
         if expected is not None:
             raise changed_error(url, "it can no longer be read from the store since the start of the run") from None
         raise
-    if expected is not None and found.mtime_ns != expected.mtime_ns:
-        raise changed_error(url, "the store's last-modified time of the object differs from the one read at the "
-                                 "start of the run")
-    return handle, found.size
 
 
 _TAIL = 64 * 1024  # one ranged GET of an object's last 64 KiB holds the footer of most Parquet files

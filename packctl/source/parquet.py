@@ -15,6 +15,7 @@ old and new content.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,9 +26,10 @@ from packctl.arrays import offsets_of
 from packctl.contract.schema import IGNORE_INDEX, INT32_MAX
 from packctl.errors import PackctlError
 from packctl.source.blocks import DecodedBlock, first_outside_int32
-from packctl.source.files import FileFingerprint, _short, open_parquet
+from packctl.source.files import FileFingerprint, _short, open_parquet, take_first_footer
 from packctl.source.index import Block, InputFile, Resolution, SequenceIndex
 from packctl.contract.arrow import arrow_array, numpy_view
+from packctl.urls import is_url
 
 
 def check_list_column(path: str, schema: pa.Schema, column: str, role: str) -> None:
@@ -364,13 +366,39 @@ def blocks_of(meta: pq.FileMetaData, f: int) -> tuple[list[Block], int]:
     return blocks, first
 
 
+@dataclass(frozen=True)
+class _Footer:
+    """What indexing reads of a file: its footer and its Arrow schema (as a ParquetFile has them)."""
+
+    metadata: pq.FileMetaData
+    schema_arrow: pa.Schema
+
+
+def _open_all(resolution: Resolution) -> list[pq.ParquetFile | _Footer]:
+    """Every input file opened and checked against its fingerprint. An object of a store whose
+    footer the run's resolve just read is taken from that read; others are opened by several
+    threads at once (each open is a HEAD and a ranged GET: latency, not bytes)."""
+    files = resolution.files
+    if not files or not is_url(files[0].path):
+        return [open_parquet(r.path, r.fingerprint) for r in files]
+
+    def footer(r):
+        metadata = take_first_footer(r.path, r.fingerprint)
+        if metadata is None:
+            return open_parquet(r.path, r.fingerprint)
+        return _Footer(metadata, metadata.schema.to_arrow_schema())
+
+    with ThreadPoolExecutor(max_workers=min(16, len(files)), thread_name_prefix="packctl-footer") as pool:
+        return list(pool.map(footer, files))
+
+
 def index_parquet(resolution: Resolution, tokens_column: str, labels_column: str | None,
                   keep_columns: tuple[str, ...] = (), weight_column: str | None = None,
                   limit_columns: tuple[str, ...] = ()) -> SequenceIndex:
     """Read the footers and schemas of Parquet inputs: files, blocks and gids, no lengths yet.
     Each file is opened once, checked against the fingerprint the resolver took, and that
     fingerprint is kept for every later open."""
-    opened = {r.path: open_parquet(r.path, r.fingerprint) for r in resolution.files}
+    opened = dict(zip((r.path for r in resolution.files), _open_all(resolution)))
     labels = resolve_labels_column({p: pf.schema_arrow for p, pf in opened.items()}, labels_column)
     files: list[InputFile] = []
     blocks: list[Block] = []

@@ -21,6 +21,9 @@ from packctl.source.index import Block, Resolution, SequenceIndex
 from packctl.source.kinds import InputKind, InputOptions
 from packctl.source.parquet import check_weights, compact_block, describe_block, read_limit_values
 from packctl.source.prefix import PrefixScan, block_prefixes, read_prefix_lengths
+from packctl.urls import is_url
+
+STORE_READ_AHEAD = 8  # blocks of an object store's input decoded ahead of the scan (local files: 2)
 
 
 class TokenSource:
@@ -155,7 +158,9 @@ def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
             costs = (costs, block_prefixes(compact), bound)
         return compact, pad_like, costs, digest
 
-    for b, (decoded, pad_like, costs, digest) in _decode_in_order(decode, index.blocks, block_lo, block_hi):
+    # blocks of a store's objects wait on requests, not on the CPU: more of them are read ahead
+    ahead = STORE_READ_AHEAD if index.files and is_url(index.files[0].path) else 2
+    for b, (decoded, pad_like, costs, digest) in _decode_in_order(decode, index.blocks, block_lo, block_hi, ahead):
         source.digests[b] = digest
         rows = slice(index.block_offsets[b] - gid_lo, index.block_offsets[b + 1] - gid_lo)
         if prefix is not None:

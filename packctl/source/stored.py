@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 from packctl import store
 from packctl.contract.manifest import EPOCHS, EXPORT_MARK, LEGACY_MANIFEST, MANIFEST
@@ -33,6 +34,7 @@ from packctl.source.tokenized import TOKENIZED
 from packctl.urls import is_url
 
 _MARKERS = (MANIFEST, EPOCHS, EXPORT_MARK, LEGACY_MANIFEST)
+READERS = 16  # objects whose footers are read at once when a run resolves its input
 
 
 def resolve_objects(specs: list[str], *, split: str | None = None,
@@ -43,8 +45,9 @@ def resolve_objects(specs: list[str], *, split: str | None = None,
         raise PackctlError(f"{local[0]}: a local INPUT beside the store INPUT {next(s for s in specs if is_url(s))}; "
                            "one run reads local files or objects of a store, not both: copy one side to the other")
     by_url: dict[str, str] = {}  # url -> the spec that reached it
+    listed: dict[str, store.StoreObject] = {}  # url -> its size and last-modified time, as listed
     for spec in specs:
-        for url in _expand(spec, split, options):
+        for url in _expand(spec, split, options, listed):
             if url in by_url:
                 raise PackctlError(f"{url}: given twice (by INPUT {by_url[url]} and by INPUT {spec}); list each "
                                    "input object once")
@@ -55,8 +58,11 @@ def resolve_objects(specs: list[str], *, split: str | None = None,
         raise PackctlError(f"{urls[0]}: packctl reads Parquet objects from a store (Megatron pairs and JSONL are "
                            "read from local files): copy them locally, or convert them to Parquet")
     files = []
-    for url in urls:
-        fingerprint, metadata, _ = read_fingerprint(url)
+    # the first reads (a HEAD and a ranged GET of the footer each) overlap: the store's latency, not
+    # the bytes, is their cost
+    with ThreadPoolExecutor(max_workers=min(READERS, len(urls) or 1), thread_name_prefix="packctl-footer") as pool:
+        first_reads = list(pool.map(lambda url: read_fingerprint(url, listed.get(url)), urls))
+    for url, (fingerprint, metadata, _) in zip(urls, first_reads):
         if METADATA_KEY in (metadata.metadata or {}):
             raise PackctlError(
                 f"{url}: a shard written by packctl (its Parquet metadata has the 'packctl' key); packctl outputs "
@@ -66,16 +72,19 @@ def resolve_objects(specs: list[str], *, split: str | None = None,
     return Resolution(specs=list(specs), files=files, kind=kind)
 
 
-def _expand(spec: str, split: str | None, options: InputOptions | None) -> list[str]:
-    """The object URLs one INPUT reaches: an object, a glob's matches, or a prefix's claimed objects."""
+def _expand(spec: str, split: str | None, options: InputOptions | None, listed: dict) -> list[str]:
+    """The object URLs one INPUT reaches: an object, a glob's matches, or a prefix's claimed
+    objects; `listed` takes each listed object's `StoreObject`."""
     if set("*?[") & set(spec.split("://", 1)[1]):
         found = store.glob_objects(spec)
+        listed.update((o.url, o) for o in found)
         if not found:
             raise PackctlError(f"{spec}: the pattern matches no object")
         root = spec.split("://", 1)[0] + "://" + spec.split("://", 1)[1].split("*")[0].split("?")[0].split("[")[0]
         urls = _not_outputs([o.url for o in found], root.rstrip("/"), spec)
         return [u for u in urls if claimed(u.rsplit("/", 1)[-1], options)]
     below = store.list_objects(spec)  # first: a listing's errors name their cause, a HEAD's cannot
+    listed.update((o.url, o) for o in below)
     if not below:
         if store.stat_object(spec) is not None:
             return [spec]
