@@ -190,3 +190,23 @@ def test_materialize_a_plan_of_objects_on_s3(s3, tmp_path):
     materialize_plan(plan, tmp_path / "out")
     packed = _pack([s3.url("corpus")], tmp_path / "packed")
     assert [p.read_bytes() for p in _shards(tmp_path / "out")] == [p.read_bytes() for p in _shards(packed)]
+
+
+def test_a_pack_asks_the_store_for_each_object_once_then_once_a_block(s3, tmp_path, monkeypatch):
+    """Requests are a small corpus's cost on a store: a listing gives each object's size and time,
+    so the first read of an object is its open and one footer GET (no HEAD of its own); indexing
+    takes the footers resolve read; each block decoded opens its object once (the check)."""
+    from packctl import store
+    from packctl.source.files import _FIRST_FOOTERS
+
+    s3.upload_dir(SAMPLE, "corpus")
+    opens, heads = [], []
+    real_reader, real_object = store.open_reader, store.open_object
+    monkeypatch.setattr(store, "open_reader", lambda url: opens.append(url) or real_reader(url))
+    monkeypatch.setattr(store, "open_object", lambda url: heads.append(url) or real_object(url))
+    out = _pack([s3.url("corpus")], tmp_path / "out")
+    blocks = sum(pq.ParquetFile(SAMPLE / name).metadata.num_row_groups for name in SHARDS)
+    assert heads == []  # no object asked for its size and time after the listing
+    assert len(opens) == len(SHARDS) + blocks  # resolve's first reads, then one open a block
+    assert not [key for key in _FIRST_FOOTERS if key[0].startswith(s3.url())]  # all taken by the index
+    assert (out / "_manifest.json").is_file()
