@@ -426,8 +426,8 @@ class PackConfig:
             if wanted:
                 raise PackctlError(f"{_flag(name)} {getattr(self, name)!r}: must be {wanted}", everywhere=True)
         if is_url(self.output):
-            from packctl.store import is_store_url  # loaded for URLs only
-            if not is_store_url(self.output):  # s3:// is written (output/stored.py); other URLs are refused
+            from packctl.store import is_written_url  # loaded for URLs only
+            if not is_written_url(self.output):  # s3:// is written (output/stored.py); other URLs are refused
                 refuse_url(self.output, "output")
 
     def _check_pack_size(self) -> None:

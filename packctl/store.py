@@ -1,4 +1,4 @@
-"""Object-store inputs: an `s3://bucket/key` URL as a pyarrow filesystem and a path in it, the
+"""Object stores: an `s3://`, `gs://` or `hf://` URL as a pyarrow filesystem and a path in it, the
 objects a URL lists, their identity, and the one-line errors of a store.
 
     filesystem_of("s3://corpus/tok/a.parquet")  ->  (S3FileSystem(...), "corpus/tok/a.parquet")
@@ -14,8 +14,11 @@ pyarrow reports no ETag, so an object's identity is its size, its last-modified 
 of its Parquet footer (`packctl.source.files`); each later open checks its size and footer. An
 endpoint other than AWS's (MinIO, a local test server) is `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`.
 
-Only `s3://` is read; other schemes are refused by `packctl.urls.refuse_url`. This module imports
-`pyarrow.fs`'s S3 support only when a URL is opened, so a run over local files never loads it.
+`gs://bucket/key` is read by pyarrow's GCS client (Google's default credentials;
+`STORAGE_EMULATOR_HOST` for an emulator), `hf://datasets/org/name[@revision]/key` by huggingface_hub's
+fsspec filesystem wrapped as a pyarrow one (the `hf` extra). Outputs are written to `s3://` only
+(`WRITTEN`); other schemes are refused by `packctl.urls.refuse_url`. This module imports
+`pyarrow.fs` only when a URL is opened, so a run over local files never loads it.
 """
 from __future__ import annotations
 
@@ -28,9 +31,11 @@ from functools import lru_cache
 from packctl.errors import PackctlError
 from packctl.urls import is_url
 
-SCHEMES = ("s3",)
+SCHEMES = ("s3", "gs", "hf")  # the stores packctl reads
+WRITTEN = ("s3",)  # the stores packctl writes outputs to (output/stored.py)
 # attempts per request (the first and the retries) of the AWS SDK's standard retry strategy
 RETRY_ATTEMPTS = 6
+RETRY_SECONDS = 60  # how long pyarrow's GCS client retries a request that fails transiently
 
 
 @dataclass(frozen=True)
@@ -46,8 +51,13 @@ class StoreObject:
 
 
 def is_store_url(path: object) -> bool:
-    """Whether `path` is a URL of a store packctl reads (`s3://...`)."""
+    """Whether `path` is a URL of a store packctl reads (`s3://`, `gs://`, `hf://`)."""
     return is_url(path) and str(path).split("://", 1)[0].lower() in SCHEMES
+
+
+def is_written_url(path: object) -> bool:
+    """Whether `path` is a URL of a store packctl writes outputs to (`s3://`)."""
+    return is_url(path) and str(path).split("://", 1)[0].lower() in WRITTEN
 
 
 def normalize_url(url: str) -> str:
@@ -61,9 +71,26 @@ def normalize_url(url: str) -> str:
 
 
 def filesystem_of(url: str):
-    """(pyarrow filesystem, path within it) for a store URL: `s3://bucket/key` -> `bucket/key`."""
+    """(pyarrow filesystem, path within it) for a store URL: `s3://bucket/key` -> `bucket/key`,
+    `gs://bucket/key` -> `bucket/key`, `hf://datasets/org/name/key` -> `datasets/org/name/key`."""
     scheme, rest = url.split("://", 1)
-    return _s3_filesystem(_endpoint(), _credentials_key()), rest
+    return FILESYSTEMS[scheme.lower()](), rest
+
+
+def _s3():
+    return _s3_filesystem(_endpoint(), _credentials_key())
+
+
+def _gs():
+    return _gcs_filesystem(os.environ.get("STORAGE_EMULATOR_HOST") or None)
+
+
+def _hf():
+    return _hf_filesystem(os.environ.get("HF_ENDPOINT") or None, os.environ.get("HF_TOKEN") or None)
+
+
+# scheme -> the pyarrow filesystem of the process for it (a test may put its own in)
+FILESYSTEMS = {"s3": _s3, "gs": _gs, "hf": _hf}
 
 
 def _endpoint() -> str | None:
@@ -94,6 +121,39 @@ def _s3_filesystem(endpoint: str | None, credentials: tuple):
     return fs.S3FileSystem(**options)
 
 
+@lru_cache(maxsize=2)
+def _gcs_filesystem(emulator: str | None):
+    """Google Cloud Storage through pyarrow's client: credentials from Google's default chain
+    (GOOGLE_APPLICATION_CREDENTIALS, `gcloud auth application-default login`, the metadata server
+    of a GCE/GKE node); `STORAGE_EMULATOR_HOST` (`http://127.0.0.1:9023`) names an emulator, read
+    without credentials as Google's own clients do."""
+    from datetime import timedelta
+
+    from pyarrow import fs
+
+    options = {"retry_time_limit": timedelta(seconds=RETRY_SECONDS)}
+    if emulator is not None:
+        scheme, _, host = emulator.rpartition("://")
+        options.update(endpoint_override=host.rstrip("/"), scheme=scheme or "http", anonymous=True)
+    return fs.GcsFileSystem(**options)
+
+
+@lru_cache(maxsize=2)
+def _hf_filesystem(endpoint: str | None, token: str | None):
+    """The Hugging Face Hub through huggingface_hub's fsspec filesystem (the `hf` extra), as a
+    pyarrow filesystem: `datasets/org/name@revision/path`; the token is `HF_TOKEN` or the one
+    `huggingface-cli login` saved, the endpoint `HF_ENDPOINT` (a mirror)."""
+    from pyarrow import fs
+
+    from packctl.errors import require
+
+    hub = require("huggingface_hub", "hf", "read hf:// URLs")
+    options = {"token": token} if token is not None else {}
+    if endpoint is not None:
+        options["endpoint"] = endpoint
+    return fs.PyFileSystem(fs.FSSpecHandler(hub.HfFileSystem(**options)))
+
+
 def store_error(url: str, exc: BaseException, doing: str) -> PackctlError:
     """A store's failure as one line naming the URL and what to do; never the request's
     credentials (the SDK's messages hold none; only their first line and the error's name are kept).
@@ -102,7 +162,10 @@ def store_error(url: str, exc: BaseException, doing: str) -> PackctlError:
         -> "s3://nope/x: cannot list: the bucket does not exist; check the bucket name in the URL"
     """
     text = str(exc)
-    bucket = url.split("://", 1)[1].split("/", 1)[0]
+    scheme, rest = url.split("://", 1)
+    bucket = rest.split("/", 1)[0]
+    if scheme != "s3":
+        return _other_store_error(url, scheme, exc, doing)
     if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text:
         why = f"the bucket {bucket} does not exist; check the bucket name in the URL"
     elif any(code in text for code in ("INVALID_ACCESS_KEY_ID", "InvalidAccessKeyId", "SIGNATURE_DOES_NOT_MATCH",
@@ -113,6 +176,23 @@ def store_error(url: str, exc: BaseException, doing: str) -> PackctlError:
         why = f"access denied; grant these credentials s3:ListBucket and s3:GetObject on {bucket}"
     elif isinstance(exc, FileNotFoundError) or "NO_SUCH_KEY" in text or "NoSuchKey" in text:
         why = "no such object"
+    else:
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        why = f"{first[:200]}; check the endpoint and the network, then rerun"
+    return PackctlError(f"{url}: cannot {doing}: {why}", everywhere=True)
+
+
+def _other_store_error(url: str, scheme: str, exc: BaseException, doing: str) -> PackctlError:
+    """`store_error` for GCS and the Hub, whose clients word their errors otherwise."""
+    text = str(exc)
+    if isinstance(exc, FileNotFoundError) or "404" in text or "Not Found" in text or "not found" in text:
+        why = "no such object (or a repository or revision that does not exist)" if scheme == "hf" else \
+            "no such object or bucket"
+    elif "401" in text or "403" in text or "Unauthorized" in text or "Forbidden" in text or "denied" in text.lower():
+        why = ("access denied: a private or gated repository needs HF_TOKEN (or `huggingface-cli login`) with access "
+               "to it" if scheme == "hf" else "access denied; grant these credentials storage.objects.list and "
+               "storage.objects.get on the bucket (GOOGLE_APPLICATION_CREDENTIALS, or `gcloud auth "
+               "application-default login`)")
     else:
         first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
         why = f"{first[:200]}; check the endpoint and the network, then rerun"
@@ -151,17 +231,27 @@ def list_objects(url: str) -> list[StoreObject]:
     filesystem, path = filesystem_of(url)
     scheme = url.split("://", 1)[0]
     selector = fs.FileSelector(path.rstrip("/"), recursive=True, allow_not_found=True)
-    infos = _call(url, "list", filesystem.get_file_info, selector)
-    found = sorted((_object(f"{scheme}://{info.path}", info) for info in infos if info.type == fs.FileType.File),
-                   key=lambda o: o.url)
+    try:
+        infos = filesystem.get_file_info(selector)
+    except NotADirectoryError:  # the URL names an object: nothing below it (a filesystem with folders says so)
+        infos = []
+    except (OSError, ValueError) as exc:
+        raise store_error(url, exc, "list") from None
+    # a store's path names no scheme; an fsspec filesystem's may lead with "/"
+    found = sorted((_object(f"{scheme}://{info.path.lstrip('/')}", info) for info in infos
+                    if info.type == fs.FileType.File), key=lambda o: o.url)
     if not found:
         _check_bucket(url, filesystem, path, "list")
     return found
 
 
 def _check_bucket(url: str, filesystem, path: str, doing: str) -> None:
-    """Refuse a URL whose bucket does not exist (pyarrow reports it as an empty listing)."""
+    """Refuse a URL whose bucket does not exist (pyarrow reports it as an empty listing); the
+    Hub's repositories say so themselves."""
     from pyarrow import fs
+
+    if url.startswith("hf://"):
+        return
 
     bucket = _call(url, doing, filesystem.get_file_info, path.split("/", 1)[0])
     if bucket.type == fs.FileType.NotFound:

@@ -63,8 +63,8 @@ def is_store_output(output: object) -> bool:
     """Whether `-o` names a store packctl writes (`s3://...`); packctl.store is loaded for URLs only."""
     if not is_url(output):
         return False
-    from packctl.store import is_store_url
-    return is_store_url(output)
+    from packctl.store import is_written_url
+    return is_written_url(output)
 
 
 def new_run_id() -> str:

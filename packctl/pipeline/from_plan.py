@@ -112,8 +112,11 @@ def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bo
     >>> materialize_plan("plan", "out")          # doctest: +SKIP
     """
     comm = comm or get_comm()
-    if not is_store_output(plan_path):  # a plan on s3:// is read (contract/mirror.py); other URLs are not
-        refuse_url(plan_path, "input")
+    if is_url(plan_path):  # a plan on a store is read through its mirror (contract/mirror.py)
+        from packctl.store import is_store_url
+
+        if not is_store_url(plan_path):
+            refuse_url(plan_path, "input")
     progress = progress if (progress is not None and comm.rank == 0) else Progress()
     if is_store_output(output):  # OUT on a store: no lock, its commit is one PUT (output/stored.py)
         refuse_on_store(str(output), epochs=1, ranks=comm.size)

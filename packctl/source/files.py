@@ -119,6 +119,8 @@ def read_fingerprint(path: str, listed=None) -> tuple[FileFingerprint, pq.FileMe
 # The footer the first read of a store's object parsed, by URL and fingerprint, until the index of
 # the run's input takes it (`take_first_footer`): indexing needs only the object's row groups and
 # schema, which it would otherwise fetch again a moment later (a HEAD and a ranged GET an object).
+# Each resolve of store INPUT starts it afresh (`forget_first_footers`), so a process that
+# resolves without indexing (a what-if) holds one run's footers at most.
 _FIRST_FOOTERS: dict[tuple[str, FileFingerprint], pq.FileMetaData] = {}
 
 
@@ -126,6 +128,10 @@ def take_first_footer(url: str, fingerprint: FileFingerprint) -> pq.FileMetaData
     """The footer `read_fingerprint` parsed for the object at `url` with this fingerprint, once;
     None when it has none (a local file, or taken already)."""
     return _FIRST_FOOTERS.pop((url, fingerprint), None)
+
+
+def forget_first_footers() -> None:
+    _FIRST_FOOTERS.clear()
 
 
 def file_kind(st: os.stat_result) -> str:

@@ -26,7 +26,7 @@ from packctl import store
 from packctl.contract.manifest import EPOCHS, EXPORT_MARK, LEGACY_MANIFEST, MANIFEST
 from packctl.contract.schema import METADATA_KEY
 from packctl.errors import PackctlError
-from packctl.source.files import read_fingerprint
+from packctl.source.files import forget_first_footers, read_fingerprint
 from packctl.source.index import Resolution, ResolvedFile
 from packctl.source.kinds import PARQUET, InputOptions, claimed, kind_of_paths
 from packctl.source.splits import select_split
@@ -57,6 +57,7 @@ def resolve_objects(specs: list[str], *, split: str | None = None,
     if kind is not PARQUET:
         raise PackctlError(f"{urls[0]}: packctl reads Parquet objects from a store (Megatron pairs and JSONL are "
                            "read from local files): copy them locally, or convert them to Parquet")
+    forget_first_footers()
     files = []
     # the first reads (a HEAD and a ranged GET of the footer each) overlap: the store's latency, not
     # the bytes, is their cost

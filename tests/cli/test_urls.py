@@ -1,8 +1,8 @@
-"""A URL where packctl takes a local path and does not read it (`gs://`, `hf://`, `http(s)://`,
-any `scheme://`; `s3://` where a command does not read the store: docs/object-stores.md) is
-refused in one line saying that URLs are not read yet and how to copy the files locally, never
-mangled into a missing path (docs/errors.md "Input resolution"). `s3://` INPUT is read:
-tests/integration/test_s3.py."""
+"""A URL where packctl takes a local path and does not read it (`http(s)://`, any `scheme://` but
+a store's; a store's where a command does not write it: docs/object-stores.md) is refused in one
+line saying that URLs are not read yet and how to copy the files locally, never mangled into a
+missing path (docs/errors.md "Input resolution"). `s3://`, `gs://` and `hf://` INPUT is read:
+tests/integration/test_s3.py, tests/integration/test_other_stores.py."""
 from __future__ import annotations
 
 import os
@@ -17,6 +17,7 @@ from support.runs import pack_to
 SAMPLE_CHAT = Path(__file__).resolve().parents[2] / "sample_chat"
 URLS = ["s3://bucket/corpus", "gs://bucket/corpus/", "hf://datasets/org/name", "https://example.com/a.parquet",
         "abfss://container@account.dfs.core.windows.net/corpus"]
+STORES = ("s3://", "gs://", "hf://")  # read (tests/integration/test_s3*.py, test_other_stores.py)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def packed(tmp_path_factory) -> Path:
 # outputs an s3:// OUT or PLAN (tests/integration/test_s3_readers.py): other schemes are refused
 REFUSED = [(url, command) for url in URLS
            for command in ("pack", "stats", "verify --source", "materialize", "verify", "export")
-           if not url.startswith("s3://")]
+           if not url.startswith(STORES)]
 
 
 @pytest.mark.parametrize("url, command", REFUSED)
@@ -47,8 +48,8 @@ def test_a_url_input_is_refused_in_one_line(tmp_path, packed, url, command):
 
 
 def test_the_copy_command_fits_the_store(tmp_path):
-    line = assert_clean_error(packctl("pack", "gs://bucket/corpus", "-o", tmp_path / "out"), 2)
-    assert "(e.g. `gcloud storage rsync -r gs://bucket/corpus DIR`)" in line
+    line = assert_clean_error(packctl("pack", "https://example.com/a.parquet", "-o", tmp_path / "out"), 2)
+    assert "(e.g. `curl -O https://example.com/a.parquet`)" in line
 
 
 # pack and materialize write s3:// OUT (tests/integration/test_s3_output.py); other schemes, and export's s3://,
