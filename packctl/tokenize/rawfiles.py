@@ -14,6 +14,10 @@ A record is named in messages by its file and 0-based row, and for line formats 
 
 Each file is fingerprinted by size, modification time and the sha256 of its bytes, taken in the
 same pass that counts its records; `--resume` refuses a file whose fingerprint changed.
+
+INPUT may name objects of a store (`s3://`, `gs://`, `hf://`; packctl/store.py): a prefix (every
+raw input below it), an object or a glob, read through the store's filesystem as a local file is
+read (a prefix holding a packctl output's `_manifest.json` is refused as a directory is).
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from typing import Iterator
 
 from packctl.enums import StrEnum
 from packctl.errors import PackctlError
+from packctl.urls import is_url, refuse_url
 
 _CHUNK = 1 << 22
 
@@ -103,10 +108,24 @@ def find_inputs(specs: list[str]) -> list[str]:
     raw input below it, recursively), or a glob (`**` for any number of directories). A file
     reached twice, by two spellings or two links, is refused naming both."""
     found: dict[str, str] = {}
+    urls = [spec for spec in specs if is_url(spec)]
+    if urls:
+        from packctl.store import is_store_url, normalize_url
+
+        for spec in urls:
+            if not is_store_url(spec):
+                refuse_url(spec, "input")
+        if len(urls) < len(specs):
+            raise PackctlError(f"{next(s for s in specs if not is_url(s))}: a local INPUT beside the store INPUT "
+                               f"{urls[0]}; one run reads local files or objects of a store, not both")
+        for spec in urls:
+            for url in _expand_objects(normalize_url(spec)):
+                if url in found:
+                    raise PackctlError(f"{url}: given twice (by INPUT {found[url]} and by INPUT {spec}); list each "
+                                       "input object once")
+                found[url] = spec
+        return sorted(found)
     for spec in specs:
-        if "://" in spec:
-            raise PackctlError(f"{spec}: object-store and URL inputs are not read; copy the files to a local directory "
-                               "and pass that directory")
         for path in _expand(os.path.normpath(spec) if spec else spec):
             found.setdefault(path, spec)
     identities: dict[tuple[int, int], str] = {}
@@ -117,6 +136,34 @@ def find_inputs(specs: list[str]) -> list[str]:
             raise PackctlError(f"{path}: the same file as {first} (a link); each input file is read once: leave one of "
                                "them out of INPUT")
     return sorted(found)
+
+
+def _expand_objects(spec: str) -> list[str]:
+    """The raw input objects one store INPUT reaches: a glob's matches, a prefix's raw inputs (a
+    packctl output below it refused), or the object it names."""
+    from packctl import store
+
+    if any(c in spec.split("://", 1)[1] for c in "*?["):
+        found = [o.url for o in store.glob_objects(spec) if kind_of(o.url) is not None]
+        if not found:
+            raise PackctlError(f"{spec}: the pattern matches no raw input object")
+        return found
+    below = store.list_objects(spec)
+    if not below:
+        if store.stat_object(spec) is None:
+            raise PackctlError(f"{spec}: no such object, and no object below that prefix; check the URL")
+        if kind_of(spec) is None:
+            raise PackctlError(f"{spec}: not a raw input packctl tokenize reads (.jsonl, .json, .jsonl.gz, .jsonl.zst, "
+                               ".parquet, .txt)")
+        return [spec]
+    for item in below:
+        if item.url.rsplit("/", 1)[-1] == "_manifest.json":
+            _refuse_packctl_output(item.url.rsplit("/", 1)[0])
+    found = [o.url for o in below if kind_of(o.url) is not None]
+    if not found:
+        raise PackctlError(f"{spec}: the prefix holds no raw input (*.jsonl, *.json, *.jsonl.gz, *.jsonl.zst, "
+                           "*.parquet, *.txt)")
+    return found
 
 
 def _expand(spec: str) -> list[str]:
@@ -192,11 +239,11 @@ def _walk(directory: str) -> list[str]:
 
 
 def _refuse_packctl_output(folder: str) -> None:
-    path = os.path.join(folder, "_manifest.json")
+    path = f"{folder}/_manifest.json" if is_url(folder) else os.path.join(folder, "_manifest.json")
     try:
-        with open(path, encoding="utf-8") as fh:
-            manifest = json.load(fh)
-    except (OSError, ValueError):
+        with _open_bytes(path) as fh:
+            manifest = json.loads(fh.read())
+    except (OSError, ValueError, PackctlError):
         return
     if isinstance(manifest, dict) and "packctl_version" in manifest:
         raise PackctlError(f"{folder}: a packctl output (it holds _manifest.json); packctl outputs are never read as "
@@ -213,12 +260,12 @@ def index_file(path: str, *, stride: int, text_unit: TextUnit = TextUnit.LINE) -
     so that a run of records starting there is read without the lines before it."""
     kind, compression = kind_of(path) or ("jsonl", None)
     try:
-        st = os.stat(path)
+        st = _stat(path)
         if kind == "parquet":
             return _index_parquet(path, st)
         digest = hashlib.sha256()
         if kind == "json" and _starts_with_bracket(path):
-            with open(path, "rb") as fh:
+            with _open_bytes(path) as fh:
                 data = fh.read()
             digest.update(data)
             rows = _json_array(path, data)
@@ -275,7 +322,7 @@ class _HashingReader(io.RawIOBase):
 
 
 def _hashing_stream(path: str, compression: str | None, digest):
-    raw = io.BufferedReader(_HashingReader(open(path, "rb", buffering=0), digest), _CHUNK)
+    raw = io.BufferedReader(_HashingReader(_open_bytes(path, buffering=0), digest), _CHUNK)
     if compression is None:
         return raw
     import pyarrow as pa
@@ -288,14 +335,71 @@ def _hashing_stream(path: str, compression: str | None, digest):
 
 def _open_lines(path: str, compression: str | None):
     if compression is None:
-        return open(path, "rb", buffering=_CHUNK)
+        return _open_bytes(path, buffering=_CHUNK)
     import pyarrow as pa
 
-    return io.BufferedReader(pa.input_stream(path, compression=compression), _CHUNK)
+    source = _open_bytes(path, buffering=0) if is_url(path) else path
+    return io.BufferedReader(pa.input_stream(source, compression=compression), _CHUNK)
+
+
+@dataclass(frozen=True)
+class _Stat:
+    """What a raw file's fingerprint takes of its stat."""
+
+    st_size: int
+    st_mtime_ns: int
+
+
+def _stat(path: str):
+    """The file's stat, or an object's size and last-modified time."""
+    if not is_url(path):
+        return os.stat(path)
+    from packctl.store import stat_object
+
+    found = stat_object(path)
+    if found is None:
+        raise PackctlError(f"{path}: no such object; it was removed during the run: run again")
+    return _Stat(found.size, found.mtime_ns)
+
+
+def _open_bytes(path: str, buffering: int = -1):
+    """A binary file over a local path or a store's object (ranged reads, seekable)."""
+    if not is_url(path):
+        return open(path, "rb", buffering=buffering)
+    from packctl.store import open_reader
+
+    handle, _ = open_reader(path)
+    return handle if buffering == 0 else io.BufferedReader(_NativeRaw(handle), _CHUNK)
+
+
+class _NativeRaw(io.RawIOBase):
+    """A pyarrow file as a raw Python stream (what io.BufferedReader reads)."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        return self._handle.readinto(buffer)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._handle.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._handle.tell()
+
+    def close(self) -> None:
+        self._handle.close()
+        super().close()
 
 
 def _starts_with_bracket(path: str) -> bool:
-    with open(path, "rb") as fh:
+    with _open_bytes(path) as fh:
         head = fh.read(4096).lstrip()
     return head.startswith(b"[")
 
@@ -326,11 +430,11 @@ def _index_parquet(path: str, st: os.stat_result) -> RawFile:
     import pyarrow.parquet as pq
 
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with _open_bytes(path) as fh:
         while chunk := fh.read(_CHUNK):
             digest.update(chunk)
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(_open_bytes(path, buffering=0) if is_url(path) else path)
     except (pa.ArrowException, OSError) as exc:
         raise PackctlError(f"{path}: not a readable Parquet file ({exc})") from None
     return RawFile(path, "parquet", None, pf.metadata.num_rows, st.st_size, st.st_mtime_ns, digest.hexdigest(),
@@ -350,7 +454,7 @@ def read_records(file: RawFile, first: int, count: int) -> list[Record]:
         if file.kind == "parquet":
             return _parquet_records(file, first, count)
         if file.kind == "json-array":
-            with open(file.path, "rb") as fh:
+            with _open_bytes(file.path) as fh:
                 rows = _json_array(file.path, fh.read())
             return [Record(first + k, None, _as_record(file, first + k, None, row))
                     for k, row in enumerate(rows[first:first + count])]
@@ -410,7 +514,7 @@ def _as_record(file: RawFile, row: int, line: int | None, value) -> dict:
 def _parquet_records(file: RawFile, first: int, count: int) -> list[Record]:
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(file.path)
+    pf = pq.ParquetFile(_open_bytes(file.path, buffering=0) if is_url(file.path) else file.path)
     groups, start, lo = [], 0, None
     for g in range(pf.metadata.num_row_groups):
         n = pf.metadata.row_group(g).num_rows
