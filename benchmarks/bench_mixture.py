@@ -11,7 +11,7 @@ cost, the same number of tokens from one corpus of the same lengths. Prints one 
 source: target, realized share, worst |share - target| over the windows, and the tolerance of
 docs/mixtures.md for the smallest window; then the seconds of each run and their ratio; then
 with --steps, the worst |share - target| over the optimizer steps of --dp-size 2 x 2 micro-batches
-for every algorithm and --step-grouping (a tenth of the tokens: one row a pair).
+for every algorithm and --step-grouping (cost, order, source; a tenth of the tokens).
 """
 from __future__ import annotations
 
@@ -90,13 +90,21 @@ def main() -> None:
         print("| algorithm | --step-grouping | worst window deviation | worst step deviation (per source) |")
         print("|---|---|---|---|")
         for algorithm in ("concat", "ffd", "bfd", "ffs", "pool"):
-            for grouping in ("cost", "order"):
+            for grouping in ("cost", "order", "source"):
                 steps = pack(PackConfig(output=str(root / "steps"), sources=blend, tokens=web_tokens // 10,
                                         algorithm=algorithm, step_grouping=grouping, dp_size=2, micro_batches=2,
                                         **options)).metrics["mixture"]
                 per = ", ".join(f"{s['name']} {s['worst_step_deviation']:.3f}" for s in steps["sources"])
                 print(f"| {algorithm} | {grouping} | {steps['worst_window_deviation']:.4f} | "
                       f"{steps['worst_step_deviation']:.3f} ({per}) |")
+        print("\nsteps of 2 x 8 packs, --step-grouping source (a window of 4x the rows):\n")
+        print("| algorithm | worst step deviation (per source) |\n|---|---|")
+        for algorithm in ("concat", "ffd", "bfd", "ffs", "pool"):
+            steps = pack(PackConfig(output=str(root / "steps"), sources=blend, tokens=web_tokens // 10,
+                                    algorithm=algorithm, step_grouping="source", dp_size=2, micro_batches=8,
+                                    **{**options, "window": 4 * args.window})).metrics["mixture"]
+            per = ", ".join(f"{s['name']} {s['worst_step_deviation']:.3f}" for s in steps["sources"])
+            print(f"| {algorithm} | {steps['worst_step_deviation']:.3f} ({per}) |")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from packctl.contract.schema import BATCH_SIZE, DP_RANK, LR_SCALE, MICRO_BATCH, PADDED_LEN, STEP, limit_sum_name
+from packctl.enums import StepGrouping
 from packctl.errors import PackctlError
 from packctl.mpi.comm import Comm, SingleComm
 from packctl.pipeline.order import Ordered, check_groups_fit_everywhere, limit_error, order_corpus, too_long_message
@@ -25,6 +26,7 @@ from packctl.plan.align import pack_lengths_padded
 from packctl.plan.balance import BalancedPlan, balance_plan, lr_scales
 from packctl.plan.pack_order import reorder_packs
 from packctl.plan.groups import group_sizes
+from packctl.plan.mixture import SEQUENCES
 from packctl.plan.prefix import piece_parents
 from packctl.plan.shapes import (batch_shapes, buckets_from_histogram, length_histogram, planned_item_lengths,
                                  with_row_length)
@@ -80,7 +82,8 @@ def plan_stage(comm: Comm, ordered: Ordered, specs: Specs,
     if specs.balance is None:  # with --dp-size the balancer orders whole steps instead
         plan = reorder_packs(plan, windows.pack_order, windows.seed, ordered.first_window)
     balanced = (balance(comm, plan, specs.balance, specs.steps, lengths, ordered.first_window, item_buckets,
-                        ordered.group_starts, shared=ordered.shared is not None) if specs.balance is not None else None)
+                        ordered.group_starts, shared=ordered.shared is not None, mixture=specs.order.mixture)
+                if specs.balance is not None else None)
     if balanced is not None:
         plan = balanced.result.plan
     pack_lens, columns, buckets = final_pack_lengths(comm, plan, lengths, item_buckets)
@@ -91,6 +94,17 @@ def plan_stage(comm: Comm, ordered: Ordered, specs: Specs,
         columns.update({limit_sum_name(name): sums[:, j].copy() for j, name in enumerate(specs.report.limits)})
     return Planned(plan=plan, pack_lens=pack_lens, columns=columns, balanced=balanced,
                    buckets=item_buckets if batch else buckets)
+
+
+def pack_source_units(plan: PackPlan, mixture) -> np.ndarray:
+    """Each pack's units of each source of a blend (P x K): tokens, or with `--mix-unit sequences`
+    the sequences that start in it (a piece of a split sequence after its first counts none)."""
+    source = np.searchsorted(np.asarray(mixture.gid_starts, dtype=np.int64), plan.piece_gid, side="right") - 1
+    units = plan.piece_len if mixture.unit != SEQUENCES else (plan.piece_start == 0).astype(np.int64)
+    pack_of_piece = np.repeat(np.arange(plan.num_bins), np.diff(plan.bin_offsets))
+    per_pack = np.zeros((plan.num_bins, len(mixture.names)))
+    np.add.at(per_pack, (pack_of_piece, source), units)
+    return per_pack
 
 
 def final_pack_lengths(comm: Comm, plan: PackPlan, spec: LengthSpec, item_buckets: np.ndarray | None = None
@@ -166,13 +180,14 @@ def plan_corpus(index, specs: Specs, ordered: Ordered | None = None,
 
 def balance(comm: Comm, plan: PackPlan, spec: BalanceSpec, steps: StepSpec, lengths: LengthSpec,
             first_window: int = 0, item_buckets: np.ndarray | None = None,
-            group_starts: np.ndarray | None = None, shared: bool = False) -> Balanced:
+            group_starts: np.ndarray | None = None, shared: bool = False, mixture=None) -> Balanced:
     """Balance this rank's windows (plan/balance.py); steps are numbered after the ranks before,
     and `lr_scale` needs the mean batch size of all ranks when no reference is given. Members of
     a group (`group_starts`, --group-column with --group-scope pack) stay in their pack, and with
     --limit so does every sequence that has a cost: only sequences of no cost move between packs
     (`--balance-scope sequences`, equal counts), so every pack keeps every limit. With `shared`
-    (--share-prefix) a branch's attention cost counts the prefix it attends to."""
+    (--share-prefix) a branch's attention cost counts the prefix it attends to. With `--step-grouping
+    source` each pack's units of each source of the blend (`mixture`) decide its step."""
     shape = None
     if steps.warmup_shapes:
         # a pack's shape: its padded length in batch mode (every piece already holds it), else the
@@ -190,8 +205,12 @@ def balance(comm: Comm, plan: PackPlan, spec: BalanceSpec, steps: StepSpec, leng
     context = None
     if shared:
         context = np.where(piece_parents(plan, group_starts) >= 0, plan.piece_start, 0).astype(np.float64)
+    units = weights = None
+    if spec.grouping == StepGrouping.SOURCE:
+        units, weights = pack_source_units(plan, mixture), np.asarray(mixture.weights, dtype=np.float64)
     result = balance_plan(plan, spec, first_window=first_window,
-                          pack_shape=shape if plan.num_bins else None, pinned=pinned, context=context)
+                          pack_shape=shape if plan.num_bins else None, pinned=pinned, context=context,
+                          pack_units=units, weights=weights)
     first_step = comm.exscan(result.num_steps)
     sizes = result.step_sequences if steps.batch_unit == BatchUnit.SEQUENCES else result.step_tokens
     ref = steps.ref_batch_size
