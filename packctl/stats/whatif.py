@@ -219,16 +219,21 @@ def read_blend_lengths(config: PackConfig) -> tuple[LengthIndex, list[int]]:
     entries = config.source_entries()
     options = options_of(dataclasses.asdict(config))
     resolve_sources(entries, split=config.split, options=options)  # a file of two sources is refused as pack refuses it
-    parts = [read_lengths(list(e.paths), config.tokens_column, skip_empty=config.skip_empty,
+    parts = [read_lengths(list(e.paths), config.tokens_column, config.group_column, skip_empty=config.skip_empty,
                           limit_columns=tuple(config.limits), split=config.split, options=options) for e in entries]
     files = [f for p in parts for f in p.files]
     rows = np.array([f.rows for f in files], dtype=np.int64)
     starts = np.cumsum([0] + [len(p.files) for p in parts]).tolist()
     extra = None if not config.limits else np.concatenate([p.extra for p in parts], axis=0)
+    group_starts = None
+    if config.group_column is not None:  # each source's groups, its gids after the sources before it
+        first = np.cumsum([0] + [len(p.lengths) for p in parts])
+        group_starts = np.concatenate([p.group_starts[:-1] + first[k] for k, p in enumerate(parts)]
+                                      + [[first[-1]]]).astype(np.int64)
     index = LengthIndex(files=files, file_offsets=np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
                         lengths=np.concatenate([p.lengths for p in parts]), tokens_column=config.tokens_column,
                         fingerprints=[f for p in parts for f in p.fingerprints], limit_columns=tuple(config.limits),
-                        extra=extra)
+                        extra=extra, group_starts=group_starts)
     return index, starts
 
 
@@ -365,9 +370,6 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
                for c in capacities for a in algorithms}
 
     source_files = None
-    if config.sources and config.group_column is not None:
-        raise PackctlError(f"packctl stats --source with --group-column {config.group_column}: the what-if of a "
-                           "grouped blend is not measured; pack it and run packctl stats OUT")
     if config.sources:  # a blend: its sources' lengths, joined as pack joins them
         index, source_files = read_blend_lengths(config)
     else:

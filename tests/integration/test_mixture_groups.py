@@ -97,7 +97,22 @@ def test_groups_kept_within_steps_in_a_blend_pass_verify(tmp_path, blend):
     assert report.code == 0, report.stdout + report.stderr
 
 
-def test_stats_of_a_grouped_blend_before_packing_is_refused_in_one_line(blend):
-    result = packctl("stats", "--source", f"pairs={blend['pairs']}:0.5:2", "--source", f"plain={blend['plain']}:0.5",
-                     "--group-column", "g", "--capacity", str(CAPACITY))
-    assert_clean_error(result, 2, "--group-column g", "packctl stats OUT")
+@pytest.mark.parametrize("order", ["input", "shuffle"])
+def test_stats_of_a_grouped_blend_before_packing_is_what_pack_writes(tmp_path, blend, order):
+    """The what-if of a grouped blend draws, orders and packs the blend's uses as pack does: its
+    row for pack's settings has pack's packs, tokens and sequences, and its blend is pack's."""
+    from packctl.stats import stats
+
+    weights, caps = {"pairs": 0.5, "plain": 0.5}, {"pairs": 2.0}
+    result = pack(_config(blend, tmp_path / "out", weights, caps, tokens=20_000, order=order, algorithm="ffd"))
+    config = _config(blend, tmp_path / "unused", weights, caps, tokens=20_000, order=order, algorithm="ffd")
+    sources = [f"{n}={blend[n]}:{w}" + (f":{caps[n]}" if n in caps else "") for n, w in weights.items()]
+    report = stats([], capacities=[CAPACITY], sources=sources, group_column="g", tokens=20_000, order=order,
+                   algorithm="ffd")
+    row = next(r for r in report["what_if"] if r["algorithm"] == "ffd")
+    assert row["packs"] == result.metrics["packs"]
+    assert row["tokens"] == result.metrics["tokens"]
+    assert report["groups"] is not None
+    realized = {s["name"]: s["realized"] for s in report["mixture"]["sources"]}
+    assert realized == {s["name"]: s["realized"] for s in result.metrics["mixture"]["sources"]}
+    assert config.group_column == "g"
