@@ -23,7 +23,7 @@ has a second runner `pack_<name>_limits` beside the first, in the same file; `pa
 only when k >= 1. Where the limits kernel with k = 0 plans as fast as a kernel of tokens alone
 (within 10%, benchmarks/bench_limits_kernels.py: pool), the first runner calls it with no budget
 and there is one kernel. Elsewhere a kernel of tokens alone stays: the limits kernels of ffd, ffs
-and mffd search bins by every budget and are 5-8x slower without one, bfd's needs k >= 1, and
+and mffd search bins by every budget and are 5-8x slower without one, bfd's 4.4x, and
 concat's and split's take a few milliseconds a million items either way, their ratio varying
 from 1.0 to 1.4 from run to run.
 

@@ -410,8 +410,14 @@ def pack_bfd_limits(lengths: np.ndarray, extra: np.ndarray, limits: np.ndarray, 
 def best_fit_limits(sizes: np.ndarray, costs: np.ndarray, limits: np.ndarray, capacity: int, max_seqs: int
                     ) -> tuple[np.ndarray, int]:
     """Best fit under every budget of items of `sizes` tokens and `costs` (n x k), in that order:
-    the bin of each step and the number of bins."""
+    the bin of each step and the number of bins.
+
+    The kernel's tree tells a room value with no bin by -1 in every cost column, so it needs one
+    column at least: with no budget (k = 0) it runs on one column of zero costs under a limit of 0,
+    which holds for every bin and only says where bins are (the rule of tokens alone)."""
     n = len(sizes)
+    if limits.size == 0:
+        costs, limits = np.zeros((n, 1), np.int64), np.zeros(1, np.int64)
     k = limits.size
     leaves = 1 << int(capacity).bit_length()
     bin_of_step = np.empty(n, np.int64)

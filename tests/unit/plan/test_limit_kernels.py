@@ -11,11 +11,13 @@ from support.profiles import examples
 
 from packctl.plan.algorithms import (
     ALGORITHMS,
+    KERNELS,
     OverLimit,
     UncuttableTooLong,
     over_limits,
     pack_lengths,
 )
+from packctl.plan.bins import KernelOptions
 
 SETTINGS = settings(max_examples=examples(300, default=60), deadline=None, derandomize=True)
 WHOLE = tuple(a for a in ALGORITHMS if a != "split")
@@ -208,6 +210,28 @@ def test_no_limit_and_limits_that_never_bind_give_the_bins_of_tokens_only(algori
     for bins in (k0, loose):
         for field in ("offsets", "members", "starts", "lens"):
             assert np.array_equal(getattr(bins, field), getattr(tokens_only, field)), field
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@SETTINGS
+@given(data=budgets(allow_longer=True))
+def test_each_limits_kernel_called_with_no_budget_gives_the_bins_of_its_token_kernel(algorithm, data):
+    """`pack_lengths` runs a limits kernel only for k >= 1; called directly with an n x 0 `extra`
+    (as bench_limits_kernels.py does, and as a merged kernel would be) each one still plans the
+    bins of tokens alone, within its arrays (bfd's tree once read room values past the capacity)."""
+    lengths, capacity, _, _, max_seqs = data
+    kernel = KERNELS[algorithm]
+    if len(lengths) == 0:
+        return  # a kernel gets non-empty lengths
+    if not kernel.cuts_items:
+        lengths = np.minimum(lengths, capacity)
+    max_seqs = len(lengths) + 1 if max_seqs is None else max_seqs
+    options = KernelOptions(seed=5, align=1, pool_size=3, pool_strategy="closest")
+    tokens_only = kernel.run(lengths, capacity, max_seqs, options)
+    k0 = kernel.run_limits(lengths, np.zeros((len(lengths), 0), np.int64), np.zeros(0, np.int64), capacity,
+                           max_seqs, options)
+    for field in ("offsets", "members", "starts", "lens"):
+        assert np.array_equal(getattr(k0, field), getattr(tokens_only, field)), field
 
 
 def test_many_random_inputs_agree_with_one_budget_when_limits_never_bind():
