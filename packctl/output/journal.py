@@ -49,16 +49,21 @@ def journal_line(info: ShardEntry) -> str:
 
 def read_journal(tmp: Path) -> list[ShardEntry]:
     """Every shard the journals of `tmp` record (a torn last line, from a crash, is ignored)."""
+    return journal_entries("\n".join(path.read_text() for path in sorted(tmp.glob("journal*.jsonl"))))
+
+
+def journal_entries(text: str) -> list[ShardEntry]:
+    """The shards journal lines record, in name order (a line that does not parse is left out: a
+    torn last line from a crash; a shard journaled twice: its last line)."""
     shards: dict[str, ShardEntry] = {}
-    for path in sorted(tmp.glob("journal*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-                info = ShardEntry(path=str(entry["shard"]), rows=int(entry["rows"]), tokens=int(entry["tokens"]),
-                                 sha256=str(entry["sha256"]))
-            except (ValueError, KeyError, TypeError):
-                continue
-            shards[info.path] = info
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+            info = ShardEntry(path=str(entry["shard"]), rows=int(entry["rows"]), tokens=int(entry["tokens"]),
+                              sha256=str(entry["sha256"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+        shards[info.path] = info
     return [shards[name] for name in sorted(shards)]
 
 

@@ -50,7 +50,7 @@ from pathlib import Path
 from packctl.contract.manifest import (DATA_DIR, EPOCHS, MANIFEST, METRICS, RUNS_DIR, ShardEntry, sha256_file,
                                        store_run_prefix)
 from packctl.errors import PackctlError
-from packctl.output.journal import BLOCKS_FILE, JOURNAL, RUN_FILE, differences, journal_line
+from packctl.output.journal import BLOCKS_FILE, JOURNAL, RUN_FILE, differences, journal_entries, journal_line
 from packctl.output.outdir import Faults, OutputDir, StagedShard
 from packctl.output.resume import Outcome
 from packctl.urls import is_url
@@ -420,16 +420,7 @@ def committed_run(manifest: dict) -> str | None:
 
 def read_journal_text(text: str) -> list[ShardEntry]:
     """The shards a journal records, in name order (a line that does not parse is left out)."""
-    shards: dict[str, ShardEntry] = {}
-    for line in text.splitlines():
-        try:
-            entry = json.loads(line)
-            info = ShardEntry(path=str(entry["shard"]), rows=int(entry["rows"]), tokens=int(entry["tokens"]),
-                              sha256=str(entry["sha256"]))
-        except (ValueError, KeyError, TypeError):
-            continue
-        shards[info.path] = info
-    return [shards[name] for name in sorted(shards)]
+    return journal_entries(text)
 
 
 class StoreOutputDir(OutputDir):

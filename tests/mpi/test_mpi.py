@@ -285,6 +285,21 @@ def test_a_plan_under_mpi_is_the_packed_output_without_its_token_columns(tmp_pat
                 assert planned.column(column).equals(packed.column(column)), (source.name, name, column)
 
 
+def _same_bytes_for_one_to_three_processes(out: Path, options: list[str]) -> None:
+    """`pack -o OUT OPTIONS` in one process, then under mpiexec -n 2 and 3: the same shards."""
+    from support.adversary import packctl
+
+    command = [sys.executable, "-m", "packctl", "pack", "-o", str(out), "--overwrite", "-q", *options]
+    single = packctl(*command[3:])
+    assert single.code == 0, single.stderr
+    reference = _fingerprint(out)
+    assert len(reference[0]) > 3
+    for n in (2, 3):
+        proc = mpirun(n, *command)
+        assert proc.returncode == 0, proc.stderr
+        assert _fingerprint(out) == reference, f"{n} ranks"
+
+
 def test_a_blend_of_sources_writes_the_same_bytes_for_one_to_three_processes(tmp_path):
     """--source: the draw and the interleave are computed from every row's length on every rank;
     the windows are dealt to ranks as for one input, so the bytes do not depend on the count."""
@@ -296,15 +311,7 @@ def test_a_blend_of_sources_writes_the_same_bytes_for_one_to_three_processes(tmp
              "--source", f"code={data / 'shard-00001.parquet'}:0.5:3",  # 1.5 passes: rows drawn twice
              "--source", f"math={data / 'shard-00002.parquet'}:0.2:2", "--tokens", "900000", "--order", "shuffle",
              "--too-long", "split", "--window", "200", "--shard-rows", "30", "--dp-size", "2", "--micro-batches", "2"]
-    command = [sys.executable, "-m", "packctl", "pack", "-o", str(out), "--overwrite", "-q", *blend]
-    single = packctl(*command[3:])
-    assert single.code == 0, single.stderr
-    reference = _fingerprint(out)
-    assert len(reference[0]) > 3
-    for n in (2, 3):
-        proc = mpirun(n, *command)
-        assert proc.returncode == 0, proc.stderr
-        assert _fingerprint(out) == reference, f"{n} ranks"
+    _same_bytes_for_one_to_three_processes(out, blend)
 
 
 @pytest.mark.mpi
@@ -331,15 +338,7 @@ def test_a_grouped_blend_dealt_by_source_writes_the_same_bytes_for_one_to_three_
              "--group-column", "g", "--tokens", "60000", "--order", "shuffle", "--capacity", "512",
              "--algorithm", "ffd", "--window", "120", "--shard-rows", "20", "--dp-size", "2", "--micro-batches", "2",
              "--step-grouping", "source"]
-    command = [sys.executable, "-m", "packctl", "pack", "-o", str(out), "--overwrite", "-q", *blend]
-    single = packctl(*command[3:])
-    assert single.code == 0, single.stderr
-    reference = _fingerprint(out)
-    assert len(reference[0]) > 3
-    for n in (2, 3):
-        proc = mpirun(n, *command)
-        assert proc.returncode == 0, proc.stderr
-        assert _fingerprint(out) == reference, f"{n} ranks"
+    _same_bytes_for_one_to_three_processes(out, blend)
 
 
 @pytest.mark.mpi
