@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from packctl import PackConfig, pack
-from packctl.torch import PackedDataset
 
+pytest.importorskip("torch")
 pytest.importorskip("boto3")
+from packctl.torch import PackedDataset  # noqa: E402
 from support.s3 import s3, s3_server  # noqa: E402,F401  (fixtures)
 
 SAMPLE = Path(__file__).resolve().parents[3] / "sample_data"
@@ -44,7 +45,7 @@ def test_packed_dataset_over_s3_equals_it_over_disk(s3, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_dataloader_worker_reads_an_output_on_s3(s3, tmp_path, monkeypatch):
-    torch = pytest.importorskip("torch")
+    import torch
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setenv("PACKCTL_OUTPUT_CACHE", str(tmp_path / "cache"))
     url = s3.url("out")
