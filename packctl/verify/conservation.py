@@ -292,9 +292,11 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
     count = np.bincount(sample_ids[valid], minlength=n_src)
     covered = np.bincount(sample_ids[valid], weights=lens[valid], minlength=n_src).astype(np.int64)
     if blend is not None:
-        return _blend_conservation(out, manifest, config, blend, pieces, kind, paths, file_offsets, src_len, covered,
-                                   count, sample_ids, valid, lens, piece_start, src_token_fp != token_fp,
-                                   src_label_fp != label_fp, found, where, details)
+        compared = _Compared(kind=kind, paths=paths, file_offsets=file_offsets, src_len=src_len, covered=covered,
+                             count=count, sample_ids=sample_ids, valid=valid, lens=lens, piece_start=piece_start,
+                             tokens_differ=src_token_fp != token_fp, labels_differ=src_label_fp != label_fp)
+        return _blend_conservation(out, manifest, config, blend, pieces, compared,
+                                   _Findings(found=found, where=where, details=details))
     over_long = (src_len + config.align - 1) // config.align * config.align > config.plan_capacity
 
     def describe(gid: int) -> str:
@@ -424,12 +426,38 @@ def _source_group_starts(paths: list[str], column: str) -> np.ndarray:
     return np.concatenate([[0], np.flatnonzero(changed) + 1, [n]]).astype(np.int64) if n else np.zeros(1, np.int64)
 
 
+@dataclass(frozen=True)
+class _Compared:
+    """The source rows and the output pieces, compared (`check_conservation`): each row's length
+    (`src_len`), the tokens of it the output covers and in how many pieces, and each piece's sample,
+    whether it names a row (`valid`), its length and start in the row, and whether its tokens or
+    labels differ from the row's slice."""
+
+    kind: InputKind
+    paths: list[str]
+    file_offsets: np.ndarray
+    src_len: np.ndarray
+    covered: np.ndarray
+    count: np.ndarray
+    sample_ids: np.ndarray
+    valid: np.ndarray
+    lens: np.ndarray
+    piece_start: np.ndarray
+    tokens_differ: np.ndarray
+    labels_differ: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Findings:
+    """Where a rule's violations go: the list, how a piece is named, and how many to diagnose."""
+
+    found: list[Violation]
+    where: Callable[[int], str]
+    details: int
+
+
 def _blend_conservation(out: Path, manifest: dict[str, Any], config: PackConfig, blend: dict[str, Any],
-                        pieces: OutputPieces, kind: InputKind, paths: list[str], file_offsets: np.ndarray, src_len: np.ndarray,
-                        covered: np.ndarray, count: np.ndarray, sample_ids: np.ndarray, valid: np.ndarray,
-                        lens: np.ndarray, piece_start: np.ndarray, tokens_differ: np.ndarray,
-                        labels_differ: np.ndarray, found: list[Violation], where: Callable[[int], str],
-                        details: int) -> ConservationResult:
+                        pieces: OutputPieces, compared: _Compared, findings: _Findings) -> ConservationResult:
     """Conservation of a blend, source by source: the draw done again from the source's lengths
     (plan/mixture.py `draw_blend`, the one draw of pack), and every row in the output exactly as
     many times as it was drawn, each use whole (or cut as --too-long says), with its own tokens.
@@ -438,6 +466,11 @@ def _blend_conservation(out: Path, manifest: dict[str, Any], config: PackConfig,
         rebuild it twice"""
     from packctl.plan.mixture import EmptySource, RepeatOverCap, blend_groups, draw_blend, member_uses
 
+    c = compared
+    kind, paths, file_offsets, src_len, covered, count = c.kind, c.paths, c.file_offsets, c.src_len, c.covered, c.count
+    sample_ids, valid, lens, piece_start = c.sample_ids, c.valid, c.lens, c.piece_start
+    tokens_differ, labels_differ = c.tokens_differ, c.labels_differ
+    found, where, details = findings.found, findings.where, findings.details
     groups = None
     if config.group_column is not None:  # whole groups are drawn: every row as often as its group
         groups = blend_groups(_source_group_starts(paths, config.group_column), blend["starts"])
