@@ -32,7 +32,7 @@ from packctl.plan.shapes import (batch_shapes, buckets_from_histogram, length_hi
                                  with_row_length)
 from packctl.plan.windows import (PackPlan, SequenceOverLimit, SequenceTooLong, UncuttableSequence, merge_plans,
                                   plan_windows)
-from packctl.specs import BalanceSpec, BatchUnit, LengthSpec, LrScaling, Mode, Specs, StepSpec
+from packctl.specs import BatchUnit, LengthSpec, LrScaling, Mode, Specs
 from packctl.source.index import SequenceIndex
 
 
@@ -81,9 +81,7 @@ def plan_stage(comm: Comm, ordered: Ordered, specs: Specs,
         plan = with_row_length(plan, batch_shapes(plan, lengths.max_tokens, item_buckets)[0])
     if specs.balance is None:  # with --dp-size the balancer orders whole steps instead
         plan = reorder_packs(plan, windows.pack_order, windows.seed, ordered.first_window)
-    balanced = (balance(comm, plan, specs.balance, specs.steps, lengths, ordered.first_window, item_buckets,
-                        ordered.group_starts, shared=ordered.shared is not None, mixture=specs.order.mixture)
-                if specs.balance is not None else None)
+    balanced = balance(comm, plan, specs, ordered, item_buckets) if specs.balance is not None else None
     if balanced is not None:
         plan = balanced.result.plan
     pack_lens, columns, buckets = final_pack_lengths(comm, plan, lengths, item_buckets)
@@ -178,16 +176,19 @@ def plan_corpus(index, specs: Specs, ordered: Ordered | None = None,
         raise limit_error(index, tuple(specs.report.limits), exc) from None
 
 
-def balance(comm: Comm, plan: PackPlan, spec: BalanceSpec, steps: StepSpec, lengths: LengthSpec,
-            first_window: int = 0, item_buckets: np.ndarray | None = None,
-            group_starts: np.ndarray | None = None, shared: bool = False, mixture=None) -> Balanced:
-    """Balance this rank's windows (plan/balance.py); steps are numbered after the ranks before,
-    and `lr_scale` needs the mean batch size of all ranks when no reference is given. Members of
-    a group (`group_starts`, --group-column with --group-scope pack) stay in their pack, and with
-    --limit so does every sequence that has a cost: only sequences of no cost move between packs
-    (`--balance-scope sequences`, equal counts), so every pack keeps every limit. With `shared`
-    (--share-prefix) a branch's attention cost counts the prefix it attends to. With `--step-grouping
-    source` each pack's units of each source of the blend (`mixture`) decide its step."""
+def balance(comm: Comm, plan: PackPlan, specs: Specs, ordered: Ordered,
+            item_buckets: np.ndarray | None = None) -> Balanced:
+    """Balance this rank's windows (plan/balance.py, `specs.balance`, `specs.steps`); steps are
+    numbered after the ranks before, and `lr_scale` needs the mean batch size of all ranks when no
+    reference is given. Members of a group (`ordered.group_starts`, --group-column with
+    --group-scope pack) stay in their pack, and with --limit so does every sequence that has a
+    cost: only sequences of no cost move between packs (`--balance-scope sequences`, equal counts),
+    so every pack keeps every limit. With --share-prefix (`ordered.shared`) a branch's attention
+    cost counts the prefix it attends to. With `--step-grouping source` each pack's units of each
+    source of the blend (`specs.order.mixture`) decide its step."""
+    spec, steps, lengths = specs.balance, specs.steps, specs.lengths
+    first_window, group_starts, shared = ordered.first_window, ordered.group_starts, ordered.shared is not None
+    mixture = specs.order.mixture
     shape = None
     if steps.warmup_shapes:
         # a pack's shape: its padded length in batch mode (every piece already holds it), else the
