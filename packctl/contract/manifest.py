@@ -258,7 +258,6 @@ def manifest_problems(out: Path, manifest: dict[str, Any]) -> list[ManifestProbl
     (`part-0000k.parquet` in version 1), each path resolving inside OUT. Cheap: no shard is read.
     """
     found: list[ManifestProblem] = []
-    version = manifest["format_version"]
     found += _layout_problems(manifest.get("layout"))
     shards = manifest.get("shards")
     if not isinstance(shards, list):
@@ -266,6 +265,19 @@ def manifest_problems(out: Path, manifest: dict[str, Any]) -> list[ManifestProbl
         shards = []
     elif not shards:
         found.append(ManifestProblem("manifest-fields", "shards", "lists no shards; an output holds at least one"))
+    shard_found, sums_known = _shards_problems(out, shards, manifest["format_version"])
+    found += shard_found
+    found += _counts_problems(manifest.get("counts"), shards if sums_known else [])
+    found += _inputs_problems(manifest.get("inputs"))
+    found += _config_problems(manifest.get("config"))
+    found += _lr_scale_problems(manifest.get("lr_scale"))
+    return found
+
+
+def _shards_problems(out: Path, shards: list, version: int) -> tuple[list[ManifestProblem], bool]:
+    """What is wrong with each shard entry, and whether every entry's rows and tokens are integers
+    (the counts can then be checked against their sums)."""
+    found: list[ManifestProblem] = []
     root_real = os.path.realpath(out)
     run_prefix = store_run_prefix(shards)
     seen: dict[str, int] = {}
@@ -305,33 +317,34 @@ def manifest_problems(out: Path, manifest: dict[str, Any]) -> list[ManifestProbl
         if path != expected:
             found.append(ManifestProblem("manifest-order", f"{where}.path", f"is {path!r}, where pack lists shard {k} "
                                          f"as {expected!r}", shard=k))
-    counts = manifest.get("counts")
+    return found, sums_known
+
+
+def _counts_problems(counts: Any, shards: list) -> list[ManifestProblem]:
+    """The counts: an object of integers holding every count key, `packs` and `tokens_packed`
+    the sums of `shards`' rows and tokens (not checked when `shards` is empty)."""
     if not isinstance(counts, dict):
-        found.append(ManifestProblem("manifest-fields", "counts", f"is {_shown(counts)}, an object of counts"))
-    else:
-        for key in COUNT_KEYS:
-            if key not in counts:
-                found.append(ManifestProblem("manifest-fields", f"counts.{key}", "is missing"))
-        for key, value in counts.items():
-            if not _is_int(value):
-                found.append(ManifestProblem("manifest-fields", f"counts.{key}", f"is {_shown(value)}, an integer "
-                                             ">= 0"))
-        if sums_known and shards:
-            for key, column, what in (("packs", "rows", "rows"), ("tokens_packed", "tokens", "tokens")):
-                total = sum(entry[column] for entry in shards)
-                if _is_int(counts.get(key)) and counts[key] != total:
-                    found.append(ManifestProblem("manifest-counts", f"counts.{key}", f"is {counts[key]}, but the "
-                                                 f"shards' {what} sum to {total}"))
-    found += _inputs_problems(manifest.get("inputs"))
-    config = manifest.get("config")
-    if config is not None and not isinstance(config, dict):
-        found.append(ManifestProblem("manifest-fields", "config", f"is {_shown(config)}, an object of options"))
-    elif isinstance(config, dict):
-        for key, (check, what) in CONFIG_FIELDS.items():
-            if key in config and not check(config[key]):
-                found.append(ManifestProblem("manifest-fields", f"config.{key}", f"is {_shown(config[key])}, {what}"))
-    found += _lr_scale_problems(manifest.get("lr_scale"))
+        return [ManifestProblem("manifest-fields", "counts", f"is {_shown(counts)}, an object of counts")]
+    found = [ManifestProblem("manifest-fields", f"counts.{key}", "is missing") for key in COUNT_KEYS
+             if key not in counts]
+    found += [ManifestProblem("manifest-fields", f"counts.{key}", f"is {_shown(value)}, an integer >= 0")
+              for key, value in counts.items() if not _is_int(value)]
+    for key, column, what in (("packs", "rows", "rows"), ("tokens_packed", "tokens", "tokens")):
+        if not shards:
+            break
+        total = sum(entry[column] for entry in shards)
+        if _is_int(counts.get(key)) and counts[key] != total:
+            found.append(ManifestProblem("manifest-counts", f"counts.{key}", f"is {counts[key]}, but the "
+                                         f"shards' {what} sum to {total}"))
     return found
+
+
+def _config_problems(config: Any) -> list[ManifestProblem]:
+    if config is not None and not isinstance(config, dict):
+        return [ManifestProblem("manifest-fields", "config", f"is {_shown(config)}, an object of options")]
+    return [ManifestProblem("manifest-fields", f"config.{key}", f"is {_shown(config[key])}, {what}")
+            for key, (check, what) in CONFIG_FIELDS.items() if isinstance(config, dict) and key in config
+            and not check(config[key])]
 
 
 def _layout_problems(layout: Any) -> list[ManifestProblem]:
