@@ -17,8 +17,8 @@ import numpy as np
 from packctl.plan.align import round_up
 from packctl.errors import PackctlError
 from packctl.mpi.comm import Comm
-from packctl.plan.mixture import (SEQUENCES, Draw, EmptySource, RepeatOverCap, blend_groups, draw_blend, interleave,
-                                  member_uses, source_order, uses_of, window_deviation)
+from packctl.plan.mixture import (SEQUENCES, Blend, Draw, EmptySource, RepeatOverCap, blend_groups, draw_blend,
+                                  interleave, member_uses, source_order, uses_of, window_deviation)
 from packctl.specs import MixtureSpec, OrderSpec
 
 
@@ -38,8 +38,9 @@ def draw(lengths: np.ndarray, mix: MixtureSpec, skip_empty: bool,
     passes over a source than its cap is refused naming the source and the cap it would need."""
     epochs_of = mix.names.index(mix.epochs_of) if mix.epochs_of is not None else None
     try:
-        return draw_blend(lengths, mix.gid_starts, mix.weights, mix.max_repeats, unit=mix.unit, size=mix.size,
-                          epochs_of=epochs_of, seed=mix.seed, skip_empty=skip_empty, group_starts=groups)
+        blend = Blend(gid_starts=mix.gid_starts, weights=mix.weights, caps=mix.max_repeats, unit=mix.unit,
+                      size=mix.size, epochs_of=epochs_of, seed=mix.seed)
+        return draw_blend(lengths, blend, skip_empty=skip_empty, group_starts=groups)
     except RepeatOverCap as exc:
         name, cap = mix.names[exc.source], _cap_needed(exc.needed)
         raise PackctlError(
