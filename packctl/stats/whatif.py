@@ -213,13 +213,14 @@ def _kind_lengths(resolution, options: InputOptions, skip_empty: bool) -> Length
 def read_blend_lengths(config: PackConfig) -> tuple[LengthIndex, list[int]]:
     """The lengths of a blend's sources (--source), each read as `read_lengths` reads an INPUT,
     joined in source order as `pack` joins them (packctl/source/mixture.py); and where each
-    source's files start."""
+    source's files start. With --group-column the group column is read over every source's files
+    as over one input, as `pack` reads it (a value found in two sources is refused)."""
     from packctl.source.mixture import resolve_sources
 
     entries = config.source_entries()
     options = options_of(dataclasses.asdict(config))
     resolve_sources(entries, split=config.split, options=options)  # a file of two sources is refused as pack refuses it
-    parts = [read_lengths(list(e.paths), config.tokens_column, skip_empty=config.skip_empty,
+    parts = [read_lengths(list(e.paths), config.tokens_column, config.group_column, skip_empty=config.skip_empty,
                           limit_columns=tuple(config.limits), split=config.split, options=options) for e in entries]
     files = [f for p in parts for f in p.files]
     rows = np.array([f.rows for f in files], dtype=np.int64)
@@ -228,7 +229,9 @@ def read_blend_lengths(config: PackConfig) -> tuple[LengthIndex, list[int]]:
     index = LengthIndex(files=files, file_offsets=np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
                         lengths=np.concatenate([p.lengths for p in parts]), tokens_column=config.tokens_column,
                         fingerprints=[f for p in parts for f in p.fingerprints], limit_columns=tuple(config.limits),
-                        extra=extra)
+                        extra=extra, kind=parts[0].kind if parts else None)
+    if config.group_column is not None and index.num_sequences:
+        index.group_starts = read_group_starts(index, config.group_column)
     return index, starts
 
 
@@ -365,9 +368,6 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
                for c in capacities for a in algorithms}
 
     source_files = None
-    if config.sources and config.group_column is not None:
-        raise PackctlError(f"packctl stats --source with --group-column {config.group_column}: the what-if of a "
-                           "grouped blend is not measured; pack it and run packctl stats OUT")
     if config.sources:  # a blend: its sources' lengths, joined as pack joins them
         index, source_files = read_blend_lengths(config)
     else:
@@ -396,7 +396,9 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     t1 = time.perf_counter()
     ordered = _order(index, configs[capacities[0], algorithms[0]], source_files)
     t2 = time.perf_counter()
-    ungrouped = _order(*without_groups(index, configs[capacities[0], algorithms[0]])) if grouped else None
+    ungrouped = None
+    if grouped:  # a blend's ungrouped order is its draw of single rows
+        ungrouped = _order(*without_groups(index, configs[capacities[0], algorithms[0]]), source_files)
     t2b = time.perf_counter()
     rows = [what_if_row(index, configs[key], ordered, ungrouped, source_files) for key in configs]
     for (capacity, _), row in zip(configs, rows):
