@@ -2,6 +2,7 @@
 what the blend costs over packing the same tokens from one source.
 
     python benchmarks/bench_mixture.py [--sequences 40000] [--capacity 8192] [--window 2000] [--order shuffle]
+                                       [--no-steps]
 
 Three synthetic sources of skewed sizes (`packctl sample`: web, zipf lengths, many rows; code,
 lognormal, a tenth of the rows; math, rl-longtail, a fortieth) blended 0.6 / 0.3 / 0.1 of the
@@ -10,8 +11,8 @@ tokens of web alone, so code and math are repeated (caps 4 and 8). The blend is 
 cost, the same number of tokens from one corpus of the same lengths. Prints one markdown row per
 source: target, realized share, worst |share - target| over the windows, and the tolerance of
 docs/mixtures.md for the smallest window; then the seconds of each run and their ratio; then
-with --steps, the worst |share - target| over the optimizer steps of --dp-size 2 x 2 micro-batches
-for every algorithm and --step-grouping (a tenth of the tokens: one row a pair).
+(unless --no-steps) the worst |share - target| over the optimizer steps of --dp-size 2 x 2
+micro-batches for every algorithm and --step-grouping (a tenth of the tokens: one row a pair).
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=8192)
     parser.add_argument("--window", type=int, default=2000)
     parser.add_argument("--order", default="shuffle", choices=("input", "shuffle", "curriculum"))
-    parser.add_argument("--steps", action="store_true", help="also the per-step deviation of every planner")
+    parser.add_argument("--steps", action=argparse.BooleanOptionalAction, default=True,
+                        help="the per-step deviation of every planner (--no-steps: leave it out)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench_mixture-"))
     sources = {"web": (args.sequences, "zipf", 0.6, 1.0), "code": (args.sequences // 10, "lognormal", 0.3, 4.0),
