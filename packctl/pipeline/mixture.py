@@ -141,6 +141,28 @@ def order_blend(comm: Comm, index, spec: OrderSpec, epoch: int):
                    extra=None if extra is None else np.ascontiguousarray(extra[gids]))
 
 
+def check_uses_fit_step(comm: Comm, ordered, index, windows) -> None:
+    """A blend's steps (--dp-size with --micro-batches) are planned from runs of its uses, each
+    step into at most its packs: a use that --too-long split cuts into more pieces than that
+    cannot be placed. Names the one of smallest gid, on every rank.
+
+        capacity 512, 2 packs a step: a use of 1,200 tokens is 3 pieces -> refused"""
+    if not windows.step_scope or windows.step_packs is None or str(windows.too_long) != "split":
+        return
+    pieces = -(-np.asarray(ordered.lengths, dtype=np.int64) // windows.capacity)
+    over = np.flatnonzero(pieces > windows.step_packs)
+    mine = [] if not len(over) else [min((int(ordered.gids[i]), int(ordered.lengths[i]), int(pieces[i]))
+                                         for i in over.tolist())]
+    found = [f for part in comm.allgather(mine) for f in part]
+    if found:
+        gid, length, count = min(found)
+        raise PackctlError(
+            f"{index.describe(gid)}: --too-long split cuts this sequence of {length:,} tokens into {count} packs, "
+            f"more than the {windows.step_packs} packs of an optimizer step (--dp-size x --micro-batches); a "
+            "blend's steps are planned from its consecutive sequences: raise --micro-batches or --capacity, or "
+            "pass --too-long truncate or drop", everywhere=True)
+
+
 def _windows_of(comm: Comm, spec: OrderSpec, epoch: int, use_first: np.ndarray, rows: int):
     """This rank's rows [lo, hi) of an order of group uses (`use_first`: each use's first row),
     its first window and the number of windows: windows of --window uses, dealt as `order_blend`

@@ -1,8 +1,7 @@
 """`pack --source` with `--dp-size`: each source's share of every optimizer step, measured from
 the shards' `step` and `source_ids` columns against `_metrics.json`'s `worst_step_deviation`,
-and the bounds docs/mixtures.md states: with --algorithm concat and --step-grouping order a step
-is a run of consecutive uses and holds the window tolerance at its own size; any other planner
-sorts or regroups a window's sequences, and a step may hold one source only."""
+and the bound docs/mixtures.md states: a blend's step is planned from a run of consecutive uses,
+so under every algorithm and step grouping it holds the window tolerance at its own size."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -55,10 +54,18 @@ def test_every_step_within_the_stated_bound(tmp_path, paths, count, algorithm, g
     shares = tokens / tokens.sum(axis=1, keepdims=True)
     worst = np.abs(shares - weights).max(axis=0)
     assert worst == pytest.approx([s["worst_step_deviation"] for s in mixture["sources"]])
-    assert (worst <= np.maximum(weights, 1 - weights) + 1e-9).all()  # the bound that holds for every planner
-    if algorithm == "concat" and grouping == "order":
-        realized = np.array([s["realized"] for s in mixture["sources"]])
-        longest = np.array([SOURCES[n][1] for n in names])
-        step_tokens = tokens.sum(axis=1, keepdims=True)
-        bound = longest + realized * longest.sum() + np.abs(realized - weights) * step_tokens
-        assert (np.abs(tokens - weights * step_tokens) <= bound + 1e-6).all()
+    realized = np.array([s["realized"] for s in mixture["sources"]])
+    longest = np.array([SOURCES[n][1] for n in names])
+    step_tokens = tokens.sum(axis=1, keepdims=True)
+    bound = longest + realized * longest.sum() + np.abs(realized - weights) * step_tokens
+    assert (np.abs(tokens - weights * step_tokens) <= bound + 1e-6).all()
+
+
+def test_a_sequence_split_over_more_packs_than_a_step_is_refused_in_one_line(tmp_path, paths):
+    from support.adversary import assert_clean_error, packctl
+
+    result = packctl("pack", "--source", f"web={paths['web']}:0.5", "--source", f"code={paths['code']}:0.5",
+                     "--capacity", "128", "--too-long", "split", "--dp-size", "1", "--micro-batches", "2",
+                     "-q", "-o", tmp_path / "out")
+    assert_clean_error(result, 2, "code/p.parquet row", "packs, more than the 2 packs of an optimizer step",
+                       "--micro-batches")
