@@ -1,7 +1,7 @@
 """A blend's optimizer steps (--source with --dp-size): plan/windows.py plans each step from a run
 of the blend's consecutive uses (`plan_window_steps`, every use a group of one), so a step holds
-the tolerance docs/mixtures.md states for any run of uses, at the step's size. Checked over 2 to 5 sources of skewed sizes and weights, every
-packing algorithm and steps of 1 to 6 packs."""
+the tolerance docs/mixtures.md states for any run of uses, at the step's size. Checked over 2 to 5
+sources of skewed sizes and weights, every packing algorithm and steps of 1 to 6 packs."""
 from __future__ import annotations
 
 import numpy as np
@@ -61,5 +61,6 @@ def test_the_docstring_example_of_consecutive_steps():
     options = dict(capacity=8, align=1, algorithm="ffd", too_long="error", max_seqs_per_bin=None)
     _, ahead = plan_window_steps(np.arange(6), lengths, new_group, 2, None, seed=0, **options)
     _, consecutive = plan_window_steps(np.arange(6), lengths, new_group, 2, None, seed=0, consecutive=True, **options)
-    assert ahead.tolist() == [0, 2, 3] and consecutive.tolist() == [0, 2, 4]  # [5 3] [6 2] | [4 4]; [5 3] [6] | [4 4] [2]
+    # [5 3] [6 2] | [4 4]  against  [5 3] [6] | [4 4] [2]
+    assert ahead.tolist() == [0, 2, 3] and consecutive.tolist() == [0, 2, 4]
 
