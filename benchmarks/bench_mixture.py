@@ -2,6 +2,7 @@
 what the blend costs over packing the same tokens from one source.
 
     python benchmarks/bench_mixture.py [--sequences 40000] [--capacity 8192] [--window 2000] [--order shuffle]
+                                       [--no-steps]
 
 Three synthetic sources of skewed sizes (`packctl sample`: web, zipf lengths, many rows; code,
 lognormal, a tenth of the rows; math, rl-longtail, a fortieth) blended 0.6 / 0.3 / 0.1 of the
@@ -10,8 +11,10 @@ tokens of web alone, so code and math are repeated (caps 4 and 8). The blend is 
 cost, the same number of tokens from one corpus of the same lengths. Prints one markdown row per
 source: target, realized share, worst |share - target| over the windows, and the tolerance of
 docs/mixtures.md for the smallest window; then the seconds of each run and their ratio; then
-with --steps, the worst |share - target| over the optimizer steps of --dp-size 2 x 2 micro-batches
-for every algorithm and --step-grouping (cost, order, source; a tenth of the tokens).
+(unless --no-steps) the worst |share - target| over the optimizer steps of --dp-size 2 x 2
+micro-batches for every algorithm and --step-grouping (a tenth of the tokens: one row a pair),
+with the mean, the 95th percentile and the worst over the steps of at least half a step's tokens
+(a window's last step holds what is left of it, and may be short).
 """
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=8192)
     parser.add_argument("--window", type=int, default=2000)
     parser.add_argument("--order", default="shuffle", choices=("input", "shuffle", "curriculum"))
-    parser.add_argument("--steps", action="store_true", help="also the per-step deviation of every planner")
+    parser.add_argument("--steps", action=argparse.BooleanOptionalAction, default=True,
+                        help="the per-step deviation of every planner (--no-steps: leave it out)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench_mixture-"))
     sources = {"web": (args.sequences, "zipf", 0.6, 1.0), "code": (args.sequences // 10, "lognormal", 0.3, 4.0),
@@ -87,24 +91,34 @@ def main() -> None:
     for name, timings in (("blend", result.timings), ("one source", single.timings)):
         print(f"| {name} | " + " | ".join(f"{timings[k]:.3f}s" for k in stages) + " |")
     if args.steps:
-        print("| algorithm | --step-grouping | worst window deviation | worst step deviation (per source) |")
-        print("|---|---|---|---|")
+        print("| algorithm | --step-grouping | worst window deviation | worst step deviation (per source) | "
+              "mean step | p95 step | worst step of at least half a step's tokens |")
+        print("|---|---|---|---|---|---|---|")
         for algorithm in ("concat", "ffd", "bfd", "ffs", "pool"):
-            for grouping in ("cost", "order", "source"):
+            for grouping in ("cost", "order"):
                 steps = pack(PackConfig(output=str(root / "steps"), sources=blend, tokens=web_tokens // 10,
                                         algorithm=algorithm, step_grouping=grouping, dp_size=2, micro_batches=2,
                                         **options)).metrics["mixture"]
                 per = ", ".join(f"{s['name']} {s['worst_step_deviation']:.3f}" for s in steps["sources"])
+                deviation, tokens = _step_deviations(root / "steps", [s["weight"] for s in steps["sources"]])
+                half = tokens >= 2 * 2 * args.capacity / 2  # the short last step of a window left out
                 print(f"| {algorithm} | {grouping} | {steps['worst_window_deviation']:.4f} | "
-                      f"{steps['worst_step_deviation']:.3f} ({per}) |")
-        print("\nsteps of 2 x 8 packs, --step-grouping source (a window of 4x the rows):\n")
-        print("| algorithm | worst step deviation (per source) |\n|---|---|")
-        for algorithm in ("concat", "ffd", "bfd", "ffs", "pool"):
-            steps = pack(PackConfig(output=str(root / "steps"), sources=blend, tokens=web_tokens // 10,
-                                    algorithm=algorithm, step_grouping="source", dp_size=2, micro_batches=8,
-                                    **{**options, "window": 4 * args.window})).metrics["mixture"]
-            per = ", ".join(f"{s['name']} {s['worst_step_deviation']:.3f}" for s in steps["sources"])
-            print(f"| {algorithm} | {steps['worst_step_deviation']:.3f} ({per}) |")
+                      f"{steps['worst_step_deviation']:.3f} ({per}) | {deviation.mean():.3f} | "
+                      f"{np.quantile(deviation, 0.95):.3f} | {deviation[half].max():.3f} |")
+
+
+def _step_deviations(out: Path, weights: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's worst |share - weight| over the sources, and its tokens, from the shards'
+    `step`, `seq_lens` and `source_ids` columns."""
+    table = pq.read_table(out / "data", columns=["seq_lens", "source_ids", "step"])
+    per_pack = np.array([len(x) for x in table.column("seq_lens").to_pylist()])
+    lens = np.concatenate(table.column("seq_lens").to_numpy(zero_copy_only=False))
+    source = np.concatenate(table.column("source_ids").to_numpy(zero_copy_only=False))
+    steps, at = np.unique(np.repeat(table.column("step").to_numpy(), per_pack), return_inverse=True)
+    tokens = np.zeros((len(steps), len(weights)))
+    np.add.at(tokens, (at, source), lens)
+    total = tokens.sum(axis=1)
+    return np.abs(tokens / total[:, None] - np.asarray(weights)).max(axis=1), total
 
 
 if __name__ == "__main__":

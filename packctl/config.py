@@ -665,7 +665,10 @@ class PackConfig:
         None: labels if every file has them)."""
         batch = self.mode == Mode.BATCH
         align, plan_capacity = self.align, self.plan_capacity
-        step_scope = self.group_column is not None and self.group_scope == GroupScope.STEP
+        # a blend's steps are planned from runs of its consecutive uses, so each holds the blend
+        # (docs/mixtures.md); groups under --group-scope step are planned the same way
+        step_scope = ((self.group_column is not None and self.group_scope == GroupScope.STEP)
+                      or (bool(self.sources) and self.group_column is None and self.balanced and not batch))
         windows = WindowOptions(
             capacity=plan_capacity, align=align, algorithm="batch" if batch else self.algorithm,
             too_long=TooLong(self.too_long), window=self.window, max_seqs_per_bin=self.max_seqs_per_bin,

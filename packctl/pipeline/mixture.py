@@ -17,8 +17,8 @@ import numpy as np
 from packctl.plan.align import round_up
 from packctl.errors import PackctlError
 from packctl.mpi.comm import Comm
-from packctl.plan.mixture import (SEQUENCES, Draw, EmptySource, RepeatOverCap, blend_groups, draw_blend, interleave,
-                                  member_uses, source_order, uses_of, window_deviation)
+from packctl.plan.mixture import (SEQUENCES, Blend, Draw, EmptySource, RepeatOverCap, blend_groups, draw_blend,
+                                  interleave, member_uses, source_order, uses_of, window_deviation)
 from packctl.specs import MixtureSpec, OrderSpec
 
 
@@ -38,8 +38,9 @@ def draw(lengths: np.ndarray, mix: MixtureSpec, skip_empty: bool,
     passes over a source than its cap is refused naming the source and the cap it would need."""
     epochs_of = mix.names.index(mix.epochs_of) if mix.epochs_of is not None else None
     try:
-        return draw_blend(lengths, mix.gid_starts, mix.weights, mix.max_repeats, unit=mix.unit, size=mix.size,
-                          epochs_of=epochs_of, seed=mix.seed, skip_empty=skip_empty, group_starts=groups)
+        blend = Blend(gid_starts=mix.gid_starts, weights=mix.weights, caps=mix.max_repeats, unit=mix.unit,
+                      size=mix.size, epochs_of=epochs_of, seed=mix.seed)
+        return draw_blend(lengths, blend, skip_empty=skip_empty, group_starts=groups)
     except RepeatOverCap as exc:
         name, cap = mix.names[exc.source], _cap_needed(exc.needed)
         raise PackctlError(
@@ -138,6 +139,28 @@ def order_blend(comm: Comm, index, spec: OrderSpec, epoch: int):
     gids = gids[lo_row:hi_row]  # every row a use of its own
     return Ordered(gids=gids, lengths=lengths[gids], first_window=min(first, num_windows),
                    extra=None if extra is None else np.ascontiguousarray(extra[gids]))
+
+
+def check_uses_fit_step(comm: Comm, ordered, index, windows) -> None:
+    """A blend's steps (--dp-size with --micro-batches) are planned from runs of its uses, each
+    step into at most its packs: a use that --too-long split cuts into more pieces than that
+    cannot be placed. Names the one of smallest gid, on every rank.
+
+        capacity 512, 2 packs a step: a use of 1,200 tokens is 3 pieces -> refused"""
+    if not windows.step_scope or windows.step_packs is None or str(windows.too_long) != "split":
+        return
+    pieces = -(-np.asarray(ordered.lengths, dtype=np.int64) // windows.capacity)
+    over = np.flatnonzero(pieces > windows.step_packs)
+    mine = [] if not len(over) else [min((int(ordered.gids[i]), int(ordered.lengths[i]), int(pieces[i]))
+                                         for i in over.tolist())]
+    found = [f for part in comm.allgather(mine) for f in part]
+    if found:
+        gid, length, count = min(found)
+        raise PackctlError(
+            f"{index.describe(gid)}: --too-long split cuts this sequence of {length:,} tokens into {count} packs, "
+            f"more than the {windows.step_packs} packs of an optimizer step (--dp-size x --micro-batches); a "
+            "blend's steps are planned from its consecutive sequences: raise --micro-batches or --capacity, or "
+            "pass --too-long truncate or drop", everywhere=True)
 
 
 def _windows_of(comm: Comm, spec: OrderSpec, epoch: int, use_first: np.ndarray, rows: int):

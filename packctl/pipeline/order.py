@@ -141,6 +141,9 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
         ordered = order_blend(comm, index, spec, epoch)
         if ordered.new_group is not None:  # each use of a group whole in one window: does it fit?
             check_groups_fit_everywhere(comm, ordered, index, groups, windows)
+        elif windows is not None:
+            from packctl.pipeline.mixture import check_uses_fit_step
+            check_uses_fit_step(comm, ordered, index, windows)
         return ordered
     n_local = len(index.lengths)
     gids = index.gid_lo + np.arange(n_local, dtype=np.int64)

@@ -95,12 +95,30 @@ def draw_uses(sizes: list[np.ndarray], gids: list[np.ndarray], weights: np.ndarr
     return Draw(counts=counts, targets=targets, size=out)
 
 
-def draw_blend(lengths: np.ndarray, gid_starts, weights, caps, *, unit: str = TOKENS, size: int | None = None,
-               epochs_of: int | None = None, seed: int = 0, skip_empty: bool = False,
+@dataclass(frozen=True)
+class Blend:
+    """What a blend asks of `draw_blend`, one value per source in `weights` and `caps`: the gids of
+    source k are gid_starts[k]:gid_starts[k+1]; the output's size in `unit` (`size`, or with
+    `epochs_of` k what source k gives used once, or neither: the most that repeats no source);
+    `seed` picks each source's part of a pass.
+
+        Blend(gid_starts=(0, 3, 7), weights=(0.75, 0.25), caps=(1.0, 2.0)): rows 0-2 one source,
+        rows 3-6 the other, tokens, the largest blend that repeats neither"""
+
+    gid_starts: tuple[int, ...] | list[int] | np.ndarray
+    weights: tuple[float, ...] | list[float] | np.ndarray
+    caps: tuple[float, ...] | list[float] | np.ndarray
+    unit: str = TOKENS
+    size: int | None = None
+    epochs_of: int | None = None
+    seed: int = 0
+
+
+def draw_blend(lengths: np.ndarray, blend: Blend, *, skip_empty: bool = False,
                group_starts: np.ndarray | None = None) -> tuple[Draw, list[np.ndarray]]:
-    """`draw_uses` over a blend's gids (`lengths`: every gid's true length; the gids of source k
-    are gid_starts[k]:gid_starts[k+1]): the draw, and each source's gids that may be drawn (with
-    `skip_empty`, the rows that are not empty). The one draw of `pack` and of `verify --source`.
+    """`draw_uses` over a blend's gids (`lengths`: every gid's true length): the draw, and each
+    source's gids that may be drawn (with `skip_empty`, the rows that are not empty). The one draw
+    of `pack` and of `verify --source`.
 
     With `group_starts` (--group-column; `blend_groups` cuts them at the sources' edges) the draw
     is of whole groups: a group's units are its rows' (tokens, or rows), its gid is its first
@@ -108,17 +126,18 @@ def draw_blend(lengths: np.ndarray, gid_starts, weights, caps, *, unit: str = TO
 
         lengths [3, 5, 4], one source, group_starts [0, 2, 3] -> gids [0, 2], sizes [8, 4]"""
     if group_starts is not None:
-        return _draw_groups(lengths, gid_starts, weights, caps, unit=unit, size=size, epochs_of=epochs_of,
-                            seed=seed, skip_empty=skip_empty, group_starts=group_starts)
-    gids, sizes = [], []
-    for k in range(len(gid_starts) - 1):
-        ids = np.arange(gid_starts[k], gid_starts[k + 1], dtype=np.int64)
-        if skip_empty:
-            ids = ids[lengths[ids] > 0]
-        gids.append(ids)
-        sizes.append(np.ones(len(ids), np.int64) if unit == SEQUENCES else lengths[ids])
-    return draw_uses(sizes, gids, np.asarray(weights, dtype=np.float64), np.asarray(caps, dtype=np.float64),
-                     size=size, epochs_of=epochs_of, seed=seed), gids
+        gids, sizes = _group_units(lengths, blend, skip_empty, group_starts)
+    else:
+        gids, sizes = [], []
+        for k in range(len(blend.gid_starts) - 1):
+            ids = np.arange(blend.gid_starts[k], blend.gid_starts[k + 1], dtype=np.int64)
+            if skip_empty:
+                ids = ids[lengths[ids] > 0]
+            gids.append(ids)
+            sizes.append(np.ones(len(ids), np.int64) if blend.unit == SEQUENCES else lengths[ids])
+    return draw_uses(sizes, gids, np.asarray(blend.weights, dtype=np.float64),
+                     np.asarray(blend.caps, dtype=np.float64), size=blend.size, epochs_of=blend.epochs_of,
+                     seed=blend.seed), gids
 
 
 def blend_groups(group_starts: np.ndarray, gid_starts) -> np.ndarray:
@@ -138,18 +157,18 @@ def _group_members(lengths: np.ndarray, group_starts: np.ndarray, skip_empty: bo
     return member, tokens
 
 
-def _draw_groups(lengths, gid_starts, weights, caps, *, unit, size, epochs_of, seed, skip_empty, group_starts):
+def _group_units(lengths, blend: Blend, skip_empty: bool, group_starts) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each source's groups that may be drawn (their first gids) and their units."""
     member, tokens = _group_members(lengths, group_starts, skip_empty)
     first = group_starts[:-1]
     gids, sizes = [], []
-    for k in range(len(gid_starts) - 1):
-        inside = (first >= gid_starts[k]) & (first < gid_starts[k + 1])
+    for k in range(len(blend.gid_starts) - 1):
+        inside = (first >= blend.gid_starts[k]) & (first < blend.gid_starts[k + 1])
         if skip_empty:
             inside &= tokens > 0
         gids.append(first[inside])
-        sizes.append(member[inside] if unit == SEQUENCES else tokens[inside])
-    return draw_uses(sizes, gids, np.asarray(weights, dtype=np.float64), np.asarray(caps, dtype=np.float64),
-                     size=size, epochs_of=epochs_of, seed=seed), gids
+        sizes.append(member[inside] if blend.unit == SEQUENCES else tokens[inside])
+    return gids, sizes
 
 
 def member_uses(num_rows: int, gids: list[np.ndarray], counts: list[np.ndarray],

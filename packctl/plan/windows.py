@@ -256,9 +256,11 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
                       pool_size=o.pool_size, pool_strategy=o.pool_strategy, max_tokens=o.max_tokens,
                       buckets=o.buckets, limits=limits if extra is not None else None)
         window_extra = None if extra is None else extra[lo:hi]
-        if o.step_scope and new_group is not None:
-            result, steps = plan_window_steps(gids[lo:hi], lengths[lo:hi], new_group[lo:hi], o.step_packs,
-                                              o.step_tokens, extra=window_extra, **kwargs)
+        if o.step_scope:  # without groups (a blend's steps) every sequence is a group of one
+            starts = np.ones(hi - lo, dtype=bool) if new_group is None else new_group[lo:hi]
+            result, steps = plan_window_steps(gids[lo:hi], lengths[lo:hi], starts, o.step_packs,
+                                              o.step_tokens, extra=window_extra, consecutive=new_group is None,
+                                              **kwargs)
             step_bins.append(steps[1:] + window_bins[-1])
         else:
             steps = None
@@ -290,7 +292,7 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
         dropped=dropped, truncated=truncated,
         tokens_dropped=int(lengths[over].sum()) if too_long == "drop" else 0,
         tokens_truncated=int((lengths[over_capacity] - capacity).sum()) if too_long == "truncate" else 0,
-        step_bins=np.concatenate(step_bins) if o.step_scope and new_group is not None else None,
+        step_bins=np.concatenate(step_bins) if o.step_scope else None,
         piece_extra=piece_extra,
         over_limit=None if extra is None else np.sort(gids[over_limit]) if too_long == "drop" else np.zeros(0, np.int64),
     )
@@ -406,7 +408,8 @@ STEP_MISSES = 4  # groups tried in vain (they fit the room, not the packs) befor
 
 
 def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tokens: int | None, *, seed: int,
-                      extra: np.ndarray | None = None, **options) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+                      extra: np.ndarray | None = None, consecutive: bool = False,
+                      **options) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
     """One window under --group-scope step: its groups cut into steps, each step's sequences packed
     on their own by the algorithm (a group's members may share packs with other groups and spread
     over several packs, never over two steps).
@@ -428,6 +431,13 @@ def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tok
         step 0: [5 3] [6] (14 of 16), [4 4] would make 22: it waits; [7] would make 21: it waits
         step 1: [4 4] [7] (15 of 16)
         -> packs [5 3] [6] | [4 4] [7], step bins [0, 2, 4]
+
+    `consecutive` (a blend's steps, every use a group of one): a step takes the waiting groups in
+    order up to the first that does not fit, never one further on, so every step is a run of
+    consecutive uses of the blend and holds the blend within the tolerance of a run of its size.
+
+        groups [5 3] [6] [4 4] [2]: step 0 takes [5 3] [6] and, past [4 4], [2] (16 of 16);
+        consecutive: step 0 [5 3] [6], step 1 [4 4] [2]
     """
     capacity, align, too_long = options["capacity"], options["align"], options["too_long"]
     padded = round_up(lengths, align)
@@ -453,6 +463,8 @@ def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tok
     def _fill_step(taken: list[int], held: int, result):
         """Try the groups still waiting that fit the room, one by one, until STEP_MISSES of them did
         not fit the packs; `taken` grows in place. Returns the step's packing."""
+        if consecutive:  # a later group would leave a gap in the run
+            return result
         misses = 0
         given_back = set(taken)
         for j in range(taken[0] + 1, min(n, taken[0] + STEP_LOOKAHEAD)):
@@ -477,6 +489,8 @@ def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tok
             if waiting[j] and held + totals[j] <= room:
                 taken.append(j)
                 held += totals[j]
+            elif consecutive:
+                break
         result = pack_groups(taken)
         if step_packs is not None and len(result[0]) - 1 > step_packs:
             # the longest run of the groups taken, from the first, that the algorithm packs into M

@@ -213,7 +213,8 @@ def _kind_lengths(resolution, options: InputOptions, skip_empty: bool) -> Length
 def read_blend_lengths(config: PackConfig) -> tuple[LengthIndex, list[int]]:
     """The lengths of a blend's sources (--source), each read as `read_lengths` reads an INPUT,
     joined in source order as `pack` joins them (packctl/source/mixture.py); and where each
-    source's files start."""
+    source's files start. With --group-column the group column is read over every source's files
+    as over one input, as `pack` reads it (a value found in two sources is refused)."""
     from packctl.source.mixture import resolve_sources
 
     entries = config.source_entries()
@@ -225,15 +226,12 @@ def read_blend_lengths(config: PackConfig) -> tuple[LengthIndex, list[int]]:
     rows = np.array([f.rows for f in files], dtype=np.int64)
     starts = np.cumsum([0] + [len(p.files) for p in parts]).tolist()
     extra = None if not config.limits else np.concatenate([p.extra for p in parts], axis=0)
-    group_starts = None
-    if config.group_column is not None:  # each source's groups, its gids after the sources before it
-        first = np.cumsum([0] + [len(p.lengths) for p in parts])
-        group_starts = np.concatenate([p.group_starts[:-1] + first[k] for k, p in enumerate(parts)]
-                                      + [[first[-1]]]).astype(np.int64)
     index = LengthIndex(files=files, file_offsets=np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
                         lengths=np.concatenate([p.lengths for p in parts]), tokens_column=config.tokens_column,
                         fingerprints=[f for p in parts for f in p.fingerprints], limit_columns=tuple(config.limits),
-                        extra=extra, group_starts=group_starts)
+                        extra=extra, kind=parts[0].kind if parts else None)
+    if config.group_column is not None and index.num_sequences:
+        index.group_starts = read_group_starts(index, config.group_column)
     return index, starts
 
 
@@ -398,7 +396,9 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     t1 = time.perf_counter()
     ordered = _order(index, configs[capacities[0], algorithms[0]], source_files)
     t2 = time.perf_counter()
-    ungrouped = _order(*without_groups(index, configs[capacities[0], algorithms[0]])) if grouped else None
+    ungrouped = None
+    if grouped:  # a blend's ungrouped order is its draw of single rows
+        ungrouped = _order(*without_groups(index, configs[capacities[0], algorithms[0]]), source_files)
     t2b = time.perf_counter()
     rows = [what_if_row(index, configs[key], ordered, ungrouped, source_files) for key in configs]
     for (capacity, _), row in zip(configs, rows):

@@ -292,11 +292,12 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
     count = np.bincount(sample_ids[valid], minlength=n_src)
     covered = np.bincount(sample_ids[valid], weights=lens[valid], minlength=n_src).astype(np.int64)
     if blend is not None:
-        compared = _Compared(kind=kind, paths=paths, file_offsets=file_offsets, src_len=src_len, covered=covered,
-                             count=count, sample_ids=sample_ids, valid=valid, lens=lens, piece_start=piece_start,
-                             tokens_differ=src_token_fp != token_fp, labels_differ=src_label_fp != label_fp)
-        return _blend_conservation(out, manifest, config, blend, pieces, compared,
-                                   _Findings(found=found, where=where, details=details))
+        check = _BlendCheck(out=out, manifest=manifest, config=config, blend=blend, pieces=pieces, kind=kind,
+                            paths=paths, file_offsets=file_offsets, where=where, details=details)
+        held = _Coverage(src_len=src_len, covered=covered, count=count, sample_ids=sample_ids, valid=valid, lens=lens,
+                         piece_start=piece_start, tokens_differ=src_token_fp != token_fp,
+                         labels_differ=src_label_fp != label_fp)
+        return _blend_conservation(check, held, found)
     over_long = (src_len + config.align - 1) // config.align * config.align > config.plan_capacity
 
     def describe(gid: int) -> str:
@@ -427,15 +428,33 @@ def _source_group_starts(paths: list[str], column: str) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class _Compared:
-    """The source rows and the output pieces, compared (`check_conservation`): each row's length
-    (`src_len`), the tokens of it the output covers and in how many pieces, and each piece's sample,
-    whether it names a row (`valid`), its length and start in the row, and whether its tokens or
-    labels differ from the row's slice."""
+class _BlendCheck:
+    """What a blend's conservation checks against: the output (`out`, its `manifest` and `pieces`),
+    the options it was verified with, the blend read from the manifest (`_blend_of`), and the
+    sources' files (`paths`, read as `kind`; file f holds gids file_offsets[f]:file_offsets[f+1]);
+    `where` names a piece, `details` caps the differing sequences diagnosed one by one."""
 
+    out: Path
+    manifest: dict[str, Any]
+    config: PackConfig
+    blend: dict[str, Any]
+    pieces: OutputPieces
     kind: InputKind
     paths: list[str]
     file_offsets: np.ndarray
+    where: Callable[[int], str]
+    details: int
+
+
+@dataclass(frozen=True)
+class _Coverage:
+    """What the output holds of the sources, one value a source gid (`src_len`: its true length,
+    `covered`: its tokens in the output, `count`: its pieces) or one a piece (`sample_ids`, `lens`,
+    `piece_start` within its use, whether its tokens or labels differ from the source's); `valid`:
+    the pieces whose sample id is a gid of the sources.
+
+        gid 7 of 40 tokens drawn twice, each use one piece: covered[7] = 80, count[7] = 2"""
+
     src_len: np.ndarray
     covered: np.ndarray
     count: np.ndarray
@@ -447,37 +466,27 @@ class _Compared:
     labels_differ: np.ndarray
 
 
-@dataclass(frozen=True)
-class _Findings:
-    """Where a rule's violations go: the list, how a piece is named, and how many to diagnose."""
-
-    found: list[Violation]
-    where: Callable[[int], str]
-    details: int
-
-
-def _blend_conservation(out: Path, manifest: dict[str, Any], config: PackConfig, blend: dict[str, Any],
-                        pieces: OutputPieces, compared: _Compared, findings: _Findings) -> ConservationResult:
+def _blend_conservation(check: _BlendCheck, held: _Coverage, found: list[Violation]) -> ConservationResult:
     """Conservation of a blend, source by source: the draw done again from the source's lengths
     (plan/mixture.py `draw_blend`, the one draw of pack), and every row in the output exactly as
     many times as it was drawn, each use whole (or cut as --too-long says), with its own tokens.
 
         web row 7 drawn twice, 40 tokens: the output holds 80 tokens of sample 7, in pieces that
         rebuild it twice"""
-    from packctl.plan.mixture import EmptySource, RepeatOverCap, blend_groups, draw_blend, member_uses
+    from packctl.plan.mixture import Blend, EmptySource, RepeatOverCap, blend_groups, draw_blend, member_uses
 
-    c = compared
-    kind, paths, file_offsets, src_len, covered, count = c.kind, c.paths, c.file_offsets, c.src_len, c.covered, c.count
-    sample_ids, valid, lens, piece_start = c.sample_ids, c.valid, c.lens, c.piece_start
-    tokens_differ, labels_differ = c.tokens_differ, c.labels_differ
-    found, where, details = findings.found, findings.where, findings.details
+    out, manifest, config, blend, pieces = check.out, check.manifest, check.config, check.blend, check.pieces
+    kind, paths, file_offsets, where, details = check.kind, check.paths, check.file_offsets, check.where, check.details
+    src_len, covered, count, sample_ids, valid = held.src_len, held.covered, held.count, held.sample_ids, held.valid
+    lens, piece_start = held.lens, held.piece_start
+
     groups = None
     if config.group_column is not None:  # whole groups are drawn: every row as often as its group
         groups = blend_groups(_source_group_starts(paths, config.group_column), blend["starts"])
     try:
-        draw, gids = draw_blend(src_len, blend["starts"], blend["weights"], blend["caps"], unit=config.mix_unit,
-                                size=config.tokens, epochs_of=blend["epochs_of"], seed=config.seed,
-                                skip_empty=config.skip_empty, group_starts=groups)
+        asked = Blend(gid_starts=blend["starts"], weights=blend["weights"], caps=blend["caps"], unit=config.mix_unit,
+                      size=config.tokens, epochs_of=blend["epochs_of"], seed=config.seed)
+        draw, gids = draw_blend(src_len, asked, skip_empty=config.skip_empty, group_starts=groups)
     except (RepeatOverCap, EmptySource) as exc:
         raise PackctlError(f"--source: the source does not give the blend the output was drawn from "
                            f"({blend['names'][exc.source]}: {type(exc).__name__}); pass the sources given to "
@@ -495,7 +504,7 @@ def _blend_conservation(out: Path, manifest: dict[str, Any], config: PackConfig,
             f"sample {gid} ({describe_gid(kind, paths, file_offsets, gid)}, {src_len[gid]} tokens) of source "
             f"{blend['names'][source_of[gid]]}: the output holds {covered[gid]} of its tokens in {count[gid]} "
             f"pieces, the blend draws it {uses[gid]} times ({expected[gid]} tokens)", count=int(wrong.sum())))
-    content_bad = tokens_differ | labels_differ
+    content_bad = held.tokens_differ | held.labels_differ
     content_bad[valid[wrong[sample_ids[valid]]]] = False
     in_range = np.zeros(len(sample_ids), dtype=bool)
     in_range[valid] = True

@@ -1,10 +1,12 @@
 """`pack --source` with `--group-column`: a blend draws whole groups (DPO-like pairs in one
 source, plain rows in another), keeps each drawn group's rows together in gid order, holds the
 blend's shares, passes verify's group rules and per-source conservation, and writes the same
-bytes for any rank count; --share-prefix with --source is refused in one line."""
+bytes for any rank count; `stats --source --group-column` shows what pack writes; --share-prefix
+with --source is refused in one line."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -97,22 +99,28 @@ def test_groups_kept_within_steps_in_a_blend_pass_verify(tmp_path, blend):
     assert report.code == 0, report.stdout + report.stderr
 
 
-@pytest.mark.parametrize("order", ["input", "shuffle"])
-def test_stats_of_a_grouped_blend_before_packing_is_what_pack_writes(tmp_path, blend, order):
-    """The what-if of a grouped blend draws, orders and packs the blend's uses as pack does: its
-    row for pack's settings has pack's packs, tokens and sequences, and its blend is pack's."""
-    from packctl.stats import stats
-
-    weights, caps = {"pairs": 0.5, "plain": 0.5}, {"pairs": 2.0}
-    result = pack(_config(blend, tmp_path / "out", weights, caps, tokens=20_000, order=order, algorithm="ffd"))
-    config = _config(blend, tmp_path / "unused", weights, caps, tokens=20_000, order=order, algorithm="ffd")
-    sources = [f"{n}={blend[n]}:{w}" + (f":{caps[n]}" if n in caps else "") for n, w in weights.items()]
-    report = stats([], capacities=[CAPACITY], sources=sources, group_column="g", tokens=20_000, order=order,
-                   algorithm="ffd")
-    row = next(r for r in report["what_if"] if r["algorithm"] == "ffd")
+@pytest.mark.parametrize("dp_size", [None, 2])
+def test_stats_of_a_grouped_blend_before_packing_is_what_pack_writes(tmp_path, blend, dp_size):
+    steps = {"dp_size": dp_size, "micro_batches": 2} if dp_size else {}
+    result = pack(_config(blend, tmp_path / "out", {"pairs": 0.5, "plain": 0.5}, caps={"pairs": 2.0},
+                          tokens=30_000, order="shuffle", algorithm="bfd", **steps))
+    flags = ["--dp-size", str(dp_size), "--micro-batches", "2"] if dp_size else []
+    before = packctl("stats", "--source", f"pairs={blend['pairs']}:0.5:2", "--source", f"plain={blend['plain']}:0.5",
+                     "--group-column", "g", "--capacity", str(CAPACITY), "--tokens", "30000", "--order", "shuffle",
+                     "--algorithm", "bfd", *flags, "--json")
+    assert before.code == 0, before.stderr
+    planned = json.loads(before.stdout)
+    row = next(r for r in planned["what_if"] if r["algorithm"] == "bfd")
     assert row["packs"] == result.metrics["packs"]
-    assert row["tokens"] == result.metrics["tokens"]
-    assert report["groups"] is not None
-    realized = {s["name"]: s["realized"] for s in report["mixture"]["sources"]}
-    assert realized == {s["name"]: s["realized"] for s in result.metrics["mixture"]["sources"]}
-    assert config.group_column == "g"
+    recorded = result.metrics["mixture"]["sources"]
+    assert [s["uses"] for s in planned["mixture"]["sources"]] == [s["uses"] for s in recorded]
+    assert [s["realized"] for s in planned["mixture"]["sources"]] == pytest.approx([s["realized"] for s in recorded])
+    assert row["group_cost"]["packs_without_groups"] > 0
+
+
+def test_stats_of_a_blend_refuses_a_group_found_in_two_sources(tmp_path):
+    root = tmp_path / "in"
+    one, two = _source(root, "one", 20, 30, 1, 2, 0), _source(root, "two", 20, 30, 2, 2, 5)
+    result = packctl("stats", "--source", f"one={one}:0.5", "--source", f"two={two}:0.5", "--group-column", "g",
+                     "--capacity", str(CAPACITY))
+    assert_clean_error(result, 2, "column 'g'", "appears again")

@@ -341,6 +341,34 @@ def test_a_grouped_blend_dealt_by_source_writes_the_same_bytes_for_one_to_three_
     _same_bytes_for_one_to_three_processes(out, blend)
 
 
+def test_a_grouped_blend_writes_the_same_bytes_for_one_to_three_processes(tmp_path):
+    """--source with --group-column: groups are drawn whole from every rank's lengths and group
+    starts, a group's uses never straddle a window or a rank, so the bytes do not depend on the
+    count (code, drawn 1.5 times, repeats whole groups)."""
+    from packctl.sample import SampleSpec, write_sample
+    from support.adversary import packctl
+
+    data = tmp_path / "grouped"
+    write_sample(data, SampleSpec(sequences=600, shards=3, seed=6, max_length=900, groups="rollout"))
+    shards = sorted(data.rglob("*.parquet"))
+    out = tmp_path / "out"
+    blend = ["--source", f"web={shards[0]}:0.3", "--source", f"code={shards[1]}:0.5:3",
+             "--source", f"math={shards[2]}:0.2:2", "--group-column", "group_id", "--tokens", "400000",
+             "--order", "shuffle", "--capacity", "8192", "--window", "40", "--shard-rows", "10",
+             "--dp-size", "2", "--micro-batches", "2"]
+    command = [sys.executable, "-m", "packctl", "pack", "-o", str(out), "--overwrite", "-q", *blend]
+    single = packctl(*command[3:])
+    assert single.code == 0, single.stderr
+    reference = _fingerprint(out)
+    assert len(reference[0]) > 3
+    mixture = json.loads((out / "_metrics.json").read_text())["mixture"]
+    assert mixture["sources"][1]["max_uses_of_a_row"] == 2  # code's groups drawn twice
+    for n in (2, 3):
+        proc = mpirun(n, *command)
+        assert proc.returncode == 0, proc.stderr
+        assert _fingerprint(out) == reference, f"{n} ranks"
+
+
 @pytest.mark.mpi
 def test_shared_prefixes_under_three_processes_write_the_single_process_bytes(tmp_path):
     """Pairs and rollouts sharing prompts, in row groups of 5 so groups straddle blocks and ranks,

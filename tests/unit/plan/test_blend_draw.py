@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from packctl.plan.mixture import (EmptySource, RepeatOverCap, draw_blend, draw_uses, interleave, source_order,
+from packctl.plan.mixture import (Blend, EmptySource, RepeatOverCap, draw_blend, draw_uses, interleave, source_order,
                                   uses_of, window_deviation)
 
 
@@ -54,7 +54,7 @@ def test_every_window_holds_each_source_within_the_stated_tolerance(seed, source
     longest = [int(lengths[starts[k]:starts[k + 1]].max()) for k in range(sources)]
     natural = min(lengths[starts[k]:starts[k + 1]].sum() / weights[k] for k in range(sources))
     size = int(natural * scale)
-    draw, gids = draw_blend(lengths, starts, weights, [10.0] * sources, size=size, seed=seed)
+    draw, gids = draw_blend(lengths, Blend(starts, weights, [10.0] * sources, size=size, seed=seed))
     # overall: each source gives its target within half its longest row
     given = np.array([int((lengths[g] * c).sum()) for g, c in zip(gids, draw.counts)])
     assert np.all(np.abs(given - weights * size) <= np.array(longest) / 2 + 1e-6)
@@ -86,16 +86,16 @@ def test_every_window_holds_each_source_within_the_stated_tolerance(seed, source
 
 def test_the_draw_is_seeded_and_independent_of_anything_else():
     lengths, starts, weights = _blend(3, 3)
-    one, _ = draw_blend(lengths, starts, weights, [5.0] * 3, size=int(lengths.sum()), seed=1)
-    again, _ = draw_blend(lengths.copy(), starts, weights, [5.0] * 3, size=int(lengths.sum()), seed=1)
-    other, _ = draw_blend(lengths, starts, weights, [5.0] * 3, size=int(lengths.sum()), seed=2)
+    one, _ = draw_blend(lengths, Blend(starts, weights, [5.0] * 3, size=int(lengths.sum()), seed=1))
+    again, _ = draw_blend(lengths.copy(), Blend(starts, weights, [5.0] * 3, size=int(lengths.sum()), seed=1))
+    other, _ = draw_blend(lengths, Blend(starts, weights, [5.0] * 3, size=int(lengths.sum()), seed=2))
     assert all(np.array_equal(a, b) for a, b in zip(one.counts, again.counts))
     assert not all(np.array_equal(a, b) for a, b in zip(one.counts, other.counts))
 
 
 def test_sequences_as_the_unit_and_the_size_of_one_pass_over_a_source():
     lengths = np.array([1, 1, 1, 1, 100, 100], np.int64)
-    draw, _ = draw_blend(lengths, [0, 4, 6], [0.5, 0.5], [3.0, 3.0], unit="sequences", epochs_of=1)
+    draw, _ = draw_blend(lengths, Blend([0, 4, 6], [0.5, 0.5], [3.0, 3.0], unit="sequences", epochs_of=1))
     assert draw.size == 4  # source 1 once: 2 sequences at weight 0.5
     assert draw.counts[1].tolist() == [1, 1] and int(draw.counts[0].sum()) == 2 and draw.counts[0].max() == 1
 
@@ -118,8 +118,8 @@ def test_groups_are_drawn_whole_and_each_source_gives_its_target_within_half_its
     cuts = np.flatnonzero(rng.random(len(lengths)) < 0.5)  # groups of 1 to a few rows, some over two sources
     groups = blend_groups(np.concatenate([[0], cuts[cuts > 0], [len(lengths)]]), gid_starts)
     weights = rng.dirichlet(np.ones(sources))
-    found, gids = draw_blend(lengths, gid_starts, weights, np.full(sources, 1e6), size=int(lengths.sum()),
-                             seed=seed, group_starts=groups)
+    found, gids = draw_blend(lengths, Blend(gid_starts, weights, np.full(sources, 1e6), size=int(lengths.sum()),
+                                            seed=seed), group_starts=groups)
     uses = member_uses(len(lengths), gids, found.counts, groups)
     member_of = np.searchsorted(groups, np.arange(len(lengths)), side="right") - 1
     assert (uses == uses[groups[member_of]]).all()  # every row as often as its group
