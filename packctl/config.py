@@ -547,13 +547,6 @@ class PackConfig:
         return entries
 
     def _validate_mixture(self) -> None:
-        if self.step_grouping == StepGrouping.SOURCE:
-            if not self.sources and self.blend is None:
-                raise PackctlError("--step-grouping source deals packs into steps by the sources of a blend: give "
-                                   "the inputs as --source NAME=PATH:WEIGHT (docs/mixtures.md), or choose cost or order")
-            if self.micro_batches is None:
-                raise PackctlError("--step-grouping source needs --micro-batches M (a step of D x M packs); with "
-                                   "--step-tokens choose --step-grouping cost or order")
         if not self.sources:
             if self.blend is None:
                 given = [f for f, default in (("tokens", None), ("epochs_of", None), ("mix_unit", "tokens"),

@@ -158,8 +158,6 @@ class StepGrouping(Choice):
     """Packs of similar cost, in a seeded order."""
     ORDER = "order"
     """Consecutive packs."""
-    SOURCE = "source"
-    """Packs dealt so that each step holds the blend of `--source` (needs --source and --micro-batches)."""
 
 
 class LrScaling(Choice):

@@ -18,7 +18,6 @@ from typing import Any, Callable
 import numpy as np
 
 from packctl.contract.schema import BATCH_SIZE, DP_RANK, LR_SCALE, MICRO_BATCH, PADDED_LEN, STEP, limit_sum_name
-from packctl.enums import StepGrouping
 from packctl.errors import PackctlError
 from packctl.mpi.comm import Comm, SingleComm
 from packctl.pipeline.order import Ordered, check_groups_fit_everywhere, limit_error, order_corpus, too_long_message
@@ -26,7 +25,6 @@ from packctl.plan.align import pack_lengths_padded
 from packctl.plan.balance import BalancedPlan, balance_plan, lr_scales
 from packctl.plan.pack_order import reorder_packs
 from packctl.plan.groups import group_sizes
-from packctl.plan.mixture import SEQUENCES
 from packctl.plan.prefix import piece_parents
 from packctl.plan.shapes import (batch_shapes, buckets_from_histogram, length_histogram, planned_item_lengths,
                                  with_row_length)
@@ -92,17 +90,6 @@ def plan_stage(comm: Comm, ordered: Ordered, specs: Specs,
         columns.update({limit_sum_name(name): sums[:, j].copy() for j, name in enumerate(specs.report.limits)})
     return Planned(plan=plan, pack_lens=pack_lens, columns=columns, balanced=balanced,
                    buckets=item_buckets if batch else buckets)
-
-
-def pack_source_units(plan: PackPlan, mixture) -> np.ndarray:
-    """Each pack's units of each source of a blend (P x K): tokens, or with `--mix-unit sequences`
-    the sequences that start in it (a piece of a split sequence after its first counts none)."""
-    source = np.searchsorted(np.asarray(mixture.gid_starts, dtype=np.int64), plan.piece_gid, side="right") - 1
-    units = plan.piece_len if mixture.unit != SEQUENCES else (plan.piece_start == 0).astype(np.int64)
-    pack_of_piece = np.repeat(np.arange(plan.num_bins), np.diff(plan.bin_offsets))
-    per_pack = np.zeros((plan.num_bins, len(mixture.names)))
-    np.add.at(per_pack, (pack_of_piece, source), units)
-    return per_pack
 
 
 def final_pack_lengths(comm: Comm, plan: PackPlan, spec: LengthSpec, item_buckets: np.ndarray | None = None
@@ -184,11 +171,9 @@ def balance(comm: Comm, plan: PackPlan, specs: Specs, ordered: Ordered,
     --group-scope pack) stay in their pack, and with --limit so does every sequence that has a
     cost: only sequences of no cost move between packs (`--balance-scope sequences`, equal counts),
     so every pack keeps every limit. With --share-prefix (`ordered.shared`) a branch's attention
-    cost counts the prefix it attends to. With `--step-grouping source` each pack's units of each
-    source of the blend (`specs.order.mixture`) decide its step."""
+    cost counts the prefix it attends to."""
     spec, steps, lengths = specs.balance, specs.steps, specs.lengths
     first_window, group_starts, shared = ordered.first_window, ordered.group_starts, ordered.shared is not None
-    mixture = specs.order.mixture
     shape = None
     if steps.warmup_shapes:
         # a pack's shape: its padded length in batch mode (every piece already holds it), else the
@@ -206,12 +191,8 @@ def balance(comm: Comm, plan: PackPlan, specs: Specs, ordered: Ordered,
     context = None
     if shared:
         context = np.where(piece_parents(plan, group_starts) >= 0, plan.piece_start, 0).astype(np.float64)
-    units = weights = None
-    if spec.grouping == StepGrouping.SOURCE:
-        units, weights = pack_source_units(plan, mixture), np.asarray(mixture.weights, dtype=np.float64)
     result = balance_plan(plan, spec, first_window=first_window,
-                          pack_shape=shape if plan.num_bins else None, pinned=pinned, context=context,
-                          pack_units=units, weights=weights)
+                          pack_shape=shape if plan.num_bins else None, pinned=pinned, context=context)
     first_step = comm.exscan(result.num_steps)
     sizes = result.step_sequences if steps.batch_unit == BatchUnit.SEQUENCES else result.step_tokens
     ref = steps.ref_batch_size

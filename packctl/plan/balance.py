@@ -474,80 +474,15 @@ class BalancedPlan:
         return len(self.step_sequences)
 
 
-def deal_by_source(units: np.ndarray, weights: np.ndarray, per_step: int) -> np.ndarray:
-    """The order in which a window's packs make up its steps (`--step-grouping source`): every
-    source's packs spread evenly over the window's steps, so each step holds the window's blend
-    as closely as whole packs allow.
-
-    Packs (`units`, P x K: each pack's units of each source) are filed by the source they hold
-    most of, each file in the planner's order; the files, one after the other, are dealt round
-    robin over the window's ceil(P / per_step) steps, a full step skipped (every step holds
-    `per_step` packs, the last the rest). A source with n packs then has floor(n / S) or one more
-    in every step of the S. `weights` is the blend the files are meant to follow (unused by the
-    deal itself: a window's packs already hold the blend within its window tolerance).
-
-        files of 6 packs: source 0 [0, 1, 3, 5], source 1 [2, 4]; 3 a step, 2 steps
-        -> [0, 2, 3, 1, 4, 5]: steps {0, 2, 3} and {1, 4, 5}, each two packs of source 0 and one of 1
-    """
-    units = np.asarray(units, dtype=np.float64)
-    num = len(units)
-    if num == 0:
-        return np.zeros(0, np.int64)
-    dominant = np.argmax(units, axis=1)
-    dealt = np.argsort(dominant, kind="stable")  # file by file, each in the planner's order
-    steps = -(-num // per_step)
-    room = np.full(steps, per_step, np.int64)
-    room[-1] = num - per_step * (steps - 1)
-    step_of = np.empty(num, np.int64)
-    cursor = 0
-    for pack in dealt.tolist():
-        while room[cursor] == 0:
-            cursor = (cursor + 1) % steps
-        step_of[pack] = cursor
-        room[cursor] -= 1
-        cursor = (cursor + 1) % steps
-    return np.lexsort((np.arange(num), step_of))
-
-
-def worst_step_share_deviation(units: np.ndarray, weights: np.ndarray, per_step: int) -> float:
-    """The largest |share - weight| of any source in any step, the packs (`units`, P x K) taken
-    `per_step` at a time in their order."""
-    if len(units) == 0:
-        return 0.0
-    starts = np.arange(0, len(units), per_step)
-    per = np.add.reduceat(np.asarray(units, dtype=np.float64), starts, axis=0)
-    totals = per.sum(axis=1, keepdims=True)
-    shares = np.divide(per, totals, out=np.zeros_like(per), where=totals > 0)
-    return float(np.abs(shares - np.asarray(weights)[None, :]).max())
-
-
-def steps_by_source(units: np.ndarray, weights: np.ndarray, per_step: int) -> np.ndarray:
-    """A window's packs in the order whose steps hold the blend best (`--step-grouping source`):
-    the planner's order (consecutive packs: best where packs mix sources, as concat's do) or the
-    packs dealt by source (`deal_by_source`: best where each pack holds mostly one source, as
-    those of the decreasing algorithms do), whichever has the smaller worst step deviation
-    (`worst_step_share_deviation`); the planner's on a tie."""
-    planner = np.arange(len(units), dtype=np.int64)
-    dealt = deal_by_source(units, weights, per_step)
-    if worst_step_share_deviation(units[dealt], weights, per_step) < \
-            worst_step_share_deviation(units, weights, per_step):
-        return dealt
-    return planner
-
-
 def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
                  pack_shape: np.ndarray | None = None, pinned: np.ndarray | None = None,
-                 context: np.ndarray | None = None, pack_units: np.ndarray | None = None,
-                 weights: np.ndarray | None = None) -> BalancedPlan:
+                 context: np.ndarray | None = None) -> BalancedPlan:
     """Cut each window's packs into steps and balance each step (`balance_step`).
 
     grouping "cost": a window's packs are sorted by cost (ties: output order) and cut into steps
     there, so a step holds packs of similar cost and can be balanced whatever M is; the window's
     steps then run in a seeded random order (its short last step last), so no length trend is left
     inside a window. grouping "order": steps are consecutive packs in the planner's order.
-    grouping "source" (a blend, --source): a window's packs, consecutive or dealt by the source
-    each holds most of (`pack_units`, P x K), whichever keeps every step nearer the blend's
-    `weights` (`steps_by_source`); the steps run in that order.
     Pieces of a split sequence keep their order in the output (`_keep_split_order`).
     `first_window`: the global index of the plan's first window (it seeds the step order), so any
     run of whole windows balances the same wherever it is computed.
@@ -587,8 +522,6 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
         lo, hi = int(plan.window_bins[w]), int(plan.window_bins[w + 1])
         if spec.grouping == "cost" and plan.step_bins is None:
             packs = lo + np.argsort(-pack_cost[lo:hi], kind="stable")
-        elif spec.grouping == "source" and plan.step_bins is None:
-            packs = lo + steps_by_source(pack_units[lo:hi], weights, d * spec.micro_batches)
         else:
             packs = np.arange(lo, hi)
         warm_steps = 0

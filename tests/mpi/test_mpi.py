@@ -314,39 +314,11 @@ def test_a_blend_of_sources_writes_the_same_bytes_for_one_to_three_processes(tmp
     _same_bytes_for_one_to_three_processes(out, blend)
 
 
-@pytest.mark.mpi
-@pytest.mark.slow
-def test_a_grouped_blend_dealt_by_source_writes_the_same_bytes_for_one_to_three_processes(tmp_path):
-    """--source with --group-column (pairs in one source, rollouts of 4 in the other) and
-    --step-grouping source: whole groups drawn, steps dealt by source, the same bytes under
-    mpiexec -n 2 and 3 as in one process."""
-    import numpy as np
-
-    from support.adversary import packctl
-    from support.data import write_table
-
-    rng = np.random.default_rng(11)
-    sources = []
-    for name, size, first in (("pairs", 2, 0), ("rollouts", 4, 100_000)):
-        rows = 240
-        ids = [rng.integers(1, 900, int(rng.integers(1, 120))).tolist() for _ in range(rows)]
-        path = write_table(tmp_path / name / "rows.parquet",
-                           {"input_ids": ids, "g": [first + r // size for r in range(rows)]})
-        sources.append(path.parent)
-    out = tmp_path / "out"
-    blend = ["--source", f"pairs={sources[0]}:0.6:3", "--source", f"rollouts={sources[1]}:0.4:3",
-             "--group-column", "g", "--tokens", "60000", "--order", "shuffle", "--capacity", "512",
-             "--algorithm", "ffd", "--window", "120", "--shard-rows", "20", "--dp-size", "2", "--micro-batches", "2",
-             "--step-grouping", "source"]
-    _same_bytes_for_one_to_three_processes(out, blend)
-
-
 def test_a_grouped_blend_writes_the_same_bytes_for_one_to_three_processes(tmp_path):
     """--source with --group-column: groups are drawn whole from every rank's lengths and group
     starts, a group's uses never straddle a window or a rank, so the bytes do not depend on the
     count (code, drawn 1.5 times, repeats whole groups)."""
     from packctl.sample import SampleSpec, write_sample
-    from support.adversary import packctl
 
     data = tmp_path / "grouped"
     write_sample(data, SampleSpec(sequences=600, shards=3, seed=6, max_length=900, groups="rollout"))
@@ -356,17 +328,9 @@ def test_a_grouped_blend_writes_the_same_bytes_for_one_to_three_processes(tmp_pa
              "--source", f"math={shards[2]}:0.2:2", "--group-column", "group_id", "--tokens", "400000",
              "--order", "shuffle", "--capacity", "8192", "--window", "40", "--shard-rows", "10",
              "--dp-size", "2", "--micro-batches", "2"]
-    command = [sys.executable, "-m", "packctl", "pack", "-o", str(out), "--overwrite", "-q", *blend]
-    single = packctl(*command[3:])
-    assert single.code == 0, single.stderr
-    reference = _fingerprint(out)
-    assert len(reference[0]) > 3
+    _same_bytes_for_one_to_three_processes(out, blend)
     mixture = json.loads((out / "_metrics.json").read_text())["mixture"]
     assert mixture["sources"][1]["max_uses_of_a_row"] == 2  # code's groups drawn twice
-    for n in (2, 3):
-        proc = mpirun(n, *command)
-        assert proc.returncode == 0, proc.stderr
-        assert _fingerprint(out) == reference, f"{n} ranks"
 
 
 @pytest.mark.mpi
