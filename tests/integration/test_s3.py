@@ -3,7 +3,6 @@ the same packs as from local files, one-line errors naming the URL, changed obje
 transient server errors retried. Skipped where moto[server] is not installed."""
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from packctl.source.files import open_parquet
 from packctl.source.resolve import resolve
 from support.runs import run_cli
 boto3 = pytest.importorskip("boto3")
-from support.s3 import SECRET_KEY, FlakyProxy, s3, s3_server  # noqa: F401  (fixtures)
+from support.s3 import SECRET_KEY, FlakyProxy, authentication, s3, s3_server  # noqa: F401  (fixtures)
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
 SHARDS = sorted(p.name for p in SAMPLE.glob("*.parquet"))
@@ -117,30 +116,13 @@ def test_bad_credentials_and_denied_requests_one_line(s3, who, expected):
         key = iam.create_access_key(UserName=f"nobody-{id(env)}")["AccessKey"]
         env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = key["AccessKeyId"], key["SecretAccessKey"]
     secret = env["AWS_SECRET_ACCESS_KEY"]
-    with _authentication(s3):
+    with authentication(s3):
         result = run_cli("stats", s3.url("corpus"), env=env)
     text = result.stdout + result.stderr
     assert result.returncode == 2, text
     assert result.stderr.startswith(f"error: {s3.url('corpus')}: cannot list: {expected}"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert secret not in text and "Traceback" not in text
-
-
-@contextlib.contextmanager
-def _authentication(s3):
-    """moto checks every request's signature and IAM permissions inside the block."""
-    requests_post(f"{s3.endpoint}/moto-api/reset-auth", b"0")
-    try:
-        yield
-    finally:
-        requests_post(f"{s3.endpoint}/moto-api/reset-auth", b"inf")
-
-
-def requests_post(url: str, body: bytes) -> None:
-    import urllib.request
-
-    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "text/plain"})
-    urllib.request.urlopen(request, timeout=10).read()
 
 
 @pytest.mark.slow  # the SDK's backoff between attempts: about a second each

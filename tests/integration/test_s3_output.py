@@ -4,7 +4,6 @@ commit point, a kill at every step continued by --resume to the same bytes, --ov
 only the new run, and one-line errors. Skipped where moto[server] is not installed."""
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -22,7 +21,7 @@ from support.paths import CHECKER
 from support.runs import run_cli
 
 boto3 = pytest.importorskip("boto3")
-from support.s3 import BUCKET, SECRET_KEY, s3, s3_server  # noqa: E402,F401  (fixtures)
+from support.s3 import BUCKET, SECRET_KEY, authentication, s3, s3_server, use_scratch  # noqa: E402,F401  (fixtures)
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
 OPTIONS = dict(too_long="split", shard_rows=100)  # 278 packs: 3 shards
@@ -31,15 +30,7 @@ ARGS = ["--too-long", "split", "--shard-rows", "100", "-q"]
 
 @pytest.fixture(autouse=True)
 def scratch(tmp_path, monkeypatch) -> Path:
-    """Where store runs encode their shards (TMPDIR): inside the test's folder, for runs in this
-    process, forked from it, and started by run_cli."""
-    import tempfile
-
-    folder = tmp_path / "scratch"
-    folder.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    monkeypatch.setenv("TMPDIR", str(folder))
-    return folder
+    return use_scratch(tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -289,7 +280,7 @@ def test_denied_write_one_line(s3):
     key = iam.create_access_key(UserName=user)["AccessKey"]
     env = _env()
     env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = key["AccessKeyId"], key["SecretAccessKey"]
-    with _authentication(s3):
+    with authentication(s3):
         result = run_cli("pack", str(SAMPLE), "-o", s3.url("out"), *ARGS, env=env)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"error: {s3.url('out')}/runs/"), result.stderr
@@ -297,23 +288,6 @@ def test_denied_write_one_line(s3):
     assert len(result.stderr.strip().splitlines()) == 1
     assert key["SecretAccessKey"] not in result.stdout + result.stderr and "Traceback" not in result.stderr
     assert not _keys(s3, "out")
-
-
-@contextlib.contextmanager
-def _authentication(s3):
-    """moto checks every request's signature and IAM permissions inside the block."""
-    _post(f"{s3.endpoint}/moto-api/reset-auth", b"0")
-    try:
-        yield
-    finally:
-        _post(f"{s3.endpoint}/moto-api/reset-auth", b"inf")
-
-
-def _post(url: str, body: bytes) -> None:
-    import urllib.request
-
-    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "text/plain"})
-    urllib.request.urlopen(request, timeout=10).read()
 
 
 @pytest.mark.parametrize("options, expected", [

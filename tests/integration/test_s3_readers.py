@@ -22,7 +22,7 @@ from packctl.stats import stats
 from packctl.verify import VerifyOptions, verify
 
 boto3 = pytest.importorskip("boto3")
-from support.s3 import BUCKET, SECRET_KEY, s3, s3_server  # noqa: E402,F401  (fixtures)
+from support.s3 import BUCKET, SECRET_KEY, s3, s3_server, use_scratch  # noqa: E402,F401  (fixtures)
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
 OPTIONS = dict(too_long="split", shard_rows=100)  # 278 packs: 3 shards
@@ -30,15 +30,9 @@ OPTIONS = dict(too_long="split", shard_rows=100)  # 278 packs: 3 shards
 
 @pytest.fixture(autouse=True)
 def scratch(tmp_path, monkeypatch) -> Path:
-    """The run's scratch (TMPDIR) and the cache of outputs read from a store, inside the test's folder."""
-    import tempfile
-
-    folder = tmp_path / "scratch"
-    folder.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    monkeypatch.setenv("TMPDIR", str(folder))
+    """The run's scratch and the cache of outputs read from a store, inside the test's folder."""
     monkeypatch.setenv("PACKCTL_OUTPUT_CACHE", str(tmp_path / "cache"))
-    return folder
+    return use_scratch(tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="module")

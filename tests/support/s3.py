@@ -6,6 +6,7 @@ that points packctl (pyarrow's S3 client) at it. Skips cleanly where moto is not
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from dataclasses import dataclass
@@ -148,3 +149,32 @@ class FlakyProxy:
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+@contextlib.contextmanager
+def authentication(s3: S3Server):
+    """moto checks every request's signature and IAM permissions inside the block."""
+    _post(f"{s3.endpoint}/moto-api/reset-auth", b"0")
+    try:
+        yield
+    finally:
+        _post(f"{s3.endpoint}/moto-api/reset-auth", b"inf")
+
+
+def _post(url: str, body: bytes) -> None:
+    import urllib.request
+
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "text/plain"})
+    urllib.request.urlopen(request, timeout=10).read()
+
+
+def use_scratch(tmp_path, monkeypatch):
+    """Where a store run encodes its shards (TMPDIR), inside the test's folder: for runs in the
+    test's process, forked from it, and started as commands. Returns the folder."""
+    import tempfile
+
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    return folder
