@@ -159,25 +159,7 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
         total = comm.allreduce_sum(len(gids))
     group_starts = index.group_starts
     if spec.order != Order.INPUT:
-        padded = round_up(lengths, spec.align)
-        if group_starts is not None:
-            ids = group_ids(gids, group_starts)
-            if shared is not None:  # a shared group sorts by its stored length (its prefix on its first row)
-                padded = stored_padded(lambda n: round_up(n, spec.align), lengths, shared, gids == ids)
-            keys = order_keys(ids, group_totals(comm, ids, padded), spec.order, seed=spec.seed,
-                              curriculum_order=spec.curriculum_order)
-        else:
-            keys = order_keys(gids, padded, spec.order, seed=spec.seed, curriculum_order=spec.curriculum_order)
-        if extra is None and shared is None:
-            _, gids, lengths = sample_sort(comm, keys, gids, payload=lengths)
-        else:
-            carried = [lengths] + ([] if shared is None else [shared]) + ([] if extra is None else list(extra.T))
-            _, gids, moved = sample_sort(comm, keys, gids, payload=np.column_stack(carried))
-            lengths = moved[:, 0].copy()
-            if shared is not None:
-                shared = moved[:, 1].copy()
-            if extra is not None:
-                extra = np.ascontiguousarray(moved[:, 1 + (shared is not None):])
+        gids, lengths, extra, shared = _sorted_by_key(comm, spec, group_starts, gids, lengths, extra, shared)
     starts = None
     if group_starts is not None:
         ids = group_ids(gids, group_starts)
@@ -208,6 +190,34 @@ def order_and_distribute(comm: Comm, index: SequenceIndex, spec: OrderSpec, grou
     if index.group_starts is not None:
         check_groups_fit_everywhere(comm, ordered, index, groups, windows)
     return ordered
+
+
+def _sorted_by_key(comm: Comm, spec: OrderSpec, group_starts: np.ndarray | None, gids: np.ndarray,
+                   lengths: np.ndarray, extra: np.ndarray | None,
+                   shared: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """This rank's part of the global order by `spec.order`'s key: (gids, lengths, extra, shared),
+    sample-sorted over all ranks with the --limit costs and --share-prefix lengths travelling with
+    their sequence; with groups every member sorts by its group's key."""
+    padded = round_up(lengths, spec.align)
+    if group_starts is not None:
+        ids = group_ids(gids, group_starts)
+        if shared is not None:  # a shared group sorts by its stored length (its prefix on its first row)
+            padded = stored_padded(lambda n: round_up(n, spec.align), lengths, shared, gids == ids)
+        keys = order_keys(ids, group_totals(comm, ids, padded), spec.order, seed=spec.seed,
+                          curriculum_order=spec.curriculum_order)
+    else:
+        keys = order_keys(gids, padded, spec.order, seed=spec.seed, curriculum_order=spec.curriculum_order)
+    if extra is None and shared is None:
+        _, gids, lengths = sample_sort(comm, keys, gids, payload=lengths)
+    else:
+        carried = [lengths] + ([] if shared is None else [shared]) + ([] if extra is None else list(extra.T))
+        _, gids, moved = sample_sort(comm, keys, gids, payload=np.column_stack(carried))
+        lengths = moved[:, 0].copy()
+        if shared is not None:
+            shared = moved[:, 1].copy()
+        if extra is not None:
+            extra = np.ascontiguousarray(moved[:, 1 + (shared is not None):])
+    return gids, lengths, extra, shared
 
 
 def window_owners(comm: Comm, window: np.ndarray, opens: np.ndarray, epoch: int, epochs: int) -> np.ndarray:
