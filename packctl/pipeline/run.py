@@ -187,30 +187,9 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     whole_run = throughput(corpus, ranks, timings, resumed_shards=len(done or {}),
                            resumed_tokens=sum(e.tokens for e in (done or {}).values()))
     epoch_shards = [{n: i for s in shards for n, i in s[e].items()} for e in range(specs.order.epochs)]
-    if specs.order.epochs == 1:
-        metrics, listed, manifest = _report(config, specs, index, figures[0], epoch_shards[0], ranks, corpus,
-                                            whole_run, timings, buckets=epochs[0].buckets,
-                                            opens_window=job.assignment.shard_opens_window, digests=digests,
-                                            mixture=mixture)
-        reports, manifests = [(METRICS, metrics)], [(MANIFEST, manifest)]
-    else:  # each epoch is an output of its own; OUT/_metrics.json is of them all, _epochs.json lists them
-        reports, manifests, listed = [], [], []
-        for e in range(specs.order.epochs):
-            epoch_metrics, in_epoch, manifest = _report(config, specs, index, figures[e], epoch_shards[e], [], corpus,
-                                                        whole_run, timings, buckets=epochs[e].buckets, epoch=e,
-                                                        opens_window=job.assignment.shard_opens_window,
-                                                        digests=digests, mixture=mixture)
-            reports.append((f"{epoch_dir(e)}/{METRICS}", epoch_metrics))
-            manifests.append((f"{epoch_dir(e)}/{MANIFEST}", manifest))
-            listed += in_epoch
-        summary, baseline = figures[-1]
-        metrics = epochs_metrics(specs.report, summary, baseline, ranks, corpus, [m for _, m in reports],
-                                 buckets=epochs[0].buckets)
-        metrics["throughput"], metrics["timings"] = whole_run, timings
-        if mixture is not None:
-            metrics["mixture"] = mixture
-        reports.insert(0, (METRICS, metrics))
-        manifests.append((EPOCHS, epochs_index(specs.report, metrics, timings)))  # last: every epoch is complete
+    facts = _RunFacts(config, specs, index, corpus, whole_run, timings, job.assignment.shard_opens_window, digests,
+                      mixture)
+    metrics, reports, manifests, listed = _outputs(facts, figures, epoch_shards, ranks, epochs)
     with guard.deferred():  # from here a signal waits: the output is moments from complete
         output.commit(reports=reports, manifests=manifests, shards=listed, overwrite=config.overwrite)
     comm.barrier()
@@ -256,20 +235,62 @@ def _plan_figures(comm: Comm, epochs: list[Planned], summaries: list[RankSummary
     return figures
 
 
-def _report(config: PackConfig, specs: Specs, index: SequenceIndex, figures: tuple[RankSummary, int],
-            shards: dict[int, ShardEntry], ranks: list[dict], corpus: Corpus, whole_run: dict,
-            timings: dict[str, float], *, buckets: np.ndarray | None, epoch: int | None = None,
-            opens_window: np.ndarray | None = None, digests: list[int] | None = None,
-            mixture: dict | None = None) -> tuple[dict, list[ShardEntry], dict]:
+@dataclass(frozen=True)
+class _RunFacts:
+    """What every output of one run reports alike (rank 0): the run's config and specs, its
+    inputs, corpus counts, throughput and timings; `opens_window`: whether each global shard opens
+    a planning window (the manifest's `window_starts`); `digests`: the input blocks' digests
+    (listed in a plan's manifest); `mixture`: a blend's per-source metrics."""
+    config: PackConfig
+    specs: Specs
+    index: SequenceIndex
+    corpus: Corpus
+    whole_run: dict
+    timings: dict[str, float]
+    opens_window: np.ndarray | None
+    digests: list[int] | None
+    mixture: dict | None
+
+
+def _outputs(facts: _RunFacts, figures: list[tuple[RankSummary, int]], epoch_shards: list[dict[int, ShardEntry]],
+             ranks: list[dict], epochs: list[Planned]) -> tuple[dict, list, list, list[ShardEntry]]:
+    """Rank 0: (metrics, reports, manifests, listed shards) of the run: one output, or with --epochs
+    one per epoch, each in its folder, with OUT/_metrics.json of them all and _epochs.json
+    listing them (last: every epoch is complete)."""
+    specs = facts.specs
+    if specs.order.epochs == 1:
+        metrics, listed, manifest = _report(facts, figures[0], epoch_shards[0], ranks, buckets=epochs[0].buckets)
+        return metrics, [(METRICS, metrics)], [(MANIFEST, manifest)], listed
+    reports, manifests, listed = [], [], []
+    for e in range(specs.order.epochs):
+        epoch_metrics, in_epoch, manifest = _report(facts, figures[e], epoch_shards[e], [],
+                                                    buckets=epochs[e].buckets, epoch=e)
+        reports.append((f"{epoch_dir(e)}/{METRICS}", epoch_metrics))
+        manifests.append((f"{epoch_dir(e)}/{MANIFEST}", manifest))
+        listed += in_epoch
+    summary, baseline = figures[-1]
+    metrics = epochs_metrics(specs.report, summary, baseline, ranks, facts.corpus, [m for _, m in reports],
+                             buckets=epochs[0].buckets)
+    metrics["throughput"], metrics["timings"] = facts.whole_run, facts.timings
+    if facts.mixture is not None:
+        metrics["mixture"] = facts.mixture
+    reports.insert(0, (METRICS, metrics))
+    manifests.append((EPOCHS, epochs_index(specs.report, metrics, facts.timings)))
+    return metrics, reports, manifests, listed
+
+
+def _report(facts: _RunFacts, figures: tuple[RankSummary, int], shards: dict[int, ShardEntry], ranks: list[dict], *,
+            buckets: np.ndarray | None, epoch: int | None = None) -> tuple[dict, list[ShardEntry], dict]:
     """Rank 0: the metrics, shards and manifest of one output: all of OUT, or the folder of one
     epoch (its manifest lists the shards relative to the folder, its `epoch` says which).
     `figures`: the summary of its plan and its baseline (`_plan_figures`); `shards`: its shards by
-    global number; `opens_window`: whether each global shard opens a planning window (the
-    manifest's `window_starts`)."""
+    global number."""
+    config, specs, index, corpus, timings = facts.config, facts.specs, facts.index, facts.corpus, facts.timings
+    mixture, digests, opens_window = facts.mixture, facts.digests, facts.opens_window
     summary, baseline = figures
     metrics = metrics_of(specs.report, summary, baseline, ranks, corpus, buckets=buckets,
                          groups=index.group_starts is not None)
-    metrics["throughput"] = whole_run
+    metrics["throughput"] = facts.whole_run
     metrics["timings"] = timings
     numbered = sorted(shards.items())
     listed_shards = [info for _, info in numbered]
