@@ -146,9 +146,9 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     digests = _block_digests(comm, scanned)
     if done and digests is not None:
         broadcast_outcome(comm, lambda: _check_blocks_unchanged(out, scanned.index, digests))
-    sequences_planned: list[int] = []
-    epochs = [_plan_epoch(comm, scanned, corpus, specs, epoch, config.inputs, timings, progress, sequences_planned)
-              for epoch in range(specs.order.epochs)]
+    each = [_plan_epoch(comm, scanned, corpus, specs, epoch, config.inputs, timings, progress)
+            for epoch in range(specs.order.epochs)]
+    epochs, sequences_planned = [planned for planned, _ in each], [n for _, n in each]
     planned = join_epochs(epochs)
     with timed(timings, "assign"):
         job, transfer = _assign(comm, planned, scanned, specs.write, [e.plan.num_bins for e in epochs])
@@ -198,14 +198,13 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
 
 
 def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, specs: Specs, epoch: int, inputs: list[str],
-                timings: dict[str, float], progress: Progress, sequences_planned: list[int]) -> Planned:
+                timings: dict[str, float], progress: Progress) -> tuple[Planned, int]:
     """Order and plan one epoch (this rank's windows of it), with the epoch's own seed (plan/order.py
-    `epoch_seed`), so its shuffle, ffs packing and step grouping are its own; appends the number
-    of sequences this rank planned to `sequences_planned`."""
+    `epoch_seed`), so its shuffle, ffs packing and step grouping are its own; with the number of
+    sequences this rank planned."""
     specs = specs.for_epoch(epoch_seed(specs.order.seed, epoch)) if epoch else specs
     with timed(timings, "order"):
         ordered = order_and_distribute(comm, scanned.index, specs.order, specs.groups, specs.windows, epoch)
-    sequences_planned.append(len(ordered.gids))
     with timed(timings, "plan"):
         stage = job_stage(progress, "plan", len(ordered.gids), comm.allreduce_sum(len(ordered.gids)))
         planned = plan_stage(comm, ordered, specs, progress=stage)
@@ -216,7 +215,7 @@ def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, specs: Specs, epoc
                                                                                scanned.index.group_starts)
             planned.columns.update(step_loss_columns(comm, planned.plan, planned.balanced.result.step,
                                                      scanned.index, scanned.source, scanned.block_bounds, parents))
-    return planned
+    return planned, len(ordered.gids)
 
 
 def _plan_figures(comm: Comm, epochs: list[Planned], summaries: list[RankSummary], scanned_index: SequenceIndex
