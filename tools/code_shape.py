@@ -5,7 +5,8 @@ over 80 lines or over 8 parameters, numba kernels left out (a kernel takes its a
 
 A function's length is its lines from `def` to its last statement, docstring included; its
 parameters count positional, keyword-only, *args and **kwargs, `self` and `cls` not. A numba kernel
-is a function decorated with `njit`/`jit` (packctl.jit or numba). For example:
+is a function decorated with `njit`/`jit` (packctl.jit or numba). The functions of `EXEMPT` are
+counted apart, each with its reason. For example:
 
     largest 10 modules (lines):
         1165  packctl/torch.py
@@ -21,6 +22,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG, WIDE = 80, 8
+
+# "module:function" -> why its width stays: a typer command's parameters are its options, one each,
+# as `--help` lists them; grouping them would move typer's parsing into code of packctl's own.
+EXEMPT = {
+    "packctl/cli/tokenize.py:tokenize_command": "a typer command: its parameters are its options",
+    "packctl/cli/sample.py:sample_command": "a typer command: its parameters are its options",
+    "packctl/cli/verify.py:verify_command": "a typer command: its parameters are its options",
+    "packctl/cli/export.py:export_command": "a typer command: its parameters are its options",
+}
 
 
 def _is_kernel(node: ast.FunctionDef) -> bool:
@@ -50,6 +60,8 @@ def shape(package: Path) -> tuple[list[tuple[str, int]], list[tuple[str, int]], 
         for node in ast.walk(ast.parse(text, filename=rel)):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or _is_kernel(node):
                 continue
+            if f"{rel}:{node.name}" in EXEMPT:
+                continue
             where = f"{rel}:{node.lineno} {node.name}"
             if node.end_lineno - node.lineno + 1 > LONG:
                 long.append((where, node.end_lineno - node.lineno + 1))
@@ -71,11 +83,15 @@ def main() -> None:
         print(f"  {lines:6d}  {rel}")
     print(f"functions over {LONG} lines: {len(long)}")
     print(f"functions over {WIDE} parameters: {len(wide)}")
+    print(f"exempt: {len(EXEMPT)}")
     if args.list:
         for title, rows in ((f"over {LONG} lines", long), (f"over {WIDE} parameters", wide)):
             print(title + ":")
             for where, n in rows:
                 print(f"  {n:4d}  {where}")
+        print("exempt:")
+        for where, why in EXEMPT.items():
+            print(f"        {where}: {why}")
 
 
 if __name__ == "__main__":
