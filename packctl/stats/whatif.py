@@ -105,14 +105,7 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     if resolution.kind is not PARQUET:
         return _kind_lengths(resolution, options, skip_empty)
     paths = resolution.paths
-    files = []
-    for resolved in resolution.files:
-        pf = open_parquet(resolved.path, resolved.fingerprint)
-        check_list_column(resolved.path, pf.schema_arrow, tokens_column, "tokens")
-        for column in limit_columns:
-            check_limit_column(resolved.path, pf.schema_arrow, column)
-        files.append(InputFile(path=resolved.path, rows=pf.metadata.num_rows, bytes=resolved.fingerprint.size))
-
+    files = _checked_files(resolution, tokens_column, limit_columns)
     rows = np.array([f.rows for f in files], dtype=np.int64)
     index = LengthIndex(files=files, file_offsets=np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
                         lengths=np.zeros(0, np.int64), tokens_column=tokens_column,
@@ -165,6 +158,19 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
         gid = int(np.argmax(index.lengths == 0))
         raise PackctlError(f"{index.describe(gid)}: empty sequence; remove empty rows or pass --skip-empty")
     return index
+
+
+def _checked_files(resolution, tokens_column: str, limit_columns: tuple[str, ...]) -> list[InputFile]:
+    """Each resolved Parquet file as an `InputFile` from its footer, once its tokens column is a
+    list and each limited column is one `pack` accepts (refused in one line naming the file)."""
+    files = []
+    for resolved in resolution.files:
+        pf = open_parquet(resolved.path, resolved.fingerprint)
+        check_list_column(resolved.path, pf.schema_arrow, tokens_column, "tokens")
+        for column in limit_columns:
+            check_limit_column(resolved.path, pf.schema_arrow, column)
+        files.append(InputFile(path=resolved.path, rows=pf.metadata.num_rows, bytes=resolved.fingerprint.size))
+    return files
 
 
 def check_limit_values(index: LengthIndex, frame: pl.DataFrame, columns: tuple[str, ...]) -> np.ndarray:
