@@ -320,10 +320,7 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
         rank_packing = {name: packing[name] for name in ("algorithm", "pool_size", "pool_strategy") if name in packing}
     elif packing or capacity is not None:
         raise PackctlError(f"plan_steps: packs= are planned already; leave out {', '.join([*packing] or ['capacity'])}")
-    plan = PackPlan(window_bins=np.array([0, packs.num_packs], np.int64), bin_offsets=packs.offsets,
-                    piece_gid=packs.sequence, piece_start=packs.start, piece_len=packs.length,
-                    piece_padded=packs.padded, dropped=packs.dropped, truncated=packs.truncated, tokens_dropped=0,
-                    tokens_truncated=0)
+    plan = _plan_of(packs)
     per_rank = micro_batches if micro_batches is not None else max(1, -(-packs.num_packs // dp_size))
     if balance_scope == "auto":
         per_step = len(packs.sequence) * min(1.0, dp_size * per_rank / max(packs.num_packs, 1))
@@ -345,6 +342,14 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
                  step=balanced.step, rank=balanced.dp_rank, micro_batch=balanced.micro_batch,
                  packs_added=balanced.packs_added, unequal_steps=balanced.unequal_steps,
                  attn_coeff=float(attn_coeff), _before=before)
+
+
+def _plan_of(packs: Packs) -> PackPlan:
+    """`packs` as the one-window `PackPlan` that plan/balance.py deals to ranks."""
+    return PackPlan(window_bins=np.array([0, packs.num_packs], np.int64), bin_offsets=packs.offsets,
+                    piece_gid=packs.sequence, piece_start=packs.start, piece_len=packs.length,
+                    piece_padded=packs.padded, dropped=packs.dropped, truncated=packs.truncated, tokens_dropped=0,
+                    tokens_truncated=0)
 
 
 def _steps_by_ranks(packs: Packs, plan: PackPlan, spec: BalanceSpec, micro_batches: int | None,
