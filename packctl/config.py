@@ -23,8 +23,8 @@ from packctl.errors import PackctlError
 from packctl.plan.names import ALGORITHMS
 from packctl.enums import AddSpecial, LossOn, RecordFormat
 from packctl.urls import is_url, refuse_url
-from packctl.specs import (BalanceScope, BalanceSpec, BatchUnit, Cost, CurriculumOrder, GroupScope, GroupSpec,
-                           LengthSpec, LrScaling, Mode, Order, OrderSpec, PackOrder, PadTo, PoolStrategy, ReportSpec,
+from packctl.specs import (BalanceScope, BalanceSpec, BatchUnit, CarriedColumns, Cost, CurriculumOrder, GroupScope,
+                           GroupSpec, LengthSpec, LrScaling, Mode, Order, OrderSpec, PackOrder, PadTo, PoolStrategy, ReportSpec,
                            ScanSpec, Specs, StepGrouping, StepSpec, TokenTransfer, TooLong, WindowOptions,
                            WriteSpec)
 
@@ -652,6 +652,11 @@ class PackConfig:
             return "shuffle" if self.order == Order.SHUFFLE else "planner"
         return self.pack_order
 
+    def carried(self) -> CarriedColumns:
+        """The input columns this run reads beside tokens and labels (specs.py `CarriedColumns`)."""
+        return CarriedColumns(keep=tuple(self.keep_columns), weight=self.weight_column, group=self.group_column,
+                              limits=tuple(self.limits), prefix=self.prefix_column)
+
     def specs(self, labels_column: str | None = None) -> Specs:
         """The frozen spec of every stage (packctl/specs.py), built once per run from the options,
         which must be valid (`validate`). `labels_column`: the one scan resolved (the option may be
@@ -684,12 +689,10 @@ class PackConfig:
                              batch_unit=BatchUnit(self.batch_unit), warmup_shapes=self.warmup_shapes,
                              pin_groups=self.group_column is not None and self.group_scope == GroupScope.PACK)
         return Specs(
-            scan=ScanSpec(tokens_column=self.tokens_column, labels_column=labels_column,
-                          keep_columns=tuple(self.keep_columns), weight_column=self.weight_column,
-                          group_column=self.group_column, skip_empty=self.skip_empty,
-                          pad_token_id=self.pad_token_id, memory_budget=self.resolved_memory_budget,
-                          count_loss_tokens=self.balanced, limit_columns=tuple(self.limits),
-                          share_prefix=self.share_prefix, prefix_column=self.prefix_column),
+            scan=ScanSpec(tokens_column=self.tokens_column, labels_column=labels_column, carried=self.carried(),
+                          skip_empty=self.skip_empty, pad_token_id=self.pad_token_id,
+                          memory_budget=self.resolved_memory_budget, count_loss_tokens=self.balanced,
+                          share_prefix=self.share_prefix),
             order=OrderSpec(order=Order(self.order), curriculum_order=CurriculumOrder(self.curriculum_order),
                             seed=self.seed, align=align, window=self.window, epochs=self.epochs,
                             skip_empty=self.skip_empty),
@@ -706,8 +709,7 @@ class PackConfig:
             write=WriteSpec(shard_rows=self.shard_rows, epochs=self.epochs,
                             token_transfer=TokenTransfer(self.token_transfer), order=Order(self.order),
                             pad_token_id=self.pad_token_id, memory_budget=self.resolved_memory_budget,
-                            keep_columns=tuple(self.keep_columns), weight_column=self.weight_column,
-                            limit_columns=tuple(self.limits), share_prefix=self.share_prefix),
+                            carried=self.carried(), share_prefix=self.share_prefix),
             report=ReportSpec(algorithm=self.algorithm, order=Order(self.order), mode=Mode(self.mode),
                               capacity=self.resolved_max_tokens if batch else self.capacity, align=align,
                               epochs=self.epochs, seed=self.seed,

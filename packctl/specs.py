@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from packctl.enums import (  # noqa: F401  (the choices, spelled where the specs that hold them are)
     BalanceScope,
@@ -46,21 +46,50 @@ from packctl.enums import (  # noqa: F401  (the choices, spelled where the specs
 
 
 @dataclass(frozen=True)
+class CarriedColumns:
+    """The input columns a run reads beside its tokens and labels, declared here once, a field
+    each with its flag in `FLAGS`. Resolve checks them in every file's schema (source/parquet.py),
+    scan reads their values per sequence, materialize writes them; a kind that has no such columns
+    refuses them by flag (`given`):
+
+        CarriedColumns(keep=("doc_id",), weight="w").given()
+        -> {"--keep-columns": ("doc_id",), "--weight-column": "w"}
+
+    A new carried column is one field here, its option (config.py) and where it is read and written.
+    """
+
+    keep: tuple[str, ...] = ()  # --keep-columns: copied per sequence into its pack
+    weight: str | None = None  # --weight-column: each sequence's loss weight (seq_weights)
+    group: str | None = None  # --group-column: a group's members are packed together
+    limits: tuple[str, ...] = ()  # --limit COL=N: COL per sequence, COL_sum per pack, in --limit order
+    prefix: str | None = None  # --prefix-column: each row's prompt length, bounding the shared prefix
+
+    FLAGS: ClassVar[dict[str, str]] = {"keep": "--keep-columns", "weight": "--weight-column",
+                                       "group": "--group-column", "limits": "--limit",
+                                       "prefix": "--prefix-column"}
+
+    def given(self) -> dict[str, Any]:
+        """The flags of the columns this run reads, with their values, in declaration order."""
+        return {flag: getattr(self, field) for field, flag in self.FLAGS.items() if getattr(self, field)}
+
+    @property
+    def per_sequence(self) -> tuple[str, ...]:
+        """The columns whose values materialize copies beside each sequence (kept, then weight)."""
+        return tuple(dict.fromkeys([*self.keep, *([self.weight] if self.weight else [])]))
+
+
+@dataclass(frozen=True)
 class ScanSpec:
     """What scan reads from every input block and checks there."""
 
     tokens_column: str
     labels_column: str | None
-    keep_columns: tuple[str, ...]
-    weight_column: str | None
-    group_column: str | None
+    carried: CarriedColumns
     skip_empty: bool
     pad_token_id: int
     memory_budget: int  # decoded tokens held at once, per rank
     count_loss_tokens: bool  # per-sequence loss tokens, for the step sums of --dp-size
-    limit_columns: tuple[str, ...] = ()  # --limit: the integer columns read per sequence, in --limit order
     share_prefix: bool = False  # --share-prefix: each row compared with the row before (source/prefix.py)
-    prefix_column: str | None = None  # --prefix-column: each row's prompt length, read beside it
 
 
 @dataclass(frozen=True)
@@ -208,9 +237,7 @@ class WriteSpec:
     order: Order  # `--token-transfer auto` reads its own blocks only in input order
     pad_token_id: int
     memory_budget: int
-    keep_columns: tuple[str, ...]
-    weight_column: str | None
-    limit_columns: tuple[str, ...] = ()  # --limit: COL per sequence and COL_sum per pack, in --limit order
+    carried: CarriedColumns  # kept columns, the weight and --limit columns are written per sequence
     share_prefix: bool = False  # --share-prefix: parent_segments, and each branch's positions and first label
 
 

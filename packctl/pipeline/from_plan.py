@@ -56,6 +56,7 @@ from packctl.source.parquet import split_blocks
 from packctl.source.scan import scan_blocks
 from packctl.source.kinds import input_files
 from packctl.source.pieces import plan_source
+from packctl.specs import CarriedColumns
 
 # What a plan's shards hold besides the per-pack and per-sequence values the writer computes again
 # from the pieces (PACK_COLUMNS, seq_lengths and the loss columns): read back, they are written as
@@ -163,7 +164,7 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
     read_own = choose_read_own(token_transfer, amplification, config.get("order", "input"), comm.size)
     output = opened["output"] = open_partial_output(comm, out, overwrite, fingerprint, done, faults)
     fmt = ShardFormat(metadata=plan.metadata, pad_token_id=int(plan.manifest["layout"]["pad_token_id"]),
-                      budget=budget, limit_columns=plan_limits(plan.manifest))
+                      budget=budget, carried=CarriedColumns(limits=plan_limits(plan.manifest)))
     with timed(timings, "materialize"):
         written = materialize(comm, job, scanned, output, fmt, read_own=read_own, kept=kept,
                               progress=job_stage(progress, "materialize", job.plan.num_bins,

@@ -64,6 +64,7 @@ from packctl.plan.prefix import piece_parents, prefix_pieces
 from packctl.contract.schema import GROUP_IDS, NUM_TOKENS, PARENT_SEGMENTS, SEQ_STARTS, SEQ_WEIGHTS, SOURCE_IDS
 from packctl.contract.thd import counted_loss_columns, lay_out_packs, lay_out_sequences
 from packctl.source.index import SequenceIndex
+from packctl.specs import CarriedColumns
 
 @dataclass
 class _Bucket:
@@ -194,20 +195,18 @@ class ShardAssembler:
     `held_elsewhere()` reports), the largest buckets being spilled to disk beyond it.
     """
 
-    def __init__(self, plan: PackPlan, pack_lens: np.ndarray, run: WriteRun, *, output: OutputDir,
-                 metadata: bytes, pad_token_id: int, budget: int,
-                 held_elsewhere: Callable[[], int] = lambda: 0, progress: Callable[[int], None] = lambda n: None,
-                 writers: int | None = None, columns: dict[str, np.ndarray] | None = None,
-                 kept: dict[str, pa.ChunkedArray | np.ndarray] | None = None, plan_only: bool = False,
-                 limits: tuple[str, ...] = ()):
-        self.plan, self.pack_lens, self.run = plan, pack_lens, run
-        self.columns = columns or {}  # extra per-pack columns (step, dp_rank, ...), in this rank's pack order
+    def __init__(self, job: WriteJob, run: WriteRun, fmt: ShardFormat, *, output: OutputDir,
+                 kept: dict[str, pa.ChunkedArray | np.ndarray] | None = None,
+                 held_elsewhere: Callable[[], int] = lambda: 0, progress: Callable[[int], None] = lambda n: None):
+        plan = job.plan
+        self.plan, self.pack_lens, self.run = plan, job.pack_lens, run
+        self.columns = job.columns or {}  # extra per-pack columns (step, dp_rank, ...), in this rank's pack order
         self.kept = kept or {}  # per-piece columns (per_piece_columns), one value per piece of this rank's plan
-        self.output, self.metadata = output, metadata
-        self.pad_token_id = pad_token_id
-        self.plan_only = plan_only  # --plan-only: the shards leave the token columns out
-        self.limits = limits  # --limit columns: COL among `kept`, COL_sum among `columns`
-        self.budget, self.held_elsewhere, self.progress = budget, held_elsewhere, progress
+        self.output, self.metadata = output, fmt.metadata
+        self.pad_token_id = fmt.pad_token_id
+        self.plan_only = fmt.plan_only  # --plan-only: the shards leave the token columns out
+        self.limits = fmt.carried.limits  # --limit columns: COL among `kept`, COL_sum among `columns`
+        self.budget, self.held_elsewhere, self.progress = fmt.budget, held_elsewhere, progress
         self.bounds = run.unit_bounds
         self.unit_piece_offsets = plan.bin_offsets[self.bounds]
         self.num_units = run.num_units
@@ -223,7 +222,7 @@ class ShardAssembler:
         self.encoded_bytes = 0
         self._local_units = {int(s): int(c) for s, c in zip(*np.unique(run.unit_shard, return_counts=True))}
         self._lock = threading.Lock()
-        workers = writers if writers is not None else max(1, min(2, os.cpu_count() or 1))
+        workers = max(1, min(2, os.cpu_count() or 1))
         self._writers = _Writers(workers, max_pending=2 * workers, commit=output.commit_shard)
         self._scratch = threading.local()  # each writer thread builds its units in the same buffers
         # Shards an interrupted run already finished (--resume): their pieces are neither fetched nor written.
@@ -464,15 +463,14 @@ class Scanned:
 @dataclass(frozen=True)
 class ShardFormat:
     """How shards are written: the `packctl` metadata key, the pad id, the memory budget, the input
-    columns carried into the packs (--keep-columns, and --weight-column as `seq_weights`)."""
+    columns carried into the packs (`carried`: --keep-columns as they are, --weight-column as
+    `seq_weights`, each --limit COL per piece from `PackPlan.piece_extra` and COL_sum per pack)."""
 
     metadata: bytes
     pad_token_id: int
     budget: int
-    keep_columns: tuple[str, ...] = ()
-    weight_column: str | None = None
+    carried: CarriedColumns = CarriedColumns()
     plan_only: bool = False  # --plan-only: no token columns; each piece's start in its sample (seq_starts)
-    limit_columns: tuple[str, ...] = ()  # --limit: COL per piece (PackPlan.piece_extra), COL_sum per pack
     source_starts: tuple[int, ...] | None = None  # --source: the first gid of every source, then the end
     share_prefix: bool = False  # --share-prefix: parent_segments per piece; prefixes and branches laid out as trees
 
@@ -485,14 +483,15 @@ def per_piece_columns(index: SequenceIndex, piece_gid: np.ndarray, fmt: ShardFor
     each limited column's value (`piece_extra`, pieces x k, 0 on the pieces of a cut sequence).
     The writer gives `seq_weights`, `group_ids` and the limited columns their declared types
     (output/encode.py)."""
-    wanted = list(dict.fromkeys([*fmt.keep_columns, *([fmt.weight_column] if fmt.weight_column else [])]))
+    carried = fmt.carried
+    wanted = list(carried.per_sequence)
     table = read_kept_columns(index, piece_gid, wanted) if wanted else None
-    columns = {name: table.column(name) for name in fmt.keep_columns}
-    if fmt.weight_column is not None:
-        columns[SEQ_WEIGHTS] = table.column(fmt.weight_column)
+    columns = {name: table.column(name) for name in carried.keep}
+    if carried.weight is not None:
+        columns[SEQ_WEIGHTS] = table.column(carried.weight)
     if index.group_starts is not None:
         columns[GROUP_IDS] = group_ids(piece_gid, index.group_starts)
-    for j, name in enumerate(fmt.limit_columns):
+    for j, name in enumerate(carried.limits):
         columns[name] = np.ascontiguousarray(piece_extra[:, j])
     if fmt.source_starts is not None:  # gids of source k: source_starts[k]:source_starts[k+1]
         columns[SOURCE_IDS] = (np.searchsorted(np.asarray(fmt.source_starts, dtype=np.int64), piece_gid,
@@ -513,10 +512,8 @@ def materialize(comm, job: WriteJob, scanned: Scanned, output: OutputDir, fmt: S
         kept[SEQ_STARTS] = plan.piece_start
     if fmt.share_prefix:
         kept[PARENT_SEGMENTS] = piece_parents(plan, index.group_starts)
-    assembler = ShardAssembler(plan, job.pack_lens, run, output=output, metadata=fmt.metadata,
-                               pad_token_id=fmt.pad_token_id, budget=fmt.budget,
-                               held_elsewhere=lambda: source.held, progress=progress, columns=job.columns,
-                               kept=kept, plan_only=fmt.plan_only, limits=fmt.limit_columns)
+    assembler = ShardAssembler(job, run, fmt, output=output, kept=kept, held_elsewhere=lambda: source.held,
+                               progress=progress)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     rounds = blocks_read = 0
     try:

@@ -39,11 +39,10 @@ from packctl.pipeline.assign import WriteJob, assign, hand_over, units_of
 from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
 from packctl.contract.manifest import DATA_DIR, EPOCHS, MANIFEST, METRICS, epoch_dir
 from packctl.errors import PackctlError
-from packctl.pipeline.manifest import PLAN_KIND, build_manifest, shard_metadata
+from packctl.pipeline.manifest import RunRecord
 from packctl.compile_ahead import CompileAhead
 from packctl.jit import CompileClock
 from packctl.source.kinds import check_options, options_of
-from packctl.source.kinds.raw import tokenization
 from packctl.source.parquet import describe_block, split_blocks
 from packctl.source.scan import TokenSource, index_inputs, scan_blocks
 from packctl.source.resolve import normalize_spec, pattern_reaching, resolve, respell
@@ -110,8 +109,10 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
     run = _Run()
 
     def body() -> PackResult:
+        run.started, run.jit = time.perf_counter(), CompileClock()
         run.ahead = CompileAhead.start(comm.size)
-        return _pack(config, comm, progress, out, lock, guard, run, faults)
+        decided = broadcast_outcome(comm, lambda: _preflight(config, out, lock, guard, faults))
+        return _pack(decided, comm, progress, out, guard, run, faults)
 
     def release() -> None:
         if run.ahead is not None:
@@ -124,36 +125,39 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
 
 @dataclass
 class _Run:
+    """What a run holds from its start to its end, whatever way it ends."""
     output: OutputDir | None = None
     ahead: CompileAhead | None = None  # the first run after an install: kernels compiled beside it
+    started: float = 0.0  # perf_counter at the start: timings' total
+    jit: CompileClock | None = None  # the kernels' compile time, inside the stages' timings
 
 
-def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: OutputLock, guard: SignalGuard,
-          run: _Run, faults: Faults | None) -> PackResult:
+def _pack(decided: _Decided, comm: Comm, progress: Progress, out: Path, guard: SignalGuard, run: _Run,
+          faults: Faults | None) -> PackResult:
+    """The stages of a run preflight decided (`decided`): scan, order and plan each epoch,
+    assign, materialize, report and commit."""
     timings: dict[str, float] = {}
-    started, jit = time.perf_counter(), CompileClock()
-    config, index, fingerprint, done, note, source_files = broadcast_outcome(
-        comm, lambda: _preflight(config, out, lock, guard, faults))
-    if note is not None:  # OUT already holds this run's output
+    if decided.note is not None:  # OUT already holds this run's output
+        note = decided.note
         return already_complete(out, note) if comm.rank == 0 else PackResult(output=out, counts={}, metrics={},
                                                                         timings={}, note=note)
-    specs = with_mixture(config.specs(index.labels_column), config, index, source_files)
+    specs, record, index, done = decided.specs, decided.record, decided.index, decided.done
 
     with timed(timings, "scan"):
-        scanned, corpus = _scan(comm, index, specs, progress, plan_only=config.plan_only)
+        scanned, corpus = _scan(comm, index, specs, progress, plan_only=record.plan_only)
         if specs.order.mixture is not None:  # a blend's counts are of its uses
             corpus = blend_corpus(comm, scanned.index, specs.order, corpus)
     digests = _block_digests(comm, scanned)
     if done and digests is not None:
         broadcast_outcome(comm, lambda: _check_blocks_unchanged(out, scanned.index, digests))
-    each = [_plan_epoch(comm, scanned, corpus, specs, epoch, config.inputs, timings, progress)
+    each = [_plan_epoch(comm, scanned, corpus, specs, epoch, decided.inputs, timings, progress)
             for epoch in range(specs.order.epochs)]
     epochs, sequences_planned = [planned for planned, _ in each], [n for _, n in each]
     planned = join_epochs(epochs)
     with timed(timings, "assign"):
         job, transfer = _assign(comm, planned, scanned, specs.write, [e.plan.num_bins for e in epochs])
 
-    output = run.output = open_partial_output(comm, out, config.overwrite, fingerprint, done, faults)
+    output = run.output = open_partial_output(comm, out, decided.overwrite, decided.fingerprint, done, faults)
     if comm.rank == 0 and digests is not None:
         output.keep_block_digests(digests)
     # each rank summarizes its own windows beside materialize; the summaries are added up in report
@@ -163,7 +167,7 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     if run.ahead is not None:
         run.ahead.wait()  # compiled meanwhile: materialize loads them from the cache
     with timed(timings, "materialize"):
-        written = materialize(comm, job, scanned, output, _shard_format(config, specs, scanned.index),
+        written = materialize(comm, job, scanned, output, _shard_format(record, specs, scanned.index),
                               read_own=transfer.read_own,
                               progress=job_stage(progress, "materialize", job.plan.num_bins,
                                                  comm.allreduce_sum(job.plan.num_bins)))
@@ -176,8 +180,8 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
         # rank 0 only: one entry per shard
         shards = comm.gather([{n: i for n, i in written.shards.items() if shard_epoch is None or shard_epoch[n] == e}
                               for e in range(len(epochs))])
-    timings["total"] = time.perf_counter() - started
-    timings["compile"] = jit.seconds  # inside the stages above; throughputs leave it out
+    timings["total"] = time.perf_counter() - run.started
+    timings["compile"] = run.jit.seconds  # inside the stages above; throughputs leave it out
     ranks = comm.allgather(rank_report(comm, scanned.index, job.plan, written, timings, transfer,
                                        sequences_planned=sum(sequences_planned)))
     if comm.rank != 0:
@@ -187,17 +191,17 @@ def _pack(config: PackConfig, comm: Comm, progress: Progress, out: Path, lock: O
     whole_run = throughput(corpus, ranks, timings, resumed_shards=len(done or {}),
                            resumed_tokens=sum(e.tokens for e in (done or {}).values()))
     epoch_shards = [{n: i for s in shards for n, i in s[e].items()} for e in range(specs.order.epochs)]
-    facts = _RunFacts(config, specs, index, corpus, whole_run, timings, job.assignment.shard_opens_window, digests,
+    facts = _RunFacts(record, specs, index, corpus, whole_run, timings, job.assignment.shard_opens_window, digests,
                       mixture)
     metrics, reports, manifests, listed = _outputs(facts, figures, epoch_shards, ranks, epochs)
     with guard.deferred():  # from here a signal waits: the output is moments from complete
-        output.commit(reports=reports, manifests=manifests, shards=listed, overwrite=config.overwrite)
+        output.commit(reports=reports, manifests=manifests, shards=listed, overwrite=decided.overwrite)
     comm.barrier()
     return PackResult(output=out, counts=metrics["counts"], metrics=metrics, timings=timings, shards=listed,
-                      plan_only=config.plan_only)
+                      plan_only=record.plan_only)
 
 
-def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, specs: Specs, epoch: int, inputs: list[str],
+def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, specs: Specs, epoch: int, inputs: tuple[str, ...],
                 timings: dict[str, float], progress: Progress) -> tuple[Planned, int]:
     """Order and plan one epoch (this rank's windows of it), with the epoch's own seed (plan/order.py
     `epoch_seed`), so its shuffle, ffs packing and step grouping are its own; with the number of
@@ -236,11 +240,11 @@ def _plan_figures(comm: Comm, epochs: list[Planned], summaries: list[RankSummary
 
 @dataclass(frozen=True)
 class _RunFacts:
-    """What every output of one run reports alike (rank 0): the run's config and specs, its
-    inputs, corpus counts, throughput and timings; `opens_window`: whether each global shard opens
-    a planning window (the manifest's `window_starts`); `digests`: the input blocks' digests
-    (listed in a plan's manifest); `mixture`: a blend's per-source metrics."""
-    config: PackConfig
+    """What every output of one run reports alike (rank 0): what it records of its options and
+    its specs, its inputs, corpus counts, throughput and timings; `opens_window`: whether each
+    global shard opens a planning window (the manifest's `window_starts`); `digests`: the input
+    blocks' digests (listed in a plan's manifest); `mixture`: a blend's per-source metrics."""
+    record: RunRecord
     specs: Specs
     index: SequenceIndex
     corpus: Corpus
@@ -284,7 +288,7 @@ def _report(facts: _RunFacts, figures: tuple[RankSummary, int], shards: dict[int
     epoch (its manifest lists the shards relative to the folder, its `epoch` says which).
     `figures`: the summary of its plan and its baseline (`_plan_figures`); `shards`: its shards by
     global number."""
-    config, specs, index, corpus, timings = facts.config, facts.specs, facts.index, facts.corpus, facts.timings
+    record, specs, index, corpus, timings = facts.record, facts.specs, facts.index, facts.corpus, facts.timings
     mixture, digests, opens_window = facts.mixture, facts.digests, facts.opens_window
     summary, baseline = figures
     metrics = metrics_of(specs.report, summary, baseline, ranks, corpus, buckets=buckets,
@@ -295,12 +299,11 @@ def _report(facts: _RunFacts, figures: tuple[RankSummary, int], shards: dict[int
     listed_shards = [info for _, info in numbered]
     listed = listed_shards if epoch is None else [dataclasses.replace(i, path=i.path.split("/", 1)[1])
                                                   for i in listed_shards]
-    manifest = build_manifest(config, index.labels_column, index.files, listed, metrics["counts"], timings,
-                              index.fingerprints)
+    manifest = record.manifest(index.files, listed, metrics["counts"], timings, index.fingerprints)
     if mixture is not None:  # --source: what each source gave, and the manifest's table of sources
         metrics["mixture"] = mixture
         manifest["sources"] = source_table(specs.order.mixture, index.files, index.fingerprints)
-    if config.plan_only and digests is not None:  # materialize checks each block it decodes against them
+    if record.plan_only and digests is not None:  # materialize checks each block it decodes against them
         for f, entry in enumerate(manifest["inputs"]):
             entry["block_digests"] = [d for block, d in zip(index.blocks, digests) if block.file == f]
     if opens_window is not None:
@@ -339,7 +342,7 @@ def _scan(comm: Comm, index: SequenceIndex, specs: Specs, progress: Progress,
         index, source = scan_blocks(index, lo, hi, budget, progress=stage, skip_empty=scan.skip_empty,
                                     pad_token_id=scan.pad_token_id,
                                     count_loss_tokens=scan.count_loss_tokens or (plan_only and labels),
-                                    share_prefix=scan.share_prefix, prefix_column=scan.prefix_column)
+                                    share_prefix=scan.share_prefix)
         if scan.share_prefix:
             index.shared = share_prefix_lengths(comm, index)
         scanned = Scanned(index, source, block_bounds)
@@ -392,32 +395,71 @@ def _assign(comm: Comm, planned: Planned, scanned: Scanned, spec: WriteSpec,
                          amplification=amplification)
 
 
-def _shard_format(config: PackConfig, specs: Specs, index: SequenceIndex) -> ShardFormat:
+def _shard_format(record: RunRecord, specs: Specs, index: SequenceIndex) -> ShardFormat:
     """How shards are written; their `packctl` metadata records the options themselves."""
-    # --resume is how a run executes, not what it writes: the shards do not record it.
-    content = dataclasses.replace(config, resume=False)
     mixture = specs.order.mixture
-    return ShardFormat(metadata=shard_metadata(content, index.labels_column, index.files),
-                       pad_token_id=specs.write.pad_token_id, budget=specs.write.memory_budget,
-                       keep_columns=specs.write.keep_columns, weight_column=specs.write.weight_column,
-                       plan_only=config.plan_only, limit_columns=specs.write.limit_columns,
+    return ShardFormat(metadata=record.shard_metadata(index.files), pad_token_id=specs.write.pad_token_id,
+                       budget=specs.write.memory_budget, carried=specs.write.carried, plan_only=record.plan_only,
                        source_starts=None if mixture is None else mixture.gid_starts,
                        share_prefix=specs.write.share_prefix)
 
 
+@dataclass(frozen=True)
+class _Decided:
+    """What preflight decides before a token is read, every option taken: each stage's spec
+    (`specs`, a blend's draw included), what the outputs record of the options (`record`),
+    INPUT's index, the run fingerprint and the shards `--resume` keeps; or only `note`, when OUT
+    already holds this run's output. Past preflight a run reads its options from here, never from
+    its PackConfig. `inputs`: INPUT as given, for messages."""
+
+    note: str | None = None
+    specs: Specs | None = None
+    record: RunRecord | None = None
+    index: SequenceIndex | None = None
+    fingerprint: dict | None = None
+    done: dict | None = None
+    inputs: tuple[str, ...] = ()
+    overwrite: bool = False
+
+
 def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGuard, faults: Faults | None
-               ) -> tuple[PackConfig, SequenceIndex | None, dict | None, dict | None, str | None, list[int] | None]:
+               ) -> _Decided:
     """Everything decided from options and Parquet footers, before any token is read: resolves
-    INPUT (`packctl.source.resolve`), takes the output lock, finishes or undoes a commit a crash
-    interrupted (output/commit.py `recover`), and decides what to do with what earlier runs left
-    (output/resume.py). Returns the config with its INPUT as the run records it (normalized), and
-    (index, fingerprint, the shards `--resume` keeps, None, where each --source's files start), or
-    (None, None, None, note, None) when OUT already holds this run's output."""
+    INPUT (`packctl.source.resolve`; the run records it normalized), takes the output lock,
+    finishes or undoes a commit a crash interrupted (output/commit.py `recover`), and decides what
+    to do with what earlier runs left (output/resume.py)."""
     reached = (faults or Faults()).reached
-    config = with_blend(config)
+    config, index, source_files, resolution = _indexed(with_blend(config), out)
+    record = RunRecord.of(config, index.labels_column, [f.path for f in index.files])
+    fingerprint = record.fingerprint(index.files, index.fingerprints)
+    decided = _Decided(specs=with_mixture(config.specs(index.labels_column), config, index, source_files),
+                       record=record, index=index, fingerprint=fingerprint, inputs=tuple(config.inputs),
+                       overwrite=config.overwrite)
+    if isinstance(out, StoreOutput):
+        with guard.deferred(stop_after=True):  # finishing an interrupted commit: a signal waits for it
+            found = out.settle(fingerprint, resume=config.resume, overwrite=config.overwrite)
+        return _found(decided, found, out)
+    check_output_location(out, inputs=[p for f in index.files for p in index.kind.partners(f.path)],
+                          input_dirs=[str(i) for i in config.inputs] or resolution.specs)
+    lock.acquire()
+    reached("lock:taken")
+    with guard.deferred(stop_after=True):  # finishing an interrupted commit: a signal waits for it
+        protocol.recover(out, reached)
+    found = inspect_output(out, fingerprint, resume=config.resume, overwrite=config.overwrite)
+    if found.publish:
+        with guard.deferred():
+            protocol.publish(out, overwrite=config.overwrite, reached=reached)
+        return _Decided(note=f"{out}: already complete: the interrupted run had written all of it; it is now in place")
+    return _found(decided, found, out)
+
+
+def _indexed(config: PackConfig, out: Path | StoreOutput
+             ) -> tuple[PackConfig, SequenceIndex, list[int] | None, Resolution]:
+    """The options checked and INPUT resolved and indexed (footers read, carried columns checked):
+    the config with INPUT as the run records it, the index, where each --source's files start
+    (None without a blend), and the resolution."""
     config.validate()
-    store = isinstance(out, StoreOutput)
-    if not store:
+    if not isinstance(out, StoreOutput):
         check_output_location(out)
     options = options_of(dataclasses.asdict(config))
     source_files = None
@@ -432,39 +474,20 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
         if config.resume:
             resolution = _spelled_as_earlier_run(out, resolution)
         config = dataclasses.replace(config, inputs=resolution.specs)
+    carried = config.carried()
     check_options(resolution, tokens_column=config.tokens_column, labels_column=config.labels_column,
-                  keep_columns=config.keep_columns, weight_column=config.weight_column,
-                  group_column=config.group_column, limits=config.limits)
-    index = index_inputs(resolution, options, tuple(config.keep_columns), config.weight_column, tuple(config.limits))
-    if config.group_column is not None:
-        index.group_starts = read_group_starts(index, config.group_column)
-    if store:
-        fingerprint = run_fingerprint(config, index)
-        with guard.deferred(stop_after=True):  # finishing an interrupted commit: a signal waits for it
-            found = out.settle(fingerprint, resume=config.resume, overwrite=config.overwrite)
-        return _decided(config, index, fingerprint, found, out, source_files)
-    check_output_location(out, inputs=[p for f in index.files for p in index.kind.partners(f.path)],
-                          input_dirs=[str(i) for i in config.inputs] or resolution.specs)
-    lock.acquire()
-    reached("lock:taken")
-    with guard.deferred(stop_after=True):  # finishing an interrupted commit: a signal waits for it
-        protocol.recover(out, reached)
-    fingerprint = run_fingerprint(config, index)
-    found = inspect_output(out, fingerprint, resume=config.resume, overwrite=config.overwrite)
-    if found.publish:
-        with guard.deferred():
-            protocol.publish(out, overwrite=config.overwrite, reached=reached)
-        return config, None, None, None, (f"{out}: already complete: the interrupted run had written all of it; "
-                                          "it is now in place"), None
-    return _decided(config, index, fingerprint, found, out, source_files)
+                  carried=carried)
+    index = index_inputs(resolution, options, carried)
+    if carried.group is not None:
+        index.group_starts = read_group_starts(index, carried.group)
+    return config, index, source_files, resolution
 
 
-def _decided(config: PackConfig, index: SequenceIndex, fingerprint: dict, found, out, source_files):
+def _found(decided: _Decided, found, out) -> _Decided:
     """`_preflight`'s answer once what earlier runs left is decided (`found`, an Outcome)."""
     if found.complete:
-        return (config, None, None, None, f"{out}: already complete with these inputs and options; nothing to do",
-                None)
-    return config, index, fingerprint, found.done, None, source_files
+        return _Decided(note=f"{out}: already complete with these inputs and options; nothing to do")
+    return dataclasses.replace(decided, done=found.done)
 
 
 def _refuse_output_in_reach(out: Path | StoreOutput, specs: list[str]) -> None:
@@ -511,20 +534,7 @@ def _json_file(path: Path, key: str | None = None) -> Any:
 
 
 def run_fingerprint(config: PackConfig, index: SequenceIndex) -> dict[str, Any]:
-    """What must not change between an interrupted run and its `--resume`: everything the shards
-    record (format, packctl version, config without execution-only options, layout, inputs) plus,
-    per input, what the run read of it: modification time and Parquet footer digest (a file
-    rewritten with the same size and mtime still changes its footer)."""
-    fingerprint = json.loads(shard_metadata(dataclasses.replace(config, resume=False), index.labels_column,
-                                            index.files))
-    for entry, read in zip(fingerprint["inputs"], index.fingerprints):
-        entry["mtime_ns"] = read.mtime_ns
-        entry["footer"] = read.footer
-    # A plan and the packs of the same options are two outputs (the shards' metadata leaves
-    # --plan-only out): neither is taken for the other by --resume.
-    fingerprint["kind"] = PLAN_KIND if config.plan_only else "packs"
-    if config.plan_only:
-        fingerprint["config"]["plan_only"] = True
-    if config.tokenizer is not None:  # the tokenizer as the manifest records it: a complete OUT compares it too
-        fingerprint["tokenization"] = [tokenization(index.options, [f.path for f in index.files])]
-    return fingerprint
+    """What must not change between an interrupted run of `config` over `index` and its
+    `--resume` (pipeline/manifest.py `RunRecord.fingerprint`)."""
+    record = RunRecord.of(config, index.labels_column, [f.path for f in index.files])
+    return record.fingerprint(index.files, index.fingerprints)

@@ -16,6 +16,7 @@ import numpy as np
 
 from packctl.arrays import offsets_of
 from packctl.source.files import FileFingerprint
+from packctl.specs import CarriedColumns
 
 IDX, BIN = ".idx", ".bin"
 
@@ -130,7 +131,9 @@ class SequenceIndex(RowsByGid):
     tokens_column: str
     labels_column: str | None
     gid_lo: int = 0
-    weight_column: str | None = None  # --weight-column: checked in every block scan decodes
+    # the input columns the run reads beside tokens and labels (specs.py): scan checks the weight
+    # column and reads the --limit columns (into `extra`) and the --prefix-column of every block
+    carried: CarriedColumns = CarriedColumns()
     # with `scan_blocks(count_loss_tokens=True)`: per gid of this rank, the labels that are not -100
     # after its first token (the loss tokens of the sequence as a whole piece of a pack)
     loss_tokens: np.ndarray | None = None
@@ -138,9 +141,8 @@ class SequenceIndex(RowsByGid):
     group_starts: np.ndarray | None = None
     # one per file: what the run first read of it; every later open checks the file against it
     fingerprints: list[FileFingerprint] = field(default_factory=list)
-    # --limit COL=N: the limited columns, in --limit order, read in every block scan decodes into
-    # `extra` (int64, one row per gid of this rank, one column each; None without --limit)
-    limit_columns: tuple[str, ...] = ()
+    # --limit COL=N: the values of `carried.limits`, int64, one row per gid of this rank, one
+    # column each in --limit order; None without --limit
     extra: np.ndarray | None = None
     # the `InputKind` that reads every file and the `InputOptions` it reads them with
     # (`packctl.source.kinds`): every later decode and message asks these, never a file's name
@@ -151,11 +153,16 @@ class SequenceIndex(RowsByGid):
     prefix_scan: Any = None
     shared: np.ndarray | None = None
 
+    @property
+    def limit_columns(self) -> tuple[str, ...]:
+        """The --limit columns, in --limit order (the columns of `extra`)."""
+        return self.carried.limits
+
     @classmethod
     def of_files(cls, files: list[InputFile], blocks: list[Block], fingerprints: list[FileFingerprint], *,
                  tokens_column: str, labels_column: str | None, **options) -> "SequenceIndex":
         """The index of `files` and their `blocks`, before scan: gid offsets from their rows, no
-        lengths yet. `options`: the other fields (weight_column, limit_columns, kind, options)."""
+        lengths yet. `options`: the other fields (carried, kind, options)."""
         return cls(files=files, file_offsets=offsets_of(np.array([f.rows for f in files], dtype=np.int64)),
                    blocks=blocks, block_offsets=offsets_of(np.array([b.rows for b in blocks], dtype=np.int64)),
                    lengths=np.zeros(0, np.int64), tokens_column=tokens_column, labels_column=labels_column,

@@ -52,6 +52,7 @@ from packctl.source.blocks import DecodedBlock
 from packctl.source.files import FileFingerprint, changed_error, file_kind
 from packctl.source.index import (Block, InputFile, Resolution, SequenceIndex, bin_of, describe_document,
                                   is_indexed)
+from packctl.specs import CarriedColumns
 
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -472,21 +473,17 @@ def index_inputs(resolution: Resolution, tokens_column: str, labels_column: str 
     return index
 
 
-# Options that name Parquet columns: a Megatron dataset has tokens only.
-_COLUMN_OPTIONS = ("keep_columns", "weight_column", "group_column", "labels_column", "limits")
-_FLAGS = {"limits": "--limit"}  # the options whose flag is not their name
-
-
-def check_options(resolution: Resolution, *, tokens_column: str = "input_ids", **columns) -> None:
+def check_options(resolution: Resolution, *, tokens_column: str = "input_ids", labels_column: str | None = None,
+                  carried: CarriedColumns = CarriedColumns()) -> None:
     """Refuse, for a Megatron input, the options that need Parquet columns: --tokens-column other
-    than input_ids, --labels-column, --keep-columns, --weight-column, --group-column, --limit."""
+    than input_ids, --labels-column, and every carried column (--keep-columns, --weight-column,
+    --group-column, --limit, --prefix-column)."""
     if not any(is_indexed(f.path) for f in resolution.files):
         return
-    given = [name for name in _COLUMN_OPTIONS if columns.get(name)]
-    if tokens_column != "input_ids":
-        given.insert(0, "tokens_column")
+    given = ((["--tokens-column"] if tokens_column != "input_ids" else []) + list(carried.given())
+             + (["--labels-column"] if labels_column else []))
     if given:
-        flag = _FLAGS.get(given[0], "--" + given[0].replace("_", "-"))
+        flag = given[0]
         raise PackctlError(f"{flag}: names a Parquet column, and {resolution.files[0].path} is a Megatron indexed "
                            "dataset (tokens only, loss on every token); drop the option, or pack Parquet input",
                            everywhere=True)

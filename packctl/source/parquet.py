@@ -28,6 +28,7 @@ from packctl.errors import PackctlError
 from packctl.source.blocks import DecodedBlock, first_outside_int32
 from packctl.source.files import FileFingerprint, _short, open_parquet, take_first_footer
 from packctl.source.index import Block, InputFile, Resolution, SequenceIndex
+from packctl.specs import CarriedColumns
 from packctl.contract.arrow import arrow_array, numpy_view
 from packctl.urls import is_url
 
@@ -393,11 +394,11 @@ def _open_all(resolution: Resolution) -> list[pq.ParquetFile | _Footer]:
 
 
 def index_parquet(resolution: Resolution, tokens_column: str, labels_column: str | None,
-                  keep_columns: tuple[str, ...] = (), weight_column: str | None = None,
-                  limit_columns: tuple[str, ...] = ()) -> SequenceIndex:
+                  carried: CarriedColumns = CarriedColumns()) -> SequenceIndex:
     """Read the footers and schemas of Parquet inputs: files, blocks and gids, no lengths yet.
     Each file is opened once, checked against the fingerprint the resolver took, and that
-    fingerprint is kept for every later open."""
+    fingerprint is kept for every later open; the kept, weight and --limit columns of `carried`
+    are checked in every file's schema (the group and prefix columns where they are read)."""
     opened = dict(zip((r.path for r in resolution.files), _open_all(resolution)))
     labels = resolve_labels_column({p: pf.schema_arrow for p, pf in opened.items()}, labels_column)
     files: list[InputFile] = []
@@ -408,17 +409,16 @@ def index_parquet(resolution: Resolution, tokens_column: str, labels_column: str
         file_blocks, rows = blocks_of(pf.metadata, f)
         schema = pf.schema_arrow
         check_list_column(path, schema, tokens_column, "tokens")
-        for column in keep_columns:
+        for column in carried.keep:
             check_kept_column(path, schema, column, kept_types)
-        if weight_column is not None:
-            check_weight_column(path, schema, weight_column)
-        for column in limit_columns:
+        if carried.weight is not None:
+            check_weight_column(path, schema, carried.weight)
+        for column in carried.limits:
             check_limit_column(path, schema, column)
         files.append(InputFile(path=path, rows=rows, bytes=resolved.fingerprint.size))
         blocks += file_blocks
     index = SequenceIndex.of_files(files, blocks, [r.fingerprint for r in resolution.files],
-                                   tokens_column=tokens_column, labels_column=labels, weight_column=weight_column,
-                                   limit_columns=tuple(limit_columns))
+                                   tokens_column=tokens_column, labels_column=labels, carried=carried)
     if index.num_sequences == 0:
         raise PackctlError(f"{', '.join(resolution.specs)}: the input holds no rows")
     return index

@@ -21,6 +21,7 @@ from packctl.source.index import Block, Resolution, SequenceIndex
 from packctl.source.kinds import InputKind, InputOptions
 from packctl.source.parquet import check_weights, compact_block, describe_block, read_limit_values
 from packctl.source.prefix import PrefixScan, block_prefixes, read_prefix_lengths
+from packctl.specs import CarriedColumns
 from packctl.urls import is_url
 
 STORE_READ_AHEAD = 8  # blocks of an object store's input decoded ahead of the scan (local files: 2)
@@ -108,21 +109,19 @@ class TokenSource:
                    fingerprints=index.fingerprints, kind=index.kind, options=index.options)
 
 
-def index_inputs(resolution: Resolution, options: InputOptions, keep_columns: tuple[str, ...] = (),
-                 weight_column: str | None = None, limit_columns: tuple[str, ...] = ()) -> SequenceIndex:
+def index_inputs(resolution: Resolution, options: InputOptions, carried: CarriedColumns = CarriedColumns()
+                 ) -> SequenceIndex:
     """The SequenceIndex of the resolved INPUT (`packctl.source.resolve.resolve`), by the kind the
     resolution chose (`packctl.source.kinds`): files, blocks and gids, no lengths yet; the index
-    carries that kind and the options, which every later reader of it uses."""
+    carries that kind, the options and the `carried` columns, which every later reader of it uses."""
     kind = resolution.kind
-    index = kind.index(resolution, options, keep_columns=keep_columns, weight_column=weight_column,
-                       limit_columns=limit_columns)
-    return dataclasses.replace(index, kind=kind, options=index.options or options)
+    index = kind.index(resolution, options, carried)
+    return dataclasses.replace(index, kind=kind, options=index.options or options, carried=carried)
 
 
 def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
                 progress=None, *, skip_empty: bool = False, pad_token_id: int | None = None,
-                count_loss_tokens: bool = False, share_prefix: bool = False,
-                prefix_column: str | None = None) -> tuple[SequenceIndex, TokenSource]:
+                count_loss_tokens: bool = False, share_prefix: bool = False) -> tuple[SequenceIndex, TokenSource]:
     """Decode and validate blocks [block_lo, block_hi): their lengths, and a token source that
     keeps as many of them as the budget allows, in compact form (`DecodedBlock.compact`).
     Decoding runs on a small thread pool (Parquet and the kernels release the GIL), results in
@@ -130,18 +129,20 @@ def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
     input tokens equal to it are counted in `source.tokens_equal_to_pad_id` (allowed, but worth
     knowing); with `count_loss_tokens`, `index.loss_tokens` (the step sums of --dp-size need them);
     with `index.limit_columns`, `index.extra` (their values, checked: `read_limit_values`); with
-    `share_prefix`, `index.prefix_scan` (what --share-prefix needs of every row: `PrefixScan`)."""
+    `share_prefix`, `index.prefix_scan` (what --share-prefix needs of every row: `PrefixScan`,
+    bounded by `index.carried.prefix` where the run names a prefix column)."""
     source = TokenSource.of_index(index, index.labels_column, budget, skip_empty=skip_empty)
     gid_lo, gid_hi = int(index.block_offsets[block_lo]), int(index.block_offsets[block_hi])
     lengths = np.zeros(gid_hi - gid_lo, dtype=np.int64)
     loss_tokens = np.zeros(gid_hi - gid_lo, dtype=np.int64) if count_loss_tokens else None
     limited = index.limit_columns
     extra = np.zeros((gid_hi - gid_lo, len(limited)), dtype=np.int64) if limited else None
+    prefix_column, weight_column = index.carried.prefix, index.carried.weight
     prefix = PrefixScan.empty(gid_hi - gid_lo, prefix_column is not None) if share_prefix else None
 
     def decode(block: Block) -> tuple[DecodedBlock, int, np.ndarray | None]:
-        if index.weight_column is not None:
-            check_weights(source.paths[block.file], block.row_group, block.first_row, index.weight_column,
+        if weight_column is not None:
+            check_weights(source.paths[block.file], block.row_group, block.first_row, weight_column,
                           index.fingerprint(block.file))
         costs = None
         if limited:

@@ -42,6 +42,7 @@ from packctl.source.parquet import check_limit_column, check_list_column, is_pla
 from packctl.source.scan import index_inputs, scan_blocks
 from packctl.source.resolve import resolve
 from packctl.source.groups import read_group_starts
+from packctl.specs import CarriedColumns
 from packctl.plan.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
 from packctl.plan.groups import group_ids
 from packctl.plan.windows import PackPlan
@@ -101,7 +102,8 @@ def read_lengths(inputs: list[str], tokens_column: str = "input_ids", group_colu
     """
     options = options or InputOptions(tokens_column)
     resolution = resolve(inputs, split=split, options=options)
-    check_options(resolution, tokens_column=tokens_column, group_column=group_column, limits=limit_columns)
+    check_options(resolution, tokens_column=tokens_column,
+                  carried=CarriedColumns(group=group_column, limits=tuple(limit_columns)))
     if resolution.kind is not PARQUET:
         return _kind_lengths(resolution, options, skip_empty)
     paths = resolution.paths
@@ -253,9 +255,8 @@ def shared_lengths(inputs: list[str], config: PackConfig, group_starts: np.ndarr
     decoded, each row compared with the one before it: pipeline/prefix.py)."""
     options = options_of(dataclasses.asdict(config))
     resolution = resolve(inputs, split=config.split, options=options)
-    index = index_inputs(resolution, options)
-    scanned, _ = scan_blocks(index, 0, len(index.blocks), 0, skip_empty=config.skip_empty, share_prefix=True,
-                             prefix_column=config.prefix_column)
+    index = index_inputs(resolution, options, CarriedColumns(prefix=config.prefix_column))
+    scanned, _ = scan_blocks(index, 0, len(index.blocks), 0, skip_empty=config.skip_empty, share_prefix=True)
     scanned.group_starts = group_starts
     return share_prefix_lengths(SingleComm(), scanned)
 

@@ -12,7 +12,8 @@ pair and `data/a.parquet`:
     scan_lengths(index, lo, hi)      lengths without decoding tokens (Megatron: from the .idx),
                                      or None where the kind has no cheap way
     describe(path, row, column)      'data/a.parquet row 3 column 'input_ids'', 'data/c.idx document 3'
-    check_options(resolution, ...)   refuse --weight-column and the like where the kind has no columns
+    check_options(resolution, ...)   refuse carried columns (--weight-column, ...: specs.py
+                                     `CarriedColumns`) where the kind has no columns
 
 Options a kind reads (column names, a tokenizer) travel in one frozen `InputOptions`: a kind
 that needs one more option adds a field here, not a parameter through the pipeline. A file's kind
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from packctl.errors import PackctlError
+from packctl.specs import CarriedColumns
 from packctl.tokenize.formats import Columns
 
 if TYPE_CHECKING:
@@ -100,9 +102,10 @@ class InputKind(Protocol):
         """The file as it is now: its fingerprint, its blocks (numbered as input f) and rows;
         with `expected`, refused in one line when it is not that file."""
 
-    def index(self, resolution: "Resolution", options: InputOptions, *, keep_columns: tuple[str, ...] = (),
-              weight_column: str | None = None, limit_columns: tuple[str, ...] = ()) -> "SequenceIndex":
-        """Files, blocks and gids of the resolved INPUT, the options checked; no lengths yet."""
+    def index(self, resolution: "Resolution", options: InputOptions,
+              carried: "CarriedColumns" = CarriedColumns()) -> "SequenceIndex":
+        """Files, blocks and gids of the resolved INPUT, the options and `carried` columns
+        checked; no lengths yet."""
 
     def decode(self, path: str, block: "Block", options: InputOptions, *, skip_empty: bool = False,
                check_values: bool = True, expected: "FileFingerprint | None" = None) -> "DecodedBlock":
@@ -115,9 +118,10 @@ class InputKind(Protocol):
     def describe(self, path: str, row: int, column: str | None = None) -> str:
         """How messages name a row of the file."""
 
-    def check_options(self, resolution: "Resolution", *, tokens_column: str = "input_ids", **columns) -> None:
-        """Refuse the options of pack and stats this kind cannot honour (keep_columns, weight_column,
-        group_column, labels_column, limits), naming the flag."""
+    def check_options(self, resolution: "Resolution", *, tokens_column: str = "input_ids",
+                      labels_column: str | None = None, carried: "CarriedColumns" = CarriedColumns()) -> None:
+        """Refuse the options of pack and stats this kind cannot honour (a column it has no way
+        to read: --tokens-column, --labels-column, `carried.given()`), naming the flag."""
 
 
 class OneFile:
@@ -175,7 +179,9 @@ from packctl.source.kinds.raw import RAW  # noqa: E402
 INPUT_KINDS: tuple[InputKind, ...] = (RAW, PARQUET, MEGATRON, JSONL)
 
 
-def check_options(resolution: "Resolution", **options) -> None:
+def check_options(resolution: "Resolution", *, tokens_column: str = "input_ids", labels_column: str | None = None,
+                  carried: CarriedColumns = CarriedColumns()) -> None:
     """Refuse, in one line, the options the kind of the resolved INPUT cannot honour (a Megatron
     dataset has no columns): `InputKind.check_options`."""
-    resolution.kind.check_options(resolution, **options)
+    resolution.kind.check_options(resolution, tokens_column=tokens_column, labels_column=labels_column,
+                                  carried=carried)

@@ -31,6 +31,7 @@ from packctl.source.blocks import DecodedBlock, first_outside_int32
 from packctl.source.files import FileFingerprint, changed_error, stat_unchanged
 from packctl.source.index import Block, InputFile, Resolution, SequenceIndex
 from packctl.source.kinds import InputOptions, OneFile
+from packctl.specs import CarriedColumns
 
 # the keys of the raw records `packctl tokenize` reads (text, chat, prompt-completion, preference)
 RAW_KEYS = frozenset({"text", "messages", "prompt", "completion", "chosen", "rejected"})
@@ -104,7 +105,8 @@ class JsonlKind(OneFile):
             first += n
         return fingerprint, blocks, rows
 
-    def index(self, resolution: Resolution, options: InputOptions, **checks) -> SequenceIndex:
+    def index(self, resolution: Resolution, options: InputOptions, carried: CarriedColumns = CarriedColumns()
+              ) -> SequenceIndex:
         labels = options.labels_column
         if labels is None:
             having = [r.path for r in resolution.files if "labels" in _first_keys(r.path)]
@@ -177,10 +179,9 @@ class JsonlKind(OneFile):
         where = f"{path} row {row}"
         return f"{where} column '{column}'" if column is not None else where
 
-    def check_options(self, resolution, *, tokens_column: str = "input_ids", **columns) -> None:
-        flags = {"keep_columns": "--keep-columns", "weight_column": "--weight-column",
-                 "group_column": "--group-column", "limits": "--limit"}
-        given = [flag for name, flag in flags.items() if columns.get(name)]
+    def check_options(self, resolution, *, tokens_column: str = "input_ids", labels_column: str | None = None,
+                      carried: CarriedColumns = CarriedColumns()) -> None:
+        given = list(carried.given())
         if given:
             raise PackctlError(f"{given[0]}: not read from JSONL input ({resolution.files[0].path}): packctl reads "
                                "the tokens and labels of JSONL; drop the option, or write the input as Parquet",

@@ -8,6 +8,8 @@ from packctl.source.blocks import DecodedBlock
 from packctl.source.files import FileFingerprint
 from packctl.source.index import BIN, IDX, Block, Resolution, SequenceIndex, bin_of, describe_document
 from packctl.source.kinds import InputOptions
+from packctl.specs import CarriedColumns
+from packctl.contract.schema import INPUT_IDS
 
 
 class MegatronKind:
@@ -29,7 +31,8 @@ class MegatronKind:
         with reader.open_pair(path, expected) as pair:
             return pair.fingerprint, reader.blocks_of(pair, f), pair.header.documents
 
-    def index(self, resolution: Resolution, options: InputOptions, **checks) -> SequenceIndex:
+    def index(self, resolution: Resolution, options: InputOptions, carried: CarriedColumns = CarriedColumns()
+              ) -> SequenceIndex:
         return reader.index_inputs(resolution, options.tokens_column, options.labels_column)
 
     def decode(self, path: str, block: Block, options: InputOptions, *, skip_empty: bool = False,
@@ -43,8 +46,9 @@ class MegatronKind:
     def describe(self, path: str, row: int, column: str | None = None) -> str:
         return describe_document(path, row)  # a Megatron dataset has documents, no columns
 
-    def check_options(self, resolution, **options) -> None:
-        reader.check_options(resolution, **options)
+    def check_options(self, resolution, *, tokens_column: str = INPUT_IDS, labels_column: str | None = None,
+                      carried: CarriedColumns = CarriedColumns()) -> None:
+        reader.check_options(resolution, tokens_column=tokens_column, labels_column=labels_column, carried=carried)
 
 
 MEGATRON = MegatronKind()

@@ -7,6 +7,7 @@ from packctl.source.blocks import DecodedBlock
 from packctl.source.files import FileFingerprint, open_parquet, read_fingerprint
 from packctl.source.index import Block, Resolution, SequenceIndex
 from packctl.source.kinds import InputOptions, OneFile
+from packctl.specs import CarriedColumns
 
 
 class ParquetKind(OneFile):
@@ -27,8 +28,9 @@ class ParquetKind(OneFile):
         blocks, rows = reader.blocks_of(meta, f)
         return fingerprint, blocks, rows
 
-    def index(self, resolution: Resolution, options: InputOptions, **checks) -> SequenceIndex:
-        return reader.index_parquet(resolution, options.tokens_column, options.labels_column, **checks)
+    def index(self, resolution: Resolution, options: InputOptions, carried: CarriedColumns = CarriedColumns()
+              ) -> SequenceIndex:
+        return reader.index_parquet(resolution, options.tokens_column, options.labels_column, carried)
 
     def decode(self, path: str, block: Block, options: InputOptions, *, skip_empty: bool = False,
                check_values: bool = True, expected: FileFingerprint | None = None) -> DecodedBlock:

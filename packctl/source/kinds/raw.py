@@ -35,6 +35,7 @@ from packctl.source.blocks import DecodedBlock
 from packctl.source.files import FileFingerprint, changed_error, stat_unchanged
 from packctl.source.index import Block, InputFile, Resolution, SequenceIndex
 from packctl.source.kinds import InputOptions, OneFile
+from packctl.specs import CarriedColumns
 from packctl.tokenize import rawfiles
 from packctl.contract.schema import INPUT_IDS as TOKENS, LABELS  # the columns `packctl tokenize` writes, as the index names them
 
@@ -149,7 +150,8 @@ class RawKind(OneFile):
             raise changed_error(path, "its bytes or the tokenizer differ from those read at the start of the run")
         return fingerprint, _blocks(raw, f), raw.records
 
-    def index(self, resolution: Resolution, options: InputOptions, **checks) -> SequenceIndex:
+    def index(self, resolution: Resolution, options: InputOptions, carried: CarriedColumns = CarriedColumns()
+              ) -> SequenceIndex:
         raws = [_indexed(r.path, r.fingerprint) for r in resolution.files]
         spec_of(options, raws)  # the format every file names, checked before a record is tokenized
         files = [InputFile(path=r.path, rows=raw.records, bytes=raw.size) for r, raw in zip(resolution.files, raws)]
@@ -188,10 +190,9 @@ class RawKind(OneFile):
     def describe(self, path: str, row: int, column: str | None = None) -> str:
         return f"{path} row {row}"  # a record has fields, not the token columns
 
-    def check_options(self, resolution, *, tokens_column: str = TOKENS, **columns) -> None:
-        flags = {"keep_columns": "--keep-columns", "weight_column": "--weight-column",
-                 "group_column": "--group-column", "limits": "--limit", "labels_column": "--labels-column"}
-        given = [flag for name, flag in flags.items() if columns.get(name)]
+    def check_options(self, resolution, *, tokens_column: str = TOKENS, labels_column: str | None = None,
+                      carried: CarriedColumns = CarriedColumns()) -> None:
+        given = list(carried.given()) + (["--labels-column"] if labels_column else [])
         if given or tokens_column != TOKENS:
             flag = given[0] if given else "--tokens-column"
             raise PackctlError(f"{flag}: not read from raw records ({resolution.files[0].path}): pack --tokenizer "

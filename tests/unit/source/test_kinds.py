@@ -14,7 +14,8 @@ import pytest
 from packctl import PackConfig, pack
 from packctl.errors import PackctlError
 from packctl.source import megatron
-from packctl.source.kinds import INPUT_KINDS, JSONL, MEGATRON, PARQUET, RAW, InputOptions, kind_of, kind_of_paths
+from packctl.source.kinds import (INPUT_KINDS, JSONL, MEGATRON, PARQUET, RAW, InputOptions, check_options, kind_of,
+                                  kind_of_paths)
 from packctl.source.kinds import jsonl as jsonl_kind
 from packctl.source.resolve import resolve
 from packctl.stats.whatif import read_lengths
@@ -160,3 +161,25 @@ def test_jsonl_verifies_plans_materializes_and_resumes_as_parquet_does(tmp_path,
     shards = {d: [p.read_bytes() for p in sorted((tmp_path / d / "data").glob("*.parquet"))] for d in ("out", "mat",
                                                                                                       "res")}
     assert len(shards["out"]) > 2 and shards["mat"] == shards["out"] == shards["res"]
+
+
+@pytest.mark.parametrize("carried, flag", [
+    (dict(keep_columns=["doc"]), "--keep-columns"), (dict(weight_column="w"), "--weight-column"),
+    (dict(group_column="g"), "--group-column"), (dict(limits={"images": 4}), "--limit"),
+    (dict(share_prefix=True, prefix_column="prompt_length"), "--prefix-column")])
+def test_every_carried_column_is_refused_by_a_kind_without_columns(tmp_path, monkeypatch, carried, flag):
+    """specs.py `CarriedColumns` declares the carried columns once: a kind that cannot read one
+    (JSONL, a Megatron pair) refuses each by its flag in one line, before a token is read."""
+    monkeypatch.chdir(tmp_path)
+    jsonl_file(tmp_path / "j/a.jsonl", [{"input_ids": [1, 2, 3]}] * 4)
+    write_pair(tmp_path / "m/a", [[np.arange(1, 9, dtype=np.int32)]] * 4)
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3]] * 4}), tmp_path / "a.parquet")
+    config = PackConfig(inputs=["j"], output="out", capacity=16, **carried)
+    for inputs, words in ((["j"], "not read from JSONL input"), (["m"], "names a Parquet column")):
+        with pytest.raises(PackctlError, match=rf"^{flag}: {words}"):
+            check_options(resolve(inputs), carried=config.carried())
+    check_options(resolve(["a.parquet"]), carried=config.carried())  # Parquet reads every carried column
+    if "prefix_column" not in carried:  # --share-prefix needs a group column: refused for that first
+        with pytest.raises(PackctlError, match=rf"^{flag}: not read from JSONL input"):
+            pack(config)
+        assert not (tmp_path / "out").exists()
