@@ -126,22 +126,48 @@ def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bo
         refuse_url(output, "output")
         out = Path(output)
         lock = OutputLock(out)
-    guard = SignalGuard()
-    opened: dict[str, Any] = {}
-    return run_guarded(comm, progress, out, lock, guard,
-                       lambda: _materialize(plan_path if is_url(plan_path) else Path(plan_path), out, overwrite, resume, memory_budget, token_transfer,
-                                            comm, progress, lock, guard, opened, faults),
-                       lambda: opened.get("output"), on_exit=lambda: opened["output"].close() if opened else None)
+    held = _Held(lock, SignalGuard(), faults)
+    execution = _Execution(overwrite=overwrite, resume=resume, token_transfer=token_transfer,
+                           budget=parse_bytes(memory_budget) if memory_budget is not None else default_memory_budget())
+    return run_guarded(comm, progress, out, lock, held.guard,
+                       lambda: _materialize(plan_path if is_url(plan_path) else Path(plan_path), out, execution, comm,
+                                            progress, held),
+                       lambda: held.output, on_exit=lambda: held.output.close() if held.output is not None else None)
 
 
-def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memory_budget, token_transfer: str,
-                 comm: Comm, progress: Progress, lock: OutputLock, guard: SignalGuard, opened: dict,
-                 faults: Faults | None) -> PackResult:
+@dataclass(frozen=True)
+class _Execution:
+    """How `materialize_plan` runs, never what it writes: the options its manifest records beside
+    the plan's (`recorded`)."""
+
+    overwrite: bool
+    resume: bool
+    budget: int  # --memory-budget in bytes
+    token_transfer: str
+
+    def recorded(self, out) -> dict[str, Any]:
+        return {"output": str(out), "overwrite": self.overwrite, "memory_budget": self.budget,
+                "resume": self.resume, "token_transfer": self.token_transfer}
+
+
+@dataclass
+class _Held:
+    """What a run holds while it runs, released however it ends (`runtime.run_guarded`): the
+    output lock, the signal guard, the simulated faults (tests), and the output once opened."""
+
+    lock: OutputLock
+    guard: SignalGuard
+    faults: Faults | None
+    output: Any = None
+
+
+def _materialize(plan_path: Path, out: Path, execution: _Execution, comm: Comm, progress: Progress,
+                 held: _Held) -> PackResult:
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    budget = parse_bytes(memory_budget) if memory_budget is not None else default_memory_budget()
-    fingerprint, done, note = broadcast_outcome(comm, lambda: _preflight(plan_path, out, lock, guard, faults,
-                                                                          overwrite=overwrite, resume=resume))
+    overwrite, budget = execution.overwrite, execution.budget
+    fingerprint, done, note = broadcast_outcome(comm, lambda: _preflight(
+        plan_path, out, held.lock, held.guard, held.faults, overwrite=overwrite, resume=execution.resume))
     if note is not None:
         return already_complete(out, note) if comm.rank == 0 else PackResult(output=out, counts={}, metrics={},
                                                                         timings={}, note=note)
@@ -161,8 +187,8 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
     scanned = Scanned(index, source, block_bounds)
     amplification = read_amplification(comm, job.plan, index) if comm.size > 1 else 1.0
     config = plan.manifest.get("config", {})
-    read_own = choose_read_own(token_transfer, amplification, config.get("order", "input"), comm.size)
-    output = opened["output"] = open_partial_output(comm, out, overwrite, fingerprint, done, faults)
+    read_own = choose_read_own(execution.token_transfer, amplification, config.get("order", "input"), comm.size)
+    output = held.output = open_partial_output(comm, out, overwrite, fingerprint, done, held.faults)
     fmt = ShardFormat(metadata=plan.metadata, pad_token_id=int(plan.manifest["layout"]["pad_token_id"]),
                       budget=budget, carried=CarriedColumns(limits=plan_limits(plan.manifest)))
     with timed(timings, "materialize"):
@@ -179,13 +205,11 @@ def _materialize(plan_path: Path, out: Path, overwrite: bool, resume: bool, memo
         comm.barrier()
         return PackResult(output=out, counts={}, metrics={"ranks": ranks}, timings=timings)
     by_number = {n: info for part in shards for n, info in part.items()}
-    execution = {"output": str(out), "overwrite": overwrite, "memory_budget": budget, "resume": resume,
-                 "token_transfer": token_transfer}
     run = _RunFigures(ranks, timings, resumed_shards=len(done or {}),
                       resumed_tokens=sum(e.tokens for e in (done or {}).values()), blocks=len(index.blocks),
                       tokens_equal_to_pad_id=pad_like)
-    reports, manifests, entries = _reports(plan, by_number, run, execution)
-    with guard.deferred():  # from here a signal waits: the output is moments from complete
+    reports, manifests, entries = _reports(plan, by_number, run, execution.recorded(out))
+    with held.guard.deferred():  # from here a signal waits: the output is moments from complete
         output.commit(reports=reports, manifests=manifests, shards=entries, overwrite=overwrite)
     comm.barrier()
     metrics = reports[0][1]
