@@ -24,12 +24,17 @@ ROOT = Path(__file__).resolve().parent.parent
 LONG, WIDE = 80, 8
 
 # "module:function" -> why its width stays: a typer command's parameters are its options, one each,
-# as `--help` lists them; grouping them would move typer's parsing into code of packctl's own.
+# as `--help` lists them; grouping them would move typer's parsing into code of packctl's own. The
+# same holds for a declaration whose keywords are what it declares, and for a public API's options.
 EXEMPT = {
     "packctl/cli/tokenize.py:tokenize_command": "a typer command: its parameters are its options",
     "packctl/cli/sample.py:sample_command": "a typer command: its parameters are its options",
     "packctl/cli/verify.py:verify_command": "a typer command: its parameters are its options",
     "packctl/cli/export.py:export_command": "a typer command: its parameters are its options",
+    "packctl/config.py:option": "declares a PackConfig option: each keyword is one attribute of it (help, panel, "
+                                "flag, ...), named at every field",
+    "packctl/pipeline/from_plan.py:materialize_plan": "the Python API of `packctl materialize`: its keyword "
+                                                      "parameters are the command's options, as pack's are PackConfig's",
 }
 
 

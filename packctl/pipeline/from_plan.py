@@ -181,7 +181,7 @@ def _materialize(plan_path: Path, out: Path, execution: _Execution, comm: Comm, 
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     planned = source.digests  # what the plan's scan read of each block
     with timed(timings, "scan"):
-        index, source = scan_blocks(index, lo, hi, budget, skip_empty=source.skip_empty,
+        index, source = scan_blocks(index, range(lo, hi), budget, skip_empty=source.skip_empty,
                                     pad_token_id=int(plan.manifest["layout"]["pad_token_id"]))
     source.refuse_changed(index.blocks, planned, f"the plan {plan.outputs[0].manifest_file} read")
     scanned = Scanned(index, source, block_bounds)

@@ -339,7 +339,7 @@ def _scan(comm: Comm, index: SequenceIndex, specs: Specs, progress: Progress,
     else:
         labels = index.labels_column is not None
         budget = 0 if plan_only and not labels else scan.memory_budget  # 0: no decoded block kept
-        index, source = scan_blocks(index, lo, hi, budget, progress=stage, skip_empty=scan.skip_empty,
+        index, source = scan_blocks(index, range(lo, hi), budget, progress=stage, skip_empty=scan.skip_empty,
                                     pad_token_id=scan.pad_token_id,
                                     count_loss_tokens=scan.count_loss_tokens or (plan_only and labels),
                                     share_prefix=scan.share_prefix)

@@ -20,7 +20,6 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from packctl.arrays import Scratch
 from packctl.contract.arrow import arrow_array
 from packctl.contract.schema import (SAMPLE_IDS, SEQ_LENS, SEQ_LENS_PADDED, SEQ_STARTS, TOKEN_COLUMNS,
                                      column_order)
@@ -55,20 +54,9 @@ def place_from_blocks(index: SequenceIndex, gids: np.ndarray, starts: np.ndarray
     return place
 
 
-def build_from_source(index: SequenceIndex, bin_offsets: np.ndarray, piece_gid: np.ndarray, piece_start: np.ndarray,
-                      piece_len: np.ndarray, piece_padded: np.ndarray, pack_lens: np.ndarray,
-                      block: Callable[[int], DecodedBlock], *, pad_token_id: int,
-                      scratch: Scratch | None = None) -> PackRows:
-    """The packs of pieces (gid, start, len, padded len), pack p holding pieces
-    bin_offsets[p]:bin_offsets[p + 1], their tokens gathered from the source (`place_from_blocks`)."""
-    return lay_out_packs(bin_offsets, piece_len, piece_padded, piece_gid, pack_lens,
-                         place_from_blocks(index, piece_gid, piece_start, piece_len, block),
-                         pad_token_id=pad_token_id, scratch=scratch)
-
-
 def plan_rows(table: pa.Table, block: "BlockCache", pad_token_id: int) -> PackRows:
     """The packs of a plan's table (its rows: seq_lens, seq_lens_padded, sample_ids, seq_starts)
-    with their token columns gathered from the source."""
+    with their token columns gathered from the source (`place_from_blocks`)."""
     lens = table.column(SEQ_LENS).combine_chunks()
     bin_offsets = lens.offsets.to_numpy().astype(np.int64)
     bin_offsets -= bin_offsets[0]  # a slice of a table starts its list offsets anywhere
@@ -76,9 +64,9 @@ def plan_rows(table: pa.Table, block: "BlockCache", pad_token_id: int) -> PackRo
             for name in (SEQ_LENS, SEQ_LENS_PADDED, SAMPLE_IDS, SEQ_STARTS)}
     padded = flat[SEQ_LENS_PADDED]
     sums = np.concatenate([[0], np.cumsum(padded)])
-    return build_from_source(block.index, bin_offsets, flat[SAMPLE_IDS], flat[SEQ_STARTS],
-                             flat[SEQ_LENS], padded, sums[bin_offsets[1:]] - sums[bin_offsets[:-1]], block,
-                             pad_token_id=pad_token_id)
+    place = place_from_blocks(block.index, flat[SAMPLE_IDS], flat[SEQ_STARTS], flat[SEQ_LENS], block)
+    return lay_out_packs(bin_offsets, flat[SEQ_LENS], padded, flat[SAMPLE_IDS],
+                         sums[bin_offsets[1:]] - sums[bin_offsets[:-1]], place, pad_token_id=pad_token_id)
 
 
 def with_tokens(table: pa.Table, block: "BlockCache", pad_token_id: int) -> pa.Table:

@@ -5,7 +5,7 @@ materialize (`TokenSource`).
 This module sits above `source/kinds/`: it asks the kind an index carries, and no kind imports it.
 
     resolve(INPUT, options)  ->  Resolution (files, kind)  ->  index_inputs  ->  SequenceIndex
-    scan_blocks(index, lo, hi, budget)  ->  lengths of gids in blocks [lo, hi), TokenSource
+    scan_blocks(index, range(lo, hi), budget)  ->  lengths of gids in blocks [lo, hi), TokenSource
 """
 from __future__ import annotations
 
@@ -119,10 +119,10 @@ def index_inputs(resolution: Resolution, options: InputOptions, carried: Carried
     return dataclasses.replace(index, kind=kind, options=index.options or options, carried=carried)
 
 
-def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
-                progress=None, *, skip_empty: bool = False, pad_token_id: int | None = None,
-                count_loss_tokens: bool = False, share_prefix: bool = False) -> tuple[SequenceIndex, TokenSource]:
-    """Decode and validate blocks [block_lo, block_hi): their lengths, and a token source that
+def scan_blocks(index: SequenceIndex, blocks: range, budget: int, progress=None, *, skip_empty: bool = False,
+                pad_token_id: int | None = None, count_loss_tokens: bool = False,
+                share_prefix: bool = False) -> tuple[SequenceIndex, TokenSource]:
+    """Decode and validate `blocks` (a rank's run of them): their lengths, and a token source that
     keeps as many of them as the budget allows, in compact form (`DecodedBlock.compact`).
     Decoding runs on a small thread pool (Parquet and the kernels release the GIL), results in
     order. With `skip_empty`, empty rows get length 0 instead of an error; with `pad_token_id`,
@@ -132,6 +132,7 @@ def scan_blocks(index: SequenceIndex, block_lo: int, block_hi: int, budget: int,
     `share_prefix`, `index.prefix_scan` (what --share-prefix needs of every row: `PrefixScan`,
     bounded by `index.carried.prefix` where the run names a prefix column)."""
     source = TokenSource.of_index(index, index.labels_column, budget, skip_empty=skip_empty)
+    block_lo, block_hi = blocks.start, blocks.stop
     gid_lo, gid_hi = int(index.block_offsets[block_lo]), int(index.block_offsets[block_hi])
     lengths = np.zeros(gid_hi - gid_lo, dtype=np.int64)
     loss_tokens = np.zeros(gid_hi - gid_lo, dtype=np.int64) if count_loss_tokens else None

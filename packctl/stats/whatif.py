@@ -212,7 +212,7 @@ def _kind_lengths(resolution, options: InputOptions, skip_empty: bool) -> Length
     index = index_inputs(resolution, options)
     scanned = index.kind.scan_lengths(index, 0, len(index.blocks), skip_empty=skip_empty)
     if scanned is None:  # empty rows refused by the kind as `pack` refuses them
-        scanned, _ = scan_blocks(index, 0, len(index.blocks), 0, skip_empty=skip_empty)
+        scanned, _ = scan_blocks(index, range(len(index.blocks)), 0, skip_empty=skip_empty)
     lengths = LengthIndex(files=index.files, file_offsets=index.file_offsets, lengths=scanned.lengths,
                           tokens_column=index.tokens_column, fingerprints=index.fingerprints, kind=index.kind)
     return lengths
@@ -256,7 +256,7 @@ def shared_lengths(inputs: list[str], config: PackConfig, group_starts: np.ndarr
     options = options_of(dataclasses.asdict(config))
     resolution = resolve(inputs, split=config.split, options=options)
     index = index_inputs(resolution, options, CarriedColumns(prefix=config.prefix_column))
-    scanned, _ = scan_blocks(index, 0, len(index.blocks), 0, skip_empty=config.skip_empty, share_prefix=True)
+    scanned, _ = scan_blocks(index, range(len(index.blocks)), 0, skip_empty=config.skip_empty, share_prefix=True)
     scanned.group_starts = group_starts
     return share_prefix_lengths(SingleComm(), scanned)
 
