@@ -729,32 +729,36 @@ class PackConfig:
                 **({"balance_cost": self.balance_cost} if self.balance_cost is not None else {})}
 
     def to_dict(self) -> dict[str, Any]:
-        """Every option, resolved where a default depends on others (for the manifest)."""
+        """Every option, resolved where a default depends on others (for the manifest). An option
+        that changes nothing at its default is left out there (`--epochs 1`, `--pack-order` planner,
+        `--group-scope pack`, no --plan-only, --limit, --balance-cost, tokenizer, blend or
+        --share-prefix): what a run records, and so its shards' bytes, depends only on the options
+        it uses."""
         out = dataclasses.asdict(self)
         out["pack_multiple"] = self.resolved_pack_multiple
         out["memory_budget"] = self.resolved_memory_budget
-        if self.epochs == 1:  # one epoch is the output packctl wrote before --epochs: the same bytes
+        if self.epochs == 1:
             del out["epochs"]
         out["pack_order"] = self.resolved_pack_order
-        if out["pack_order"] == "planner":  # the order every output had before --pack-order: the same bytes
+        if out["pack_order"] == "planner":
             del out["pack_order"]
-        if self.group_scope == "pack":  # the scope every output had before --group-scope: the same bytes
+        if self.group_scope == "pack":
             del out["group_scope"]
-        if not self.plan_only:  # the packs themselves, as every output was before --plan-only
+        if not self.plan_only:
             del out["plan_only"]
-        if not self.limits:  # no budget besides tokens: the config every output had before --limit
+        if not self.limits:
             del out["limits"]
-        if self.balance_cost is None:  # balancing one cost, as every output was before --balance-cost
+        if self.balance_cost is None:
             del out["balance_cost"]
-        if self.tokenizer is None:  # the tokenization options mean nothing without one: the same bytes
+        if self.tokenizer is None:  # the tokenization options mean nothing without a tokenizer
             for key in TOKENIZE_OPTIONS:
                 del out[key]
-        if not self.sources and self.blend is None:  # one input, no blend: the options of a blend are left out
+        if not self.sources and self.blend is None:  # the options of a blend mean nothing without one
             for name in MIXTURE_OPTIONS:
                 del out[name]
         else:
             out["sources"] = {entry.name: entry.as_dict() for entry in self.source_entries()}
-        if not self.share_prefix:  # every row stored whole, as every output without --share-prefix
+        if not self.share_prefix:
             del out["share_prefix"], out["prefix_column"]
         return out
 
