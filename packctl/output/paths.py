@@ -5,6 +5,21 @@ import os
 from pathlib import Path
 
 from packctl.errors import PackctlError
+from packctl.urls import is_url
+
+
+def is_store_output(output: object) -> bool:
+    """Whether `-o` names a store packctl writes (`s3://...`); packctl.store is loaded for URLs only."""
+    if not is_url(output):
+        return False
+    from packctl.store import is_written_url
+    return is_written_url(output)
+
+
+def on_store(out: object) -> bool:
+    """Whether a run's OUT is on an object store: a local OUT is a Path, a store's an
+    output/stored.py `StoreOutput` (that module loads only for `-o s3://...`)."""
+    return not isinstance(out, Path)
 
 
 def check_output_path(out: Path, *, overwrite: bool, inputs: list[str] | None = None,

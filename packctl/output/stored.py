@@ -53,18 +53,9 @@ from packctl.errors import PackctlError
 from packctl.output.journal import BLOCKS_FILE, JOURNAL, RUN_FILE, differences, journal_entries, journal_line
 from packctl.output.outdir import Faults, OutputDir, StagedShard
 from packctl.output.resume import Outcome
-from packctl.urls import is_url
 
 _RUN_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
 _RUN_PREFIX = re.compile(rf"^{RUNS_DIR}/\d{{8}}T\d{{6}}Z-[0-9a-f]{{8}}/$")
-
-
-def is_store_output(output: object) -> bool:
-    """Whether `-o` names a store packctl writes (`s3://...`); packctl.store is loaded for URLs only."""
-    if not is_url(output):
-        return False
-    from packctl.store import is_written_url
-    return is_written_url(output)
 
 
 def new_run_id() -> str:

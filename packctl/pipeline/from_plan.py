@@ -24,7 +24,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -43,9 +43,8 @@ from packctl.mpi.comm import Comm, broadcast_outcome, get_comm
 from packctl.output import commit as protocol
 from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults
-from packctl.output.paths import check_output_location
+from packctl.output.paths import check_output_location, is_store_output, on_store
 from packctl.output.resume import inspect_output
-from packctl.output.stored import StoreOutput, is_store_output, refuse_on_store
 from packctl.pipeline.manifest import PLAN_KIND
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.pipeline.outcome import PackResult, already_complete, open_partial_output
@@ -57,6 +56,9 @@ from packctl.source.scan import scan_blocks
 from packctl.source.kinds import input_files
 from packctl.source.pieces import plan_source
 from packctl.specs import CarriedColumns
+
+if TYPE_CHECKING:
+    from packctl.output.stored import StoreOutput
 
 # What a plan's shards hold besides the per-pack and per-sequence values the writer computes again
 # from the pieces (PACK_COLUMNS, seq_lengths and the loss columns): read back, they are written as
@@ -120,6 +122,8 @@ def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bo
             refuse_url(plan_path, "input")
     progress = progress if (progress is not None and comm.rank == 0) else Progress()
     if is_store_output(output):  # OUT on a store: no lock, its commit is one PUT (output/stored.py)
+        from packctl.output.stored import StoreOutput, refuse_on_store
+
         refuse_on_store(str(output), epochs=1, ranks=comm.size)
         out = lock = StoreOutput(str(output))
     else:
@@ -222,7 +226,7 @@ def _preflight(plan_path: Path, out: Path, lock: OutputLock, guard: SignalGuard,
     commit finished or undone, and what earlier runs left decided (as `pack`'s preflight).
     Returns (fingerprint, the shards --resume keeps, None) or (None, None, note)."""
     reached = (faults or Faults()).reached
-    if isinstance(out, StoreOutput):
+    if on_store(out):
         return _settle_on_store(plan_path, out, guard, overwrite=overwrite, resume=resume)
     out_real, plan_real = os.path.realpath(out), os.path.realpath(plan_path)
     if out_real == plan_real or plan_real.startswith(out_real + os.sep) or out_real.startswith(plan_real + os.sep):
@@ -255,6 +259,8 @@ def _settle_on_store(plan_path: Path, out: StoreOutput, guard: SignalGuard, *, o
     the plan of one epoch only."""
     plan = open_plan(plan_path)
     if len(plan.outputs) > 1:
+        from packctl.output.stored import refuse_on_store
+
         refuse_on_store(str(out), epochs=len(plan.outputs), ranks=1)
     plan_source(plan.manifest, plan.outputs[0].manifest_file)
     fingerprint = materialized_fingerprint(plan)

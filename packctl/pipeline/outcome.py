@@ -11,13 +11,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packctl.contract.manifest import METRICS, ShardEntry
 from packctl.mpi.comm import Comm, broadcast_outcome
 from packctl.output import commit as protocol
 from packctl.output.outdir import Faults, OutputDir
-from packctl.output.stored import StoreOutput, StoreOutputDir
+from packctl.output.paths import on_store
+
+if TYPE_CHECKING:
+    from packctl.output.stored import StoreOutput
 
 __all__ = ["PackResult", "already_complete", "open_partial_output"]
 
@@ -40,7 +43,7 @@ class PackResult:
 
 def already_complete(out: Path | StoreOutput, note: str) -> PackResult:
     """The result of a run whose output OUT already holds: OUT's counts, metrics and shards."""
-    if isinstance(out, StoreOutput):
+    if on_store(out):
         metrics, shards = out.committed_report()
     else:
         metrics = json.loads((out / METRICS).read_text())
@@ -53,7 +56,9 @@ def open_partial_output(comm: Comm, out: Path, overwrite: bool, fingerprint: dic
                  faults: Faults | None) -> OutputDir:
     """Rank 0 creates (or, resuming, cleans) the partial output directory; every rank writes its
     shards into it, skipping those in `done`."""
-    if isinstance(out, StoreOutput):  # one process writes a store output (refused under MPI before)
+    if on_store(out):  # one process writes a store output (refused under MPI before)
+        from packctl.output.stored import StoreOutputDir
+
         return StoreOutputDir.create(out, fingerprint=fingerprint, done=done, faults=faults)
     created: dict[str, OutputDir] = {}
 

@@ -29,7 +29,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -54,9 +54,8 @@ from packctl.output import commit as protocol
 from packctl.output.journal import RUN_FILE, partial_dir, read_block_digests
 from packctl.output.lock import OutputLock
 from packctl.output.outdir import Faults, OutputDir
-from packctl.output.paths import check_output_location
+from packctl.output.paths import check_output_location, is_store_output, on_store
 from packctl.output.resume import inspect_output
-from packctl.output.stored import StoreOutput, is_store_output, refuse_on_store
 from packctl.pipeline.outcome import PackResult, already_complete, open_partial_output
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.plan.order import epoch_seed
@@ -70,6 +69,9 @@ from packctl.pipeline.report import (Corpus, RankSummary, Transfer, epochs_index
 from packctl.runtime import (Progress, RunInterrupted, SignalGuard, in_background, job_stage, run_guarded,
                                       timed)
 from packctl.source.index import Resolution, SequenceIndex
+
+if TYPE_CHECKING:
+    from packctl.output.stored import StoreOutput
 
 __all__ = ["PackResult", "Progress", "RunInterrupted", "pack", "run_fingerprint"]
 
@@ -100,6 +102,8 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
     config.check_types()  # OUT's path is used at once: a value of the wrong type is refused first
     progress = progress if (progress is not None and comm.rank == 0) else Progress()
     if is_store_output(config.output):  # OUT on a store: no lock, its commit is one PUT (output/stored.py)
+        from packctl.output.stored import StoreOutput, refuse_on_store
+
         refuse_on_store(config.output, epochs=config.epochs, ranks=comm.size)
         out = lock = StoreOutput(config.output)
     else:
@@ -368,7 +372,7 @@ def _block_digests(comm: Comm, scanned: Scanned) -> list[int] | None:
 def _check_blocks_unchanged(out: Path, index: SequenceIndex, digests: list[int]) -> None:
     """`--resume` keeps shards an earlier run wrote from its blocks: each block must hold what it
     held then (a file rewritten with the same size, modification time and footer does not)."""
-    store = isinstance(out, StoreOutput)
+    store = on_store(out)
     recorded = out.recorded_blocks if store else read_block_digests(partial_dir(out))
     where = out.url(out.run_prefix.rstrip("/")) if store else partial_dir(out)
     if recorded is None or len(recorded) != len(digests):
@@ -435,7 +439,7 @@ def _preflight(config: PackConfig, out: Path, lock: OutputLock, guard: SignalGua
     decided = _Decided(specs=with_mixture(config.specs(index.labels_column), config, index, source_files),
                        record=record, index=index, fingerprint=fingerprint, inputs=tuple(config.inputs),
                        overwrite=config.overwrite)
-    if isinstance(out, StoreOutput):
+    if on_store(out):
         with guard.deferred(stop_after=True):  # finishing an interrupted commit: a signal waits for it
             found = out.settle(fingerprint, resume=config.resume, overwrite=config.overwrite)
         return _found(decided, found, out)
@@ -459,7 +463,7 @@ def _indexed(config: PackConfig, out: Path | StoreOutput
     the config with INPUT as the run records it, the index, where each --source's files start
     (None without a blend), and the resolution."""
     config.validate()
-    if not isinstance(out, StoreOutput):
+    if not on_store(out):
         check_output_location(out)
     options = options_of(dataclasses.asdict(config))
     source_files = None
@@ -493,7 +497,7 @@ def _found(decided: _Decided, found, out) -> _Decided:
 def _refuse_output_in_reach(out: Path | StoreOutput, specs: list[str]) -> None:
     """An OUT that an INPUT pattern matches would be read as input by the next run of the same
     command (and its partial directory by `--resume`): as for an OUT inside an input directory."""
-    if isinstance(out, StoreOutput):
+    if on_store(out):
         out.check_location(specs)
         return
     for shard in (out / DATA_DIR / "train-00000.parquet", out / epoch_dir(0) / DATA_DIR / "train-00000.parquet",
@@ -510,7 +514,7 @@ def _spelled_as_earlier_run(out: Path, resolution: Resolution) -> Resolution:
     completed, OUT's manifest), so the shards it writes carry the same metadata as those it keeps,
     and a completed OUT is recognised. Other inputs are left as they are (and refused by the
     fingerprint check)."""
-    if isinstance(out, StoreOutput):
+    if on_store(out):
         records = out.earlier_records()
     else:
         records = [_json_file(partial_dir(out) / RUN_FILE, "fingerprint"), _json_file(out / MANIFEST)]
