@@ -341,20 +341,10 @@ def _local_search(pack_of, rank, padded, costs, movable, counts, spec: BalanceSp
     lowers the larger of the two; every move keeps each pack within capacity, max_seqs and, with
     `extra` (pieces x k), every limit of `spec.limits`."""
     d = spec.dp_size
-    packs = len(rank)
-    pack_of = pack_of.copy()
-    load = np.bincount(pack_of, weights=padded, minlength=packs).astype(np.int64)
-    budgets = None
-    if extra is not None and spec.limits:
-        extra = np.asarray(extra, dtype=np.int64)
-        extra_load = np.zeros((packs, extra.shape[1]), dtype=np.int64)
-        np.add.at(extra_load, pack_of, extra)
-        budgets = (extra, extra_load, np.asarray(spec.limits, dtype=np.int64))
-    count = np.bincount(pack_of, minlength=packs)
-    max_seqs = spec.max_seqs_per_bin or (len(pack_of) + 1)
-    rank_cost = np.bincount(rank, weights=np.bincount(pack_of, weights=costs, minlength=packs), minlength=d)
+    packs = _StepPacks.of(pack_of, rank, padded, costs, movable, spec, extra)
+    rank_cost = np.bincount(rank, weights=np.bincount(packs.pack_of, weights=costs, minlength=len(rank)),
+                            minlength=d)
     iterations = spec.max_iterations if spec.max_iterations is not None else 16 * d
-    padded = np.asarray(padded, dtype=np.int64)
     tolerance = 1e-9 * max(float(rank_cost.max()), 1.0)
     for _ in range(iterations):
         h = int(np.argmax(rank_cost))
@@ -363,86 +353,136 @@ def _local_search(pack_of, rank, padded, costs, movable, counts, spec: BalanceSp
             gap = rank_cost[h] - rank_cost[low]
             if low == h or gap <= tolerance:
                 break
-            move = _best_transfer(h, low, gap, pack_of, rank, padded, costs, movable, load, count, max_seqs,
-                                  spec.capacity, budgets)
+            move = packs.best_transfer(h, low, gap)
             if move is None:
                 continue
-            x, target, y = move
-            px = pack_of[x]
-            pack_of[x] = target
-            load[px] -= padded[x]
-            load[target] += padded[x]
-            count[px] -= 1
-            count[target] += 1
-            delta = costs[x]
-            if budgets is not None:
-                budgets[1][px] -= budgets[0][x]
-                budgets[1][target] += budgets[0][x]
-                if y >= 0:
-                    budgets[1][target] -= budgets[0][y]
-                    budgets[1][px] += budgets[0][y]
-            if y >= 0:
-                pack_of[y] = px
-                load[target] -= padded[y]
-                load[px] += padded[y]
-                count[target] -= 1
-                count[px] += 1
-                delta -= costs[y]
+            delta = packs.transfer(*move)
             rank_cost[h] -= delta
             rank_cost[low] += delta
             done = False
             break
         if done:
             break
-    return pack_of
+    return packs.pack_of
 
 
-def _best_transfer(h, low, gap, pack_of, rank, padded, costs, movable, load, count, max_seqs, capacity,
-                   budgets=None):
-    """The move (x -> a pack of `low`) or swap (x <-> y) that best splits `gap`: transfers cost
-    t with 0 < t < gap, maximizing min(t, gap - t). None when no feasible one lowers the max.
-    `budgets` (extra, extra_load, limits): a transfer must also keep both packs within every limit."""
-    piece_rank = rank[pack_of]
-    xs = np.flatnonzero((piece_rank == h) & movable)
-    if len(xs) == 0:
-        return None
-    low_packs = np.flatnonzero(rank == low)
-    best_score, best = 0.0, None
-    # moves: x leaves a pack that keeps at least one piece, into the fullest low pack it fits
-    can_leave = xs[count[pack_of[xs]] > 1]
-    open_packs = low_packs[count[low_packs] < max_seqs]
-    if len(can_leave) and len(open_packs):
-        room = capacity - load[open_packs]
-        t = costs[can_leave]
-        fits = padded[can_leave][:, None] <= room[None, :]
-        if budgets is not None:
-            extra, extra_load, limits = budgets
+@dataclass
+class _StepPacks:
+    """One step's packs as the local search changes them: the pack of each piece (`pack_of`,
+    updated in place) and each pack's rank, padded load and count of pieces, with what a transfer
+    must keep: `capacity`, `max_seqs` and, with limits, `budgets` (extra: pieces x k, extra_load:
+    packs x k, limits: k)."""
+
+    pack_of: np.ndarray
+    rank: np.ndarray
+    padded: np.ndarray  # int64 per piece
+    costs: np.ndarray
+    movable: np.ndarray
+    load: np.ndarray
+    count: np.ndarray
+    max_seqs: int
+    capacity: int
+    budgets: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    @classmethod
+    def of(cls, pack_of, rank, padded, costs, movable, spec: BalanceSpec, extra: np.ndarray | None) -> _StepPacks:
+        """The packs of a step as balance_step dealt them; `pack_of` is copied, not changed."""
+        packs = len(rank)
+        pack_of = pack_of.copy()
+        load = np.bincount(pack_of, weights=padded, minlength=packs).astype(np.int64)
+        budgets = None
+        if extra is not None and spec.limits:
+            extra = np.asarray(extra, dtype=np.int64)
+            extra_load = np.zeros((packs, extra.shape[1]), dtype=np.int64)
+            np.add.at(extra_load, pack_of, extra)
+            budgets = (extra, extra_load, np.asarray(spec.limits, dtype=np.int64))
+        return cls(pack_of=pack_of, rank=rank, padded=np.asarray(padded, dtype=np.int64), costs=costs,
+                   movable=movable, load=load, count=np.bincount(pack_of, minlength=packs),
+                   max_seqs=spec.max_seqs_per_bin or (len(pack_of) + 1), capacity=spec.capacity, budgets=budgets)
+
+    def transfer(self, x: int, target: int, y: int) -> float:
+        """Move piece x into pack `target` and, for a swap (y >= 0), piece y into x's pack; returns
+        the cost the rank of x gives the rank of `target`."""
+        px = self.pack_of[x]
+        self.pack_of[x] = target
+        self.load[px] -= self.padded[x]
+        self.load[target] += self.padded[x]
+        self.count[px] -= 1
+        self.count[target] += 1
+        delta = self.costs[x]
+        if self.budgets is not None:
+            extra, extra_load, _ = self.budgets
+            extra_load[px] -= extra[x]
+            extra_load[target] += extra[x]
+            if y >= 0:
+                extra_load[target] -= extra[y]
+                extra_load[px] += extra[y]
+        if y >= 0:
+            self.pack_of[y] = px
+            self.load[target] -= self.padded[y]
+            self.load[px] += self.padded[y]
+            self.count[target] -= 1
+            self.count[px] += 1
+            delta -= self.costs[y]
+        return delta
+
+    def best_transfer(self, h: int, low: int, gap: float) -> tuple[int, int, int] | None:
+        """The move (x -> a pack of `low`) or swap (x <-> y) that best splits `gap`: transfers cost
+        t with 0 < t < gap, maximizing min(t, gap - t); a swap wins only when it splits better.
+        None when no feasible one lowers the max. Returns (x, the pack x goes to, y or -1)."""
+        piece_rank = self.rank[self.pack_of]
+        xs = np.flatnonzero((piece_rank == h) & self.movable)
+        if len(xs) == 0:
+            return None
+        best_score, best = self._best_move(xs, np.flatnonzero(self.rank == low), gap)
+        ys = np.flatnonzero((piece_rank == low) & self.movable)
+        if len(ys):
+            score, swap = self._best_swap(xs, ys, gap)
+            if score > best_score:
+                best = swap
+        return best
+
+    def _best_move(self, xs: np.ndarray, low_packs: np.ndarray, gap: float) -> tuple[float, tuple | None]:
+        """(score, move) of the best move of one of `xs`: x leaves a pack that keeps at least one
+        piece, into the fullest of `low_packs` it fits; (0.0, None) when none splits the gap."""
+        can_leave = xs[self.count[self.pack_of[xs]] > 1]
+        open_packs = low_packs[self.count[low_packs] < self.max_seqs]
+        if len(can_leave) == 0 or len(open_packs) == 0:
+            return 0.0, None
+        room = self.capacity - self.load[open_packs]
+        t = self.costs[can_leave]
+        fits = self.padded[can_leave][:, None] <= room[None, :]
+        if self.budgets is not None:
+            extra, extra_load, limits = self.budgets
             fits &= (extra[can_leave][:, None, :] <= (limits - extra_load[open_packs])[None, :, :]).all(axis=2)
         ok = fits.any(axis=1) & (t < gap) & (t > 0)
-        if ok.any():
-            score = np.where(ok, np.minimum(t, gap - t), -1.0)
-            i = int(np.argmax(score))
-            if score[i] > best_score:
-                fit_room = np.where(fits[i], room, np.iinfo(np.int64).max)
-                best_score, best = float(score[i]), (int(can_leave[i]), int(open_packs[np.argmin(fit_room)]), -1)
-    ys = np.flatnonzero((piece_rank == low) & movable)
-    if len(ys):
-        t = costs[xs][:, None] - costs[ys][None, :]
-        px, py = pack_of[xs], pack_of[ys]
-        grow_y = padded[xs][:, None] - padded[ys][None, :]  # load change of y's pack
-        ok = (t > 0) & (t < gap) & (load[py][None, :] + grow_y <= capacity) & (load[px][:, None] - grow_y <= capacity)
-        if budgets is not None and ok.any():
-            extra, extra_load, limits = budgets
+        if not ok.any():
+            return 0.0, None
+        score = np.where(ok, np.minimum(t, gap - t), -1.0)
+        i = int(np.argmax(score))
+        if not score[i] > 0.0:
+            return 0.0, None
+        fit_room = np.where(fits[i], room, np.iinfo(np.int64).max)
+        return float(score[i]), (int(can_leave[i]), int(open_packs[np.argmin(fit_room)]), -1)
+
+    def _best_swap(self, xs: np.ndarray, ys: np.ndarray, gap: float) -> tuple[float, tuple | None]:
+        """(score, swap) of the best swap of one of `xs` with one of `ys` that keeps both packs
+        within capacity (and every limit); (0.0, None) when none splits the gap."""
+        t = self.costs[xs][:, None] - self.costs[ys][None, :]
+        px, py = self.pack_of[xs], self.pack_of[ys]
+        grow_y = self.padded[xs][:, None] - self.padded[ys][None, :]  # load change of y's pack
+        ok = ((t > 0) & (t < gap) & (self.load[py][None, :] + grow_y <= self.capacity)
+              & (self.load[px][:, None] - grow_y <= self.capacity))
+        if self.budgets is not None and ok.any():
+            extra, extra_load, limits = self.budgets
             moved = extra[xs][:, None, :] - extra[ys][None, :, :]  # what y's pack gains, x's pack loses
             ok &= ((extra_load[py][None, :, :] + moved <= limits).all(axis=2)
                    & (extra_load[px][:, None, :] - moved <= limits).all(axis=2))
-        if ok.any():
-            score = np.where(ok, np.minimum(t, gap - t), -1.0)
-            flat = int(np.argmax(score))
-            i, j = divmod(flat, len(ys))
-            if score[i, j] > best_score:
-                best_score, best = float(score[i, j]), (int(xs[i]), int(py[j]), int(ys[j]))
-    return best
+        if not ok.any():
+            return 0.0, None
+        score = np.where(ok, np.minimum(t, gap - t), -1.0)
+        i, j = divmod(int(np.argmax(score)), len(ys))
+        return float(score[i, j]), (int(xs[i]), int(py[j]), int(ys[j]))
 
 
 @dataclass
