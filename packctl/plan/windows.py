@@ -301,8 +301,9 @@ class _OverLong:
 
     @classmethod
     def of(cls, sequences: _Sequences, options: WindowOptions, limits: np.ndarray) -> _OverLong:
-        """Raises for the first sequence (smallest gid) that --too-long cannot place: over a limit
-        or media that would be cut (`_refuse_cutting_media`), over the capacity with `error`."""
+        """--too-long's outcome for `sequences`; raises for the first sequence (smallest gid) it
+        cannot place: over a limit or media that would be cut (`_refuse_cutting_media`), over the
+        capacity with `error` (SequenceTooLong)."""
         gids, lengths, extra = sequences.gids, sequences.lengths, sequences.extra
         capacity, too_long = options.capacity, options.too_long
         over_capacity = round_up(lengths, options.align) > capacity
@@ -534,6 +535,8 @@ class _StepGroups:
     @classmethod
     def of(cls, gids, lengths, new_group, options: WindowOptions, seed: int, extra: np.ndarray | None,
            consecutive: bool) -> _StepGroups:
+        """The groups of `new_group` (True on each group's first sequence), all waiting but those
+        that --too-long drop leaves empty."""
         capacity, too_long = options.capacity, options.too_long
         padded = round_up(lengths, options.align)
         over = padded > capacity
