@@ -35,6 +35,8 @@ EXEMPT = {
                                 "flag, ...), named at every field",
     "packctl/pipeline/from_plan.py:materialize_plan": "the Python API of `packctl materialize`: its keyword "
                                                       "parameters are the command's options, as pack's are PackConfig's",
+    "packctl/plan/algorithms.py:pack_lengths": "public API: its keyword parameters are the packing options "
+                                               "its docstring and docs/algorithms.md document",
 }
 
 

@@ -95,6 +95,15 @@ class Kernel:
     run_limits: Callable[[np.ndarray, np.ndarray, np.ndarray, int, int, KernelOptions], Bins]
     cuts_items: bool = False
 
+    def pack(self, lengths: np.ndarray, extra: np.ndarray | None, limits: np.ndarray | None, capacity: int,
+             max_seqs: int, options: KernelOptions) -> Bins:
+        """No bins for no items; else `run` for tokens alone (`extra` None), `run_limits` under k budgets."""
+        if len(lengths) == 0:
+            return empty_bins()
+        if extra is None:
+            return self.run(lengths, capacity, max_seqs, options)
+        return self.run_limits(lengths, extra, limits, capacity, max_seqs, options)
+
 
 KERNELS: dict[str, Kernel] = {
     "concat": Kernel(pack_concat, pack_concat_limits),
@@ -197,30 +206,30 @@ def pack_lengths(lengths, capacity: int, algorithm: str = "ffd", *, max_seqs_per
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown packing algorithm {algorithm!r}: choose one of {', '.join(ALGORITHMS)}")
     kernel = KERNELS[algorithm]
-    capacity = positive_int(capacity, "capacity")
-    align = positive_int(align, "align")
-    if max_seqs_per_bin is not None:
-        max_seqs_per_bin = positive_int(max_seqs_per_bin, "max_seqs_per_bin")
+    capacity, align = positive_int(capacity, "capacity"), positive_int(align, "align")
+    max_seqs_per_bin = None if max_seqs_per_bin is None else positive_int(max_seqs_per_bin, "max_seqs_per_bin")
     lengths = validated_lengths(lengths, capacity, allow_longer=kernel.cuts_items)
     extra, limits = validated_extra(extra, limits, len(lengths))
-    if extra is not None and kernel.cuts_items:
+    if kernel.cuts_items:
+        _check_cuts(algorithm, lengths, capacity, align, extra)
+    max_seqs = max_seqs_per_bin if max_seqs_per_bin is not None else len(lengths) + 1  # n + 1: no limit
+    options = KernelOptions(seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy)
+    return kernel.pack(lengths, extra, limits, capacity, max_seqs, options)
+
+
+def _check_cuts(algorithm: str, lengths: np.ndarray, capacity: int, align: int, extra: np.ndarray | None) -> None:
+    """What an algorithm that cuts items (`split`) needs besides checked lengths: no item with a
+    cost over the capacity (media are never cut: `UncuttableTooLong`), and a capacity that is a
+    multiple of `align`, its cut granularity, so that bins fill exactly."""
+    if extra is not None:
         uncuttable = np.flatnonzero((lengths > capacity) & (extra > 0).any(axis=1))
         if uncuttable.size:
             item = int(uncuttable[0])
             column = int(np.argmax(extra[item] > 0))
             raise UncuttableTooLong(item, int(lengths[item]), capacity, column, int(extra[item, column]),
                                     uncuttable.size)
-    if kernel.cuts_items and capacity % align != 0:
+    if capacity % align != 0:
         raise ValueError(
             f"{algorithm} needs a capacity that is a multiple of align: capacity {capacity} is not a multiple "
             f"of {align}; use capacity {capacity // align * align or align}"
         )
-    n = len(lengths)
-    if n == 0:
-        return empty_bins()
-    # A limit that can never be reached keeps the kernels free of None checks.
-    max_seqs = max_seqs_per_bin if max_seqs_per_bin is not None else n + 1
-    options = KernelOptions(seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy)
-    if extra is None:
-        return kernel.run(lengths, capacity, max_seqs, options)
-    return kernel.run_limits(lengths, extra, limits, capacity, max_seqs, options)

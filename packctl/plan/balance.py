@@ -61,7 +61,7 @@ without the option.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -341,20 +341,10 @@ def _local_search(pack_of, rank, padded, costs, movable, counts, spec: BalanceSp
     lowers the larger of the two; every move keeps each pack within capacity, max_seqs and, with
     `extra` (pieces x k), every limit of `spec.limits`."""
     d = spec.dp_size
-    packs = len(rank)
-    pack_of = pack_of.copy()
-    load = np.bincount(pack_of, weights=padded, minlength=packs).astype(np.int64)
-    budgets = None
-    if extra is not None and spec.limits:
-        extra = np.asarray(extra, dtype=np.int64)
-        extra_load = np.zeros((packs, extra.shape[1]), dtype=np.int64)
-        np.add.at(extra_load, pack_of, extra)
-        budgets = (extra, extra_load, np.asarray(spec.limits, dtype=np.int64))
-    count = np.bincount(pack_of, minlength=packs)
-    max_seqs = spec.max_seqs_per_bin or (len(pack_of) + 1)
-    rank_cost = np.bincount(rank, weights=np.bincount(pack_of, weights=costs, minlength=packs), minlength=d)
+    packs = _StepPacks.of(pack_of, rank, padded, costs, movable, spec, extra)
+    rank_cost = np.bincount(rank, weights=np.bincount(packs.pack_of, weights=costs, minlength=len(rank)),
+                            minlength=d)
     iterations = spec.max_iterations if spec.max_iterations is not None else 16 * d
-    padded = np.asarray(padded, dtype=np.int64)
     tolerance = 1e-9 * max(float(rank_cost.max()), 1.0)
     for _ in range(iterations):
         h = int(np.argmax(rank_cost))
@@ -363,86 +353,136 @@ def _local_search(pack_of, rank, padded, costs, movable, counts, spec: BalanceSp
             gap = rank_cost[h] - rank_cost[low]
             if low == h or gap <= tolerance:
                 break
-            move = _best_transfer(h, low, gap, pack_of, rank, padded, costs, movable, load, count, max_seqs,
-                                  spec.capacity, budgets)
+            move = packs.best_transfer(h, low, gap)
             if move is None:
                 continue
-            x, target, y = move
-            px = pack_of[x]
-            pack_of[x] = target
-            load[px] -= padded[x]
-            load[target] += padded[x]
-            count[px] -= 1
-            count[target] += 1
-            delta = costs[x]
-            if budgets is not None:
-                budgets[1][px] -= budgets[0][x]
-                budgets[1][target] += budgets[0][x]
-                if y >= 0:
-                    budgets[1][target] -= budgets[0][y]
-                    budgets[1][px] += budgets[0][y]
-            if y >= 0:
-                pack_of[y] = px
-                load[target] -= padded[y]
-                load[px] += padded[y]
-                count[target] -= 1
-                count[px] += 1
-                delta -= costs[y]
+            delta = packs.transfer(*move)
             rank_cost[h] -= delta
             rank_cost[low] += delta
             done = False
             break
         if done:
             break
-    return pack_of
+    return packs.pack_of
 
 
-def _best_transfer(h, low, gap, pack_of, rank, padded, costs, movable, load, count, max_seqs, capacity,
-                   budgets=None):
-    """The move (x -> a pack of `low`) or swap (x <-> y) that best splits `gap`: transfers cost
-    t with 0 < t < gap, maximizing min(t, gap - t). None when no feasible one lowers the max.
-    `budgets` (extra, extra_load, limits): a transfer must also keep both packs within every limit."""
-    piece_rank = rank[pack_of]
-    xs = np.flatnonzero((piece_rank == h) & movable)
-    if len(xs) == 0:
-        return None
-    low_packs = np.flatnonzero(rank == low)
-    best_score, best = 0.0, None
-    # moves: x leaves a pack that keeps at least one piece, into the fullest low pack it fits
-    can_leave = xs[count[pack_of[xs]] > 1]
-    open_packs = low_packs[count[low_packs] < max_seqs]
-    if len(can_leave) and len(open_packs):
-        room = capacity - load[open_packs]
-        t = costs[can_leave]
-        fits = padded[can_leave][:, None] <= room[None, :]
-        if budgets is not None:
-            extra, extra_load, limits = budgets
+@dataclass
+class _StepPacks:
+    """One step's packs as the local search changes them: the pack of each piece (`pack_of`,
+    updated in place) and each pack's rank, padded load and count of pieces, with what a transfer
+    must keep: `capacity`, `max_seqs` and, with limits, `budgets` (extra: pieces x k, extra_load:
+    packs x k, limits: k)."""
+
+    pack_of: np.ndarray
+    rank: np.ndarray
+    padded: np.ndarray  # int64 per piece
+    costs: np.ndarray
+    movable: np.ndarray
+    load: np.ndarray
+    count: np.ndarray
+    max_seqs: int
+    capacity: int
+    budgets: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    @classmethod
+    def of(cls, pack_of, rank, padded, costs, movable, spec: BalanceSpec, extra: np.ndarray | None) -> _StepPacks:
+        """The packs of a step as balance_step dealt them; `pack_of` is copied, not changed."""
+        packs = len(rank)
+        pack_of = pack_of.copy()
+        load = np.bincount(pack_of, weights=padded, minlength=packs).astype(np.int64)
+        budgets = None
+        if extra is not None and spec.limits:
+            extra = np.asarray(extra, dtype=np.int64)
+            extra_load = np.zeros((packs, extra.shape[1]), dtype=np.int64)
+            np.add.at(extra_load, pack_of, extra)
+            budgets = (extra, extra_load, np.asarray(spec.limits, dtype=np.int64))
+        return cls(pack_of=pack_of, rank=rank, padded=np.asarray(padded, dtype=np.int64), costs=costs,
+                   movable=movable, load=load, count=np.bincount(pack_of, minlength=packs),
+                   max_seqs=spec.max_seqs_per_bin or (len(pack_of) + 1), capacity=spec.capacity, budgets=budgets)
+
+    def transfer(self, x: int, target: int, y: int) -> float:
+        """Move piece x into pack `target` and, for a swap (y >= 0), piece y into x's pack; returns
+        the cost the rank of x gives the rank of `target`."""
+        px = self.pack_of[x]
+        self.pack_of[x] = target
+        self.load[px] -= self.padded[x]
+        self.load[target] += self.padded[x]
+        self.count[px] -= 1
+        self.count[target] += 1
+        delta = self.costs[x]
+        if self.budgets is not None:
+            extra, extra_load, _ = self.budgets
+            extra_load[px] -= extra[x]
+            extra_load[target] += extra[x]
+            if y >= 0:
+                extra_load[target] -= extra[y]
+                extra_load[px] += extra[y]
+        if y >= 0:
+            self.pack_of[y] = px
+            self.load[target] -= self.padded[y]
+            self.load[px] += self.padded[y]
+            self.count[target] -= 1
+            self.count[px] += 1
+            delta -= self.costs[y]
+        return delta
+
+    def best_transfer(self, h: int, low: int, gap: float) -> tuple[int, int, int] | None:
+        """The move (x -> a pack of `low`) or swap (x <-> y) that best splits `gap`: transfers cost
+        t with 0 < t < gap, maximizing min(t, gap - t); a swap wins only when it splits better.
+        None when no feasible one lowers the max. Returns (x, the pack x goes to, y or -1)."""
+        piece_rank = self.rank[self.pack_of]
+        xs = np.flatnonzero((piece_rank == h) & self.movable)
+        if len(xs) == 0:
+            return None
+        best_score, best = self._best_move(xs, np.flatnonzero(self.rank == low), gap)
+        ys = np.flatnonzero((piece_rank == low) & self.movable)
+        if len(ys):
+            score, swap = self._best_swap(xs, ys, gap)
+            if score > best_score:
+                best = swap
+        return best
+
+    def _best_move(self, xs: np.ndarray, low_packs: np.ndarray, gap: float) -> tuple[float, tuple | None]:
+        """(score, move) of the best move of one of `xs`: x leaves a pack that keeps at least one
+        piece, into the fullest of `low_packs` it fits; (0.0, None) when none splits the gap."""
+        can_leave = xs[self.count[self.pack_of[xs]] > 1]
+        open_packs = low_packs[self.count[low_packs] < self.max_seqs]
+        if len(can_leave) == 0 or len(open_packs) == 0:
+            return 0.0, None
+        room = self.capacity - self.load[open_packs]
+        t = self.costs[can_leave]
+        fits = self.padded[can_leave][:, None] <= room[None, :]
+        if self.budgets is not None:
+            extra, extra_load, limits = self.budgets
             fits &= (extra[can_leave][:, None, :] <= (limits - extra_load[open_packs])[None, :, :]).all(axis=2)
         ok = fits.any(axis=1) & (t < gap) & (t > 0)
-        if ok.any():
-            score = np.where(ok, np.minimum(t, gap - t), -1.0)
-            i = int(np.argmax(score))
-            if score[i] > best_score:
-                fit_room = np.where(fits[i], room, np.iinfo(np.int64).max)
-                best_score, best = float(score[i]), (int(can_leave[i]), int(open_packs[np.argmin(fit_room)]), -1)
-    ys = np.flatnonzero((piece_rank == low) & movable)
-    if len(ys):
-        t = costs[xs][:, None] - costs[ys][None, :]
-        px, py = pack_of[xs], pack_of[ys]
-        grow_y = padded[xs][:, None] - padded[ys][None, :]  # load change of y's pack
-        ok = (t > 0) & (t < gap) & (load[py][None, :] + grow_y <= capacity) & (load[px][:, None] - grow_y <= capacity)
-        if budgets is not None and ok.any():
-            extra, extra_load, limits = budgets
+        if not ok.any():
+            return 0.0, None
+        score = np.where(ok, np.minimum(t, gap - t), -1.0)
+        i = int(np.argmax(score))
+        if not score[i] > 0.0:
+            return 0.0, None
+        fit_room = np.where(fits[i], room, np.iinfo(np.int64).max)
+        return float(score[i]), (int(can_leave[i]), int(open_packs[np.argmin(fit_room)]), -1)
+
+    def _best_swap(self, xs: np.ndarray, ys: np.ndarray, gap: float) -> tuple[float, tuple | None]:
+        """(score, swap) of the best swap of one of `xs` with one of `ys` that keeps both packs
+        within capacity (and every limit); (0.0, None) when none splits the gap."""
+        t = self.costs[xs][:, None] - self.costs[ys][None, :]
+        px, py = self.pack_of[xs], self.pack_of[ys]
+        grow_y = self.padded[xs][:, None] - self.padded[ys][None, :]  # load change of y's pack
+        ok = ((t > 0) & (t < gap) & (self.load[py][None, :] + grow_y <= self.capacity)
+              & (self.load[px][:, None] - grow_y <= self.capacity))
+        if self.budgets is not None and ok.any():
+            extra, extra_load, limits = self.budgets
             moved = extra[xs][:, None, :] - extra[ys][None, :, :]  # what y's pack gains, x's pack loses
             ok &= ((extra_load[py][None, :, :] + moved <= limits).all(axis=2)
                    & (extra_load[px][:, None, :] - moved <= limits).all(axis=2))
-        if ok.any():
-            score = np.where(ok, np.minimum(t, gap - t), -1.0)
-            flat = int(np.argmax(score))
-            i, j = divmod(flat, len(ys))
-            if score[i, j] > best_score:
-                best_score, best = float(score[i, j]), (int(xs[i]), int(py[j]), int(ys[j]))
-    return best
+        if not ok.any():
+            return 0.0, None
+        score = np.where(ok, np.minimum(t, gap - t), -1.0)
+        i, j = divmod(int(np.argmax(score)), len(ys))
+        return float(score[i, j]), (int(xs[i]), int(py[j]), int(ys[j]))
 
 
 @dataclass
@@ -494,138 +534,228 @@ def balance_plan(plan: PackPlan, spec: BalanceSpec, *, first_window: int = 0,
     `context` (--share-prefix): the tokens before each piece that it attends to (a branch: its
     prefix), which add 2 * L * context to its attention cost (the pairs it sees, doubled as L^2 is).
     """
-    d = spec.dp_size
-    padded = plan.piece_padded.astype(np.int64)
-    true = (plan.piece_padded if spec.padded_cost else plan.piece_len).astype(np.float64)
-    costs = piece_costs(true, spec.cost, spec.attn_coeff)
-    attention = piece_costs(true, "attention", spec.attn_coeff)
-    if context is not None:
-        attention = attention + 2 * true * context
-        costs = attention if spec.cost == "attention" else costs
-    split = plan.split_pieces()[0]
-    movable = ~split if pinned is None else ~split & ~pinned
-    extra = plan.piece_extra if spec.limits and plan.piece_extra is not None else None
-    media = None
-    if spec.cost_column is not None:
-        if plan.piece_extra is None:
-            raise ValueError("balance_plan: spec.cost_column needs a plan with piece_extra (--limit)")
-        media = plan.piece_extra[:, spec.cost_column].astype(np.float64)
-    pack_of_piece = np.repeat(np.arange(plan.num_bins), np.diff(plan.bin_offsets))
-    pack_cost = np.bincount(pack_of_piece, weights=costs, minlength=plan.num_bins)
-    pack_tokens = plan.loads(padded=True)
-
-    offsets, pieces, ranks, micros, steps, windows = [np.zeros(1, np.int64)], [], [], [], [], [0]
-    after_step_of_piece_count: list[int] = []
-    unequal = 0
-    step_base = piece_base = 0
+    figures = _PieceFigures.of(plan, spec, pinned, context)
+    dealt = _DealtPacks()
     for w in range(plan.num_windows):
-        lo, hi = int(plan.window_bins[w]), int(plan.window_bins[w + 1])
-        if spec.grouping == "cost" and plan.step_bins is None:
-            packs = lo + np.argsort(-pack_cost[lo:hi], kind="stable")
-        else:
-            packs = np.arange(lo, hi)
-        warm_steps = 0
-        if plan.step_bins is not None:  # steps planned with the packs (--group-scope step)
-            bounds = planned_step_bounds(plan.step_bins, lo, hi)
-        elif pack_shape is not None and first_window + w == 0:
-            packs, warm = _warmup_first(packs, np.asarray(pack_shape), d)
-            per_step = d * spec.micro_batches if spec.micro_batches is not None else d
-            warm_steps = -(-warm // per_step) if warm else 0
-            bounds = np.unique(np.concatenate([np.arange(0, warm_steps * per_step, per_step),
-                                               warm_steps * per_step + step_bounds(
-                                                   pack_tokens[packs[warm_steps * per_step:]],
-                                                   np.array([0, hi - lo - min(warm_steps * per_step, hi - lo)]),
-                                                   spec)]).clip(max=hi - lo))
-        else:
-            bounds = step_bounds(pack_tokens[packs], np.array([0, hi - lo]), spec)
-        num = len(bounds) - 1
-        step_of_pack = np.empty(plan.num_bins, dtype=np.int64)
-        step_of_pack[packs] = np.repeat(np.arange(num), np.diff(bounds))
+        steps = _cut_window(plan, spec, figures, w, first_window + w, pack_shape)
         # each step balanced on its own, whatever its place in the run: the order of the steps may
         # then look at their packs as written (the longest sequence of each, after the moves)
-        selected, results = [], []
-        for s in range(num):
-            members = packs[bounds[s]:bounds[s + 1]]
-            sel = _pieces_of(plan.bin_offsets, members)
-            counts = plan.bin_offsets[members + 1] - plan.bin_offsets[members]
-            selected.append(sel)
-            results.append(balance_step(np.concatenate([[0], np.cumsum(counts)]), padded[sel], costs[sel],
-                                        movable[sel], spec, strided=s < warm_steps,
-                                        extra=None if extra is None else extra[sel],
-                                        media=None if media is None else media[sel]))
-        linked = _split_step_pairs(step_of_pack, plan, lo, hi, split) if num > 1 else None
-        if spec.step_order != "planner" and num > 1:
-            written = [np.maximum.reduceat(plan.piece_len[sel[r.pieces]], r.offsets[:-1]) if len(r.pieces) else
-                       np.zeros(0, np.int64) for sel, r in zip(selected, results)]
-            priority = _step_priority(plan, packs, bounds, spec, first_window + w, warm_steps, linked, written)
-        elif spec.grouping == "cost" and num > 2:
-            priority = np.concatenate([np.random.default_rng([spec.seed, first_window + w]).permutation(num - 1),
-                                       [num - 1]])
-        else:
-            priority = np.arange(num)
-        if warm_steps:
-            priority = priority.copy()
-            priority[:warm_steps] = np.arange(warm_steps) - warm_steps - num  # before every other step
-        run = _steps_in_split_order(priority, linked) if num > 1 else np.arange(num)
-        window_offsets, window_pieces, window_rank, window_micro, window_step = [np.zeros(1, np.int64)], [], [], [], []
-        base = 0
+        selected, results = _balance_steps(plan, spec, figures, steps)
+        run = _run_order(plan, spec, steps, selected, results, figures.split)
+        dealt.add_window(plan, selected, results, run, figures.split)
+    return dealt.balanced(plan, spec, figures)
+
+
+@dataclass(frozen=True)
+class _PieceFigures:
+    """What balancing reads of the plan's pieces and packs: per piece `padded` (int64, the loads
+    capacity bounds), `true` (float64 lengths of the token figures: padded with spec.padded_cost),
+    `costs` (what is balanced), `attention` (what is reported), `split` (a piece of a sequence cut
+    in pieces), `movable` (neither split nor pinned), `extra` (pieces x k with --limit, else None)
+    and `media` (--balance-cost's column as float64, else None); per pack `pack_cost` and
+    `pack_tokens` (padded), and `pack_of_piece`."""
+
+    padded: np.ndarray
+    true: np.ndarray
+    costs: np.ndarray
+    attention: np.ndarray
+    split: np.ndarray
+    movable: np.ndarray
+    extra: np.ndarray | None
+    media: np.ndarray | None
+    pack_of_piece: np.ndarray
+    pack_cost: np.ndarray
+    pack_tokens: np.ndarray
+
+    @classmethod
+    def of(cls, plan: PackPlan, spec: BalanceSpec, pinned: np.ndarray | None,
+           context: np.ndarray | None) -> _PieceFigures:
+        true = (plan.piece_padded if spec.padded_cost else plan.piece_len).astype(np.float64)
+        costs = piece_costs(true, spec.cost, spec.attn_coeff)
+        attention = piece_costs(true, "attention", spec.attn_coeff)
+        if context is not None:
+            attention = attention + 2 * true * context
+            costs = attention if spec.cost == "attention" else costs
+        split = plan.split_pieces()[0]
+        media = None
+        if spec.cost_column is not None:
+            if plan.piece_extra is None:
+                raise ValueError("balance_plan: spec.cost_column needs a plan with piece_extra (--limit)")
+            media = plan.piece_extra[:, spec.cost_column].astype(np.float64)
+        pack_of_piece = np.repeat(np.arange(plan.num_bins), np.diff(plan.bin_offsets))
+        return cls(padded=plan.piece_padded.astype(np.int64), true=true, costs=costs, attention=attention,
+                   split=split, movable=~split if pinned is None else ~split & ~pinned,
+                   extra=plan.piece_extra if spec.limits and plan.piece_extra is not None else None,
+                   media=media, pack_of_piece=pack_of_piece,
+                   pack_cost=np.bincount(pack_of_piece, weights=costs, minlength=plan.num_bins),
+                   pack_tokens=plan.loads(padded=True))
+
+
+@dataclass(frozen=True)
+class _WindowSteps:
+    """A window's packs (lo..hi) cut into steps: step s holds packs[bounds[s]:bounds[s + 1]], the
+    first `warm_steps` of them warm-up steps; `window` is the window's global index."""
+
+    lo: int
+    hi: int
+    window: int
+    packs: np.ndarray
+    bounds: np.ndarray
+    warm_steps: int = 0
+
+    @property
+    def num(self) -> int:
+        return len(self.bounds) - 1
+
+
+def _cut_window(plan: PackPlan, spec: BalanceSpec, figures: _PieceFigures, w: int, window: int,
+                pack_shape: np.ndarray | None) -> _WindowSteps:
+    """Window w (global index `window`) cut into steps: the steps planned with the packs
+    (--group-scope step), else its packs in the order of `spec.grouping` cut by `step_bounds`,
+    after the warm-up runs of `pack_shape` in the corpus's first window."""
+    lo, hi = int(plan.window_bins[w]), int(plan.window_bins[w + 1])
+    if plan.step_bins is not None:  # steps planned with the packs (--group-scope step)
+        return _WindowSteps(lo, hi, window, np.arange(lo, hi), planned_step_bounds(plan.step_bins, lo, hi))
+    if spec.grouping == "cost":
+        packs = lo + np.argsort(-figures.pack_cost[lo:hi], kind="stable")
+    else:
+        packs = np.arange(lo, hi)
+    if pack_shape is None or window != 0:
+        bounds = step_bounds(figures.pack_tokens[packs], np.array([0, hi - lo]), spec)
+        return _WindowSteps(lo, hi, window, packs, bounds)
+    packs, warm = _warmup_first(packs, np.asarray(pack_shape), spec.dp_size)
+    per_step = spec.dp_size * spec.micro_batches if spec.micro_batches is not None else spec.dp_size
+    warm_steps = -(-warm // per_step) if warm else 0
+    rest = step_bounds(figures.pack_tokens[packs[warm_steps * per_step:]],
+                       np.array([0, hi - lo - min(warm_steps * per_step, hi - lo)]), spec)
+    bounds = np.unique(np.concatenate([np.arange(0, warm_steps * per_step, per_step),
+                                       warm_steps * per_step + rest]).clip(max=hi - lo))
+    return _WindowSteps(lo, hi, window, packs, bounds, warm_steps)
+
+
+def _balance_steps(plan: PackPlan, spec: BalanceSpec, figures: _PieceFigures,
+                   steps: _WindowSteps) -> tuple[list[np.ndarray], list[StepResult]]:
+    """Each step of the window balanced on its own (`balance_step`; warm-up steps strided): the
+    plan's pieces of each step, pack after pack, and its result."""
+    selected, results = [], []
+    for s in range(steps.num):
+        members = steps.packs[steps.bounds[s]:steps.bounds[s + 1]]
+        sel = _pieces_of(plan.bin_offsets, members)
+        counts = plan.bin_offsets[members + 1] - plan.bin_offsets[members]
+        selected.append(sel)
+        results.append(balance_step(np.concatenate([[0], np.cumsum(counts)]), figures.padded[sel],
+                                    figures.costs[sel], figures.movable[sel], spec, strided=s < steps.warm_steps,
+                                    extra=None if figures.extra is None else figures.extra[sel],
+                                    media=None if figures.media is None else figures.media[sel]))
+    return selected, results
+
+
+def _run_order(plan: PackPlan, spec: BalanceSpec, steps: _WindowSteps, selected: list[np.ndarray],
+               results: list[StepResult], split: np.ndarray) -> np.ndarray:
+    """The order the window's steps run in: `spec.step_order` (`_step_priority`), else with
+    grouping "cost" a seeded random order with the short last step last, else the planner's;
+    warm-up steps first, and a step with an earlier piece of a split sequence before the step
+    with a later one (`_steps_in_split_order`)."""
+    num = steps.num
+    if num <= 1:
+        return np.arange(num)
+    step_of_pack = np.empty(plan.num_bins, dtype=np.int64)
+    step_of_pack[steps.packs] = np.repeat(np.arange(num), np.diff(steps.bounds))
+    linked = _split_step_pairs(step_of_pack, plan, steps.lo, steps.hi, split)
+    if spec.step_order != "planner":
+        written = [np.maximum.reduceat(plan.piece_len[sel[r.pieces]], r.offsets[:-1]) if len(r.pieces) else
+                   np.zeros(0, np.int64) for sel, r in zip(selected, results)]
+        priority = _step_priority(plan, steps.packs, steps.bounds, spec, steps.window, steps.warm_steps, linked,
+                                  written)
+    elif spec.grouping == "cost" and num > 2:
+        priority = np.concatenate([np.random.default_rng([spec.seed, steps.window]).permutation(num - 1),
+                                   [num - 1]])
+    else:
+        priority = np.arange(num)
+    if steps.warm_steps:
+        priority = priority.copy()
+        priority[:steps.warm_steps] = np.arange(steps.warm_steps) - steps.warm_steps - num  # before every other step
+    return _steps_in_split_order(priority, linked)
+
+
+@dataclass
+class _DealtPacks:
+    """The balanced packs of the windows so far, in run order: CSR over the plan's pieces
+    (`offsets`, `pieces`: one array per window), each pack's step, dp rank and micro-batch (one
+    array per step), the first pack of every window, and how many steps have unequal counts."""
+
+    offsets: list[np.ndarray] = field(default_factory=lambda: [np.zeros(1, np.int64)])
+    pieces: list[np.ndarray] = field(default_factory=list)
+    steps: list[np.ndarray] = field(default_factory=list)
+    ranks: list[np.ndarray] = field(default_factory=list)
+    micros: list[np.ndarray] = field(default_factory=list)
+    windows: list[int] = field(default_factory=lambda: [0])
+    num_steps: int = 0
+    num_pieces: int = 0
+    unequal: int = 0
+
+    def add_window(self, plan: PackPlan, selected: list[np.ndarray], results: list[StepResult],
+                   run: np.ndarray, split: np.ndarray) -> None:
+        """Append a window's balanced steps (`selected`: each step's pieces, `results` its
+        balancing) in the order `run` gives, the pieces of split sequences put back in order."""
+        offsets, pieces, base = [np.zeros(1, np.int64)], [], 0
         for k, s in enumerate(run.tolist()):
-            after_step_of_piece_count.append(int(bounds[s + 1] - bounds[s]))
             sel, result = selected[s], results[s]
-            window_offsets.append(result.offsets[1:] + base)
+            offsets.append(result.offsets[1:] + base)
             base += len(sel)
-            window_pieces.append(sel[result.pieces])
-            window_rank.append(result.dp_rank)
-            window_micro.append(result.micro_batch)
-            window_step.append(np.full(len(result.dp_rank), step_base + k, dtype=np.int64))
-            unequal += not result.equal
-        w_offsets = np.concatenate(window_offsets)
-        w_pieces = np.concatenate(window_pieces) if window_pieces else np.zeros(0, np.int64)
+            pieces.append(sel[result.pieces])
+            self.ranks.append(result.dp_rank)
+            self.micros.append(result.micro_batch)
+            self.steps.append(np.full(len(result.dp_rank), self.num_steps + k, dtype=np.int64))
+            self.unequal += not result.equal
+        w_offsets = np.concatenate(offsets)
+        w_pieces = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
         w_pieces, w_offsets = _keep_split_order(w_pieces, w_offsets, plan.piece_gid, split)
-        offsets.append(w_offsets[1:] + piece_base)
-        piece_base += len(w_pieces)
-        pieces.append(w_pieces)
-        ranks.extend(window_rank)
-        micros.extend(window_micro)
-        steps.extend(window_step)
-        windows.append(windows[-1] + len(w_offsets) - 1)
-        step_base += num
+        self.offsets.append(w_offsets[1:] + self.num_pieces)
+        self.num_pieces += len(w_pieces)
+        self.pieces.append(w_pieces)
+        self.windows.append(self.windows[-1] + len(w_offsets) - 1)
+        self.num_steps += len(run)
 
-    take = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
-    new_offsets = np.concatenate(offsets)
-    balanced = PackPlan(
-        window_bins=np.asarray(windows, dtype=np.int64), bin_offsets=new_offsets,
-        piece_gid=plan.piece_gid[take], piece_start=plan.piece_start[take], piece_len=plan.piece_len[take],
-        piece_padded=plan.piece_padded[take], dropped=plan.dropped, truncated=plan.truncated,
-        tokens_dropped=plan.tokens_dropped, tokens_truncated=plan.tokens_truncated,
-        piece_extra=plan.take_pieces(take), over_limit=plan.over_limit)
-    cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
-    step, dp_rank, micro_batch = cat(steps), cat(ranks), cat(micros)
-    num_steps = step_base
+    def balanced(self, plan: PackPlan, spec: BalanceSpec, figures: _PieceFigures) -> BalancedPlan:
+        """The plan of the dealt packs, with the per-step figures before balancing (the planner's
+        packs in output order, round robin over consecutive steps) and after."""
+        d, num_steps = spec.dp_size, self.num_steps
+        take = np.concatenate(self.pieces) if self.pieces else np.zeros(0, np.int64)
+        new_offsets = np.concatenate(self.offsets)
+        balanced = PackPlan(
+            window_bins=np.asarray(self.windows, dtype=np.int64), bin_offsets=new_offsets,
+            piece_gid=plan.piece_gid[take], piece_start=plan.piece_start[take], piece_len=plan.piece_len[take],
+            piece_padded=plan.piece_padded[take], dropped=plan.dropped, truncated=plan.truncated,
+            tokens_dropped=plan.tokens_dropped, tokens_truncated=plan.tokens_truncated,
+            piece_extra=plan.take_pieces(take), over_limit=plan.over_limit)
+        cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
+        step, dp_rank, micro_batch = cat(self.steps), cat(self.ranks), cat(self.micros)
 
-    def grid(cell: np.ndarray, weights: np.ndarray, steps_in: int) -> np.ndarray:
-        return np.bincount(cell, weights=weights, minlength=steps_in * d).reshape(steps_in, d)
+        def grid(cell: np.ndarray, weights: np.ndarray, steps_in: int) -> np.ndarray:
+            return np.bincount(cell, weights=weights, minlength=steps_in * d).reshape(steps_in, d)
 
-    # balance.before (no balancing): the planner's packs in output order, round robin over consecutive steps
-    rr_bounds = plan.step_bins if plan.step_bins is not None else step_bounds(pack_tokens, plan.window_bins, spec)
-    rr_step = np.searchsorted(rr_bounds, pack_of_piece, side="right") - 1
-    before_cell = rr_step * d + (pack_of_piece - rr_bounds[rr_step]) % d
-    rr_steps = len(rr_bounds) - 1
-    new_pack = np.repeat(np.arange(balanced.num_bins), np.diff(new_offsets))
-    piece_step = step[new_pack]
-    after_cell = piece_step * d + dp_rank[new_pack]
-    return BalancedPlan(
-        plan=balanced, step=step, dp_rank=dp_rank, micro_batch=micro_batch,
-        step_sequences=np.bincount(piece_step, minlength=num_steps).astype(np.int64),
-        step_tokens=np.bincount(piece_step, weights=balanced.piece_len, minlength=num_steps).astype(np.int64),
-        before_tokens=grid(before_cell, true, rr_steps),
-        before_attention=grid(before_cell, attention, rr_steps),
-        after_tokens=grid(after_cell, true[take], num_steps),
-        after_attention=grid(after_cell, attention[take], num_steps),
-        unequal_steps=unequal, packs_added=balanced.num_bins - plan.num_bins,
-        before_cost_column=None if media is None else grid(before_cell, media, rr_steps),
-        after_cost_column=None if media is None else grid(after_cell, media[take], num_steps),
-    )
+        rr_bounds = (plan.step_bins if plan.step_bins is not None
+                     else step_bounds(figures.pack_tokens, plan.window_bins, spec))
+        rr_step = np.searchsorted(rr_bounds, figures.pack_of_piece, side="right") - 1
+        before_cell = rr_step * d + (figures.pack_of_piece - rr_bounds[rr_step]) % d
+        rr_steps = len(rr_bounds) - 1
+        new_pack = np.repeat(np.arange(balanced.num_bins), np.diff(new_offsets))
+        piece_step = step[new_pack]
+        after_cell = piece_step * d + dp_rank[new_pack]
+        true, attention, media = figures.true, figures.attention, figures.media
+        return BalancedPlan(
+            plan=balanced, step=step, dp_rank=dp_rank, micro_batch=micro_batch,
+            step_sequences=np.bincount(piece_step, minlength=num_steps).astype(np.int64),
+            step_tokens=np.bincount(piece_step, weights=balanced.piece_len, minlength=num_steps).astype(np.int64),
+            before_tokens=grid(before_cell, true, rr_steps),
+            before_attention=grid(before_cell, attention, rr_steps),
+            after_tokens=grid(after_cell, true[take], num_steps),
+            after_attention=grid(after_cell, attention[take], num_steps),
+            unequal_steps=self.unequal, packs_added=balanced.num_bins - plan.num_bins,
+            before_cost_column=None if media is None else grid(before_cell, media, rr_steps),
+            after_cost_column=None if media is None else grid(after_cell, media[take], num_steps),
+        )
 
 
 def _step_priority(plan: PackPlan, packs: np.ndarray, bounds: np.ndarray, spec: BalanceSpec, window: int,

@@ -22,14 +22,14 @@ the capacity that has a cost (`UncuttableSequence`): media cannot be cut.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from packctl.arrays import ranges
 from packctl.plan.algorithms import batch_lengths, cuts_items, pack_lengths
 from packctl.plan.align import round_up
-from packctl.plan.bins import over_limits
+from packctl.plan.bins import Bins, over_limits
 from packctl.plan.exchange import exchange_pieces
 from packctl.plan.groups import (
     GroupTooLong,
@@ -220,82 +220,144 @@ def plan_windows(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions, 
     (plan/prefix.py); a shared group is packed as its prefix segment and one branch per row, and
     costs its stored length.
     """
-    o = options
-    capacity, align, too_long, window = o.capacity, o.align, o.too_long, o.window
+    limits = np.asarray(options.limits, dtype=np.int64)
     gids = np.asarray(gids, dtype=np.int64)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    limits = np.asarray(o.limits, dtype=np.int64)
-    extra = _checked_extra(extra, limits, len(gids))
+    sequences = _Sequences(gids, np.asarray(lengths, dtype=np.int64), new_group,
+                           _checked_extra(extra, limits, len(gids)), shared)
     if new_group is not None:
-        if not o.step_scope:
-            padded = (round_up(lengths, align) if shared is None
-                      else stored_padded(lambda n: round_up(n, align), lengths, shared, new_group))
-            check_groups_fit(gids, padded, new_group, capacity)
-        if extra is not None:
-            check_groups_within_limits(gids, extra, new_group, limits, whole=not o.step_scope)
-        cuts = np.flatnonzero(new_group)[::window]
+        _check_groups(sequences, options, limits)
+        cuts = np.flatnonzero(new_group)[::options.window]
     else:
-        cuts = np.arange(0, len(gids), window)
-    over_capacity = round_up(lengths, align) > capacity
-    over_limit = over_limits(extra, limits) if extra is not None else np.zeros(len(gids), dtype=bool)
-    if too_long != "drop" and extra is not None:
-        _refuse_cutting_media(gids, lengths, extra, limits, over_capacity, over_limit, capacity, too_long)
-    if too_long == "error" and over_capacity.any():
-        i = int(np.flatnonzero(over_capacity)[np.argmin(gids[over_capacity])])
-        raise SequenceTooLong(int(gids[i]), int(lengths[i]), int(round_up(lengths[i], align)), capacity)
-    over = over_capacity | over_limit  # what --too-long drop leaves out
-    dropped = np.sort(gids[over]) if too_long == "drop" else np.zeros(0, np.int64)
-    truncated = np.sort(gids[over_capacity]) if too_long == "truncate" else np.zeros(0, np.int64)
+        cuts = np.arange(0, len(gids), options.window)
+    over_long = _OverLong.of(sequences, options, limits)
 
     parts: list[tuple[np.ndarray, ...]] = []
     window_bins = [0]
     step_bins = [np.zeros(1, np.int64)]
     for w, (lo, hi) in enumerate(zip(cuts.tolist(), [*cuts[1:].tolist(), len(gids)])):
-        kwargs = dict(capacity=capacity, align=align, algorithm=o.algorithm, too_long=too_long,
-                      max_seqs_per_bin=o.max_seqs_per_bin, seed=window_seed(o.seed, first_window + w),
-                      pool_size=o.pool_size, pool_strategy=o.pool_strategy, max_tokens=o.max_tokens,
-                      buckets=o.buckets, limits=limits if extra is not None else None)
-        window_extra = None if extra is None else extra[lo:hi]
-        if o.step_scope:  # without groups (a blend's steps) every sequence is a group of one
-            starts = np.ones(hi - lo, dtype=bool) if new_group is None else new_group[lo:hi]
-            result, steps = plan_window_steps(gids[lo:hi], lengths[lo:hi], starts, o.step_packs,
-                                              o.step_tokens, extra=window_extra, consecutive=new_group is None,
-                                              **kwargs)
+        result, steps = _plan_window(sequences.window(lo, hi), options, window_seed(options.seed, first_window + w))
+        if steps is not None:
             step_bins.append(steps[1:] + window_bins[-1])
-        else:
-            steps = None
-            result = _plan_one_window(gids[lo:hi], lengths[lo:hi],
-                                      new_group=None if new_group is None else new_group[lo:hi], extra=window_extra,
-                                      shared=None if shared is None else shared[lo:hi], **kwargs)
-        if o.exchanges and o.algorithm != "batch":
-            result = _exchanged(result, o, kwargs["seed"], steps,
-                                None if new_group is None or o.step_scope else new_group[lo:hi], gids[lo:hi],
-                                lengths[lo:hi])
         parts.append(result)
         window_bins.append(window_bins[-1] + len(result[0]) - 1)
         if progress is not None:
             progress(hi - lo)
-
-    bin_offsets = [np.zeros(1, np.int64)]
-    base = 0
-    for part in parts:
-        bin_offsets.append(part[0][1:] + base)
-        base += int(part[0][-1])
-    cat = (lambda k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64))
-    piece_extra = None
-    if extra is not None:
-        piece_extra = (np.concatenate([p[5] for p in parts]) if parts else np.zeros((0, len(limits)), np.int64))
+    bin_offsets, piece_gid, piece_start, piece_len, piece_padded, *piece_extra = _joined(
+        parts, None if sequences.extra is None else len(limits))
     return PackPlan(
-        window_bins=np.asarray(window_bins, dtype=np.int64),
-        bin_offsets=np.concatenate(bin_offsets),
-        piece_gid=cat(1), piece_start=cat(2), piece_len=cat(3), piece_padded=cat(4),
-        dropped=dropped, truncated=truncated,
-        tokens_dropped=int(lengths[over].sum()) if too_long == "drop" else 0,
-        tokens_truncated=int((lengths[over_capacity] - capacity).sum()) if too_long == "truncate" else 0,
-        step_bins=np.concatenate(step_bins) if o.step_scope else None,
-        piece_extra=piece_extra,
-        over_limit=None if extra is None else np.sort(gids[over_limit]) if too_long == "drop" else np.zeros(0, np.int64),
+        window_bins=np.asarray(window_bins, dtype=np.int64), bin_offsets=bin_offsets,
+        piece_gid=piece_gid, piece_start=piece_start, piece_len=piece_len, piece_padded=piece_padded,
+        dropped=over_long.dropped, truncated=over_long.truncated,
+        tokens_dropped=over_long.tokens_dropped, tokens_truncated=over_long.tokens_truncated,
+        step_bins=np.concatenate(step_bins) if options.step_scope else None,
+        piece_extra=piece_extra[0] if piece_extra else None, over_limit=over_long.over_limit,
     )
+
+
+@dataclass(frozen=True)
+class _Sequences:
+    """Sequences in planning order (`gids`, true `lengths`, int64) with what travels beside each:
+    `new_group` (True on a group's first member), `extra` (its value of each limited column, n x k)
+    and `shared` (the tokens its group stores once, --share-prefix); None where not given."""
+
+    gids: np.ndarray
+    lengths: np.ndarray
+    new_group: np.ndarray | None = None
+    extra: np.ndarray | None = None
+    shared: np.ndarray | None = None
+
+    def window(self, lo: int, hi: int) -> _Sequences:
+        """The sequences lo..hi, each with what travels beside it."""
+        def cut(values):
+            return None if values is None else values[lo:hi]
+
+        return _Sequences(self.gids[lo:hi], self.lengths[lo:hi], cut(self.new_group), cut(self.extra), cut(self.shared))
+
+
+def _check_groups(sequences: _Sequences, options: WindowOptions, limits: np.ndarray) -> None:
+    """Raise for the group of two or more that no window can place: GroupTooLong for one over the
+    capacity, packed whole (--group-scope pack; with a shared prefix, at its stored length), and
+    GroupOverLimit for one over a limit (its sum with pack scope, a member with step)."""
+    gids, lengths, new_group, shared = sequences.gids, sequences.lengths, sequences.new_group, sequences.shared
+    if not options.step_scope:
+        align = options.align
+        padded = (round_up(lengths, align) if shared is None
+                  else stored_padded(lambda n: round_up(n, align), lengths, shared, new_group))
+        check_groups_fit(gids, padded, new_group, options.capacity)
+    if sequences.extra is not None:
+        check_groups_within_limits(gids, sequences.extra, new_group, limits, whole=not options.step_scope)
+
+
+@dataclass(frozen=True)
+class _OverLong:
+    """What --too-long does to the sequences over the capacity or over a limit on their own: the
+    fields of PackPlan that say so (`dropped`, `truncated`, their tokens, `over_limit`)."""
+
+    dropped: np.ndarray
+    truncated: np.ndarray
+    tokens_dropped: int
+    tokens_truncated: int
+    over_limit: np.ndarray | None
+
+    @classmethod
+    def of(cls, sequences: _Sequences, options: WindowOptions, limits: np.ndarray) -> _OverLong:
+        """--too-long's outcome for `sequences`; raises for the first sequence (smallest gid) it
+        cannot place: over a limit or media that would be cut (`_refuse_cutting_media`), over the
+        capacity with `error` (SequenceTooLong)."""
+        gids, lengths, extra = sequences.gids, sequences.lengths, sequences.extra
+        capacity, too_long = options.capacity, options.too_long
+        over_capacity = round_up(lengths, options.align) > capacity
+        over_limit = over_limits(extra, limits) if extra is not None else np.zeros(len(gids), dtype=bool)
+        if too_long != "drop" and extra is not None:
+            _refuse_cutting_media(gids, lengths, extra, limits, over_capacity, over_limit, capacity, too_long)
+        if too_long == "error" and over_capacity.any():
+            i = int(np.flatnonzero(over_capacity)[np.argmin(gids[over_capacity])])
+            raise SequenceTooLong(int(gids[i]), int(lengths[i]), int(round_up(lengths[i], options.align)), capacity)
+        over = over_capacity | over_limit  # what --too-long drop leaves out
+        drop, truncate = too_long == "drop", too_long == "truncate"
+        return cls(
+            dropped=np.sort(gids[over]) if drop else np.zeros(0, np.int64),
+            truncated=np.sort(gids[over_capacity]) if truncate else np.zeros(0, np.int64),
+            tokens_dropped=int(lengths[over].sum()) if drop else 0,
+            tokens_truncated=int((lengths[over_capacity] - capacity).sum()) if truncate else 0,
+            over_limit=None if extra is None else np.sort(gids[over_limit]) if drop else np.zeros(0, np.int64),
+        )
+
+
+def _plan_window(window: _Sequences, options: WindowOptions,
+                 seed: int) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]:
+    """One window's planned pieces (`_plan_one_window`'s tuple) and, under --group-scope step, the
+    first pack of each of its steps (plus the end), else None; with `options.exchanges` after the
+    seeded exchanges between its packs (`_exchanged`)."""
+    steps = None
+    if options.step_scope:  # without groups (a blend's steps) every sequence is a group of one
+        starts = np.ones(len(window.gids), dtype=bool) if window.new_group is None else window.new_group
+        result, steps = plan_window_steps(window.gids, window.lengths, starts, options, seed=seed,
+                                          extra=window.extra, consecutive=window.new_group is None)
+    else:
+        result = _plan_one_window(window.gids, window.lengths, options, seed=seed, new_group=window.new_group,
+                                  extra=window.extra, shared=window.shared)
+    if options.exchanges and options.algorithm != "batch":
+        result = _exchanged(result, options, seed, steps, None if options.step_scope else window.new_group,
+                            window.gids, window.lengths)
+    return result, steps
+
+
+def _joined(parts: list[tuple[np.ndarray, ...]], extra_columns: int | None) -> tuple[np.ndarray, ...]:
+    """Planned pieces of consecutive runs of packs (each `_plan_one_window`'s tuple) as one tuple,
+    the packs of each part after those of the parts before; `extra_columns` (k with limits, else
+    None) shapes the costs of no pieces at all.
+
+        ([0, 2], gids [4, 5], ...) and ([0, 1], gids [6], ...) -> ([0, 2, 3], gids [4, 5, 6], ...)
+    """
+    if not parts:
+        nothing = (np.zeros(1, np.int64), *(np.zeros(0, np.int64) for _ in range(4)))
+        return nothing if extra_columns is None else (*nothing, np.zeros((0, extra_columns), np.int64))
+    offsets, base = [np.zeros(1, np.int64)], 0
+    for part in parts:
+        offsets.append(part[0][1:] + base)
+        base += int(part[0][-1])
+    return (np.concatenate(offsets), *(np.concatenate([p[i] for p in parts]) for i in range(1, len(parts[0]))))
 
 
 def _checked_extra(extra, limits: np.ndarray, n: int) -> np.ndarray | None:
@@ -407,24 +469,23 @@ STEP_LOOKAHEAD = 256  # groups a step may reach ahead of the first one waiting, 
 STEP_MISSES = 4  # groups tried in vain (they fit the room, not the packs) before a step closes
 
 
-def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tokens: int | None, *, seed: int,
-                      extra: np.ndarray | None = None, consecutive: bool = False,
-                      **options) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+def plan_window_steps(gids, lengths, new_group, options: WindowOptions, *, seed: int, extra: np.ndarray | None = None,
+                      consecutive: bool = False) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
     """One window under --group-scope step: its groups cut into steps, each step's sequences packed
     on their own by the algorithm (a group's members may share packs with other groups and spread
     over several packs, never over two steps).
 
-    A step takes, in order, the waiting groups that fit its room (`step_packs` M: M packs of
-    padded tokens; `step_tokens` T: T padded tokens), looking up to STEP_LOOKAHEAD groups past the
-    first one waiting, so a group too big for what is left waits for the next step while smaller
-    ones fill the room. With M, if the algorithm needs more than M packs for them, the step keeps
-    the longest run of the groups it took, from the first, that fits M packs (binary search),
-    then tries the groups still waiting one by one (each kept if the step still fits M packs,
-    until STEP_MISSES do not); a group alone that the algorithm cannot fit is packed
+    A step takes, in order, the waiting groups that fit its room (`options.step_packs` M: M packs
+    of padded tokens; `options.step_tokens` T: T padded tokens), looking up to STEP_LOOKAHEAD
+    groups past the first one waiting, so a group too big for what is left waits for the next step
+    while smaller ones fill the room. With M, if the algorithm needs more than M packs for them,
+    the step keeps the longest run of the groups it took, from the first, that fits M packs
+    (binary search), then tries the groups still waiting one by one (each kept if the step still
+    fits M packs, until STEP_MISSES do not); a group alone that the algorithm cannot fit is packed
     first-fit-decreasing, which `check_groups_fit_step` vouched for. Step k of the window packs
     with seed window_seed(seed, k).
     Returns `_plan_one_window`'s tuple for the whole window and the first pack of every step
-    (plus the end). With limits (`extra`, `options["limits"]`) every step's packs keep them; the
+    (plus the end). With limits (`extra`, `options.limits`) every step's packs keep them; the
     room of a step stays in tokens.
 
         capacity 8, step_packs 2, groups of padded lengths [5 3] [6] [4 4] [7]
@@ -439,162 +500,234 @@ def plan_window_steps(gids, lengths, new_group, step_packs: int | None, step_tok
         groups [5 3] [6] [4 4] [2]: step 0 takes [5 3] [6] and, past [4 4], [2] (16 of 16);
         consecutive: step 0 [5 3] [6], step 1 [4 4] [2]
     """
-    capacity, align, too_long = options["capacity"], options["align"], options["too_long"]
-    padded = round_up(lengths, align)
-    over = padded > capacity
-    if extra is not None and too_long == "drop":  # a sequence over a limit is dropped: it takes no room
-        over |= over_limits(extra, options["limits"])
-    size = np.where(over, 0 if too_long == "drop" else capacity, padded)  # room each takes after --too-long
-    first = np.flatnonzero(new_group)
-    ends = np.append(first[1:], len(gids))
-    totals = np.add.reduceat(size, first).tolist() if len(first) else []
-    room = step_packs * capacity if step_packs is not None else step_tokens
-    n = len(first)
-    waiting = np.asarray(totals, dtype=np.int64) > 0  # a group dropped whole (--too-long drop) takes no room
+    groups = _StepGroups.of(gids, lengths, new_group, options, seed, extra, consecutive)
     parts, steps = [], [0]
-    g = int(np.argmax(waiting)) if waiting.any() else n
-    k = 0
+    g = groups.next_waiting(0)
+    while g < groups.count:
+        taken, result = groups.step_from(g, len(parts))
+        groups.waiting[taken] = False
+        if len(result[0]) > 1:
+            parts.append(result)
+            steps.append(steps[-1] + len(result[0]) - 1)
+        g = groups.next_waiting(g)
+    return _joined(parts, None if extra is None else extra.shape[1]), np.asarray(steps, dtype=np.int64)
 
-    def pack_groups(taken: list[int], **overrides):
-        take = np.concatenate([np.arange(first[t], ends[t]) for t in taken])
-        return _plan_one_window(gids[take], lengths[take], extra=None if extra is None else extra[take],
-                                **{**options, "seed": window_seed(seed, k), **overrides})
 
-    def _fill_step(taken: list[int], held: int, result):
+@dataclass
+class _StepGroups:
+    """One window's groups as `plan_window_steps` cuts them into steps: group t is the sequences
+    first[t]:ends[t] and takes `totals[t]` padded tokens of a step's `room` (a sequence dropped by
+    --too-long drop takes none, one over the capacity otherwise takes the capacity); `waiting`
+    (updated by the caller) says which groups no step holds yet."""
+
+    gids: np.ndarray
+    lengths: np.ndarray
+    extra: np.ndarray | None
+    options: WindowOptions
+    seed: int
+    consecutive: bool
+    first: np.ndarray
+    ends: np.ndarray
+    totals: list[int]
+    room: int
+    waiting: np.ndarray
+
+    @classmethod
+    def of(cls, gids, lengths, new_group, options: WindowOptions, seed: int, extra: np.ndarray | None,
+           consecutive: bool) -> _StepGroups:
+        """The groups of `new_group` (True on each group's first sequence), all waiting but those
+        that --too-long drop leaves empty."""
+        capacity, too_long = options.capacity, options.too_long
+        padded = round_up(lengths, options.align)
+        over = padded > capacity
+        if extra is not None and too_long == "drop":  # a sequence over a limit is dropped: it takes no room
+            over |= over_limits(extra, np.asarray(options.limits, dtype=np.int64))
+        size = np.where(over, 0 if too_long == "drop" else capacity, padded)  # room each takes after --too-long
+        first = np.flatnonzero(new_group)
+        totals = np.add.reduceat(size, first).tolist() if len(first) else []
+        return cls(gids=gids, lengths=lengths, extra=extra, options=options, seed=seed, consecutive=consecutive,
+                   first=first, ends=np.append(first[1:], len(gids)), totals=totals,
+                   room=options.step_packs * capacity if options.step_packs is not None else options.step_tokens,
+                   waiting=np.asarray(totals, dtype=np.int64) > 0)  # a group dropped whole takes no room
+
+    @property
+    def count(self) -> int:
+        return len(self.first)
+
+    def next_waiting(self, g: int) -> int:
+        """The first group from g on that is still waiting (`count` when none is)."""
+        while g < self.count and not self.waiting[g]:
+            g += 1
+        return g
+
+    def pack(self, taken: list[int], k: int, *, alone: bool = False) -> tuple[np.ndarray, ...]:
+        """The groups `taken` packed as step k (`_plan_one_window`): by the algorithm, seeded
+        window_seed(seed, k), or (`alone`: one group the algorithm cannot fit) first-fit-decreasing."""
+        take = np.concatenate([np.arange(self.first[t], self.ends[t]) for t in taken])
+        options = replace(self.options, algorithm="ffd") if alone else self.options
+        return _plan_one_window(self.gids[take], self.lengths[take], options,
+                                seed=0 if alone else window_seed(self.seed, k),
+                                extra=None if self.extra is None else self.extra[take])
+
+    def step_from(self, g: int, k: int) -> tuple[list[int], tuple[np.ndarray, ...]]:
+        """Step k, opened by the waiting group g: the groups it takes and their packing."""
+        taken = self._within_room(g)
+        result = self.pack(taken, k)
+        if self.options.step_packs is None or len(result[0]) - 1 <= self.options.step_packs:
+            return taken, result
+        # the longest run of the groups taken, from the first, that the algorithm packs into M
+        # packs (binary search; one group alone always fits first-fit-decreasing)
+        fits, over = 0, len(taken)
+        while over - fits > 1:
+            mid = (fits + over) // 2
+            trial = self.pack(taken[:mid], k)
+            if len(trial[0]) - 1 <= self.options.step_packs:
+                fits, result = mid, trial
+            else:
+                over = mid
+        if fits == 0:
+            result = self.pack(taken[:1], k, alone=True)
+            if len(result[0]) - 1 > self.options.step_packs:
+                raise GroupTooBigForStep(int(self.gids[self.first[g]]), int(self.ends[g] - self.first[g]),
+                                         self.totals[g], len(result[0]) - 1, self.options.step_packs)
+            return taken[:1], result
+        taken = taken[:fits]
+        return taken, self._filled(taken, sum(self.totals[t] for t in taken), result, k)
+
+    def _within_room(self, g: int) -> list[int]:
+        """From group g on, the waiting groups that fit the room, in order (up to the first that
+        does not, with `consecutive`), looking STEP_LOOKAHEAD groups ahead."""
+        taken, held = [g], self.totals[g]
+        for j in range(g + 1, min(self.count, g + STEP_LOOKAHEAD)):
+            if held >= self.room:
+                break
+            if self.waiting[j] and held + self.totals[j] <= self.room:
+                taken.append(j)
+                held += self.totals[j]
+            elif self.consecutive:
+                break
+        return taken
+
+    def _filled(self, taken: list[int], held: int, result: tuple[np.ndarray, ...], k: int) -> tuple[np.ndarray, ...]:
         """Try the groups still waiting that fit the room, one by one, until STEP_MISSES of them did
         not fit the packs; `taken` grows in place. Returns the step's packing."""
-        if consecutive:  # a later group would leave a gap in the run
+        if self.consecutive:  # a later group would leave a gap in the run
             return result
         misses = 0
-        given_back = set(taken)
-        for j in range(taken[0] + 1, min(n, taken[0] + STEP_LOOKAHEAD)):
-            if misses >= STEP_MISSES or held >= room:
+        in_step = set(taken)
+        for j in range(taken[0] + 1, min(self.count, taken[0] + STEP_LOOKAHEAD)):
+            if misses >= STEP_MISSES or held >= self.room:
                 break
-            if not waiting[j] or j in given_back or held + totals[j] > room:
+            if not self.waiting[j] or j in in_step or held + self.totals[j] > self.room:
                 continue
-            trial = pack_groups([*taken, j])
-            if len(trial[0]) - 1 <= step_packs:
+            trial = self.pack([*taken, j], k)
+            if len(trial[0]) - 1 <= self.options.step_packs:
                 taken.append(j)
-                held += totals[j]
+                held += self.totals[j]
                 result = trial
             else:
                 misses += 1
         return result
 
-    while g < n:
-        taken, held = [g], totals[g]
-        for j in range(g + 1, min(n, g + STEP_LOOKAHEAD)):
-            if held >= room:
-                break
-            if waiting[j] and held + totals[j] <= room:
-                taken.append(j)
-                held += totals[j]
-            elif consecutive:
-                break
-        result = pack_groups(taken)
-        if step_packs is not None and len(result[0]) - 1 > step_packs:
-            # the longest run of the groups taken, from the first, that the algorithm packs into M
-            # packs (binary search; one group alone always fits first-fit-decreasing)
-            fits, over = 0, len(taken)
-            while over - fits > 1:
-                mid = (fits + over) // 2
-                trial = pack_groups(taken[:mid])
-                if len(trial[0]) - 1 <= step_packs:
-                    fits, result = mid, trial
-                else:
-                    over = mid
-            if fits == 0:
-                taken = taken[:1]
-                result = pack_groups(taken, algorithm="ffd", seed=0)
-                if len(result[0]) - 1 > step_packs:
-                    raise GroupTooBigForStep(int(gids[first[g]]), int(ends[g] - first[g]), totals[g],
-                                             len(result[0]) - 1, step_packs)
-            else:
-                taken = taken[:fits]
-                result = _fill_step(taken, sum(totals[t] for t in taken), result)
-        waiting[taken] = False
-        if len(result[0]) > 1:
-            parts.append(result)
-            steps.append(steps[-1] + len(result[0]) - 1)
-            k += 1
-        while g < n and not waiting[g]:
-            g += 1
-    if not parts:
-        empty = np.zeros(0, np.int64)
-        nothing = (np.zeros(1, np.int64), empty, empty, empty, empty)
-        if extra is not None:
-            nothing = (*nothing, np.zeros((0, extra.shape[1]), np.int64))
-        return nothing, np.zeros(1, np.int64)
-    offsets, base = [np.zeros(1, np.int64)], 0
-    for part in parts:
-        offsets.append(part[0][1:] + base)
-        base += int(part[0][-1])
-    joined = (np.concatenate(offsets), *(np.concatenate([p[i] for p in parts]) for i in range(1, len(parts[0]))))
-    return joined, np.asarray(steps, dtype=np.int64)
 
-
-def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max_seqs_per_bin, seed, pool_size=128,
-                     pool_strategy="closest", max_tokens=None, buckets=None, new_group=None, extra=None, limits=None,
-                     shared=None):
+def _plan_one_window(gids, lengths, options: WindowOptions, *, seed: int, new_group=None, extra=None,
+                     shared=None) -> tuple[np.ndarray, ...]:
     """One window -> (bin_offsets, piece gid, start, len, padded), and with limits (`extra` n x k,
-    `limits` k) each piece's costs (pieces x k) after them. With `new_group`, the algorithm packs
-    whole groups (only groups of one can be over-long: plan_windows checked); with `shared` too,
-    the segments of each shared group (`expand_shared`)."""
-    padded = round_up(lengths, align)
-    over = padded > capacity
-    if extra is not None and too_long == "drop":
-        over = over | over_limits(extra, limits)
-    start = np.zeros(len(gids), np.int64)
-    full_chunks = np.zeros(len(gids), np.int64)
-    if too_long == "drop":
-        keep = ~over
-        gids, lengths, start, full_chunks = gids[keep], lengths[keep], start[keep], full_chunks[keep]
-        new_group = None if new_group is None else new_group[keep]
-        extra = None if extra is None else extra[keep]
-    elif too_long == "truncate":
-        lengths = np.where(over, capacity, lengths)
-    elif too_long == "split" and not cuts_items(algorithm):
-        # Full chunks of `capacity` fill a pack each; only the last piece is packed by the algorithm.
-        full_chunks = np.where(over, (lengths - 1) // capacity, 0)
-        start = full_chunks * capacity
-        lengths = lengths - start
-    if shared is not None and new_group is not None:  # only groups of one are cut above: they share nothing
-        rows, seg_start, lengths, new_group = expand_shared(lengths, shared[keep] if too_long == "drop" else shared,
-                                                            new_group)
-        gids, start, full_chunks = gids[rows], start[rows] + seg_start, full_chunks[rows]
-    item_padded = round_up(lengths, align)
-
-    budgets = {} if extra is None else {"limits": limits}
-    if algorithm == "batch":
-        if extra is not None:
-            raise ValueError("limits apply to packs: batch mode (padded micro-batches) takes none")
-        bins = batch_lengths(item_padded, max_tokens, max_seqs_per_bin=max_seqs_per_bin, buckets=buckets)
-    elif new_group is not None:
-        first = np.flatnonzero(new_group)
-        size = np.diff(np.append(first, len(gids)))
-        group_padded = np.add.reduceat(item_padded, first) if len(first) else item_padded
-        if extra is not None:  # a group costs the sum of its members
-            budgets["extra"] = np.add.reduceat(extra, first, axis=0) if len(first) else extra
-        bins = expand_items(pack_lengths(group_padded, capacity, algorithm, seed=seed, pool_size=pool_size,
-                                         pool_strategy=pool_strategy, **budgets), first, size, item_padded)
-    else:
-        if extra is not None:
-            budgets["extra"] = extra
-        bins = pack_lengths(item_padded, capacity, algorithm, max_seqs_per_bin=max_seqs_per_bin,
-                            seed=seed, align=align, pool_size=pool_size, pool_strategy=pool_strategy, **budgets)
+    `options.limits` k) each piece's costs (pieces x k) after them. With `new_group`, the algorithm
+    packs whole groups (only groups of one can be over-long: plan_windows checked); with `shared`
+    too, the segments of each shared group (`expand_shared`)."""
+    items = _WindowItems.of(gids, lengths, options, new_group, extra, shared)
+    bins = items.packed(options, seed)
     members = bins.members
-    p_gid = gids[members]
-    p_start = start[members] + bins.starts
-    p_len = np.minimum(bins.lens, lengths[members] - bins.starts)
-    p_padded = bins.lens.astype(np.int64)
-    offsets = bins.offsets.astype(np.int64)
-    p_extra = None if extra is None else extra[members]  # a cut sequence costs nothing (plan_windows checked)
-    if not full_chunks.any():
-        return (offsets, p_gid, p_start, p_len, p_padded) + (() if p_extra is None else (p_extra,))
+    planned = (bins.offsets.astype(np.int64), items.gids[members], items.start[members] + bins.starts,
+               np.minimum(bins.lens, items.lengths[members] - bins.starts), bins.lens.astype(np.int64))
+    if items.extra is not None:
+        planned = (*planned, items.extra[members])  # a cut sequence costs nothing (plan_windows checked)
+    if not items.full_chunks.any():
+        return planned
+    return _with_full_chunks(planned, items.full_chunks[members], options.capacity)
 
-    # Insert each split sequence's full-chunk packs right before the pack holding its last piece.
-    n_bins, n_pieces = len(offsets) - 1, len(members)
-    chunks_per_piece = full_chunks[members]
+
+@dataclass(frozen=True)
+class _WindowItems:
+    """A window's sequences after --too-long, as the algorithm packs them: per item its sequence
+    (`gids`), its first token in it (`start`), its true tokens (`lengths`), the full packs of
+    `capacity` tokens that come before the item's pack (`full_chunks`: --too-long split, when the
+    algorithm cuts nothing itself), and what travels with it (`new_group`, `extra`).
+
+        capacity 8, --too-long split, a sequence of 19 tokens: start 16, length 3, full_chunks 2
+    """
+
+    gids: np.ndarray
+    start: np.ndarray
+    lengths: np.ndarray
+    full_chunks: np.ndarray
+    new_group: np.ndarray | None
+    extra: np.ndarray | None
+
+    @classmethod
+    def of(cls, gids, lengths, options: WindowOptions, new_group, extra, shared) -> _WindowItems:
+        """--too-long applied (drop leaves a sequence out, truncate cuts it to the capacity, split
+        keeps its last piece), then each shared group cut into its segments (`expand_shared`)."""
+        capacity, too_long = options.capacity, options.too_long
+        over = round_up(lengths, options.align) > capacity
+        if extra is not None and too_long == "drop":
+            over = over | over_limits(extra, np.asarray(options.limits, dtype=np.int64))
+        start = np.zeros(len(gids), np.int64)
+        full_chunks = np.zeros(len(gids), np.int64)
+        if too_long == "drop":
+            keep = ~over
+            gids, lengths, start, full_chunks = gids[keep], lengths[keep], start[keep], full_chunks[keep]
+            new_group = None if new_group is None else new_group[keep]
+            extra = None if extra is None else extra[keep]
+            shared = None if shared is None else shared[keep]
+        elif too_long == "truncate":
+            lengths = np.where(over, capacity, lengths)
+        elif too_long == "split" and not cuts_items(options.algorithm):
+            # Full chunks of `capacity` fill a pack each; only the last piece is packed by the algorithm.
+            full_chunks = np.where(over, (lengths - 1) // capacity, 0)
+            start = full_chunks * capacity
+            lengths = lengths - start
+        if shared is not None and new_group is not None:  # only groups of one are cut above: they share nothing
+            rows, seg_start, lengths, new_group = expand_shared(lengths, shared, new_group)
+            gids, start, full_chunks = gids[rows], start[rows] + seg_start, full_chunks[rows]
+        return cls(gids=gids, start=start, lengths=lengths, full_chunks=full_chunks, new_group=new_group,
+                   extra=extra)
+
+    def packed(self, options: WindowOptions, seed: int) -> Bins:
+        """The items' bins: padded micro-batches (algorithm batch), the algorithm over whole groups,
+        each costing the sum of its members (`new_group`), else over the items one by one."""
+        item_padded = round_up(self.lengths, options.align)
+        budgets = {} if self.extra is None else {"limits": np.asarray(options.limits, dtype=np.int64)}
+        if options.algorithm == "batch":
+            if self.extra is not None:
+                raise ValueError("limits apply to packs: batch mode (padded micro-batches) takes none")
+            return batch_lengths(item_padded, options.max_tokens, max_seqs_per_bin=options.max_seqs_per_bin,
+                                 buckets=options.buckets)
+        if self.new_group is not None:
+            first = np.flatnonzero(self.new_group)
+            size = np.diff(np.append(first, len(self.gids)))
+            group_padded = np.add.reduceat(item_padded, first) if len(first) else item_padded
+            if self.extra is not None:
+                budgets["extra"] = np.add.reduceat(self.extra, first, axis=0) if len(first) else self.extra
+            return expand_items(pack_lengths(group_padded, options.capacity, options.algorithm, seed=seed,
+                                             pool_size=options.pool_size, pool_strategy=options.pool_strategy,
+                                             **budgets), first, size, item_padded)
+        if self.extra is not None:
+            budgets["extra"] = self.extra
+        return pack_lengths(item_padded, options.capacity, options.algorithm,
+                            max_seqs_per_bin=options.max_seqs_per_bin, seed=seed, align=options.align,
+                            pool_size=options.pool_size, pool_strategy=options.pool_strategy, **budgets)
+
+
+def _with_full_chunks(planned: tuple[np.ndarray, ...], chunks_per_piece: np.ndarray,
+                      capacity: int) -> tuple[np.ndarray, ...]:
+    """The planned pieces (`_plan_one_window`'s tuple) with each split sequence's full chunks
+    (`chunks_per_piece`, on its last piece) as packs of their own right before the pack holding
+    its last piece, in order, so its pieces stay in order (module docstring: bins 0 and 1)."""
+    offsets, p_gid, p_start, p_len, p_padded = planned[:5]
+    p_extra = planned[5] if len(planned) > 5 else None
+    n_bins, n_pieces = len(offsets) - 1, len(p_gid)
     piece_bin = np.repeat(np.arange(n_bins), np.diff(offsets))
     chunk_piece = np.repeat(np.arange(n_pieces), chunks_per_piece)
     chunk_j = np.arange(len(chunk_piece)) - np.repeat(np.cumsum(chunks_per_piece) - chunks_per_piece,
@@ -613,9 +746,8 @@ def _plan_one_window(gids, lengths, *, capacity, align, algorithm, too_long, max
     all_len = np.concatenate([p_len, np.full(len(chunk_piece), capacity, np.int64)])
     all_padded = np.concatenate([p_padded, np.full(len(chunk_piece), capacity, np.int64)])
     new_offsets = np.concatenate([[0], np.cumsum(rec_count[rank])]).astype(np.int64)
-    planned = (new_offsets, all_gid[take], all_start[take], all_len[take], all_padded[take])
+    moved = (new_offsets, all_gid[take], all_start[take], all_len[take], all_padded[take])
     if p_extra is None:
-        return planned
+        return moved
     all_extra = np.concatenate([p_extra, np.zeros((len(chunk_piece), p_extra.shape[1]), np.int64)])
-    return (*planned, all_extra[take])
-
+    return (*moved, all_extra[take])

@@ -58,9 +58,9 @@ def test_the_docstring_example_of_consecutive_steps():
 
     lengths = np.array([5, 3, 6, 4, 4, 2])
     new_group = np.array([1, 0, 1, 1, 0, 1], dtype=bool)
-    options = dict(capacity=8, align=1, algorithm="ffd", too_long="error", max_seqs_per_bin=None)
-    _, ahead = plan_window_steps(np.arange(6), lengths, new_group, 2, None, seed=0, **options)
-    _, consecutive = plan_window_steps(np.arange(6), lengths, new_group, 2, None, seed=0, consecutive=True, **options)
+    options = WindowOptions(capacity=8, align=1, algorithm="ffd", too_long="error", window=6, step_packs=2)
+    _, ahead = plan_window_steps(np.arange(6), lengths, new_group, options, seed=0)
+    _, consecutive = plan_window_steps(np.arange(6), lengths, new_group, options, seed=0, consecutive=True)
     # [5 3] [6 2] | [4 4]  against  [5 3] [6] | [4 4] [2]
     assert ahead.tolist() == [0, 2, 3] and consecutive.tolist() == [0, 2, 4]
 
