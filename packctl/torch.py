@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -559,16 +560,36 @@ def thd_batch(sequences: Sequence[torch.Tensor], packs, pack_ids: Sequence[int] 
     gathered with one copy per piece and the rest is built with tensor operations, no Python loop
     over tokens, so it runs on the GPU where the rollouts are.
     """
-    from packctl.arrays import ranges
-    from packctl.contract.schema import SAMPLE_IDS
+    pack_ids = _batch_pack_ids(packs, pack_ids)
+    _check_batch_of_plan(packs, sequences, labels)
+    pieces = _BatchPieces.of(packs, pack_ids, pad_to)
+    tokens = pieces.gathered(sequences)
+    device = tokens.device if device is None else torch.device(device)
+    tokens = tokens.to(device=device, dtype=torch.int64)
+    targets = tokens if labels is None else pieces.gathered(labels).to(device=device, dtype=torch.int64)
+    out = pieces.thd_row(tokens, targets, pad_token_id, device)
+    if shift_labels:
+        out.update(_shifted_labels(out[LABELS][0]))
+    return out
 
-    offsets = np.asarray(packs.offsets, dtype=np.int64)
-    pack_ids = np.arange(len(offsets) - 1) if pack_ids is None else np.asarray(pack_ids, dtype=np.int64).reshape(-1)
+
+def _batch_pack_ids(packs, pack_ids: Sequence[int] | None) -> np.ndarray:
+    """The packs of `thd_batch`'s micro-batch as int64 (every pack of the plan when None), each
+    checked to be a pack of the plan."""
+    num_packs = len(packs.offsets) - 1
+    pack_ids = np.arange(num_packs) if pack_ids is None else np.asarray(pack_ids, dtype=np.int64).reshape(-1)
     if len(pack_ids) == 0:
         raise PackctlError("thd_batch: pack_ids is empty; pass the packs of the micro-batch")
-    if pack_ids.min() < 0 or pack_ids.max() >= len(offsets) - 1:
-        raise PackctlError(f"thd_batch: pack_ids {pack_ids.tolist()[:8]} are not all in [0, {len(offsets) - 1}), the "
+    if pack_ids.min() < 0 or pack_ids.max() >= num_packs:
+        raise PackctlError(f"thd_batch: pack_ids {pack_ids.tolist()[:8]} are not all in [0, {num_packs}), the "
                            f"packs of this plan")
+    return pack_ids
+
+
+def _check_batch_of_plan(packs, sequences: Sequence[torch.Tensor], labels: Sequence[torch.Tensor] | None) -> None:
+    """Refuse a batch that is not the one `packs` was planned from: too few sequences, one whose
+    length differs from its planned pieces' (a sequence dropped or truncated by the plan is not
+    compared), or labels that do not match their sequences one for one."""
     sequence = np.asarray(packs.sequence, dtype=np.int64)
     given = np.array([int(t.shape[0]) for t in sequences], dtype=np.int64)
     if len(given) <= int(sequence.max(initial=-1)):
@@ -585,59 +606,85 @@ def thd_batch(sequences: Sequence[torch.Tensor], packs, pack_ids: Sequence[int] 
                            f"of these very sequences")
     if labels is not None and [int(t.shape[0]) for t in labels] != given.tolist():
         raise PackctlError("thd_batch: labels must hold one tensor per sequence, of its sequence's length")
-    counts = offsets[pack_ids + 1] - offsets[pack_ids]
-    pieces = ranges(offsets[pack_ids], counts)
-    seq, start = sequence[pieces], np.asarray(packs.start, dtype=np.int64)[pieces]
-    length, segment = np.asarray(packs.length, dtype=np.int64)[pieces], np.asarray(packs.padded, dtype=np.int64)[pieces]
-    segment = segment.copy()
-    if pad_to is not None:
-        last = np.cumsum(counts) - 1
-        loads = np.add.reduceat(segment, np.cumsum(counts) - counts)
-        if (loads > pad_to).any():
-            raise PackctlError(f"thd_batch: pad_to {pad_to} is less than a pack's {int(loads.max())} tokens; pass the "
-                               f"capacity the packs were planned with")
-        segment[last] += pad_to - loads
-    cu = np.concatenate(([0], np.cumsum(segment))).astype(np.int64)
 
-    def gathered(tensors) -> torch.Tensor:
-        return torch.cat([tensors[s][a:a + n] for s, a, n in zip(seq.tolist(), start.tolist(), length.tolist())])
 
-    tokens = gathered(sequences)
-    device = tokens.device if device is None else torch.device(device)
-    tokens = tokens.to(device=device, dtype=torch.int64)
-    targets = tokens if labels is None else gathered(labels).to(device=device, dtype=torch.int64)
-    total, count = int(cu[-1]), len(seq)
-    segment_t = torch.as_tensor(segment, device=device)
-    seq_index = torch.repeat_interleave(torch.arange(count, device=device), segment_t)
-    cu_t = torch.as_tensor(cu, device=device)
-    position = torch.arange(total, device=device) - cu_t[:-1][seq_index]
-    real = position < torch.as_tensor(length, device=device)[seq_index]
-    input_ids = torch.full((total,), pad_token_id, dtype=torch.int64, device=device)
-    input_ids[real] = tokens
-    label_row = torch.full((total,), IGNORE_INDEX, dtype=torch.int64, device=device)
-    label_row[real] = targets
-    label_row[cu_t[:-1]] = IGNORE_INDEX  # a sequence's first token is nobody's target
-    seq_loss_tokens = torch.zeros(count, dtype=torch.int64, device=device).index_add_(
-        0, seq_index, (label_row != IGNORE_INDEX).to(torch.int64))
-    out = {
-        INPUT_IDS: input_ids.unsqueeze(0),
-        LABELS: label_row.unsqueeze(0),
-        POSITION_IDS: position.unsqueeze(0),
-        CU_SEQLENS: cu_t.to(torch.int32),
-        "max_seqlen": int(segment.max()),
-        SEQ_LENS: torch.as_tensor(length, dtype=torch.int32, device=device),
-        SAMPLE_IDS: torch.as_tensor(seq, device=device),
-        SEQ_LOSS_TOKENS: seq_loss_tokens,
-        NUM_LOSS_TOKENS: int(seq_loss_tokens.sum()),
-        "seq_index": seq_index.unsqueeze(0),
-    }
-    if shift_labels:
-        shifted = torch.full_like(label_row, IGNORE_INDEX)
-        shifted[:-1] = label_row[1:]
-        out[LABELS] = shifted.unsqueeze(0)
-        out["loss_mask"] = (shifted != IGNORE_INDEX).to(torch.float32).unsqueeze(0)
-    return out
+@dataclass(frozen=True, eq=False)
+class _BatchPieces:
+    """The pieces of `thd_batch`'s packs in row order, one entry a piece (int64): the sequence it
+    comes from, its first token there, its true length and its segment in the row (its aligned
+    length, the pack's tail padding added to the pack's last piece). Two packs [3, 2] and [4],
+    align 1, pad_to 8: length [3, 2, 4], segment [3, 5, 8], cu [0, 3, 8, 16]."""
 
+    sequence: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    segment: np.ndarray
+
+    @classmethod
+    def of(cls, packs, pack_ids: np.ndarray, pad_to: int | None) -> _BatchPieces:
+        """The pieces of packs `pack_ids` of the plan `packs`, each pack padded to `pad_to`."""
+        from packctl.arrays import ranges
+
+        offsets = np.asarray(packs.offsets, dtype=np.int64)
+        counts = offsets[pack_ids + 1] - offsets[pack_ids]
+        pieces = ranges(offsets[pack_ids], counts)
+        segment = np.asarray(packs.padded, dtype=np.int64)[pieces].copy()
+        if pad_to is not None:
+            loads = np.add.reduceat(segment, np.cumsum(counts) - counts)
+            if (loads > pad_to).any():
+                raise PackctlError(f"thd_batch: pad_to {pad_to} is less than a pack's {int(loads.max())} tokens; "
+                                   f"pass the capacity the packs were planned with")
+            segment[np.cumsum(counts) - 1] += pad_to - loads
+        return cls(sequence=np.asarray(packs.sequence, dtype=np.int64)[pieces],
+                   start=np.asarray(packs.start, dtype=np.int64)[pieces],
+                   length=np.asarray(packs.length, dtype=np.int64)[pieces], segment=segment)
+
+    @property
+    def cu(self) -> np.ndarray:
+        return np.concatenate(([0], np.cumsum(self.segment))).astype(np.int64)
+
+    def gathered(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The pieces' tokens of `tensors` (one tensor a sequence) end to end: one copy a piece."""
+        return torch.cat([tensors[s][a:a + n] for s, a, n in
+                          zip(self.sequence.tolist(), self.start.tolist(), self.length.tolist())])
+
+    def thd_row(self, tokens: torch.Tensor, targets: torch.Tensor, pad_token_id: int, device) -> dict[str, Any]:
+        """`thd_batch`'s fields from the gathered `tokens` and `targets`, padding put in with tensor
+        operations on `device`: each segment's true tokens first, then its padding."""
+        cu = self.cu
+        total, count = int(cu[-1]), len(self.sequence)
+        seq_index = torch.repeat_interleave(torch.arange(count, device=device),
+                                            torch.as_tensor(self.segment, device=device))
+        cu_t = torch.as_tensor(cu, device=device)
+        position = torch.arange(total, device=device) - cu_t[:-1][seq_index]
+        real = position < torch.as_tensor(self.length, device=device)[seq_index]
+        input_ids = torch.full((total,), pad_token_id, dtype=torch.int64, device=device)
+        input_ids[real] = tokens
+        label_row = torch.full((total,), IGNORE_INDEX, dtype=torch.int64, device=device)
+        label_row[real] = targets
+        label_row[cu_t[:-1]] = IGNORE_INDEX  # a sequence's first token is nobody's target
+        seq_loss_tokens = torch.zeros(count, dtype=torch.int64, device=device).index_add_(
+            0, seq_index, (label_row != IGNORE_INDEX).to(torch.int64))
+        return {
+            INPUT_IDS: input_ids.unsqueeze(0),
+            LABELS: label_row.unsqueeze(0),
+            POSITION_IDS: position.unsqueeze(0),
+            CU_SEQLENS: cu_t.to(torch.int32),
+            "max_seqlen": int(self.segment.max()),
+            SEQ_LENS: torch.as_tensor(self.length, dtype=torch.int32, device=device),
+            SAMPLE_IDS: torch.as_tensor(self.sequence, device=device),
+            SEQ_LOSS_TOKENS: seq_loss_tokens,
+            NUM_LOSS_TOKENS: int(seq_loss_tokens.sum()),
+            "seq_index": seq_index.unsqueeze(0),
+        }
+
+
+def _shifted_labels(label_row: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`labels` shifted for Megatron's GPT loss (labels[i] the target of position i) and their
+    `loss_mask`: labels [. a1 a2 . b1] -> [a1 a2 . b1 .], loss_mask [1 1 0 1 0]."""
+    shifted = torch.full_like(label_row, IGNORE_INDEX)
+    shifted[:-1] = label_row[1:]
+    return {LABELS: shifted.unsqueeze(0), "loss_mask": (shifted != IGNORE_INDEX).to(torch.float32).unsqueeze(0)}
 
 def cp_slice(batch: Mapping[str, Any], cp_size: int, cp_rank: int) -> dict[str, Any]:
     """Context-parallel rank `cp_rank`'s share of a `collate_thd` batch.
