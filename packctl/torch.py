@@ -1001,6 +1001,44 @@ def collate_tree(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         row_group_ids (int64 [R], --group-column), row_weights (float64 [R], --weight-column).
     """
     cu_padded = _padded_offsets(packs, trees=True)  # checks every pack spans its tokens
+    parents = _batch_parents(packs)
+    seq_lens, sample_ids = _flat(packs, SEQ_LENS), _flat(packs, SAMPLE_IDS)
+    labels = _flat(packs, LABELS)
+    rows = tree.row_positions(parents, seq_lens, cu_padded, sample_ids)
+    targets, row_index, loss_tokens = _row_targets(rows, labels)
+    segments = tree.segment_of(np.diff(cu_padded))
+    true_tokens = np.arange(int(cu_padded[-1])) - cu_padded[:-1][segments] < seq_lens[segments]
+    return {
+        INPUT_IDS: _row(_flat(packs, INPUT_IDS)),
+        LABELS: _row(labels),
+        POSITION_IDS: _row(_flat(packs, POSITION_IDS)),
+        PARENT_SEGMENTS: _tensor(parents),
+        SEQ_LENS: _tensor(seq_lens),
+        CU_SEQLENS_PADDED: _tensor(cu_padded, torch.int32),
+        "token_segments": _tensor(segments),
+        "true_tokens": _tensor(true_tokens, torch.bool),
+        "segment_chains": _tensor(tree.chains(parents)),
+        "segment_depths": _tensor(tree.depths(parents)),
+        "row_positions": _tensor(rows.positions),
+        "row_targets": _tensor(targets),
+        "row_index": _tensor(row_index),
+        "row_offsets": _tensor(rows.offsets),
+        "row_sample_ids": _tensor(sample_ids[rows.segments]),
+        "row_loss_tokens": _tensor(loss_tokens),
+        NUM_LOSS_TOKENS: int(loss_tokens.sum()),
+        **_step_fields(packs),
+        **_row_values(packs, rows.segments),
+    }
+
+
+def _tensor(values, dtype=torch.int64) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
+
+
+def _batch_parents(packs: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """Each segment's parent as an index into the batch's segments (-1: it starts a row), every
+    pack's `parent_segments` checked and moved by the segments of the packs before it (a flat
+    pack's are all -1). Packs of 2 and 3 segments, parents [-1, 0] and [-1, 0, 0] -> [-1, 0, -1, 2, 2]."""
     parents, base = [], 0
     for i, p in enumerate(packs):
         local = np.asarray(p[PARENT_SEGMENTS] if PARENT_SEGMENTS in p else np.full(len(p[SEQ_LENS]), -1), np.int64)
@@ -1012,47 +1050,31 @@ def collate_tree(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             raise ValueError(f"pack {i} of the batch: {exc}") from None
         parents.append(np.where(local >= 0, local + base, -1))
         base += len(local)
-    parents = np.concatenate(parents)
-    seq_lens, sample_ids = _flat(packs, SEQ_LENS), _flat(packs, SAMPLE_IDS)
-    labels = _flat(packs, LABELS)
-    rows = tree.row_positions(parents, seq_lens, cu_padded, sample_ids)
+    return np.concatenate(parents)
+
+
+def _row_targets(rows: tree.RowPositions, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per position of the rebuilt rows: the target it predicts (the label of the row's next
+    position; -100 at a row's last) and its row; and per row, its targets that are not -100.
+    Rows [1 2 3 4 7 8] and [1 2 3 4 9], their labels [. . . . 7 8] and [. . . . 9] -> targets
+    [. . . 7 8 .  . . . 9 .], row_index [0 0 0 0 0 0  1 1 1 1 1], row_loss_tokens [2, 1]."""
     targets = np.full(len(rows.positions), IGNORE_INDEX, dtype=np.int64)
     targets[:-1] = labels[rows.positions[1:]]
     targets[rows.offsets[1:] - 1] = IGNORE_INDEX  # a row's last position predicts nothing
     row_index = np.repeat(np.arange(len(rows.segments)), np.diff(rows.offsets))
     loss_tokens = np.bincount(row_index[targets != IGNORE_INDEX], minlength=len(rows.segments)).astype(np.int64)
-    segments = tree.segment_of(np.diff(cu_padded))
-    starts = cu_padded[:-1]
+    return targets, row_index, loss_tokens
 
-    def tensor(values, dtype=torch.int64):
-        return torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
 
-    out: dict[str, Any] = {
-        INPUT_IDS: _row(_flat(packs, INPUT_IDS)),
-        LABELS: _row(labels),
-        POSITION_IDS: _row(_flat(packs, POSITION_IDS)),
-        PARENT_SEGMENTS: tensor(parents),
-        SEQ_LENS: tensor(seq_lens),
-        CU_SEQLENS_PADDED: tensor(cu_padded, torch.int32),
-        "token_segments": tensor(segments),
-        "true_tokens": tensor(np.arange(int(cu_padded[-1])) - starts[segments] < seq_lens[segments], torch.bool),
-        "segment_chains": tensor(tree.chains(parents)),
-        "segment_depths": tensor(tree.depths(parents)),
-        "row_positions": tensor(rows.positions),
-        "row_targets": tensor(targets),
-        "row_index": tensor(row_index),
-        "row_offsets": tensor(rows.offsets),
-        "row_sample_ids": tensor(sample_ids[rows.segments]),
-        "row_loss_tokens": tensor(loss_tokens),
-        NUM_LOSS_TOKENS: int(loss_tokens.sum()),
-        **_step_fields(packs),
-    }
-    for name, key in ((GROUP_IDS, "row_group_ids"), (SEQ_WEIGHTS, "row_weights")):  # the row segment's value
+def _row_values(packs: Sequence[Mapping[str, Any]], row_segments: np.ndarray) -> dict[str, torch.Tensor]:
+    """`row_group_ids` (--group-column) and `row_weights` (--weight-column) of the rebuilt rows,
+    those the packs carry: each row takes the value of the segment that ends it."""
+    out = {}
+    for name, key in ((GROUP_IDS, "row_group_ids"), (SEQ_WEIGHTS, "row_weights")):
         if all(name in p for p in packs):
             values = np.concatenate([np.asarray(p[name], dtype=COLUMN[name].value) for p in packs])
-            out[key] = torch.from_numpy(values[rows.segments])
+            out[key] = torch.from_numpy(values[row_segments])
     return out
-
 
 def _tree_sees(batch: Mapping[str, Any], q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Whether query q may attend to key k (flat indices, any broadcastable shapes): k lies on q's
