@@ -222,24 +222,38 @@ def plan_packs(lengths, capacity: int, *, algorithm: str = "bfd", max_seqs_per_b
         raise PackctlError(f"capacity {capacity} is not a multiple of align {align}: use capacity "
                            f"{round_up(capacity, align)}")
     n = len(lengths)
-    gids = np.arange(n, dtype=np.int64)
-    new_group = None
-    group_of = None
-    if groups is not None:
-        group_of = _groups(groups, n)
-        if n:
-            # members next to each other, groups in the order of their first member:
-            # groups [7, 3, 7, 5] -> sequences [0, 2, 1, 3], new_group [T, F, T, T]
-            _, first_index, inverse = np.unique(group_of, return_index=True, return_inverse=True)
-            inverse = inverse.reshape(-1)
-            gids = np.lexsort((gids, first_index[inverse])).astype(np.int64)
-            run = inverse[gids]
-            new_group = np.concatenate(([True], run[1:] != run[:-1]))
+    group_of = None if groups is None else _groups(groups, n)
+    gids, new_group = _grouped_order(group_of, n)
     options = WindowOptions(capacity=capacity, align=align, algorithm=algorithm, too_long=too_long,
                             window=max(n, 1), max_seqs_per_bin=max_seqs_per_bin, seed=seed, pool_size=pool_size,
                             pool_strategy=pool_strategy)
+    plan = _plan_one_window(gids, lengths[gids], options, new_group)
+    if min_packs is not None or packs_multiple is not None:
+        plan = _with_more_packs(plan, group_of, min_packs, packs_multiple)
+    return _packs_of(plan, n, capacity, align, group_of, max_seqs_per_bin)
+
+
+def _grouped_order(group_of: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The order the n sequences are planned in, and where a new group starts in it (None without
+    groups: every sequence in its own place). Members next to each other, groups in the order of
+    their first member: groups [7, 3, 7, 5] -> sequences [0, 2, 1, 3], new_group [T, F, T, T]."""
+    order = np.arange(n, dtype=np.int64)
+    if group_of is None or not n:
+        return order, None
+    _, first_index, inverse = np.unique(group_of, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    order = np.lexsort((order, first_index[inverse])).astype(np.int64)
+    run = inverse[order]
+    return order, np.concatenate(([True], run[1:] != run[:-1]))
+
+
+def _plan_one_window(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions,
+                     new_group: np.ndarray | None) -> PackPlan:
+    """`plan_windows` over the whole batch as one window, its refusals said as `plan_packs`'
+    arguments: the sequence (its index in `lengths`) or the group, and the fix."""
+    capacity = options.capacity
     try:
-        plan = plan_windows(gids, lengths[gids], options, new_group=new_group)
+        return plan_windows(gids, lengths, options, new_group=new_group)
     except SequenceTooLong as exc:
         raise PackctlError(f"lengths[{exc.gid}] = {exc.length} (padded {exc.padded}) exceeds capacity {capacity}: "
                            f"raise capacity, or pass too_long='drop', 'truncate' or 'split'") from None
@@ -249,19 +263,23 @@ def plan_packs(lengths, capacity: int, *, algorithm: str = "bfd", max_seqs_per_b
                            f"smaller") from None
     except ValueError as exc:
         raise PackctlError(f"plan_packs: {exc}") from None
-    offsets = plan.bin_offsets
-    if min_packs is not None or packs_multiple is not None:
-        pinned = np.isin(plan.piece_gid, plan.split_gids())
-        if group_of is not None:
-            pinned |= _in_larger_group(group_of)[plan.piece_gid]
-        target = _target_packs(plan.num_bins, min_packs, packs_multiple)
-        offsets, take = _more_packs(offsets, pinned, target)
-        plan = PackPlan(window_bins=np.array([0, len(offsets) - 1], np.int64), bin_offsets=offsets,
-                        piece_gid=plan.piece_gid[take], piece_start=plan.piece_start[take],
-                        piece_len=plan.piece_len[take], piece_padded=plan.piece_padded[take], dropped=plan.dropped,
-                        truncated=plan.truncated, tokens_dropped=plan.tokens_dropped,
-                        tokens_truncated=plan.tokens_truncated)
-    return _packs_of(plan, n, capacity, align, group_of, max_seqs_per_bin)
+
+
+def _with_more_packs(plan: PackPlan, group_of: np.ndarray | None, min_packs: int | None,
+                     packs_multiple: int | None) -> PackPlan:
+    """`plan` with packs added until there are `min_packs` and a multiple of `packs_multiple`
+    (`_more_packs`): the pieces of split sequences and the members of groups of two or more stay
+    where they are."""
+    pinned = np.isin(plan.piece_gid, plan.split_gids())
+    if group_of is not None:
+        pinned |= _in_larger_group(group_of)[plan.piece_gid]
+    target = _target_packs(plan.num_bins, min_packs, packs_multiple)
+    offsets, take = _more_packs(plan.bin_offsets, pinned, target)
+    return PackPlan(window_bins=np.array([0, len(offsets) - 1], np.int64), bin_offsets=offsets,
+                    piece_gid=plan.piece_gid[take], piece_start=plan.piece_start[take],
+                    piece_len=plan.piece_len[take], piece_padded=plan.piece_padded[take], dropped=plan.dropped,
+                    truncated=plan.truncated, tokens_dropped=plan.tokens_dropped,
+                    tokens_truncated=plan.tokens_truncated)
 
 
 def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None, *, packs: Packs | None = None,
