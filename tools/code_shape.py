@@ -24,12 +24,16 @@ ROOT = Path(__file__).resolve().parent.parent
 LONG, WIDE = 80, 8
 
 # "module:function" -> why its width stays: a typer command's parameters are its options, one each,
-# as `--help` lists them; grouping them would move typer's parsing into code of packctl's own.
+# as `--help` lists them; grouping them would move typer's parsing into code of packctl's own. A
+# public function's keyword parameters are its documented options: its callers pass them by name.
 EXEMPT = {
     "packctl/cli/tokenize.py:tokenize_command": "a typer command: its parameters are its options",
     "packctl/cli/sample.py:sample_command": "a typer command: its parameters are its options",
     "packctl/cli/verify.py:verify_command": "a typer command: its parameters are its options",
     "packctl/cli/export.py:export_command": "a typer command: its parameters are its options",
+    "packctl/online/__init__.py:plan_packs": "public (docs/online.md): its keywords are pack's planning options",
+    "packctl/online/__init__.py:plan_steps": "public (docs/online.md): its keywords are pack's --dp-size options",
+    "packctl/export/run.py:export": "public (packctl.export): packctl export's options, its progress and test faults",
 }
 
 
