@@ -325,19 +325,7 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
         micro_batches = _positive(micro_batches, "micro_batches")
     _choice(balance, BALANCE, "balance")
     _choice(balance_scope, BALANCE_SCOPES, "balance_scope")
-    if isinstance(lengths, Packs) and packs is None:  # plan_steps(plan_packs(...), dp_size)
-        lengths, packs = None, lengths
-    rank_packing: dict[str, Any] = {}
-    if (lengths is None) == (packs is None):
-        raise PackctlError("plan_steps: give the batch's lengths (with capacity=) or packs= from plan_packs, one of "
-                           "the two")
-    if packs is None:
-        if capacity is None:
-            raise PackctlError("plan_steps: lengths need capacity= (tokens per pack), or pass packs= from plan_packs")
-        packs = plan_packs(lengths, capacity, seed=seed, **packing)
-        rank_packing = {name: packing[name] for name in ("algorithm", "pool_size", "pool_strategy") if name in packing}
-    elif packing or capacity is not None:
-        raise PackctlError(f"plan_steps: packs= are planned already; leave out {', '.join([*packing] or ['capacity'])}")
+    packs, rank_packing = _packs_to_deal(lengths, packs, capacity, seed, packing)
     plan = _plan_of(packs)
     per_rank = micro_batches if micro_batches is not None else max(1, -(-packs.num_packs // dp_size))
     if balance_scope == "auto":
@@ -360,6 +348,27 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
                  step=balanced.step, rank=balanced.dp_rank, micro_batch=balanced.micro_batch,
                  packs_added=balanced.packs_added, unequal_steps=balanced.unequal_steps,
                  attn_coeff=float(attn_coeff), _before=before)
+
+
+def _packs_to_deal(lengths, packs: Packs | None, capacity: int | None, seed: int,
+                   packing: dict[str, Any]) -> tuple[Packs, dict[str, Any]]:
+    """The packs `plan_steps` deals: `packs` as given (also as its first argument), or `lengths`
+    planned by `plan_packs` with `capacity` and `packing`; and the options of `packing` that
+    `balance_scope="ranks"` packs each rank's sequences with again (algorithm and pool)."""
+    if isinstance(lengths, Packs) and packs is None:  # plan_steps(plan_packs(...), dp_size)
+        lengths, packs = None, lengths
+    if (lengths is None) == (packs is None):
+        raise PackctlError("plan_steps: give the batch's lengths (with capacity=) or packs= from plan_packs, one of "
+                           "the two")
+    if packs is not None:
+        if packing or capacity is not None:
+            raise PackctlError(f"plan_steps: packs= are planned already; leave out "
+                               f"{', '.join([*packing] or ['capacity'])}")
+        return packs, {}
+    if capacity is None:
+        raise PackctlError("plan_steps: lengths need capacity= (tokens per pack), or pass packs= from plan_packs")
+    rank_packing = {name: packing[name] for name in ("algorithm", "pool_size", "pool_strategy") if name in packing}
+    return plan_packs(lengths, capacity, seed=seed, **packing), rank_packing
 
 
 def _plan_of(packs: Packs) -> PackPlan:
