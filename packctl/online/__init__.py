@@ -267,7 +267,7 @@ def _plan_one_window(gids: np.ndarray, lengths: np.ndarray, options: WindowOptio
 
 def _with_more_packs(plan: PackPlan, group_of: np.ndarray | None, min_packs: int | None,
                      packs_multiple: int | None) -> PackPlan:
-    """`plan` with packs added until there are `min_packs` and a multiple of `packs_multiple`
+    """`plan` with packs added until there are at least `min_packs`, a multiple of `packs_multiple`
     (`_more_packs`): the pieces of split sequences and the members of groups of two or more stay
     where they are."""
     pinned = np.isin(plan.piece_gid, plan.split_gids())
