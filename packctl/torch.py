@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -559,16 +560,36 @@ def thd_batch(sequences: Sequence[torch.Tensor], packs, pack_ids: Sequence[int] 
     gathered with one copy per piece and the rest is built with tensor operations, no Python loop
     over tokens, so it runs on the GPU where the rollouts are.
     """
-    from packctl.arrays import ranges
-    from packctl.contract.schema import SAMPLE_IDS
+    pack_ids = _batch_pack_ids(packs, pack_ids)
+    _check_batch_of_plan(packs, sequences, labels)
+    pieces = _BatchPieces.of(packs, pack_ids, pad_to)
+    tokens = pieces.gathered(sequences)
+    device = tokens.device if device is None else torch.device(device)
+    tokens = tokens.to(device=device, dtype=torch.int64)
+    targets = tokens if labels is None else pieces.gathered(labels).to(device=device, dtype=torch.int64)
+    out = pieces.thd_row(tokens, targets, pad_token_id, device)
+    if shift_labels:
+        out.update(_shifted_labels(out[LABELS][0]))
+    return out
 
-    offsets = np.asarray(packs.offsets, dtype=np.int64)
-    pack_ids = np.arange(len(offsets) - 1) if pack_ids is None else np.asarray(pack_ids, dtype=np.int64).reshape(-1)
+
+def _batch_pack_ids(packs, pack_ids: Sequence[int] | None) -> np.ndarray:
+    """The packs of `thd_batch`'s micro-batch as int64 (every pack of the plan when None), each
+    checked to be a pack of the plan."""
+    num_packs = len(packs.offsets) - 1
+    pack_ids = np.arange(num_packs) if pack_ids is None else np.asarray(pack_ids, dtype=np.int64).reshape(-1)
     if len(pack_ids) == 0:
         raise PackctlError("thd_batch: pack_ids is empty; pass the packs of the micro-batch")
-    if pack_ids.min() < 0 or pack_ids.max() >= len(offsets) - 1:
-        raise PackctlError(f"thd_batch: pack_ids {pack_ids.tolist()[:8]} are not all in [0, {len(offsets) - 1}), the "
+    if pack_ids.min() < 0 or pack_ids.max() >= num_packs:
+        raise PackctlError(f"thd_batch: pack_ids {pack_ids.tolist()[:8]} are not all in [0, {num_packs}), the "
                            f"packs of this plan")
+    return pack_ids
+
+
+def _check_batch_of_plan(packs, sequences: Sequence[torch.Tensor], labels: Sequence[torch.Tensor] | None) -> None:
+    """Refuse a batch that is not the one `packs` was planned from: too few sequences, one whose
+    length differs from its planned pieces' (a sequence dropped or truncated by the plan is not
+    compared), or labels that do not match their sequences one for one."""
     sequence = np.asarray(packs.sequence, dtype=np.int64)
     given = np.array([int(t.shape[0]) for t in sequences], dtype=np.int64)
     if len(given) <= int(sequence.max(initial=-1)):
@@ -585,59 +606,85 @@ def thd_batch(sequences: Sequence[torch.Tensor], packs, pack_ids: Sequence[int] 
                            f"of these very sequences")
     if labels is not None and [int(t.shape[0]) for t in labels] != given.tolist():
         raise PackctlError("thd_batch: labels must hold one tensor per sequence, of its sequence's length")
-    counts = offsets[pack_ids + 1] - offsets[pack_ids]
-    pieces = ranges(offsets[pack_ids], counts)
-    seq, start = sequence[pieces], np.asarray(packs.start, dtype=np.int64)[pieces]
-    length, segment = np.asarray(packs.length, dtype=np.int64)[pieces], np.asarray(packs.padded, dtype=np.int64)[pieces]
-    segment = segment.copy()
-    if pad_to is not None:
-        last = np.cumsum(counts) - 1
-        loads = np.add.reduceat(segment, np.cumsum(counts) - counts)
-        if (loads > pad_to).any():
-            raise PackctlError(f"thd_batch: pad_to {pad_to} is less than a pack's {int(loads.max())} tokens; pass the "
-                               f"capacity the packs were planned with")
-        segment[last] += pad_to - loads
-    cu = np.concatenate(([0], np.cumsum(segment))).astype(np.int64)
 
-    def gathered(tensors) -> torch.Tensor:
-        return torch.cat([tensors[s][a:a + n] for s, a, n in zip(seq.tolist(), start.tolist(), length.tolist())])
 
-    tokens = gathered(sequences)
-    device = tokens.device if device is None else torch.device(device)
-    tokens = tokens.to(device=device, dtype=torch.int64)
-    targets = tokens if labels is None else gathered(labels).to(device=device, dtype=torch.int64)
-    total, count = int(cu[-1]), len(seq)
-    segment_t = torch.as_tensor(segment, device=device)
-    seq_index = torch.repeat_interleave(torch.arange(count, device=device), segment_t)
-    cu_t = torch.as_tensor(cu, device=device)
-    position = torch.arange(total, device=device) - cu_t[:-1][seq_index]
-    real = position < torch.as_tensor(length, device=device)[seq_index]
-    input_ids = torch.full((total,), pad_token_id, dtype=torch.int64, device=device)
-    input_ids[real] = tokens
-    label_row = torch.full((total,), IGNORE_INDEX, dtype=torch.int64, device=device)
-    label_row[real] = targets
-    label_row[cu_t[:-1]] = IGNORE_INDEX  # a sequence's first token is nobody's target
-    seq_loss_tokens = torch.zeros(count, dtype=torch.int64, device=device).index_add_(
-        0, seq_index, (label_row != IGNORE_INDEX).to(torch.int64))
-    out = {
-        INPUT_IDS: input_ids.unsqueeze(0),
-        LABELS: label_row.unsqueeze(0),
-        POSITION_IDS: position.unsqueeze(0),
-        CU_SEQLENS: cu_t.to(torch.int32),
-        "max_seqlen": int(segment.max()),
-        SEQ_LENS: torch.as_tensor(length, dtype=torch.int32, device=device),
-        SAMPLE_IDS: torch.as_tensor(seq, device=device),
-        SEQ_LOSS_TOKENS: seq_loss_tokens,
-        NUM_LOSS_TOKENS: int(seq_loss_tokens.sum()),
-        "seq_index": seq_index.unsqueeze(0),
-    }
-    if shift_labels:
-        shifted = torch.full_like(label_row, IGNORE_INDEX)
-        shifted[:-1] = label_row[1:]
-        out[LABELS] = shifted.unsqueeze(0)
-        out["loss_mask"] = (shifted != IGNORE_INDEX).to(torch.float32).unsqueeze(0)
-    return out
+@dataclass(frozen=True, eq=False)
+class _BatchPieces:
+    """The pieces of `thd_batch`'s packs in row order, one entry a piece (int64): the sequence it
+    comes from, its first token there, its true length and its segment in the row (its aligned
+    length, the pack's tail padding added to the pack's last piece). Two packs [3, 2] and [4],
+    align 1, pad_to 8: length [3, 2, 4], segment [3, 5, 8], cu [0, 3, 8, 16]."""
 
+    sequence: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    segment: np.ndarray
+
+    @classmethod
+    def of(cls, packs, pack_ids: np.ndarray, pad_to: int | None) -> _BatchPieces:
+        """The pieces of packs `pack_ids` of the plan `packs`, each pack padded to `pad_to`."""
+        from packctl.arrays import ranges
+
+        offsets = np.asarray(packs.offsets, dtype=np.int64)
+        counts = offsets[pack_ids + 1] - offsets[pack_ids]
+        pieces = ranges(offsets[pack_ids], counts)
+        segment = np.asarray(packs.padded, dtype=np.int64)[pieces].copy()
+        if pad_to is not None:
+            loads = np.add.reduceat(segment, np.cumsum(counts) - counts)
+            if (loads > pad_to).any():
+                raise PackctlError(f"thd_batch: pad_to {pad_to} is less than a pack's {int(loads.max())} tokens; "
+                                   f"pass the capacity the packs were planned with")
+            segment[np.cumsum(counts) - 1] += pad_to - loads
+        return cls(sequence=np.asarray(packs.sequence, dtype=np.int64)[pieces],
+                   start=np.asarray(packs.start, dtype=np.int64)[pieces],
+                   length=np.asarray(packs.length, dtype=np.int64)[pieces], segment=segment)
+
+    @property
+    def cu(self) -> np.ndarray:
+        return np.concatenate(([0], np.cumsum(self.segment))).astype(np.int64)
+
+    def gathered(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The pieces' tokens of `tensors` (one tensor a sequence) end to end: one copy a piece."""
+        return torch.cat([tensors[s][a:a + n] for s, a, n in
+                          zip(self.sequence.tolist(), self.start.tolist(), self.length.tolist())])
+
+    def thd_row(self, tokens: torch.Tensor, targets: torch.Tensor, pad_token_id: int, device) -> dict[str, Any]:
+        """`thd_batch`'s fields from the gathered `tokens` and `targets`, padding put in with tensor
+        operations on `device`: each segment's true tokens first, then its padding."""
+        cu = self.cu
+        total, count = int(cu[-1]), len(self.sequence)
+        seq_index = torch.repeat_interleave(torch.arange(count, device=device),
+                                            torch.as_tensor(self.segment, device=device))
+        cu_t = torch.as_tensor(cu, device=device)
+        position = torch.arange(total, device=device) - cu_t[:-1][seq_index]
+        real = position < torch.as_tensor(self.length, device=device)[seq_index]
+        input_ids = torch.full((total,), pad_token_id, dtype=torch.int64, device=device)
+        input_ids[real] = tokens
+        label_row = torch.full((total,), IGNORE_INDEX, dtype=torch.int64, device=device)
+        label_row[real] = targets
+        label_row[cu_t[:-1]] = IGNORE_INDEX  # a sequence's first token is nobody's target
+        seq_loss_tokens = torch.zeros(count, dtype=torch.int64, device=device).index_add_(
+            0, seq_index, (label_row != IGNORE_INDEX).to(torch.int64))
+        return {
+            INPUT_IDS: input_ids.unsqueeze(0),
+            LABELS: label_row.unsqueeze(0),
+            POSITION_IDS: position.unsqueeze(0),
+            CU_SEQLENS: cu_t.to(torch.int32),
+            "max_seqlen": int(self.segment.max()),
+            SEQ_LENS: torch.as_tensor(self.length, dtype=torch.int32, device=device),
+            SAMPLE_IDS: torch.as_tensor(self.sequence, device=device),
+            SEQ_LOSS_TOKENS: seq_loss_tokens,
+            NUM_LOSS_TOKENS: int(seq_loss_tokens.sum()),
+            "seq_index": seq_index.unsqueeze(0),
+        }
+
+
+def _shifted_labels(label_row: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`labels` shifted for Megatron's GPT loss (labels[i] the target of position i) and their
+    `loss_mask`: labels [. a1 a2 . b1] -> [a1 a2 . b1 .], loss_mask [1 1 0 1 0]."""
+    shifted = torch.full_like(label_row, IGNORE_INDEX)
+    shifted[:-1] = label_row[1:]
+    return {LABELS: shifted.unsqueeze(0), "loss_mask": (shifted != IGNORE_INDEX).to(torch.float32).unsqueeze(0)}
 
 def cp_slice(batch: Mapping[str, Any], cp_size: int, cp_rank: int) -> dict[str, Any]:
     """Context-parallel rank `cp_rank`'s share of a `collate_thd` batch.
@@ -954,6 +1001,44 @@ def collate_tree(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         row_group_ids (int64 [R], --group-column), row_weights (float64 [R], --weight-column).
     """
     cu_padded = _padded_offsets(packs, trees=True)  # checks every pack spans its tokens
+    parents = _batch_parents(packs)
+    seq_lens, sample_ids = _flat(packs, SEQ_LENS), _flat(packs, SAMPLE_IDS)
+    labels = _flat(packs, LABELS)
+    rows = tree.row_positions(parents, seq_lens, cu_padded, sample_ids)
+    targets, row_index, loss_tokens = _row_targets(rows, labels)
+    segments = tree.segment_of(np.diff(cu_padded))
+    true_tokens = np.arange(int(cu_padded[-1])) - cu_padded[:-1][segments] < seq_lens[segments]
+    return {
+        INPUT_IDS: _row(_flat(packs, INPUT_IDS)),
+        LABELS: _row(labels),
+        POSITION_IDS: _row(_flat(packs, POSITION_IDS)),
+        PARENT_SEGMENTS: _tensor(parents),
+        SEQ_LENS: _tensor(seq_lens),
+        CU_SEQLENS_PADDED: _tensor(cu_padded, torch.int32),
+        "token_segments": _tensor(segments),
+        "true_tokens": _tensor(true_tokens, torch.bool),
+        "segment_chains": _tensor(tree.chains(parents)),
+        "segment_depths": _tensor(tree.depths(parents)),
+        "row_positions": _tensor(rows.positions),
+        "row_targets": _tensor(targets),
+        "row_index": _tensor(row_index),
+        "row_offsets": _tensor(rows.offsets),
+        "row_sample_ids": _tensor(sample_ids[rows.segments]),
+        "row_loss_tokens": _tensor(loss_tokens),
+        NUM_LOSS_TOKENS: int(loss_tokens.sum()),
+        **_step_fields(packs),
+        **_row_values(packs, rows.segments),
+    }
+
+
+def _tensor(values, dtype=torch.int64) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
+
+
+def _batch_parents(packs: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """Each segment's parent as an index into the batch's segments (-1: it starts a row), every
+    pack's `parent_segments` checked and moved by the segments of the packs before it (a flat
+    pack's are all -1). Packs of 2 and 3 segments, parents [-1, 0] and [-1, 0, 0] -> [-1, 0, -1, 2, 2]."""
     parents, base = [], 0
     for i, p in enumerate(packs):
         local = np.asarray(p[PARENT_SEGMENTS] if PARENT_SEGMENTS in p else np.full(len(p[SEQ_LENS]), -1), np.int64)
@@ -965,47 +1050,31 @@ def collate_tree(packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             raise ValueError(f"pack {i} of the batch: {exc}") from None
         parents.append(np.where(local >= 0, local + base, -1))
         base += len(local)
-    parents = np.concatenate(parents)
-    seq_lens, sample_ids = _flat(packs, SEQ_LENS), _flat(packs, SAMPLE_IDS)
-    labels = _flat(packs, LABELS)
-    rows = tree.row_positions(parents, seq_lens, cu_padded, sample_ids)
+    return np.concatenate(parents)
+
+
+def _row_targets(rows: tree.RowPositions, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per position of the rebuilt rows: the target it predicts (the label of the row's next
+    position; -100 at a row's last) and its row; and per row, its targets that are not -100.
+    Rows [1 2 3 4 7 8] and [1 2 3 4 9], their labels [. . . . 7 8] and [. . . . 9] -> targets
+    [. . . 7 8 .  . . . 9 .], row_index [0 0 0 0 0 0  1 1 1 1 1], row_loss_tokens [2, 1]."""
     targets = np.full(len(rows.positions), IGNORE_INDEX, dtype=np.int64)
     targets[:-1] = labels[rows.positions[1:]]
     targets[rows.offsets[1:] - 1] = IGNORE_INDEX  # a row's last position predicts nothing
     row_index = np.repeat(np.arange(len(rows.segments)), np.diff(rows.offsets))
     loss_tokens = np.bincount(row_index[targets != IGNORE_INDEX], minlength=len(rows.segments)).astype(np.int64)
-    segments = tree.segment_of(np.diff(cu_padded))
-    starts = cu_padded[:-1]
+    return targets, row_index, loss_tokens
 
-    def tensor(values, dtype=torch.int64):
-        return torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
 
-    out: dict[str, Any] = {
-        INPUT_IDS: _row(_flat(packs, INPUT_IDS)),
-        LABELS: _row(labels),
-        POSITION_IDS: _row(_flat(packs, POSITION_IDS)),
-        PARENT_SEGMENTS: tensor(parents),
-        SEQ_LENS: tensor(seq_lens),
-        CU_SEQLENS_PADDED: tensor(cu_padded, torch.int32),
-        "token_segments": tensor(segments),
-        "true_tokens": tensor(np.arange(int(cu_padded[-1])) - starts[segments] < seq_lens[segments], torch.bool),
-        "segment_chains": tensor(tree.chains(parents)),
-        "segment_depths": tensor(tree.depths(parents)),
-        "row_positions": tensor(rows.positions),
-        "row_targets": tensor(targets),
-        "row_index": tensor(row_index),
-        "row_offsets": tensor(rows.offsets),
-        "row_sample_ids": tensor(sample_ids[rows.segments]),
-        "row_loss_tokens": tensor(loss_tokens),
-        NUM_LOSS_TOKENS: int(loss_tokens.sum()),
-        **_step_fields(packs),
-    }
-    for name, key in ((GROUP_IDS, "row_group_ids"), (SEQ_WEIGHTS, "row_weights")):  # the row segment's value
+def _row_values(packs: Sequence[Mapping[str, Any]], row_segments: np.ndarray) -> dict[str, torch.Tensor]:
+    """`row_group_ids` (--group-column) and `row_weights` (--weight-column) of the rebuilt rows,
+    those the packs carry: each row takes the value of the segment that ends it."""
+    out = {}
+    for name, key in ((GROUP_IDS, "row_group_ids"), (SEQ_WEIGHTS, "row_weights")):
         if all(name in p for p in packs):
             values = np.concatenate([np.asarray(p[name], dtype=COLUMN[name].value) for p in packs])
-            out[key] = torch.from_numpy(values[rows.segments])
+            out[key] = torch.from_numpy(values[row_segments])
     return out
-
 
 def _tree_sees(batch: Mapping[str, Any], q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Whether query q may attend to key k (flat indices, any broadcastable shapes): k lies on q's

@@ -222,24 +222,38 @@ def plan_packs(lengths, capacity: int, *, algorithm: str = "bfd", max_seqs_per_b
         raise PackctlError(f"capacity {capacity} is not a multiple of align {align}: use capacity "
                            f"{round_up(capacity, align)}")
     n = len(lengths)
-    gids = np.arange(n, dtype=np.int64)
-    new_group = None
-    group_of = None
-    if groups is not None:
-        group_of = _groups(groups, n)
-        if n:
-            # members next to each other, groups in the order of their first member:
-            # groups [7, 3, 7, 5] -> sequences [0, 2, 1, 3], new_group [T, F, T, T]
-            _, first_index, inverse = np.unique(group_of, return_index=True, return_inverse=True)
-            inverse = inverse.reshape(-1)
-            gids = np.lexsort((gids, first_index[inverse])).astype(np.int64)
-            run = inverse[gids]
-            new_group = np.concatenate(([True], run[1:] != run[:-1]))
+    group_of = None if groups is None else _groups(groups, n)
+    gids, new_group = _grouped_order(group_of, n)
     options = WindowOptions(capacity=capacity, align=align, algorithm=algorithm, too_long=too_long,
                             window=max(n, 1), max_seqs_per_bin=max_seqs_per_bin, seed=seed, pool_size=pool_size,
                             pool_strategy=pool_strategy)
+    plan = _plan_one_window(gids, lengths[gids], options, new_group)
+    if min_packs is not None or packs_multiple is not None:
+        plan = _with_more_packs(plan, group_of, min_packs, packs_multiple)
+    return _packs_of(plan, n, capacity, align, group_of, max_seqs_per_bin)
+
+
+def _grouped_order(group_of: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The order the n sequences are planned in, and where a new group starts in it (None without
+    groups: every sequence in its own place). Members next to each other, groups in the order of
+    their first member: groups [7, 3, 7, 5] -> sequences [0, 2, 1, 3], new_group [T, F, T, T]."""
+    order = np.arange(n, dtype=np.int64)
+    if group_of is None or not n:
+        return order, None
+    _, first_index, inverse = np.unique(group_of, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    order = np.lexsort((order, first_index[inverse])).astype(np.int64)
+    run = inverse[order]
+    return order, np.concatenate(([True], run[1:] != run[:-1]))
+
+
+def _plan_one_window(gids: np.ndarray, lengths: np.ndarray, options: WindowOptions,
+                     new_group: np.ndarray | None) -> PackPlan:
+    """`plan_windows` over the whole batch as one window, its refusals said as `plan_packs`'
+    arguments: the sequence (its index in `lengths`) or the group, and the fix."""
+    capacity = options.capacity
     try:
-        plan = plan_windows(gids, lengths[gids], options, new_group=new_group)
+        return plan_windows(gids, lengths, options, new_group=new_group)
     except SequenceTooLong as exc:
         raise PackctlError(f"lengths[{exc.gid}] = {exc.length} (padded {exc.padded}) exceeds capacity {capacity}: "
                            f"raise capacity, or pass too_long='drop', 'truncate' or 'split'") from None
@@ -249,19 +263,23 @@ def plan_packs(lengths, capacity: int, *, algorithm: str = "bfd", max_seqs_per_b
                            f"smaller") from None
     except ValueError as exc:
         raise PackctlError(f"plan_packs: {exc}") from None
-    offsets = plan.bin_offsets
-    if min_packs is not None or packs_multiple is not None:
-        pinned = np.isin(plan.piece_gid, plan.split_gids())
-        if group_of is not None:
-            pinned |= _in_larger_group(group_of)[plan.piece_gid]
-        target = _target_packs(plan.num_bins, min_packs, packs_multiple)
-        offsets, take = _more_packs(offsets, pinned, target)
-        plan = PackPlan(window_bins=np.array([0, len(offsets) - 1], np.int64), bin_offsets=offsets,
-                        piece_gid=plan.piece_gid[take], piece_start=plan.piece_start[take],
-                        piece_len=plan.piece_len[take], piece_padded=plan.piece_padded[take], dropped=plan.dropped,
-                        truncated=plan.truncated, tokens_dropped=plan.tokens_dropped,
-                        tokens_truncated=plan.tokens_truncated)
-    return _packs_of(plan, n, capacity, align, group_of, max_seqs_per_bin)
+
+
+def _with_more_packs(plan: PackPlan, group_of: np.ndarray | None, min_packs: int | None,
+                     packs_multiple: int | None) -> PackPlan:
+    """`plan` with packs added until there are at least `min_packs`, a multiple of `packs_multiple`
+    (`_more_packs`): the pieces of split sequences and the members of groups of two or more stay
+    where they are."""
+    pinned = np.isin(plan.piece_gid, plan.split_gids())
+    if group_of is not None:
+        pinned |= _in_larger_group(group_of)[plan.piece_gid]
+    target = _target_packs(plan.num_bins, min_packs, packs_multiple)
+    offsets, take = _more_packs(plan.bin_offsets, pinned, target)
+    return PackPlan(window_bins=np.array([0, len(offsets) - 1], np.int64), bin_offsets=offsets,
+                    piece_gid=plan.piece_gid[take], piece_start=plan.piece_start[take],
+                    piece_len=plan.piece_len[take], piece_padded=plan.piece_padded[take], dropped=plan.dropped,
+                    truncated=plan.truncated, tokens_dropped=plan.tokens_dropped,
+                    tokens_truncated=plan.tokens_truncated)
 
 
 def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None, *, packs: Packs | None = None,
@@ -307,19 +325,7 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
         micro_batches = _positive(micro_batches, "micro_batches")
     _choice(balance, BALANCE, "balance")
     _choice(balance_scope, BALANCE_SCOPES, "balance_scope")
-    if isinstance(lengths, Packs) and packs is None:  # plan_steps(plan_packs(...), dp_size)
-        lengths, packs = None, lengths
-    rank_packing: dict[str, Any] = {}
-    if (lengths is None) == (packs is None):
-        raise PackctlError("plan_steps: give the batch's lengths (with capacity=) or packs= from plan_packs, one of "
-                           "the two")
-    if packs is None:
-        if capacity is None:
-            raise PackctlError("plan_steps: lengths need capacity= (tokens per pack), or pass packs= from plan_packs")
-        packs = plan_packs(lengths, capacity, seed=seed, **packing)
-        rank_packing = {name: packing[name] for name in ("algorithm", "pool_size", "pool_strategy") if name in packing}
-    elif packing or capacity is not None:
-        raise PackctlError(f"plan_steps: packs= are planned already; leave out {', '.join([*packing] or ['capacity'])}")
+    packs, rank_packing = _packs_to_deal(lengths, packs, capacity, seed, packing)
     plan = _plan_of(packs)
     per_rank = micro_batches if micro_batches is not None else max(1, -(-packs.num_packs // dp_size))
     if balance_scope == "auto":
@@ -342,6 +348,27 @@ def plan_steps(lengths=None, dp_size: int = 1, micro_batches: int | None = None,
                  step=balanced.step, rank=balanced.dp_rank, micro_batch=balanced.micro_batch,
                  packs_added=balanced.packs_added, unequal_steps=balanced.unequal_steps,
                  attn_coeff=float(attn_coeff), _before=before)
+
+
+def _packs_to_deal(lengths, packs: Packs | None, capacity: int | None, seed: int,
+                   packing: dict[str, Any]) -> tuple[Packs, dict[str, Any]]:
+    """The packs `plan_steps` deals: `packs` as given (also as its first argument), or `lengths`
+    planned by `plan_packs` with `capacity` and `packing`; and the options of `packing` that
+    `balance_scope="ranks"` packs each rank's sequences with again (algorithm and pool)."""
+    if isinstance(lengths, Packs) and packs is None:  # plan_steps(plan_packs(...), dp_size)
+        lengths, packs = None, lengths
+    if (lengths is None) == (packs is None):
+        raise PackctlError("plan_steps: give the batch's lengths (with capacity=) or packs= from plan_packs, one of "
+                           "the two")
+    if packs is not None:
+        if packing or capacity is not None:
+            raise PackctlError(f"plan_steps: packs= are planned already; leave out "
+                               f"{', '.join([*packing] or ['capacity'])}")
+        return packs, {}
+    if capacity is None:
+        raise PackctlError("plan_steps: lengths need capacity= (tokens per pack), or pass packs= from plan_packs")
+    rank_packing = {name: packing[name] for name in ("algorithm", "pool_size", "pool_strategy") if name in packing}
+    return plan_packs(lengths, capacity, seed=seed, **packing), rank_packing
 
 
 def _plan_of(packs: Packs) -> PackPlan:
@@ -391,42 +418,22 @@ def _steps_by_ranks(packs: Packs, plan: PackPlan, spec: BalanceSpec, micro_batch
                             max_seqs_per_bin=packs.max_seqs_per_bin, seed=spec.seed,
                             pool_size=rank_packing.get("pool_size", 128),
                             pool_strategy=rank_packing.get("pool_strategy", "closest"))
-    piece_cost = piece_costs(source.piece_len, spec.cost, spec.attn_coeff)
+    packing = _RankPacking(plan=source, options=options, first=first, pinned=source_pinned, dp_size=d,
+                           piece_cost=piece_costs(source.piece_len, spec.cost, spec.attn_coeff),
+                           equal_counts=spec.equal_counts)
     step_of_piece = step_of_pack[pack_of_piece]
     by_step = np.argsort(step_of_piece, kind="stable")
     step_starts = np.searchsorted(step_of_piece[by_step], np.arange(int(step_of_pack.max(initial=-1)) + 2))
-    taken, pack_sizes, pack_step, pack_rank, pack_micro = [], [], [], [], []
-    unequal = 0
+    dealt, unequal = [], 0
     for s in range(len(step_starts) - 1):
-        pieces = by_step[step_starts[s]:step_starts[s + 1]]  # in piece order
-        unit_of_piece = np.cumsum(first[pieces]) - 1
-        unit_rank = kk_parts(np.bincount(unit_of_piece, weights=piece_cost[pieces]), d)
-        shares, equal = _rank_packs(pieces, unit_rank[unit_of_piece], d, source, first, source_pinned, piece_cost,
-                                    options, spec.equal_counts, s)
+        shares, equal = packing.step(by_step[step_starts[s]:step_starts[s + 1]], s)  # pieces in piece order
+        dealt.append(shares)
         unequal += not equal
-        for r, (rank_pieces, sizes, micro) in enumerate(shares):
-            taken.append(rank_pieces)
-            pack_sizes.append(sizes)
-            pack_step.append(np.full(len(sizes), s, np.int64))
-            pack_rank.append(np.full(len(sizes), r, np.int64))
-            pack_micro.append(micro)
-    cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
-    sizes, step, rank, micro_batch = cat(pack_sizes), cat(pack_step), cat(pack_rank), cat(pack_micro)
-    # packs step by step, micro-batch by micro-batch, rank by rank; pieces keep their order in a pack
-    pack_order = np.lexsort((rank, micro_batch, step))
-    new_place = np.empty(len(pack_order), np.int64)
-    new_place[pack_order] = np.arange(len(pack_order))
-    take = cat(taken)[np.argsort(np.repeat(new_place, sizes), kind="stable")]
-    new_offsets = np.concatenate(([0], np.cumsum(sizes[pack_order]))).astype(np.int64)
-    out = PackPlan(window_bins=np.array([0, len(new_offsets) - 1], np.int64), bin_offsets=new_offsets,
-                   piece_gid=source.piece_gid[take], piece_start=source.piece_start[take],
-                   piece_len=source.piece_len[take], piece_padded=source.piece_padded[take],
-                   dropped=source.dropped, truncated=source.truncated, tokens_dropped=0, tokens_truncated=0)
+    out, step, rank, micro_batch = _plan_in_step_order(source, dealt)
     before = {"tokens": _imbalance(before_tokens), "attention": _imbalance(before_attention)}
     return Steps(packs=_packs_of(out, len(packs.pack), packs.capacity, packs.align, group_of, packs.max_seqs_per_bin),
-                 dp_size=d, step=step[pack_order], rank=rank[pack_order], micro_batch=micro_batch[pack_order],
-                 packs_added=out.num_bins - plan.num_bins, unequal_steps=unequal, attn_coeff=spec.attn_coeff,
-                 _before=before)
+                 dp_size=d, step=step, rank=rank, micro_batch=micro_batch, packs_added=out.num_bins - plan.num_bins,
+                 unequal_steps=unequal, attn_coeff=spec.attn_coeff, _before=before)
 
 
 def _unit_starts(plan: PackPlan, pack_of_piece: np.ndarray, pinned: np.ndarray | None,
@@ -441,44 +448,100 @@ def _unit_starts(plan: PackPlan, pack_of_piece: np.ndarray, pinned: np.ndarray |
     return first
 
 
-def _rank_packs(pieces: np.ndarray, rank_of: np.ndarray, dp_size: int, plan: PackPlan, first: np.ndarray,
-                pinned: np.ndarray | None, piece_cost: np.ndarray, options: WindowOptions, equal_counts: bool,
-                step: int) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], bool]:
-    """One step of `balance_scope="ranks"`: rank r's pieces (`pieces[rank_of == r]`) packed on
-    their own, as (its pieces pack by pack, the size of each pack, each pack's micro-batch: 0 the
-    heaviest, ties the first planned), and whether every rank got as many packs.
+@dataclass(frozen=True, eq=False)
+class _RankPacking:
+    """How `balance_scope="ranks"` packs each step, rank by rank: the pieces of `plan` (the packs
+    the steps were cut from), packed with `options`, each piece costing `piece_cost`; `first` is
+    True where a unit moved whole starts (`_unit_starts`), `pinned` on the pieces that never leave
+    their unit's pack (a group's members; None without groups); with `equal_counts` every rank of
+    a step gets as many packs."""
 
-    Equal counts: a rank with fewer packs than the most of the step moves the last sequence of its
-    pack with the most sequences into a new pack until it has as many (`_more_packs`, a group's
-    members never); where it runs out of such sequences, the step stays unequal.
-    """
-    planned = []
-    for r in range(dp_size):
-        mine = pieces[rank_of == r]
+    plan: PackPlan
+    options: WindowOptions
+    piece_cost: np.ndarray
+    first: np.ndarray
+    pinned: np.ndarray | None
+    dp_size: int
+    equal_counts: bool
+
+    def step(self, pieces: np.ndarray, step: int) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], bool]:
+        """Step `step`'s pieces dealt over the ranks by Karmarkar-Karp, unit by unit, then each
+        rank's packed on their own: for rank r, (its pieces pack by pack, the size of each pack,
+        each pack's micro-batch: 0 the heaviest, ties the first planned); and whether every rank
+        got as many packs.
+
+        Equal counts: a rank with fewer packs than the most of the step moves the last sequence of
+        its pack with the most sequences into a new pack until it has as many (`_more_packs`, a
+        group's members never); where it runs out of such sequences, the step stays unequal.
+        """
+        unit_of_piece = np.cumsum(self.first[pieces]) - 1
+        unit_rank = kk_parts(np.bincount(unit_of_piece, weights=self.piece_cost[pieces]), self.dp_size)
+        rank_of = unit_rank[unit_of_piece]
+        planned = [self._packed(pieces[rank_of == r], step * self.dp_size + r) for r in range(self.dp_size)]
+        most = max(len(offsets) - 1 for offsets, _ in planned)
+        shares, equal = [], True
+        for offsets, rank_pieces in planned:
+            offsets, rank_pieces, evened = self._evened(offsets, rank_pieces, most)
+            equal &= evened
+            shares.append((rank_pieces, np.diff(offsets), self._micro_batches(offsets, rank_pieces)))
+        return shares, equal
+
+    def _packed(self, mine: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+        """A rank's pieces of a step packed on their own, as window `window` of the kernels: (the
+        packs' offsets, the pieces pack by pack); no pieces, no packs."""
         if not len(mine):
-            planned.append((np.zeros(1, np.int64), mine))
-            continue
-        new_group = None if pinned is None else first[mine]
-        rank_plan = plan_windows(mine, plan.piece_len[mine], dataclasses.replace(options, window=len(mine)),
-                                 first_window=step * dp_size + r, new_group=new_group)
-        planned.append((rank_plan.bin_offsets, rank_plan.piece_gid))
-    most = max(len(offsets) - 1 for offsets, _ in planned)
-    equal = True
-    shares = []
-    for offsets, rank_pieces in planned:
-        if equal_counts and len(offsets) - 1 < most:
-            fixed = np.zeros(len(rank_pieces), bool) if pinned is None else pinned[rank_pieces]
-            try:
-                offsets, order = _more_packs(offsets, fixed, most)
-                rank_pieces = rank_pieces[order]
-            except PackctlError:
-                equal = False
-        sums = np.concatenate(([0.0], np.cumsum(piece_cost[rank_pieces])))
+            return np.zeros(1, np.int64), mine
+        new_group = None if self.pinned is None else self.first[mine]
+        rank_plan = plan_windows(mine, self.plan.piece_len[mine], dataclasses.replace(self.options, window=len(mine)),
+                                 first_window=window, new_group=new_group)
+        return rank_plan.bin_offsets, rank_plan.piece_gid
+
+    def _evened(self, offsets: np.ndarray, pieces: np.ndarray, most: int) -> tuple[np.ndarray, np.ndarray, bool]:
+        """A rank's packs split up to `most` packs where `equal_counts` asks for it (`_more_packs`),
+        and whether the rank is left with as many as the others (False where it could not be)."""
+        if not self.equal_counts or len(offsets) - 1 >= most:
+            return offsets, pieces, True
+        fixed = np.zeros(len(pieces), bool) if self.pinned is None else self.pinned[pieces]
+        try:
+            offsets, order = _more_packs(offsets, fixed, most)
+        except PackctlError:
+            return offsets, pieces, False
+        return offsets, pieces[order], True
+
+    def _micro_batches(self, offsets: np.ndarray, pieces: np.ndarray) -> np.ndarray:
+        """Each of a rank's packs' micro-batch: 0 the heaviest, ties the first planned. Packs
+        costing [3, 7, 3] -> [1, 0, 2]."""
+        sums = np.concatenate(([0.0], np.cumsum(self.piece_cost[pieces])))
         heaviest = np.argsort(sums[offsets[:-1]] - sums[offsets[1:]], kind="stable")
         micro = np.empty(len(heaviest), np.int64)
         micro[heaviest] = np.arange(len(heaviest))
-        shares.append((rank_pieces, np.diff(offsets), micro))
-    return shares, equal
+        return micro
+
+
+def _plan_in_step_order(source: PackPlan, dealt: list) -> tuple[PackPlan, np.ndarray, np.ndarray, np.ndarray]:
+    """The packs of `_RankPacking.step`, `dealt[s][r]` being rank r's (pieces of `source`, pack
+    sizes, micro-batches) at step s, as one plan: packs step by step, micro-batch by micro-batch,
+    rank by rank, pieces in their order in a pack; and each pack's step, rank and micro-batch."""
+    taken, pack_sizes, pack_step, pack_rank, pack_micro = [], [], [], [], []
+    for s, shares in enumerate(dealt):
+        for r, (rank_pieces, sizes, micro) in enumerate(shares):
+            taken.append(rank_pieces)
+            pack_sizes.append(sizes)
+            pack_step.append(np.full(len(sizes), s, np.int64))
+            pack_rank.append(np.full(len(sizes), r, np.int64))
+            pack_micro.append(micro)
+    cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
+    sizes, step, rank, micro_batch = cat(pack_sizes), cat(pack_step), cat(pack_rank), cat(pack_micro)
+    pack_order = np.lexsort((rank, micro_batch, step))
+    new_place = np.empty(len(pack_order), np.int64)
+    new_place[pack_order] = np.arange(len(pack_order))
+    take = cat(taken)[np.argsort(np.repeat(new_place, sizes), kind="stable")]
+    new_offsets = np.concatenate(([0], np.cumsum(sizes[pack_order]))).astype(np.int64)
+    out = PackPlan(window_bins=np.array([0, len(new_offsets) - 1], np.int64), bin_offsets=new_offsets,
+                   piece_gid=source.piece_gid[take], piece_start=source.piece_start[take],
+                   piece_len=source.piece_len[take], piece_padded=source.piece_padded[take],
+                   dropped=source.dropped, truncated=source.truncated, tokens_dropped=0, tokens_truncated=0)
+    return out, step[pack_order], rank[pack_order], micro_batch[pack_order]
 
 
 def warm_up(algorithms=ALGORITHMS) -> None:

@@ -58,3 +58,11 @@ def test_thd_batch_refuses_sequences_the_plan_was_not_made_of():
         thd_batch([torch.arange(3), torch.arange(4)], packs)
     with pytest.raises(PackctlError, match="pad_to 4 is less than a pack's 5 tokens"):
         thd_batch([torch.arange(3), torch.arange(2)], packs, pad_to=4)
+    with pytest.raises(PackctlError, match=r"pack_ids \[1\] are not all in \[0, 1\)"):
+        thd_batch([torch.arange(3), torch.arange(2)], packs, [1])
+    with pytest.raises(PackctlError, match="pack_ids is empty"):
+        thd_batch([torch.arange(3), torch.arange(2)], packs, [])
+    with pytest.raises(PackctlError, match="the plan has sequence 1 and 1 sequences came"):
+        thd_batch([torch.arange(3)], packs)
+    with pytest.raises(PackctlError, match="labels must hold one tensor per sequence"):
+        thd_batch([torch.arange(3), torch.arange(2)], packs, labels=[torch.arange(3)])

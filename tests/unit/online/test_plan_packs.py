@@ -161,6 +161,9 @@ def test_too_long_policies():
     (lambda: plan_packs([5, 5], 8, groups=[1, 1]), "groups: the group of sequence 0 .* raise capacity"),
     (lambda: plan_steps([3], 2), "lengths need capacity="),
     (lambda: plan_steps(packs=plan_packs([3], 8), dp_size=2, capacity=8), "leave out capacity"),
+    (lambda: plan_steps(plan_packs([3], 8), 2, algorithm="ffd"), "leave out algorithm"),
+    (lambda: plan_steps(dp_size=2), "give the batch's lengths .* or packs= from plan_packs, one of the two"),
+    (lambda: plan_steps([3], 2, packs=plan_packs([3], 8)), "one of the two"),
     (lambda: plan_steps([3], 0, capacity=8), "dp_size must be an integer >= 1"),
     (lambda: plan_steps([3], 2, capacity=8, balance="flops"), "balance 'flops' is not one of tokens, attention"),
 ])
