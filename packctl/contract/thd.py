@@ -62,24 +62,22 @@ def build_pack_rows(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded
         copy_segments(tokens, src_starts, input_ids, piece_flat_start, piece_len)
         copy_segments(labels, src_starts, out_labels, piece_flat_start, piece_len)
 
-    return lay_out_packs(bin_offsets, piece_len, piece_padded, piece_gid, pack_lens, place,
+    return lay_out_packs(lay_out_sequences(bin_offsets, piece_len, piece_padded, piece_gid, pack_lens), place,
                          pad_token_id=pad_token_id)
 
 
-def lay_out_packs(bin_offsets: np.ndarray, piece_len: np.ndarray, piece_padded: np.ndarray,
-                  piece_gid: np.ndarray, pack_lens: np.ndarray,
-                  place: Callable[[np.ndarray, np.ndarray, np.ndarray], None], *, pad_token_id: int,
+def lay_out_packs(rows: PackRows, place: Callable[[np.ndarray, np.ndarray, np.ndarray], None], *, pad_token_id: int,
                   scratch: Scratch | None = None, position_starts: np.ndarray | None = None) -> PackRows:
-    """`build_pack_rows` with the tokens put in place by `place(input_ids, labels, piece_flat_start)`:
-    it writes piece i's tokens and labels at piece_flat_start[i] (int64) of the pad-filled int32
-    columns, straight from wherever they are (no intermediate concatenation). With `scratch`, the
-    three token-sized columns are `scratch` buffers (valid until its next use).
+    """The packs `rows` lays out (`lay_out_sequences`), their tokens put in place by
+    `place(input_ids, labels, piece_flat_start)`: it writes piece i's tokens and labels at
+    piece_flat_start[i] (int64) of the pad-filled int32 columns, straight from wherever they are
+    (no intermediate concatenation); `rows` gets the three token columns and is returned. With
+    `scratch`, they are `scratch` buffers (valid until its next use).
 
     `position_starts` (--share-prefix, int64 per piece): the position of each piece's first token;
     a piece whose first position is above 0 continues its parent segment (a branch of a shared
     prefix, docs/shared-prefix.md), so its positions go on from there and its first label is the
     row's own: branch [4 9] at position 3 -> position_ids 3 4, labels keep the label of 4."""
-    rows = lay_out_sequences(bin_offsets, piece_len, piece_padded, piece_gid, pack_lens)
     piece_flat_start = offsets_of(rows.seq_lens_padded)[:-1]
     total = int(rows.token_offsets[-1])
 

@@ -343,8 +343,8 @@ class ShardAssembler:
                 scratch = self._scratch.buffers = Scratch()
             parents = self.kept[PARENT_SEGMENTS][p_lo:p_hi] if PARENT_SEGMENTS in self.kept else None
             starts = None if parents is None else np.where(parents >= 0, plan.piece_start[p_lo:p_hi], 0)
-            rows, loss = lay_out_packs(*layout, place, pad_token_id=self.pad_token_id, scratch=scratch,
-                                       position_starts=starts), None
+            rows, loss = lay_out_packs(lay_out_sequences(*layout), place, pad_token_id=self.pad_token_id,
+                                       scratch=scratch, position_starts=starts), None
             if parents is not None:  # a prefix segment is no input row; the loss columns count rows
                 rows.sample_ids[prefix_pieces(layout[0], parents)] = -1
                 rows.parent_segments = parents

@@ -23,7 +23,7 @@ import pyarrow as pa
 from packctl.contract.arrow import arrow_array
 from packctl.contract.schema import (SAMPLE_IDS, SEQ_LENS, SEQ_LENS_PADDED, SEQ_STARTS, TOKEN_COLUMNS,
                                      column_order)
-from packctl.contract.thd import PackRows, lay_out_packs
+from packctl.contract.thd import PackRows, lay_out_packs, lay_out_sequences
 from packctl.errors import PackctlError
 from packctl.source.blocks import DecodedBlock
 from packctl.source.files import FileFingerprint
@@ -65,8 +65,9 @@ def plan_rows(table: pa.Table, block: "BlockCache", pad_token_id: int) -> PackRo
     padded = flat[SEQ_LENS_PADDED]
     sums = np.concatenate([[0], np.cumsum(padded)])
     place = place_from_blocks(block.index, flat[SAMPLE_IDS], flat[SEQ_STARTS], flat[SEQ_LENS], block)
-    return lay_out_packs(bin_offsets, flat[SEQ_LENS], padded, flat[SAMPLE_IDS],
-                         sums[bin_offsets[1:]] - sums[bin_offsets[:-1]], place, pad_token_id=pad_token_id)
+    rows = lay_out_sequences(bin_offsets, flat[SEQ_LENS], padded, flat[SAMPLE_IDS],
+                             sums[bin_offsets[1:]] - sums[bin_offsets[:-1]])
+    return lay_out_packs(rows, place, pad_token_id=pad_token_id)
 
 
 def with_tokens(table: pa.Table, block: "BlockCache", pad_token_id: int) -> pa.Table:
