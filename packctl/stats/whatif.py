@@ -361,6 +361,69 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
     """
     started = time.perf_counter()
     config = config or PackConfig()
+    grid = _grid(config, capacities, algorithms)
+    index, source_files = _read_index(inputs, config)
+    read_seconds = time.perf_counter() - started
+    grid = _with_stops(grid, index, config)
+    rows, planned, ungrouped_seconds = _plan_rows(index, grid, source_files)
+    by_capacity = [_capacity_report(index, config, grid, rows, capacity) for capacity in grid.capacities]
+    # Across capacities: fewest tokens lost to --too-long drop|truncate, then utilization, then
+    # fewest cut sequences; max keeps the first of equals.
+    best = max((next(r for r in rows if r["capacity_flag"] == c["capacity"] and r["algorithm"] == c["best"])
+                for c in by_capacity),
+               key=lambda r: (-_tokens_lost(r), r["utilization"], -r["counts"]["sequences_split"]))
+    total = time.perf_counter() - started
+    aligned = grid.first()
+    return {
+        "kind": "input",
+        "inputs": [dataclasses.asdict(f) for f in index.files],
+        "tokens_column": index.tokens_column,
+        "sequences": index.num_sequences,
+        "tokens": int(index.lengths.sum()),
+        "lengths": length_summary(index.lengths),
+        "length_histogram": length_histogram(index.lengths),
+        "settings": {**{k: getattr(aligned, k) for k in PLANNING_OPTIONS},
+                     "pack_multiple": aligned.resolved_pack_multiple, "align": aligned.align},
+        "groups": group_summary(index, config.group_column) if grid.grouped else None,
+        **({"mixture": _blend_report(index, aligned, source_files)} if source_files is not None else {}),
+        "capacities": by_capacity,
+        "what_if": rows,
+        "best": {"capacity": best["capacity_flag"], "algorithm": best["algorithm"]},
+        "recommendation": recommendation(best, rows) + (
+            f"; pass --too-long {'drop' if config.limits else 'split'} (with --too-long error pack stops at "
+            f"{grid.stops[best['capacity_flag']]}, over the capacity)" if best["capacity_flag"] in grid.stops
+            else ""),
+        "stats_seconds": {"read_lengths": read_seconds, **planned, "total": total,
+                          **({"plan_without_groups": ungrouped_seconds} if grid.grouped else {})},
+    }
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """The rows of a what-if before they are planned: each (capacity, algorithm) with its
+    PackConfig, checked as pack checks it (`configs`, capacity by capacity); `grouped`: the rows
+    keep --group-column's groups whole; `stops`: where pack would stop with --too-long error, the
+    first over-long sequence at each capacity that has one.
+
+        --capacity 2048 --capacity 4096, algorithms [ffd, mffd]:
+        configs {(2048, ffd), (2048, mffd), (4096, ffd), (4096, mffd)}"""
+
+    capacities: list[int]
+    algorithms: list[str]
+    configs: dict[tuple[int, str], PackConfig]
+    grouped: bool
+    stops: dict[int, str] = dataclasses.field(default_factory=dict)
+
+    def first(self, capacity: int | None = None) -> PackConfig:
+        """The config of the first algorithm at `capacity` (default the first capacity): what the
+        rows of a capacity share (its plan capacity, alignment, --too-long)."""
+        return self.configs[self.capacities[0] if capacity is None else capacity, self.algorithms[0]]
+
+
+def _grid(config: PackConfig, capacities: Iterable[int], algorithms: Iterable[str] | None) -> _Grid:
+    """The what-if's rows: every capacity with every algorithm, by default all of them but split
+    with groups (pack refuses it there); in batch mode, which forms its micro-batches itself, the
+    configured one only."""
     grouped = config.group_column is not None
     capacities = list(dict.fromkeys(as_python(c) for c in capacities))  # each checked below, as pack checks it
     if not capacities:
@@ -373,7 +436,13 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
                                                                   if not (grouped and cuts_items(a))]
     configs = {(c, a): _checked(dataclasses.replace(config, capacity=c, algorithm=a))
                for c in capacities for a in algorithms}
+    return _Grid(capacities=capacities, algorithms=algorithms, configs=configs, grouped=grouped)
 
+
+def _read_index(inputs: list[str], config: PackConfig) -> tuple[LengthIndex, list[int] | None]:
+    """The corpus's lengths as pack reads them: INPUT's, or a blend's sources joined as pack joins
+    them (with the number of files of each source); with --share-prefix, the tokens each row
+    shares with the one before."""
     source_files = None
     if config.sources:  # a blend: its sources' lengths, joined as pack joins them
         index, source_files = read_blend_lengths(config)
@@ -383,89 +452,76 @@ def input_stats(inputs: list[str], capacities: Iterable[int], config: PackConfig
                              options=options_of(dataclasses.asdict(config)))
     if config.share_prefix and index.group_starts is not None:
         index.shared = shared_lengths(inputs, config, index.group_starts)
-    read_seconds = time.perf_counter() - started
-    # With --too-long error, pack would stop at the first over-long sequence: the what-if reports
-    # where, and plans that capacity's rows with split (every token kept) instead of stopping.
-    stops: dict[int, str] = {}
-    for capacity in capacities:
-        aligned = configs[capacity, algorithms[0]]
+    return index, source_files
+
+
+def _with_stops(grid: _Grid, index: LengthIndex, config: PackConfig) -> _Grid:
+    """With --too-long error, pack would stop at the first over-long sequence: the what-if reports
+    where (`stops`), and plans that capacity's rows with split (every token kept) instead of
+    stopping; with --limit split cannot cut media, so drop stands in for it."""
+    configs, stops = dict(grid.configs), {}
+    for capacity in grid.capacities:
+        aligned = grid.first(capacity)
         over = np.flatnonzero(round_up(index.lengths, aligned.align) > aligned.plan_capacity)
         if aligned.too_long == "error" and len(over):
             stops[capacity] = index.describe(int(over[0]))
-            # split keeps every token; with --limit it cannot cut media, so drop stands in for it
             instead = "drop" if config.limits else "split"
-            for algorithm in algorithms:
+            for algorithm in grid.algorithms:
                 configs[capacity, algorithm] = dataclasses.replace(configs[capacity, algorithm], too_long=instead)
+    return dataclasses.replace(grid, configs=configs, stops=stops)
 
+
+def _plan_rows(index: LengthIndex, grid: _Grid, source_files: list[int] | None
+               ) -> tuple[list[dict[str, Any]], dict[str, float], float]:
+    """Every row of `grid` planned and measured as pack plans and measures it (`what_if_row`), the
+    corpus ordered once for them all (and, grouped, once without groups for `group_cost`); with
+    the seconds of loading the kernels, of the plans and of the metrics, and apart those of the
+    plans without groups."""
     t0 = time.perf_counter()
-    for algorithm in algorithms:  # load the compiled kernels outside the timed plans
+    for algorithm in grid.algorithms:  # load the compiled kernels outside the timed plans
         pack_lengths(np.array([2, 1], np.int64), 2, algorithm)
     t1 = time.perf_counter()
-    ordered = _order(index, configs[capacities[0], algorithms[0]], source_files)
+    ordered = _order(index, grid.first(), source_files)
     t2 = time.perf_counter()
     ungrouped = None
-    if grouped:  # a blend's ungrouped order is its draw of single rows
-        ungrouped = _order(*without_groups(index, configs[capacities[0], algorithms[0]]), source_files)
+    if grid.grouped:  # a blend's ungrouped order is its draw of single rows
+        ungrouped = _order(*without_groups(index, grid.first()), source_files)
     t2b = time.perf_counter()
-    rows = [what_if_row(index, configs[key], ordered, ungrouped, source_files) for key in configs]
-    for (capacity, _), row in zip(configs, rows):
+    rows = [what_if_row(index, grid.configs[key], ordered, ungrouped, source_files) for key in grid.configs]
+    for (capacity, _), row in zip(grid.configs, rows):
         # the --capacity of the row: in batch mode the metrics' capacity is --max-tokens instead
         row["capacity_flag"] = capacity
     t3 = time.perf_counter()
     plan_seconds = (t2 - t1) + sum(r["plan_seconds"] for r in rows)
-    ungrouped_seconds = (t2b - t2) + sum(r["group_cost"]["plan_seconds_without_groups"] for r in rows) if grouped else 0.0
+    ungrouped_seconds = ((t2b - t2) + sum(r["group_cost"]["plan_seconds_without_groups"] for r in rows)
+                         if grid.grouped else 0.0)
+    seconds = {"load_kernels": t1 - t0, "plan": plan_seconds, "metrics": (t3 - t1) - plan_seconds - ungrouped_seconds}
+    return rows, seconds, ungrouped_seconds
 
-    by_capacity = []
-    for capacity in capacities:
-        at = [r for r in rows if r["capacity_flag"] == capacity]
-        best = _best(at, preferred=config.algorithm)
-        plan_capacity = configs[capacity, algorithms[0]].plan_capacity
-        baseline = best["padded_batching"]
-        by_capacity.append({
-            "capacity": capacity,
-            "plan_capacity": plan_capacity,
-            "sequences_over_capacity": int((round_up(index.lengths, config.align) > plan_capacity).sum()),
-            "over_capacity": over_capacity(index.lengths, config.align, plan_capacity),
-            "too_long": configs[capacity, algorithms[0]].too_long,
-            "pack_stops_at": stops.get(capacity),
-            "best": best["algorithm"],
-            "padded_batching": {
-                "batch_size": baseline["batch_size"],
-                "batches": math.ceil(best["sequences"] / baseline["batch_size"]),
-                "tokens": baseline["tokens"],
-                "padding_tokens": baseline["tokens"] - best["tokens"],
-                "utilization": best["tokens"] / baseline["tokens"] if baseline["tokens"] else 0.0,
-                "estimated_gain": baseline["estimated_gain"],
-            },
-        })
-    # Across capacities: fewest tokens lost to --too-long drop|truncate, then utilization, then
-    # fewest cut sequences; max keeps the first of equals.
-    best = max((next(r for r in rows if r["capacity_flag"] == c["capacity"] and r["algorithm"] == c["best"])
-                for c in by_capacity),
-               key=lambda r: (-_tokens_lost(r), r["utilization"], -r["counts"]["sequences_split"]))
-    total = time.perf_counter() - started
-    aligned = configs[capacities[0], algorithms[0]]
+
+def _capacity_report(index: LengthIndex, config: PackConfig, grid: _Grid, rows: list[dict[str, Any]],
+                     capacity: int) -> dict[str, Any]:
+    """One capacity of the what-if: its plan capacity, the sequences over it, --too-long and where
+    pack would stop, its best algorithm, and padded batching of the same sequences beside it."""
+    best = _best([r for r in rows if r["capacity_flag"] == capacity], preferred=config.algorithm)
+    plan_capacity = grid.first(capacity).plan_capacity
+    baseline = best["padded_batching"]
     return {
-        "kind": "input",
-        "inputs": [dataclasses.asdict(f) for f in index.files],
-        "tokens_column": index.tokens_column,
-        "sequences": index.num_sequences,
-        "tokens": int(index.lengths.sum()),
-        "lengths": length_summary(index.lengths),
-        "length_histogram": length_histogram(index.lengths),
-        "settings": {**{k: getattr(aligned, k) for k in PLANNING_OPTIONS},
-                     "pack_multiple": aligned.resolved_pack_multiple, "align": aligned.align},
-        "groups": group_summary(index, config.group_column) if grouped else None,
-        **({"mixture": _blend_report(index, aligned, source_files)} if source_files is not None else {}),
-        "capacities": by_capacity,
-        "what_if": rows,
-        "best": {"capacity": best["capacity_flag"], "algorithm": best["algorithm"]},
-        "recommendation": recommendation(best, rows) + (
-            f"; pass --too-long {'drop' if config.limits else 'split'} (with --too-long error pack stops at "
-            f"{stops[best['capacity_flag']]}, over the capacity)" if best["capacity_flag"] in stops else ""),
-        "stats_seconds": {"read_lengths": read_seconds, "load_kernels": t1 - t0, "plan": plan_seconds,
-                          "metrics": (t3 - t1) - plan_seconds - ungrouped_seconds, "total": total,
-                          **({"plan_without_groups": ungrouped_seconds} if grouped else {})},
+        "capacity": capacity,
+        "plan_capacity": plan_capacity,
+        "sequences_over_capacity": int((round_up(index.lengths, config.align) > plan_capacity).sum()),
+        "over_capacity": over_capacity(index.lengths, config.align, plan_capacity),
+        "too_long": grid.first(capacity).too_long,
+        "pack_stops_at": grid.stops.get(capacity),
+        "best": best["algorithm"],
+        "padded_batching": {
+            "batch_size": baseline["batch_size"],
+            "batches": math.ceil(best["sequences"] / baseline["batch_size"]),
+            "tokens": baseline["tokens"],
+            "padding_tokens": baseline["tokens"] - best["tokens"],
+            "utilization": best["tokens"] / baseline["tokens"] if baseline["tokens"] else 0.0,
+            "estimated_gain": baseline["estimated_gain"],
+        },
     }
 
 

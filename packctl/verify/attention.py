@@ -465,88 +465,134 @@ def run_attention(packs: list[Pack], backends: list[Backend], dtypes: list[str],
     run = AttentionRun()
     if not backends:
         return run
-    torch = backends[0].torch
-    device = backends[0].device
+    tally = _Tally.start(backends, dtypes, embedding, run)
     rng = np.random.default_rng(seed)
-    stats: dict[tuple[str, str], dict[str, Any]] = {}
-    probe_dtype: dict[str, str] = {}
-    for backend in backends:
-        for dtype in dtypes:
-            reason = backend.unsupported(dtype)
-            if reason is None and hasattr(backend, "probe"):
-                reason = backend.probe(dtype)
-            stats[backend.name, dtype] = {"backend": backend.name, "dtype": dtype, "mode": backend.mode,
-                                          "status": "skipped" if reason else "ok", "reason": reason, "packs": 0,
-                                          "sequences": 0, "max_error_packed": 0.0, "max_error_unpacked": 0.0,
-                                          "bound": None, "worst_ratio": None,
-                                          "atol": ATOL[dtype]}
-            if reason is None and backend.name not in probe_dtype:
-                probe_dtype[backend.name] = dtype
-    probe_stats = {name: {"backend": name, "dtype": dt, "packs": 0, "max_change": 0.0, "status": "ok",
-                          "exact": device == "cpu"} for name, dt in probe_dtype.items()}
-
-    with torch.no_grad():
+    with backends[0].torch.no_grad():
         for pack in packs:
-            if pack.parent_segments is not None:  # a tree: no varlen kernel expresses it (numpy, once)
-                found, errors = check_tree_attention(pack, embedding)
-                run.violations += found
-                for entry in stats.values():
-                    if entry["status"] != "skipped":
-                        entry["packs"] += 1
-                        entry["sequences"] += len(errors)
-                        entry["max_error_packed"] = max(entry["max_error_packed"], float(errors.max(initial=0.0)))
-                        entry["status"] = "failed" if found else entry["status"]
-                advance(1)
-                continue
-            problem = pack.unusable()
-            if problem is not None:
-                run.violations.append(Violation("attention", "attention-layout",
-                                                f"no varlen kernel can run on this pack: {problem}", **pack.where()))
-                for entry in stats.values():
-                    if entry["status"] != "skipped":
-                        entry["status"] = "failed"
-                advance(1)
-                continue
-            inputs = PackInputs.build(torch, pack, embedding, device)
-            probed = int(rng.integers(len(pack.seq_lens))) if len(pack.seq_lens) > 1 else None
-            for dtype in dtypes:
-                active = [b for b in backends if stats[b.name, dtype]["status"] != "skipped"]
-                if not active:
-                    continue
-                references = References.build(torch, inputs, dtype)
-                for backend in active:
-                    out = run_packed(torch, backend, inputs, dtype)
-                    found, errors = compare_pack(torch, pack, out, references, dtype, backend.name)
-                    entry = stats[backend.name, dtype]
-                    entry["packs"] += 1
-                    entry["sequences"] += len(errors.packed)
-                    entry["max_error_packed"] = max(entry["max_error_packed"], float(np.nan_to_num(errors.packed,
-                                                                                             nan=np.inf).max()))
-                    entry["max_error_unpacked"] = max(entry["max_error_unpacked"], float(errors.unpacked.max()))
-                    ratio = float(np.nan_to_num(errors.packed, nan=np.inf).max()) / errors.bound
-                    if entry["worst_ratio"] is None or ratio > entry["worst_ratio"]:
-                        entry["worst_ratio"], entry["bound"] = ratio, errors.bound
-                    if found:
-                        entry["status"] = "failed"
-                        run.violations += found
-                    if probed is not None and probe_dtype.get(backend.name) == dtype:
-                        started = time.perf_counter()
-                        found, change = probe_contamination(pack, backend, dtype, embedding, probed, baseline=out)
-                        run.contamination_seconds += time.perf_counter() - started
-                        probe = probe_stats[backend.name]
-                        probe["packs"] += 1
-                        probe["max_change"] = max(probe["max_change"], change)
-                        if found:
-                            probe["status"] = "failed"
-                            run.violations += found
+            tally.check(pack, rng)
             advance(1)
-    run.results = list(stats.values())
-    run.contamination = list(probe_stats.values())
+    run.results = list(tally.stats.values())
+    run.contamination = list(tally.probes.values())
     if bench and packs:
         started = time.perf_counter()
-        usable = [p for p in packs if p.unusable() is None]
-        for backend in backends:
-            if backend.name in probe_dtype and usable:
-                run.bench.append(bench_attention(usable, backend, probe_dtype[backend.name], embedding).to_dict())
+        run.bench = tally.bench(packs)
         run.bench_seconds = time.perf_counter() - started
     return run
+
+
+@dataclass
+class _Tally:
+    """The attention checks of one run, pack by pack: one result per (backend, dtype) (`stats`,
+    AttentionRun.results: packs, sequences, worst errors, status), the dtype each backend probes
+    contamination and benches with (its first supported one, `probe_dtype`), one probe result per
+    backend (`probes`); broken rules go to `run`.
+
+        backends [sdpa], dtypes [fp32, bf16] on CPU: stats for (sdpa, fp32) and (sdpa, bf16),
+        probe_dtype {sdpa: fp32}, bitwise probes (exact)"""
+
+    backends: list[Backend]
+    dtypes: list[str]
+    embedding: ProbeEmbedding
+    run: AttentionRun
+    stats: dict[tuple[str, str], dict[str, Any]]
+    probe_dtype: dict[str, str]
+    probes: dict[str, dict[str, Any]]
+
+    @classmethod
+    def start(cls, backends: list[Backend], dtypes: list[str], embedding: ProbeEmbedding, run: AttentionRun
+              ) -> "_Tally":
+        """Each (backend, dtype) run or skipped, with why (a dtype the backend does not take, or a
+        failed probe of it), before any pack."""
+        stats: dict[tuple[str, str], dict[str, Any]] = {}
+        probe_dtype: dict[str, str] = {}
+        for backend in backends:
+            for dtype in dtypes:
+                reason = backend.unsupported(dtype)
+                if reason is None and hasattr(backend, "probe"):
+                    reason = backend.probe(dtype)
+                stats[backend.name, dtype] = {"backend": backend.name, "dtype": dtype, "mode": backend.mode,
+                                              "status": "skipped" if reason else "ok", "reason": reason, "packs": 0,
+                                              "sequences": 0, "max_error_packed": 0.0, "max_error_unpacked": 0.0,
+                                              "bound": None, "worst_ratio": None,
+                                              "atol": ATOL[dtype]}
+                if reason is None and backend.name not in probe_dtype:
+                    probe_dtype[backend.name] = dtype
+        probes = {name: {"backend": name, "dtype": dt, "packs": 0, "max_change": 0.0, "status": "ok",
+                         "exact": backends[0].device == "cpu"} for name, dt in probe_dtype.items()}
+        return cls(backends=backends, dtypes=dtypes, embedding=embedding, run=run, stats=stats,
+                   probe_dtype=probe_dtype, probes=probes)
+
+    def check(self, pack: Pack, rng: np.random.Generator) -> None:
+        """One sampled pack: a tree pack in numpy, a pack no varlen kernel can run refused, any
+        other through every running (backend, dtype)."""
+        if pack.parent_segments is not None:  # a tree: no varlen kernel expresses it (numpy, once)
+            found, errors = check_tree_attention(pack, self.embedding)
+            self.run.violations += found
+            for entry in self._running():
+                entry["packs"] += 1
+                entry["sequences"] += len(errors)
+                entry["max_error_packed"] = max(entry["max_error_packed"], float(errors.max(initial=0.0)))
+                entry["status"] = "failed" if found else entry["status"]
+            return
+        problem = pack.unusable()
+        if problem is not None:
+            self.run.violations.append(Violation("attention", "attention-layout",
+                                                 f"no varlen kernel can run on this pack: {problem}", **pack.where()))
+            for entry in self._running():
+                entry["status"] = "failed"
+            return
+        self._check_varlen(pack, rng)
+
+    def _running(self) -> list[dict[str, Any]]:
+        return [entry for entry in self.stats.values() if entry["status"] != "skipped"]
+
+    def _check_varlen(self, pack: Pack, rng: np.random.Generator) -> None:
+        """Each running backend's packed attention against each sequence's own, dtype by dtype;
+        the contamination probe changes one sequence (drawn from `rng`) in the probe dtype."""
+        torch, device = self.backends[0].torch, self.backends[0].device
+        inputs = PackInputs.build(torch, pack, self.embedding, device)
+        probed = int(rng.integers(len(pack.seq_lens))) if len(pack.seq_lens) > 1 else None
+        for dtype in self.dtypes:
+            active = [b for b in self.backends if self.stats[b.name, dtype]["status"] != "skipped"]
+            if not active:
+                continue
+            references = References.build(torch, inputs, dtype)
+            for backend in active:
+                out = run_packed(torch, backend, inputs, dtype)
+                self._record(self.stats[backend.name, dtype],
+                             *compare_pack(torch, pack, out, references, dtype, backend.name))
+                if probed is not None and self.probe_dtype.get(backend.name) == dtype:
+                    self._probe(pack, backend, dtype, probed, out)
+
+    def _record(self, entry: dict[str, Any], found: list[Violation], errors: PackErrors) -> None:
+        """One pack's errors of one (backend, dtype) added to its result `entry`."""
+        worst = float(np.nan_to_num(errors.packed, nan=np.inf).max())
+        entry["packs"] += 1
+        entry["sequences"] += len(errors.packed)
+        entry["max_error_packed"] = max(entry["max_error_packed"], worst)
+        entry["max_error_unpacked"] = max(entry["max_error_unpacked"], float(errors.unpacked.max()))
+        ratio = worst / errors.bound
+        if entry["worst_ratio"] is None or ratio > entry["worst_ratio"]:
+            entry["worst_ratio"], entry["bound"] = ratio, errors.bound
+        if found:
+            entry["status"] = "failed"
+            self.run.violations += found
+
+    def _probe(self, pack: Pack, backend: Backend, dtype: str, sequence: int, baseline) -> None:
+        """The contamination probe of one pack: `sequence` changed, every other's output the same."""
+        started = time.perf_counter()
+        found, change = probe_contamination(pack, backend, dtype, self.embedding, sequence, baseline=baseline)
+        self.run.contamination_seconds += time.perf_counter() - started
+        probe = self.probes[backend.name]
+        probe["packs"] += 1
+        probe["max_change"] = max(probe["max_change"], change)
+        if found:
+            probe["status"] = "failed"
+            self.run.violations += found
+
+    def bench(self, packs: list[Pack]) -> list[dict[str, Any]]:
+        """Packed against padded attention (`bench_attention`) for each backend that runs, in its
+        probe dtype, over the packs a varlen kernel can run."""
+        usable = [p for p in packs if p.unusable() is None]
+        return [bench_attention(usable, backend, self.probe_dtype[backend.name], self.embedding).to_dict()
+                for backend in self.backends if backend.name in self.probe_dtype and usable]

@@ -227,155 +227,353 @@ def check_conservation(out: Path, manifest: dict[str, Any], paths: list[str], pi
     bounds how many differing sequences are read again to name their first differing token.
     """
     config = _pack_config(manifest)
-    tokens_column = config.tokens_column
-    labels_column = manifest["config"].get("labels_column")
-    options = dataclasses.replace(source_options(manifest, tokenizer), tokens_column=tokens_column,
-                                  labels_column=labels_column)
+    source = _open_source(manifest, config, paths, tokenizer)
+    table = _PieceTable.of(pieces)
+    found = [Violation("conservation", "shard-unreadable", "the shard's sequences could not be read, so its "
+                       "samples count as missing (see the structure failures)", shard=shard)
+             for shard in pieces.unreadable]
+    found += _ids_outside(table, source.samples)
+    blend = _blend_of(manifest, config)
+    held = _coverage(source, table, config, drawn=blend is not None, advance=advance)
+    check = _Check(out=out, manifest=manifest, config=config, blend=blend, pieces=pieces, table=table,
+                   source=source, details=details)
+    if blend is not None:
+        return _blend_conservation(check, held, found)
+    return _input_conservation(check, held, found)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The source of an output as verify reads it: its files (`paths`, in the manifest's `inputs`
+    order) read as `kind` with `options`, file f holding the gids file_offsets[f]:file_offsets[f+1];
+    `skip_empty`: the output was packed with --skip-empty, which left the empty samples out.
+
+        files of 3 and 2 rows: file_offsets [0 3 5]; gid 4 is row 1 of the second file"""
+
+    kind: InputKind
+    options: InputOptions
+    paths: list[str]
+    file_offsets: np.ndarray
+    skip_empty: bool
+
+    @property
+    def samples(self) -> int:
+        return int(self.file_offsets[-1])
+
+    def sample(self, gid: int, tokens: int) -> str:
+        """A sample as messages name it: 'sample 4 (data/b.parquet row 1, 40 tokens)'."""
+        return f"sample {gid} ({describe_gid(self.kind, self.paths, self.file_offsets, gid)}, {tokens} tokens)"
+
+    def decode(self, f: int):
+        """The whole of file f, validated as pack validates it (a Parquet file, or a Megatron pair's
+        documents)."""
+        rows = int(self.file_offsets[f + 1] - self.file_offsets[f])
+        whole = Block(file=0, row_group=None, first_row=0, rows=rows, nbytes=0)  # row_group None: the whole file
+        return self.kind.decode(self.paths[f], whole, self.options, skip_empty=self.skip_empty)
+
+    def row(self, gid: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and labels (int64) of sample `gid`, from the one block of its file that holds it."""
+        f = int(np.searchsorted(self.file_offsets, gid, side="right") - 1)
+        path, row = self.paths[f], gid - int(self.file_offsets[f])
+        _, blocks, _ = self.kind.read_file(path, 0, options=self.options)
+        block = next(b for b in blocks if b.first_row <= row < b.first_row + b.rows)
+        decoded = self.kind.decode(path, block, self.options, skip_empty=True)
+        r = row - block.first_row
+        tokens, labels = decoded.gather(np.array([r]), np.array([0]), np.diff(decoded.offsets)[r:r + 1])
+        return tokens.astype(np.int64), labels.astype(np.int64)
+
+
+def _open_source(manifest: dict[str, Any], config: PackConfig, paths: list[str], tokenizer: str | None) -> _Source:
+    """The output's source read with the manifest's options and token and label columns; each
+    file's rows are checked against those the manifest recorded, as sample ids count them."""
+    options = dataclasses.replace(source_options(manifest, tokenizer), tokens_column=config.tokens_column,
+                                  labels_column=manifest["config"].get("labels_column"))
     kind = kind_of_paths(paths, options)
-    skip_empty = bool(manifest["config"].get("skip_empty", False))
-    shard_of, row_of, seq_of, sample_ids, lens, token_fp, label_fp = pieces.arrays()
-    found: list[Violation] = []
-    names = pieces.shard_names
-
-    def where(p: int) -> str:
-        return f"{names[shard_of[p]]} row {row_of[p]} sequence {seq_of[p]}"
-
-    for shard in pieces.unreadable:
-        found.append(Violation("conservation", "shard-unreadable", "the shard's sequences could not be read, so "
-                               "its samples count as missing (see the structure failures)", shard=shard))
-
-    # Source rows per file, in manifest order: the gid ranges.
     file_rows = np.array([_source_rows(kind, p, options) for p in paths], dtype=np.int64)
     for entry, path, rows in zip(manifest["inputs"], paths, file_rows):
         if "rows" in entry and int(entry["rows"]) != rows:
             raise PackctlError(f"--source {path}: {rows} rows, but the output was packed from {entry['rows']}; "
                                "the source changed since packing, so sample ids no longer match")
-    file_offsets = offsets_of(file_rows)
-    n_src = int(file_offsets[-1])
+    return _Source(kind=kind, options=options, paths=paths, file_offsets=offsets_of(file_rows),
+                   skip_empty=bool(manifest["config"].get("skip_empty", False)))
 
-    in_range = (sample_ids >= 0) & (sample_ids < n_src)
-    if not in_range.all():
-        p = int(np.argmax(~in_range))
-        found.append(Violation("conservation", "sample-ids", f"sample id {sample_ids[p]} is outside the source's "
-                               f"{n_src} samples", shard=names[shard_of[p]], row=int(row_of[p]),
-                               sequence=int(seq_of[p]), count=int(np.count_nonzero(~in_range))))
-    valid = np.flatnonzero(in_range)
+
+@dataclass(frozen=True)
+class _PieceTable:
+    """The output's pieces (`OutputPieces.arrays`), one value a piece in output order: where it is
+    (shard `names[shard[p]]`, `row`, `sequence` in the row), its sample id, length and fingerprints."""
+
+    names: list[str]
+    shard: np.ndarray
+    row: np.ndarray
+    sequence: np.ndarray
+    sample_ids: np.ndarray
+    lens: np.ndarray
+    token_fp: np.ndarray
+    label_fp: np.ndarray
+
+    @classmethod
+    def of(cls, pieces: OutputPieces) -> "_PieceTable":
+        return cls(pieces.shard_names, *pieces.arrays())
+
+    def where(self, p: int) -> str:
+        """'data/train-00000.parquet row 3 sequence 1'."""
+        return f"{self.names[self.shard[p]]} row {self.row[p]} sequence {self.sequence[p]}"
+
+    def place(self, p: int) -> dict[str, Any]:
+        """Piece p as a Violation locates it (shard, row, sequence)."""
+        return {"shard": self.names[self.shard[p]], "row": int(self.row[p]), "sequence": int(self.sequence[p])}
+
+    def listed(self, pieces: np.ndarray, limit: int = 3) -> str:
+        """The first `limit` of `pieces`, where each is, '...' after them if there are more."""
+        shown = "; ".join(self.where(int(p)) for p in pieces[:limit])
+        return shown + (" ..." if len(pieces) > limit else "")
+
+
+def _ids_outside(table: _PieceTable, samples: int) -> list[Violation]:
+    """Rule `sample-ids`: every piece's sample id is a gid of the source (0 <= id < samples)."""
+    outside = (table.sample_ids < 0) | (table.sample_ids >= samples)
+    if not outside.any():
+        return []
+    p = int(np.argmax(outside))
+    return [Violation("conservation", "sample-ids", f"sample id {table.sample_ids[p]} is outside the source's "
+                      f"{samples} samples", **table.place(p), count=int(np.count_nonzero(outside)))]
+
+
+@dataclass(frozen=True)
+class _Check:
+    """What conservation checks against: the output (`out`, its `manifest`, the `config` it was
+    packed with, its `pieces` and their `table`), its `source`, and the blend it was drawn from
+    (`_blend_of`; None for an output of one INPUT); `details` caps the differing sequences
+    diagnosed one by one."""
+
+    out: Path
+    manifest: dict[str, Any]
+    config: PackConfig
+    blend: dict[str, Any] | None
+    pieces: OutputPieces
+    table: _PieceTable
+    source: _Source
+    details: int
+
+
+@dataclass(frozen=True)
+class _Coverage:
+    """What the output holds of the sources, one value a source gid (`src_len`: its true length,
+    `covered`: its tokens in the output, `count`: its pieces) or one a piece (`sample_ids`, `lens`,
+    `piece_start` within its use, whether its tokens or labels differ from the source's); `valid`:
+    the pieces whose sample id is a gid of the sources, `order` the same sorted by sample id (the
+    pieces of a sample in output order) and `sorted_ids` their sample ids.
+
+        gid 7 of 40 tokens drawn twice, each use one piece: covered[7] = 80, count[7] = 2"""
+
+    src_len: np.ndarray
+    covered: np.ndarray
+    count: np.ndarray
+    sample_ids: np.ndarray
+    valid: np.ndarray
+    lens: np.ndarray
+    piece_start: np.ndarray
+    tokens_differ: np.ndarray
+    labels_differ: np.ndarray
+    order: np.ndarray
+    sorted_ids: np.ndarray
+
+    @property
+    def in_range(self) -> np.ndarray:
+        """One bool a piece: its sample id is a gid of the sources."""
+        in_range = np.zeros(len(self.sample_ids), dtype=bool)
+        in_range[self.valid] = True
+        return in_range
+
+    def pieces_of(self, gid: int) -> np.ndarray:
+        """The pieces of sample `gid`, in output order."""
+        lo, hi = np.searchsorted(self.sorted_ids, [gid, gid + 1])
+        return self.order[lo:hi]
+
+    def differing(self, flagged: np.ndarray) -> np.ndarray:
+        """The pieces whose tokens or labels differ from the source's, but those of the samples
+        `flagged` (one bool a gid: a wrong coverage, reported as such) and those outside the source."""
+        content_bad = self.tokens_differ | self.labels_differ
+        content_bad[self.valid[flagged[self.sample_ids[self.valid]]]] = False
+        content_bad[~self.in_range] = False
+        return np.flatnonzero(content_bad)
+
+
+def _coverage(source: _Source, table: _PieceTable, config: PackConfig, *, drawn: bool,
+              advance: Callable[[int], None]) -> _Coverage:
+    """Each source file decoded once and compared with the pieces of its samples: a piece holds
+    the slice of its sample that starts where the sample's pieces before it end; in a blend
+    (`drawn`) within one use of the sample. `advance(1)` after each file.
+
+        sample 7 of 10 tokens, pieces of 6 and 4: slices 0..5 and 6..9
+        the same drawn twice, pieces of 10 and 10: slices 0..9 and 0..9"""
+    sample_ids, lens, offsets = table.sample_ids, table.lens, source.file_offsets
+    valid = np.flatnonzero((sample_ids >= 0) & (sample_ids < source.samples))
     order = valid[np.argsort(sample_ids[valid], kind="stable")]  # pieces by sample, in output order
     sorted_ids = sample_ids[order]
-    piece_start = np.zeros(len(sample_ids), dtype=np.int64)
+    piece_start = _piece_starts(lens, order, sorted_ids, len(sample_ids))
+    src_len = np.zeros(source.samples, dtype=np.int64)
+    src_token_fp = np.zeros(len(sample_ids), dtype=np.uint64)
+    src_label_fp = np.zeros(len(sample_ids), dtype=np.uint64)
+    for f in range(len(source.paths)):
+        decoded = source.decode(f)
+        lengths = np.diff(decoded.offsets)
+        src_len[offsets[f]:offsets[f + 1]] = lengths
+        lo, hi = np.searchsorted(sorted_ids, [offsets[f], offsets[f + 1]])
+        sel = order[lo:hi]
+        rows = sample_ids[sel] - offsets[f]
+        if drawn:  # a row drawn u times: u runs of pieces, each a whole use of it
+            piece_start[sel] %= np.maximum(_per_use(lengths, config)[rows], 1)
+        src_token_fp[sel], src_label_fp[sel] = _slice_fingerprints(decoded, rows, piece_start[sel], lens[sel])
+        advance(1)
+    return _Coverage(
+        src_len=src_len, sample_ids=sample_ids, valid=valid, lens=lens, piece_start=piece_start,
+        covered=np.bincount(sample_ids[valid], weights=lens[valid], minlength=source.samples).astype(np.int64),
+        count=np.bincount(sample_ids[valid], minlength=source.samples),
+        tokens_differ=src_token_fp != table.token_fp, labels_differ=src_label_fp != table.label_fp,
+        order=order, sorted_ids=sorted_ids)
+
+
+def _piece_starts(lens: np.ndarray, order: np.ndarray, sorted_ids: np.ndarray, pieces: int) -> np.ndarray:
+    """Where each piece starts in its sample: the tokens of the sample's pieces before it in output
+    order (0 for a piece outside the source). Sample 7 in pieces of 6 and 4: starts 0 and 6."""
+    piece_start = np.zeros(pieces, dtype=np.int64)
     if len(order):
         before = np.cumsum(lens[order]) - lens[order]
         first_of_sample = np.searchsorted(sorted_ids, sorted_ids, side="left")
         piece_start[order] = before - before[first_of_sample]
+    return piece_start
 
-    blend = _blend_of(manifest, config)
-    src_len = np.zeros(n_src, dtype=np.int64)
-    src_token_fp = np.zeros(len(sample_ids), dtype=np.uint64)
-    src_label_fp = np.zeros(len(sample_ids), dtype=np.uint64)
-    for f, path in enumerate(paths):
-        # The whole file, validated; an output packed with --skip-empty left its empty rows out.
-        decoded = _decode_source(kind, path, int(file_rows[f]), options, skip_empty)
-        src_len[file_offsets[f]:file_offsets[f + 1]] = np.diff(decoded.offsets)
-        lo, hi = np.searchsorted(sorted_ids, [file_offsets[f], file_offsets[f + 1]])
-        sel = order[lo:hi]
-        rows = sample_ids[sel] - file_offsets[f]
-        if blend is not None:  # a row drawn u times: u runs of pieces, each a whole use of it
-            piece_start[sel] %= np.maximum(_per_use(np.diff(decoded.offsets), config)[rows], 1)
-        take = np.clip(np.minimum(lens[sel], np.diff(decoded.offsets)[rows] - piece_start[sel]), 0, None)
-        idx = ranges(decoded.offsets[rows] + piece_start[sel], take)
-        src_token_fp[sel] = segment_fingerprints(decoded.tokens[idx], take)
-        labels = (decoded.tokens if decoded.labels is None else decoded.labels)[idx].copy()
-        labels[offsets_of(take)[:-1][take > 0]] = IGNORE_INDEX
-        src_label_fp[sel] = segment_fingerprints(labels, take, _LABEL_SALT)
-        advance(1)
 
-    count = np.bincount(sample_ids[valid], minlength=n_src)
-    covered = np.bincount(sample_ids[valid], weights=lens[valid], minlength=n_src).astype(np.int64)
-    if blend is not None:
-        check = _BlendCheck(out=out, manifest=manifest, config=config, blend=blend, pieces=pieces, kind=kind,
-                            paths=paths, file_offsets=file_offsets, where=where, details=details)
-        held = _Coverage(src_len=src_len, covered=covered, count=count, sample_ids=sample_ids, valid=valid, lens=lens,
-                         piece_start=piece_start, tokens_differ=src_token_fp != token_fp,
-                         labels_differ=src_label_fp != label_fp)
-        return _blend_conservation(check, held, found)
-    over_long = (src_len + config.align - 1) // config.align * config.align > config.plan_capacity
+def _slice_fingerprints(decoded, rows: np.ndarray, starts: np.ndarray, lens: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Token and label fingerprints of the source slices the pieces hold: of row rows[i] of a
+    decoded file, lens[i] tokens from token starts[i] (fewer where the row ends), the first label
+    of each IGNORE_INDEX, as the output has it at every sequence start."""
+    take = np.clip(np.minimum(lens, np.diff(decoded.offsets)[rows] - starts), 0, None)
+    idx = ranges(decoded.offsets[rows] + starts, take)
+    labels = (decoded.tokens if decoded.labels is None else decoded.labels)[idx].copy()
+    labels[offsets_of(take)[:-1][take > 0]] = IGNORE_INDEX
+    return segment_fingerprints(decoded.tokens[idx], take), segment_fingerprints(labels, take, _LABEL_SALT)
 
-    def describe(gid: int) -> str:
-        return f"sample {gid} ({describe_gid(kind, paths, file_offsets, gid)}, {src_len[gid]} tokens)"
 
-    def pieces_of(gid: int, limit: int = 3) -> str:
-        lo, hi = np.searchsorted(sorted_ids, [gid, gid + 1])
-        shown = "; ".join(where(int(p)) for p in order[lo:min(hi, lo + limit)])
-        return shown + (" ..." if hi - lo > limit else "")
+@dataclass(frozen=True)
+class _Fates:
+    """What became of each sample of one INPUT in the output, one bool a gid: `over_long` (its
+    aligned length over the capacity), `missing` (no piece), `duplicated` (more of its tokens than
+    it has), `truncated` (its first plan_capacity tokens, as --too-long truncate keeps them),
+    `incomplete` (fewer tokens, not so truncated), `split` (whole, in several pieces)."""
 
-    missing = count == 0
-    allowed_drop = over_long if config.too_long == "drop" else np.zeros(n_src, dtype=bool)
+    over_long: np.ndarray
+    missing: np.ndarray
+    duplicated: np.ndarray
+    truncated: np.ndarray
+    incomplete: np.ndarray
+    split: np.ndarray
+
+    @classmethod
+    def of(cls, held: _Coverage, config: PackConfig) -> "_Fates":
+        over_long = (held.src_len + config.align - 1) // config.align * config.align > config.plan_capacity
+        duplicated = held.covered > held.src_len
+        short = (held.count > 0) & (held.covered < held.src_len)
+        # A truncated sample keeps its first plan_capacity tokens (which --algorithm split may cut in pieces).
+        truncated = short & over_long & (held.covered == config.plan_capacity) & (config.too_long == "truncate")
+        incomplete = short & ~truncated
+        return cls(over_long=over_long, missing=held.count == 0, duplicated=duplicated, truncated=truncated,
+                   incomplete=incomplete, split=(held.count > 1) & ~duplicated & ~incomplete)
+
+
+def _input_conservation(check: _Check, held: _Coverage, found: list[Violation]) -> ConservationResult:
+    """Conservation of an output of one INPUT: every sample in it once, whole or split in pieces,
+    or truncated or left out as --too-long, --limit and --skip-empty say, with its own tokens."""
+    config, src_len, covered = check.config, held.src_len, held.covered
+    fates = _Fates.of(held, config)
     limits = dict(config.limits or {})
-    src_extra = _source_limit_values(paths, file_rows, tuple(limits)) if limits else None
-    if src_extra is not None and config.too_long == "drop":  # a sample over a --limit is dropped too
-        allowed_drop = allowed_drop | (src_extra > np.array(list(limits.values()), np.int64)).any(axis=1)
-    allowed_drop |= (src_len == 0) & skip_empty
-    unexpected = missing & ~allowed_drop
-    if unexpected.any():
-        gid = int(np.argmax(unexpected))
-        why = ("it fits the capacity" + (" and every --limit" if limits else "") if not over_long[gid]
-               else f"the over-long policy is too_long={config.too_long}, which drops nothing")
-        found.append(Violation("conservation", "sample-missing", f"{describe(gid)} is not in the output; {why}",
-                               count=int(unexpected.sum())))
-    def at_last_piece(gid: int) -> dict[str, Any]:
-        p = int(order[np.searchsorted(sorted_ids, gid, side="right") - 1])
-        return {"shard": names[shard_of[p]], "row": int(row_of[p]), "sequence": int(seq_of[p])}
-
-    duplicated = covered > src_len
-    if duplicated.any():
-        gid = int(np.argmax(duplicated))
-        found.append(Violation(
-            "conservation", "sample-duplicated",
-            f"{describe(gid)} appears {count[gid]} times holding {covered[gid]} tokens: duplicated "
-            f"(at {pieces_of(gid)})", **at_last_piece(gid), count=int(duplicated.sum())))
-    short = (count > 0) & (covered < src_len)
-    # A truncated sample keeps its first plan_capacity tokens (which --algorithm split may cut in pieces).
-    truncated = short & over_long & (covered == config.plan_capacity) & (config.too_long == "truncate")
-    incomplete = short & ~truncated
-    if incomplete.any():
-        gid = int(np.argmax(incomplete))
-        found.append(Violation("conservation", "sample-incomplete",
-                               f"{describe(gid)}: the output holds only {covered[gid]} of its tokens "
-                               f"(at {pieces_of(gid)})", **at_last_piece(gid), count=int(incomplete.sum())))
-    split = (count > 1) & ~duplicated & ~incomplete
-
-    counts = manifest.get("counts", {})
-    for name, actual in (("sequences_dropped", int(missing.sum())), ("sequences_truncated", int(truncated.sum())),
-                         ("sequences_split", int(split.sum())), ("tokens_dropped", int(src_len[missing].sum())),
-                         ("tokens_truncated", int((src_len - covered)[truncated].sum())),
-                         ("tokens_in", int(src_len.sum())), ("sequences_in", n_src),
-                         ("sequences_skipped_empty", int((missing & (src_len == 0)).sum()))):
-        if name in counts and int(counts[name]) != actual:
-            found.append(Violation("conservation", "manifest-counts",
-                                   f"the source and output give {name} = {actual}, the manifest says {counts[name]}"))
-
+    src_extra = (_source_limit_values(check.source.paths, np.diff(check.source.file_offsets), tuple(limits))
+                 if limits else None)
+    found += _missing(check, held, fates, src_extra)
+    found += _first_sample(check, held, "sample-duplicated", fates.duplicated, lambda gid: (
+        f" appears {held.count[gid]} times holding {covered[gid]} tokens: duplicated"))
+    found += _first_sample(check, held, "sample-incomplete", fates.incomplete, lambda gid: (
+        f": the output holds only {covered[gid]} of its tokens"))
+    missing, truncated = fates.missing, fates.truncated
+    found += _manifest_counts(check.manifest, {
+        "sequences_dropped": int(missing.sum()), "sequences_truncated": int(truncated.sum()),
+        "sequences_split": int(fates.split.sum()), "tokens_dropped": int(src_len[missing].sum()),
+        "tokens_truncated": int((src_len - covered)[truncated].sum()), "tokens_in": int(src_len.sum()),
+        "sequences_in": check.source.samples,
+        "sequences_skipped_empty": int((missing & (src_len == 0)).sum())})
     if src_extra is not None:
-        found += _limit_values(out, pieces, limits, src_extra, sample_ids, in_range, where)
-
+        found += _limit_values(check.out, check.pieces, limits, src_extra, held.sample_ids, held.in_range,
+                               check.table.where)
     # Content, for pieces of samples whose coverage is right (the others are reported above).
-    flagged = duplicated | incomplete
-    content_bad = (src_token_fp != token_fp) | (src_label_fp != label_fp)
-    content_bad[valid[flagged[sample_ids[valid]]]] = False
-    content_bad[~in_range] = False
-    bad = np.flatnonzero(content_bad)
-    for p in bad[:details]:
-        found.append(_diagnose(out, names[shard_of[p]], int(row_of[p]), int(seq_of[p]), int(sample_ids[p]),
-                               int(piece_start[p]), describe(int(sample_ids[p])), paths, file_offsets,
-                               kind, options))
-    if len(bad) > details:
-        found.append(Violation("conservation", "content", f"{len(bad) - details} more sequences differ from the "
-                               "source", count=len(bad) - details))
+    bad = held.differing(fates.duplicated | fates.incomplete)
+    found += _content(check, held, bad)
     summary = {
-        "source_files": len(paths), "samples": n_src, "samples_packed": int((count > 0).sum()),
-        "dropped": int(missing.sum()), "truncated": int(truncated.sum()), "split": int(split.sum()),
-        "tokens_compared": int(lens[valid].sum()), "sequences_differing": int(len(bad)),
+        "source_files": len(check.source.paths), "samples": check.source.samples,
+        "samples_packed": int((held.count > 0).sum()), "dropped": int(missing.sum()),
+        "truncated": int(truncated.sum()), "split": int(fates.split.sum()),
+        "tokens_compared": int(held.lens[held.valid].sum()), "sequences_differing": int(len(bad)),
     }
     return ConservationResult(found, summary)
+
+
+def _missing(check: _Check, held: _Coverage, fates: _Fates, src_extra: np.ndarray | None) -> list[Violation]:
+    """Rule `sample-missing`: a sample is left out only where pack leaves it out, over the capacity
+    or a --limit (`src_extra`: the source's --limit values) with --too-long drop, or empty with
+    --skip-empty."""
+    config = check.config
+    limits = dict(config.limits or {})
+    drops = config.too_long == "drop"
+    allowed = fates.over_long & drops
+    if src_extra is not None:  # a sample over a --limit is dropped too
+        allowed |= (src_extra > np.array(list(limits.values()), np.int64)).any(axis=1) & drops
+    allowed |= (held.src_len == 0) & check.source.skip_empty
+    unexpected = fates.missing & ~allowed
+    if not unexpected.any():
+        return []
+    gid = int(np.argmax(unexpected))
+    why = ("it fits the capacity" + (" and every --limit" if limits else "") if not fates.over_long[gid]
+           else f"the over-long policy is too_long={config.too_long}, which drops nothing")
+    return [Violation("conservation", "sample-missing", f"{check.source.sample(gid, held.src_len[gid])} is not in "
+                      f"the output; {why}", count=int(unexpected.sum()))]
+
+
+def _first_sample(check: _Check, held: _Coverage, rule: str, flagged: np.ndarray,
+                  wrong: Callable[[int], str]) -> list[Violation]:
+    """`rule` broken by the samples `flagged` (one bool a gid), told of the first one, located at
+    its last piece: the sample, `wrong(gid)`, and where its pieces are."""
+    if not flagged.any():
+        return []
+    gid = int(np.argmax(flagged))
+    pieces = held.pieces_of(gid)
+    return [Violation("conservation", rule, f"{check.source.sample(gid, held.src_len[gid])}{wrong(gid)} "
+                      f"(at {check.table.listed(pieces)})", **check.table.place(int(pieces[-1])),
+                      count=int(flagged.sum()))]
+
+
+def _manifest_counts(manifest: dict[str, Any], actual: dict[str, int]) -> list[Violation]:
+    """Rule `manifest-counts`: each of the manifest's `counts` named in `actual` is the number
+    that the source and output give."""
+    counts = manifest.get("counts", {})
+    return [Violation("conservation", "manifest-counts",
+                      f"the source and output give {name} = {value}, the manifest says {counts[name]}")
+            for name, value in actual.items() if name in counts and int(counts[name]) != value]
+
+
+def _content(check: _Check, held: _Coverage, bad: np.ndarray) -> list[Violation]:
+    """The first `details` of the differing pieces `bad`, each read again to say at which token
+    it parts from its source, and one violation that counts the rest."""
+    found = []
+    for p in bad[:check.details]:
+        gid = int(held.sample_ids[p])
+        found.append(_diagnose(check, check.table.place(int(p)), gid, int(held.piece_start[p]),
+                               check.source.sample(gid, held.src_len[gid])))
+    if len(bad) > check.details:
+        found.append(Violation("conservation", "content", f"{len(bad) - check.details} more sequences differ from "
+                               "the source", count=len(bad) - check.details))
+    return found
 
 
 def _blend_of(manifest: dict[str, Any], config: PackConfig) -> dict[str, Any] | None:
@@ -427,62 +625,53 @@ def _source_group_starts(paths: list[str], column: str) -> np.ndarray:
     return np.concatenate([[0], np.flatnonzero(changed) + 1, [n]]).astype(np.int64) if n else np.zeros(1, np.int64)
 
 
-@dataclass(frozen=True)
-class _BlendCheck:
-    """What a blend's conservation checks against: the output (`out`, its `manifest` and `pieces`),
-    the options it was verified with, the blend read from the manifest (`_blend_of`), and the
-    sources' files (`paths`, read as `kind`; file f holds gids file_offsets[f]:file_offsets[f+1]);
-    `where` names a piece, `details` caps the differing sequences diagnosed one by one."""
-
-    out: Path
-    manifest: dict[str, Any]
-    config: PackConfig
-    blend: dict[str, Any]
-    pieces: OutputPieces
-    kind: InputKind
-    paths: list[str]
-    file_offsets: np.ndarray
-    where: Callable[[int], str]
-    details: int
-
-
-@dataclass(frozen=True)
-class _Coverage:
-    """What the output holds of the sources, one value a source gid (`src_len`: its true length,
-    `covered`: its tokens in the output, `count`: its pieces) or one a piece (`sample_ids`, `lens`,
-    `piece_start` within its use, whether its tokens or labels differ from the source's); `valid`:
-    the pieces whose sample id is a gid of the sources.
-
-        gid 7 of 40 tokens drawn twice, each use one piece: covered[7] = 80, count[7] = 2"""
-
-    src_len: np.ndarray
-    covered: np.ndarray
-    count: np.ndarray
-    sample_ids: np.ndarray
-    valid: np.ndarray
-    lens: np.ndarray
-    piece_start: np.ndarray
-    tokens_differ: np.ndarray
-    labels_differ: np.ndarray
-
-
-def _blend_conservation(check: _BlendCheck, held: _Coverage, found: list[Violation]) -> ConservationResult:
+def _blend_conservation(check: _Check, held: _Coverage, found: list[Violation]) -> ConservationResult:
     """Conservation of a blend, source by source: the draw done again from the source's lengths
     (plan/mixture.py `draw_blend`, the one draw of pack), and every row in the output exactly as
     many times as it was drawn, each use whole (or cut as --too-long says), with its own tokens.
 
         web row 7 drawn twice, 40 tokens: the output holds 80 tokens of sample 7, in pieces that
         rebuild it twice"""
+    config, blend, src_len = check.config, check.blend, held.src_len
+    uses = _drawn_uses(check, src_len)
+    expected = uses * _per_use(src_len, config)
+    source_of = np.searchsorted(np.asarray(blend["starts"]), np.arange(len(src_len)), side="right") - 1
+    wrong = held.covered != expected
+    if wrong.any():
+        gid = int(np.argmax(wrong))
+        found.append(Violation(
+            "conservation", "source-uses",
+            f"{check.source.sample(gid, src_len[gid])} of source {blend['names'][source_of[gid]]}: the output holds "
+            f"{held.covered[gid]} of its tokens in {held.count[gid]} pieces, the blend draws it {uses[gid]} times "
+            f"({expected[gid]} tokens)", count=int(wrong.sum())))
+    bad = held.differing(wrong)
+    found += _content(check, held, bad)
+    limits = dict(config.limits or {})
+    if limits:  # each use of a sample carries its value of every limited column
+        src_extra = _source_limit_values(check.source.paths, np.diff(check.source.file_offsets), tuple(limits))
+        found += _limit_values(check.out, check.pieces, limits, src_extra, held.sample_ids, held.in_range,
+                               check.table.where)
+    found += _manifest_counts(check.manifest, {"tokens_in": int((uses * src_len).sum()),
+                                               "sequences_in": int(uses.sum())})
+    summary = {
+        "source_files": len(check.source.paths), "samples": len(src_len),
+        "samples_packed": int((held.count > 0).sum()), "tokens_compared": int(held.lens[held.valid].sum()),
+        "sequences_differing": int(len(bad)),
+        "sources": [{"name": name, "rows_used": int(np.count_nonzero(uses[source_of == k])),
+                     "uses": int(uses[source_of == k].sum())} for k, name in enumerate(blend["names"])],
+    }
+    return ConservationResult(found, summary)
+
+
+def _drawn_uses(check: _Check, src_len: np.ndarray) -> np.ndarray:
+    """How many times the blend draws each source row (one count a gid), drawn again as pack drew
+    it from the rows' lengths: whole groups with --group-column, no empty row with --skip-empty."""
     from packctl.plan.mixture import Blend, EmptySource, RepeatOverCap, blend_groups, draw_blend, member_uses
 
-    out, manifest, config, blend, pieces = check.out, check.manifest, check.config, check.blend, check.pieces
-    kind, paths, file_offsets, where, details = check.kind, check.paths, check.file_offsets, check.where, check.details
-    src_len, covered, count, sample_ids, valid = held.src_len, held.covered, held.count, held.sample_ids, held.valid
-    lens, piece_start = held.lens, held.piece_start
-
+    config, blend = check.config, check.blend
     groups = None
     if config.group_column is not None:  # whole groups are drawn: every row as often as its group
-        groups = blend_groups(_source_group_starts(paths, config.group_column), blend["starts"])
+        groups = blend_groups(_source_group_starts(check.source.paths, config.group_column), blend["starts"])
     try:
         asked = Blend(gid_starts=blend["starts"], weights=blend["weights"], caps=blend["caps"], unit=config.mix_unit,
                       size=config.tokens, epochs_of=blend["epochs_of"], seed=config.seed)
@@ -494,47 +683,7 @@ def _blend_conservation(check: _BlendCheck, held: _Coverage, found: list[Violati
     uses = member_uses(len(src_len), gids, draw.counts, groups)
     if config.skip_empty:
         uses[src_len == 0] = 0
-    expected = uses * _per_use(src_len, config)
-    source_of = np.searchsorted(np.asarray(blend["starts"]), np.arange(len(src_len)), side="right") - 1
-    wrong = covered != expected
-    if wrong.any():
-        gid = int(np.argmax(wrong))
-        found.append(Violation(
-            "conservation", "source-uses",
-            f"sample {gid} ({describe_gid(kind, paths, file_offsets, gid)}, {src_len[gid]} tokens) of source "
-            f"{blend['names'][source_of[gid]]}: the output holds {covered[gid]} of its tokens in {count[gid]} "
-            f"pieces, the blend draws it {uses[gid]} times ({expected[gid]} tokens)", count=int(wrong.sum())))
-    content_bad = held.tokens_differ | held.labels_differ
-    content_bad[valid[wrong[sample_ids[valid]]]] = False
-    in_range = np.zeros(len(sample_ids), dtype=bool)
-    in_range[valid] = True
-    content_bad[~in_range] = False
-    bad = np.flatnonzero(content_bad)
-    shard_of, row_of, seq_of = pieces.arrays()[:3]
-    for p in bad[:details]:
-        gid = int(sample_ids[p])
-        found.append(_diagnose(out, pieces.shard_names[shard_of[p]], int(row_of[p]), int(seq_of[p]), gid,
-                               int(piece_start[p]), f"sample {gid} ({describe_gid(kind, paths, file_offsets, gid)})",
-                               paths, file_offsets, config.tokens_column, manifest["config"].get("labels_column")))
-    if len(bad) > details:
-        found.append(Violation("conservation", "content", f"{len(bad) - details} more sequences differ from the "
-                               "source", count=len(bad) - details))
-    limits = dict(config.limits or {})
-    if limits:  # each use of a sample carries its value of every limited column
-        src_extra = _source_limit_values(paths, np.diff(file_offsets), tuple(limits))
-        found += _limit_values(out, pieces, limits, src_extra, sample_ids, in_range, where)
-    counts = manifest.get("counts", {})
-    for name, actual in (("tokens_in", int((uses * src_len).sum())), ("sequences_in", int(uses.sum()))):
-        if name in counts and int(counts[name]) != actual:
-            found.append(Violation("conservation", "manifest-counts",
-                                   f"the source and output give {name} = {actual}, the manifest says {counts[name]}"))
-    summary = {
-        "source_files": len(paths), "samples": len(src_len), "samples_packed": int((count > 0).sum()),
-        "tokens_compared": int(lens[valid].sum()), "sequences_differing": int(len(bad)),
-        "sources": [{"name": name, "rows_used": int(np.count_nonzero(uses[source_of == k])),
-                     "uses": int(uses[source_of == k].sum())} for k, name in enumerate(blend["names"])],
-    }
-    return ConservationResult(found, summary)
+    return uses
 
 
 def _source_limit_values(paths: list[str], file_rows: np.ndarray, columns: tuple[str, ...]) -> np.ndarray:
@@ -586,31 +735,12 @@ def _source_rows(kind: InputKind, path: str, options: InputOptions) -> int:
     return kind.read_file(path, 0, options=options)[2]
 
 
-def _decode_source(kind: InputKind, path: str, rows: int, options: InputOptions, skip_empty: bool):
-    """A whole source input, validated as pack validates it (a Parquet file, or a Megatron pair's
-    documents); an output packed with --skip-empty left its empty samples out."""
-    whole = Block(file=0, row_group=None, first_row=0, rows=rows, nbytes=0)  # row_group None: the whole file
-    return kind.decode(path, whole, options, skip_empty=skip_empty)
-
-
-def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, sample: str, paths: list[str],
-              file_offsets: np.ndarray, kind: InputKind, options: InputOptions) -> Violation:
-    """Read one differing sequence and its source slice again, and say at which token they part."""
-    is_tree = PARENT_SEGMENTS in pq.read_schema(out / shard).names
-    columns = [INPUT_IDS, LABELS, SEQ_LENS, SEQ_LENS_PADDED] + ([PARENT_SEGMENTS] if is_tree else [])
-    table = pq.read_table(out / shard, columns=columns).slice(row, 1)
-    seq_lens = table.column(SEQ_LENS)[0].as_py()
-    starts = offsets_of(np.asarray(table.column(SEQ_LENS_PADDED)[0].as_py(), dtype=np.int64))
-    chain = [seq]  # with --share-prefix the row is its chain of segments, root first
-    parents = table.column(PARENT_SEGMENTS)[0].as_py() if is_tree else [-1] * len(seq_lens)
-    while 0 <= parents[chain[-1]] < chain[-1]:
-        chain.append(parents[chain[-1]])
-    where = np.concatenate([np.arange(starts[t], starts[t] + seq_lens[t]) for t in reversed(chain)]).astype(np.int64)
-    n = len(where)
-    out_tokens = np.asarray(table.column(INPUT_IDS)[0].as_py(), dtype=np.int64)[where]
-    out_labels = np.asarray(table.column(LABELS)[0].as_py(), dtype=np.int64)[where]
-    f = int(np.searchsorted(file_offsets, gid, side="right") - 1)
-    src_tokens, src_labels = _source_row(kind, paths[f], gid - int(file_offsets[f]), options)
+def _diagnose(check: _Check, place: dict[str, Any], gid: int, start: int, sample: str) -> Violation:
+    """Read one differing sequence (`place`: its shard, row and sequence) and the slice of its
+    sample `gid` from token `start` again, and say at which token they part."""
+    out_tokens, out_labels = _read_sequence(check.out / place["shard"], place["row"], place["sequence"])
+    n = len(out_tokens)
+    src_tokens, src_labels = check.source.row(gid)
     src_tokens, src_labels = src_tokens[start:start + n], src_labels[start:start + n]
     if len(src_labels):
         src_labels[0] = IGNORE_INDEX
@@ -628,15 +758,21 @@ def _diagnose(out: Path, shard: str, row: int, seq: int, gid: int, start: int, s
         message = (f"{span}: label {k} of the sequence is {out_labels[k]}, expected {src_labels[k]} (the source "
                    f"label; {IGNORE_INDEX} at the first token of every sequence)")
         rule = LABELS  # the rule is named after the column
-    return Violation("conservation", rule, message, shard=shard, row=row, sequence=seq)
+    return Violation("conservation", rule, message, **place)
 
 
-def _source_row(kind: InputKind, path: str, row: int, options: InputOptions) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens and labels (int64) of one row of a source input, from the one block that holds it."""
-    _, blocks, _ = kind.read_file(path, 0, options=options)
-    block = next(b for b in blocks if b.first_row <= row < b.first_row + b.rows)
-    decoded = kind.decode(path, block, options, skip_empty=True)
-    r = row - block.first_row
-    tokens, labels = decoded.gather(np.array([r]), np.array([0]), np.diff(decoded.offsets)[r:r + 1])
-    return tokens.astype(np.int64), labels.astype(np.int64)
-
+def _read_sequence(shard: Path, row: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens and labels (int64) of sequence `seq` of row `row` of a shard; in a tree pack
+    (--share-prefix), of the input row it rebuilds: its chain of segments, root first."""
+    is_tree = PARENT_SEGMENTS in pq.read_schema(shard).names
+    columns = [INPUT_IDS, LABELS, SEQ_LENS, SEQ_LENS_PADDED] + ([PARENT_SEGMENTS] if is_tree else [])
+    table = pq.read_table(shard, columns=columns).slice(row, 1)
+    seq_lens = table.column(SEQ_LENS)[0].as_py()
+    starts = offsets_of(np.asarray(table.column(SEQ_LENS_PADDED)[0].as_py(), dtype=np.int64))
+    chain = [seq]
+    parents = table.column(PARENT_SEGMENTS)[0].as_py() if is_tree else [-1] * len(seq_lens)
+    while 0 <= parents[chain[-1]] < chain[-1]:
+        chain.append(parents[chain[-1]])
+    where = np.concatenate([np.arange(starts[t], starts[t] + seq_lens[t]) for t in reversed(chain)]).astype(np.int64)
+    tokens = np.asarray(table.column(INPUT_IDS)[0].as_py(), dtype=np.int64)[where]
+    return tokens, np.asarray(table.column(LABELS)[0].as_py(), dtype=np.int64)[where]

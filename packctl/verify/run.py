@@ -223,112 +223,170 @@ def verify(out: str | Path, options: VerifyOptions | None = None, *, progress: P
     stage: Stage = progress.stage if progress is not None else _unshown
     options.validate()
     plan = _plan_attention(options)
-    # exit 2 only for what is no manifest at all (missing, not a JSON object, an unknown version);
-    # everything else wrong with it is a broken rule, and the shards it can still name are checked
-    out, _, manifest = read_manifest_json(Path(out))
-    problems = manifest_problems(out, manifest)
-    broken = {_top_field(p.field) for p in problems if p.rule == "manifest-fields"}
-    layout = Layout.from_manifest(manifest) if "layout" not in broken else None
-    cp_size = options.cp_size or (layout.cp_size if layout is not None else 1)
-    counts = manifest["counts"] if "counts" not in broken else {}
-    sequences_in = counts.get("sequences_in")
-    if isinstance(manifest.get("sources"), list):  # a blend counts its uses; sample ids are its rows
-        sequences_in = _blend_rows(manifest, sequences_in)
-    shards = manifest["shards"] if isinstance(manifest.get("shards"), list) else []
-    unreadable = {p.shard for p in problems if p.unreadable}
-    readable = [(i, entry) for i, entry in enumerate(shards) if i not in unreadable]
-    picks = _sample_packs(readable, options.sample, options.seed) if plan.skipped is None else {}
+    output = _Output.read(Path(out))
+    picks = _sample_packs(output.readable, options.sample, options.seed) if plan.skipped is None else {}
+    sources, conservation_skipped = _matched_sources(output, options)  # a wrong --source fails first
+    cp_size = options.cp_size or (output.layout.cp_size if output.layout is not None else 1)
+    shards = _check_shards(output, picks, OutputPieces() if sources is not None else None,
+                           CpWork(cp_size) if cp_size > 1 else None, stage)
+    checks: dict[str, CheckResult] = {"structure": shards.structure_result(len(output.shards))}
+    violations: list[Violation] = list(shards.structure)
+    if conservation_skipped is not None:
+        checks["conservation"] = CheckResult("skipped", [f"skipped: {conservation_skipped}"],
+                                             {"reason": conservation_skipped})
+    elif sources is None:
+        checks["conservation"] = CheckResult("skipped", ["pass --source INPUT to compare with the input"],
+                                             {"reason": "no --source"})
+    else:
+        checks["conservation"], found = _conservation(output, sources, shards.pieces, options, stage)
+        violations += found
+    checks["cp"] = shards.cp_result()
+    violations += shards.cp_found
+    _attention_checks(checks, violations, plan, shards.packs, options, stage)
+    return VerifyReport(output=str(output.path), checks=checks, violations=violations)
 
-    conservation_skipped = None
-    if options.source and broken & {"inputs", "config", "counts"}:
-        conservation_skipped = "the manifest's inputs, config or counts are broken (see structure)"
-    # a wrong --source fails first
-    sources = (match_sources(manifest, options.source, options.split, options.tokenizer)
-               if options.source and not conservation_skipped else None)
-    pieces = OutputPieces() if sources is not None else None
-    structure = manifest_violations(problems)
-    structure += unlisted_shards(out, [entry["path"] for _, entry in readable])
-    structure += check_metrics(out, manifest, counts_ok="counts" not in broken)
-    cp_found: list[Violation] = []
-    cp_work = CpWork(cp_size) if cp_size > 1 else None
-    totals = Totals()
-    steps = StepLoss()
-    groups = GroupRule.from_manifest(manifest)
-    packs: list[Pack] = []
-    complete = len(readable) == len(shards)
+
+@dataclass(frozen=True)
+class _Output:
+    """A packed output as verify reads it before its shards: the manifest and its `problems`, the
+    top-level fields they break (`broken`: not trusted, so not used), and what the checks take
+    from it: the layout, the counts, the rows that sample ids name (`sequences_in`; of a blend,
+    its rows), the shards and those that can be read ((index, entry) pairs).
+
+        a manifest whose `counts` lacks tokens_in: broken {'counts'}, counts {}"""
+
+    path: Path
+    manifest: dict[str, Any]
+    problems: list
+    broken: set[str]
+    layout: Layout | None
+    counts: dict[str, Any]
+    sequences_in: int | None
+    shards: list[dict[str, Any]]
+    readable: list[tuple[int, dict[str, Any]]]
+
+    @classmethod
+    def read(cls, out: Path) -> "_Output":
+        # exit 2 only for what is no manifest at all (missing, not a JSON object, an unknown version);
+        # everything else wrong with it is a broken rule, and the shards it can still name are checked
+        out, _, manifest = read_manifest_json(out)
+        problems = manifest_problems(out, manifest)
+        broken = {_top_field(p.field) for p in problems if p.rule == "manifest-fields"}
+        counts = manifest["counts"] if "counts" not in broken else {}
+        sequences_in = counts.get("sequences_in")
+        if isinstance(manifest.get("sources"), list):  # a blend counts its uses; sample ids are its rows
+            sequences_in = _blend_rows(manifest, sequences_in)
+        shards = manifest["shards"] if isinstance(manifest.get("shards"), list) else []
+        unreadable = {p.shard for p in problems if p.unreadable}
+        return cls(path=out, manifest=manifest, problems=problems, broken=broken,
+                   layout=Layout.from_manifest(manifest) if "layout" not in broken else None, counts=counts,
+                   sequences_in=sequences_in, shards=shards,
+                   readable=[(i, entry) for i, entry in enumerate(shards) if i not in unreadable])
+
+
+def _matched_sources(output: _Output, options: VerifyOptions) -> tuple[list[str] | None, str | None]:
+    """The --source files in the manifest's `inputs` order (`match_sources`; None without
+    --source), or why conservation is skipped though --source was given."""
+    if options.source and output.broken & {"inputs", "config", "counts"}:
+        return None, "the manifest's inputs, config or counts are broken (see structure)"
+    if not options.source:
+        return None, None
+    return match_sources(output.manifest, options.source, options.split, options.tokenizer), None
+
+
+@dataclass
+class _ShardPass:
+    """What the pass over the shards found: the structure violations and the totals of what was
+    read, each shard's sequences for conservation (`pieces`, None without --source), the packs
+    kept for the attention checks, and the context-parallel split (`cp_work`, None at cp_size 1)
+    with its violations; the seconds of the structure rules and of the cp split apart."""
+
+    structure: list[Violation]
+    pieces: OutputPieces | None
+    cp_work: CpWork | None
+    totals: Totals = field(default_factory=Totals)
+    packs: list[Pack] = field(default_factory=list)
+    cp_found: list[Violation] = field(default_factory=list)
+    structure_seconds: float = 0.0
+    cp_seconds: float = 0.0
+
+    def structure_result(self, shards: int) -> CheckResult:
+        totals = self.totals
+        return CheckResult(
+            _status(self.structure),
+            [f"{shards} shards, {totals.packs:,} packs, {totals.pieces:,} sequences, {totals.tokens:,} tokens"],
+            {"shards": shards, "packs": totals.packs, "sequences": totals.pieces, "tokens": totals.tokens,
+             "violations": len(self.structure)}, seconds=self.structure_seconds)
+
+    def cp_result(self) -> CheckResult:
+        if self.cp_work is None:
+            return CheckResult("skipped", ["cp_size 1 (pass --cp-size N to check a split)"],
+                               {"reason": "cp_size 1", "cp_size": 1})
+        s, cp_size, found = self.cp_work.summary(), self.cp_work.cp_size, self.cp_found
+        lines = [f"cp {cp_size}: {s['packs']:,} packs split into valid THD shares"] if not found else [
+            f"cp {cp_size}: {len(found)} broken rule(s)"]
+        if s.get("packs"):
+            lines.append(f"real-token causal work per rank {s['rank_work_real']}: imbalance {s['imbalance']:.3f} "
+                         f"(worst pack {s['worst_pack_imbalance']:.3f})")
+        return CheckResult(_status(found), lines, {**s, "violations": len(found)}, seconds=self.cp_seconds)
+
+
+def _check_shards(output: _Output, picks: dict[int, list[int]], pieces: OutputPieces | None,
+                  cp_work: CpWork | None, stage: Stage) -> _ShardPass:
+    """The structure check: the manifest's problems, unlisted shards, the metrics, then every
+    readable shard in manifest order, each read once for its rules, its sequences (added to
+    `pieces`), its cp split (`cp_work`) and the packs `picks` names; the counts last."""
+    out, manifest = output.path, output.manifest
+    structure = manifest_violations(output.problems)
+    structure += unlisted_shards(out, [entry["path"] for _, entry in output.readable])
+    structure += check_metrics(out, manifest, counts_ok="counts" not in output.broken)
+    found = _ShardPass(structure=structure, pieces=pieces, cp_work=cp_work)
+    steps, groups = StepLoss(), GroupRule.from_manifest(manifest)
+    complete = len(output.readable) == len(output.shards)
     plan_blocks = None
     if manifest.get("kind") == "plan":  # a plan is checked with its tokens read from its source
         plan_blocks = BlockCache(*plan_source(manifest, out / MANIFEST))
-    started, cp_seconds = time.perf_counter(), 0.0
-    advance = stage("structure", len(readable))
-    for i, entry in readable:
+    started = time.perf_counter()
+    advance = stage("structure", len(output.readable))
+    for i, entry in output.readable:
         name = entry["path"]
-        rows, found = check_shard(out, entry, manifest, layout, sequences_in=sequences_in, steps=steps,
-                                   groups=groups, plan_blocks=plan_blocks)
+        rows, broken = check_shard(out, entry, manifest, output.layout, sequences_in=output.sequences_in,
+                                   steps=steps, groups=groups, plan_blocks=plan_blocks)
         advance(1)
-        structure += found
+        structure += broken
         if pieces is not None:
             pieces.add(name, rows)
         if rows is None:
             complete = False
             continue
-        totals.add(rows)
+        found.totals.add(rows)
         if cp_work is not None:
             cp_started = time.perf_counter()
-            cp_found += check_cp(rows, cp_size, cp_work, shard=name)
-            cp_seconds += time.perf_counter() - cp_started
-        packs += [Pack.from_rows(rows, r, name) for r in picks.get(i, []) if r < rows.num_rows]
-    structure += check_counts(manifest, totals, complete=complete)
+            found.cp_found += check_cp(rows, cp_work.cp_size, cp_work, shard=name)
+            found.cp_seconds += time.perf_counter() - cp_started
+        found.packs += [Pack.from_rows(rows, r, name) for r in picks.get(i, []) if r < rows.num_rows]
+    structure += check_counts(manifest, found.totals, complete=complete)
     if complete:
         structure += steps.check() + groups.check()
-    structure_seconds = time.perf_counter() - started - cp_seconds
+    found.structure_seconds = time.perf_counter() - started - found.cp_seconds
+    return found
 
-    checks: dict[str, CheckResult] = {}
-    violations: list[Violation] = list(structure)
-    checks["structure"] = CheckResult(
-        _status(structure),
-        [f"{len(shards)} shards, {totals.packs:,} packs, {totals.pieces:,} sequences, "
-         f"{totals.tokens:,} tokens"],
-        {"shards": len(shards), "packs": totals.packs, "sequences": totals.pieces,
-         "tokens": totals.tokens, "violations": len(structure)}, seconds=structure_seconds)
 
-    if conservation_skipped is not None:
-        checks["conservation"] = CheckResult("skipped", [f"skipped: {conservation_skipped}"],
-                                             {"reason": conservation_skipped})
-    elif pieces is None:
-        checks["conservation"] = CheckResult("skipped", ["pass --source INPUT to compare with the input"],
-                                             {"reason": "no --source"})
-    else:
-        started = time.perf_counter()
-        result = check_conservation(out, manifest, sources, pieces,
-                                    advance=stage("conservation", len(sources)), tokenizer=options.tokenizer)
-        violations += result.violations
-        s = result.summary
-        lines = ([f"{s['samples']:,} samples: {s['samples_packed']:,} packed, {s['dropped']:,} dropped, "
-                  f"{s['truncated']:,} truncated, {s['split']:,} split; {s['tokens_compared']:,} tokens compared"]
-                 if "sources" not in s else  # a blend: each source's rows as often as drawn
-                 [f"{s['samples']:,} samples, {s['samples_packed']:,} packed; " + ", ".join(
-                     f"{x['name']}: {x['rows_used']:,} rows, {x['uses']:,} uses" for x in s["sources"])
-                  + f"; {s['tokens_compared']:,} tokens compared"])
-        checks["conservation"] = CheckResult(
-            _status(result.violations), lines,
-            {**s, "violations": len(result.violations)}, seconds=time.perf_counter() - started)
-
-    if cp_work is None:
-        checks["cp"] = CheckResult("skipped", ["cp_size 1 (pass --cp-size N to check a split)"],
-                                   {"reason": "cp_size 1", "cp_size": 1})
-    else:
-        s = cp_work.summary()
-        violations += cp_found
-        lines = [f"cp {cp_size}: {s['packs']:,} packs split into valid THD shares"] if not cp_found else [
-            f"cp {cp_size}: {len(cp_found)} broken rule(s)"]
-        if s.get("packs"):
-            lines.append(f"real-token causal work per rank {s['rank_work_real']}: imbalance {s['imbalance']:.3f} "
-                         f"(worst pack {s['worst_pack_imbalance']:.3f})")
-        checks["cp"] = CheckResult(_status(cp_found), lines, {**s, "violations": len(cp_found)}, seconds=cp_seconds)
-
-    _attention_checks(checks, violations, plan, packs, options, stage)
-    return VerifyReport(output=str(out), checks=checks, violations=violations)
+def _conservation(output: _Output, sources: list[str], pieces: OutputPieces, options: VerifyOptions,
+                  stage: Stage) -> tuple[CheckResult, list[Violation]]:
+    """The conservation check of the shards' `pieces` against the --source files, and what it found."""
+    started = time.perf_counter()
+    result = check_conservation(output.path, output.manifest, sources, pieces,
+                                advance=stage("conservation", len(sources)), tokenizer=options.tokenizer)
+    s = result.summary
+    lines = ([f"{s['samples']:,} samples: {s['samples_packed']:,} packed, {s['dropped']:,} dropped, "
+              f"{s['truncated']:,} truncated, {s['split']:,} split; {s['tokens_compared']:,} tokens compared"]
+             if "sources" not in s else  # a blend: each source's rows as often as drawn
+             [f"{s['samples']:,} samples, {s['samples_packed']:,} packed; " + ", ".join(
+                 f"{x['name']}: {x['rows_used']:,} rows, {x['uses']:,} uses" for x in s["sources"])
+              + f"; {s['tokens_compared']:,} tokens compared"])
+    return CheckResult(_status(result.violations), lines, {**s, "violations": len(result.violations)},
+                       seconds=time.perf_counter() - started), result.violations
 
 
 def _verify_stored(url: str, options: VerifyOptions, progress: Progress | None) -> VerifyReport:

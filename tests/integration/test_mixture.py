@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -232,6 +233,22 @@ def test_verify_finds_a_row_used_other_than_drawn(tmp_path, blend):
     assert report.code == 1
     rules = {v["rule"] for v in json.loads(report.stdout)["violations"]}
     assert "source-uses" in rules, rules
+
+
+def test_verify_names_the_first_token_a_blend_row_differs_at(tmp_path, blend):
+    pack(_config(blend, tmp_path / "out", {"web": 0.5, "code": 0.5}, caps={"code": 2.0}, tokens=30_000))
+    sources = {name: tmp_path / "sources" / name for name in ("web", "code")}
+    for name, folder in sources.items():
+        shutil.copytree(blend[name], folder)
+    changed = pq.read_table(sources["web"] / "part-0.parquet")
+    ids = [[t + 1 for t in row] for row in changed.column("input_ids").to_pylist()]
+    write_table(sources["web"] / "part-0.parquet", {"input_ids": pa.array(ids, pa.list_(pa.int32()))})
+    report = packctl("verify", tmp_path / "out", "--source", sources["web"], "--source", sources["code"],
+                     "--no-attention", "--json")
+    assert report.code == 1, report.stdout + report.stderr
+    tokens = [v for v in json.loads(report.stdout)["violations"] if v["rule"] == "tokens"]
+    assert len(tokens) == 5 and all("web" in v["message"] and "token 0 of the sequence" in v["message"]
+                                    for v in tokens), tokens
 
 
 def test_stats_shows_the_blend_before_packing_and_as_packed(tmp_path, blend):
