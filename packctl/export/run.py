@@ -147,7 +147,6 @@ def export(out: str | Path, target: str | Path, fmt: str, *, overwrite: bool = F
 
 def _export(output: PackedOutput, target: Path, fmt: str, options, *, overwrite: bool, faults: Faults | None,
             progress) -> dict:
-    out = output.root
     _refuse(output, target, overwrite)
     exporter = EXPORTERS[fmt]
     exporter.check_layout(output, options)  # refusals that need no shard, before anything is created

@@ -323,7 +323,7 @@ def _packed_report(path: str | Path, *, attn_coeff: float | None = None,
     metrics.json knows (`round_robin`, `scale_out`) are left out when it is unreadable or garbled."""
     t0 = time.perf_counter()
     output = open_output(path, verify=verify)
-    out, manifest, layout = output.root, output.manifest, output.layout
+    manifest, layout = output.manifest, output.layout
     packed = read_packed(output)
     t1 = time.perf_counter()
     capacity, align = layout["capacity"], layout["align"]

@@ -46,7 +46,6 @@ from packctl.specs import CarriedColumns
 from packctl.plan.metrics import fill_histogram, length_histogram, length_summary, martello_toth_l2
 from packctl.plan.groups import group_ids
 from packctl.plan.windows import PackPlan
-from packctl.mpi.comm import SingleComm
 from packctl.pipeline.order import Ordered, order_corpus
 from packctl.pipeline.plan import plan_corpus
 from packctl.pipeline.prefix import share_prefix_lengths
