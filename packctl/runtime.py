@@ -3,6 +3,7 @@
     with SignalGuard().installed():     SIGINT/SIGTERM raise `Interrupted` in the main thread
         ...                             -> `after_failure` turns it into RunInterrupted (exit 130/143)
     with timed(timings, "scan"): ...    seconds per stage, for metrics.json
+    RunContext(comm, progress)          what every stage of pack and materialize takes
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import threading
 import time
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -223,3 +225,30 @@ def timed(timings: dict[str, float], name: str) -> Iterator[None]:
         yield
     finally:
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0  # a stage run once per epoch adds up
+
+
+@dataclass
+class RunContext:
+    """What every stage of a run (`pack`, `materialize`) takes beside its spec and its input: the
+    communicator (one rank without MPI), the progress display (rank 0 draws; other ranks get a
+    silent one), the run's timings, to which each stage adds its own, and the simulated faults of
+    tests. A stage reads as
+
+        with ctx.timed("plan"):
+            planned = plan_stage(ctx, ordered, specs)      # advancing ctx.counter("plan", n)
+    """
+
+    comm: Any
+    progress: Progress = field(default_factory=Progress)
+    faults: Any = None  # output/outdir.py `Faults`, or None
+    timings: dict[str, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+    def timed(self, name: str):
+        """Seconds spent in stage `name`, added to `timings` (a stage run once per epoch adds up)."""
+        return timed(self.timings, name)
+
+    def counter(self, name: str, own: int, total: int | None = None) -> Callable[[int], None]:
+        """The progress callback of this rank's `own` units of stage `name` (`job_stage`), of
+        `total` over every rank; without `total` every rank's `own` is added up (a collective)."""
+        return job_stage(self.progress, name, own, self.comm.allreduce_sum(own) if total is None else total)

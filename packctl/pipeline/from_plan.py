@@ -49,7 +49,7 @@ from packctl.pipeline.manifest import PLAN_KIND
 from packctl.pipeline.materialize import Scanned, ShardFormat, choose_read_own, materialize, read_amplification
 from packctl.pipeline.outcome import PackResult, already_complete, open_partial_output
 from packctl.pipeline.report import Corpus, Transfer, rank_report, scale_out, throughput
-from packctl.runtime import Progress, SignalGuard, job_stage, run_guarded, timed
+from packctl.runtime import Progress, RunContext, SignalGuard, run_guarded
 from packctl.plan.windows import PackPlan
 from packctl.source.parquet import split_blocks
 from packctl.source.scan import scan_blocks
@@ -130,12 +130,12 @@ def materialize_plan(plan_path: str | Path, output: str | Path, *, overwrite: bo
         refuse_url(output, "output")
         out = Path(output)
         lock = OutputLock(out)
-    held = _Held(lock, SignalGuard(), faults)
+    held = _Held(lock, SignalGuard())
     execution = _Execution(overwrite=overwrite, resume=resume, token_transfer=token_transfer,
                            budget=parse_bytes(memory_budget) if memory_budget is not None else default_memory_budget())
     return run_guarded(comm, progress, out, lock, held.guard,
-                       lambda: _materialize(plan_path if is_url(plan_path) else Path(plan_path), out, execution, comm,
-                                            progress, held),
+                       lambda: _materialize(plan_path if is_url(plan_path) else Path(plan_path), out, execution,
+                                            RunContext(comm, progress, faults), held),
                        lambda: held.output, on_exit=lambda: held.output.close() if held.output is not None else None)
 
 
@@ -157,34 +157,32 @@ class _Execution:
 @dataclass
 class _Held:
     """What a run holds while it runs, released however it ends (`runtime.run_guarded`): the
-    output lock, the signal guard, the simulated faults (tests), and the output once opened."""
+    output lock, the signal guard, and the output once opened."""
 
     lock: OutputLock
     guard: SignalGuard
-    faults: Faults | None
     output: Any = None
 
 
-def _materialize(plan_path: Path, out: Path, execution: _Execution, comm: Comm, progress: Progress,
-                 held: _Held) -> PackResult:
-    timings: dict[str, float] = {}
-    started = time.perf_counter()
+def _materialize(plan_path: Path, out: Path, execution: _Execution, ctx: RunContext, held: _Held) -> PackResult:
+    """The stages of `packctl materialize`: preflight, assign, scan, materialize, report and commit."""
+    comm, timings = ctx.comm, ctx.timings
     overwrite, budget = execution.overwrite, execution.budget
     fingerprint, done, note = broadcast_outcome(comm, lambda: _preflight(
-        plan_path, out, held.lock, held.guard, held.faults, overwrite=overwrite, resume=execution.resume))
+        plan_path, out, held.lock, held.guard, ctx.faults, overwrite=overwrite, resume=execution.resume))
     if note is not None:
         return already_complete(out, note) if comm.rank == 0 else PackResult(output=out, counts={}, metrics={},
                                                                         timings={}, note=note)
     plan = open_plan(plan_path)
     index, source = plan_source(plan.manifest, plan.outputs[0].manifest_file, budget=budget)
-    with timed(timings, "assign"):
+    with ctx.timed("assign"):
         job, kept = _job(comm, plan)
     # Each rank decodes its share of the blocks once, kept within the budget, as pack's scan does:
     # with one rank and a source that fits, every unit is then gathered straight from the blocks.
     block_bounds = split_blocks(index.blocks, comm.size)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     planned = source.digests  # what the plan's scan read of each block
-    with timed(timings, "scan"):
+    with ctx.timed("scan"):
         index, source = scan_blocks(index, range(lo, hi), budget, skip_empty=source.skip_empty,
                                     pad_token_id=int(plan.manifest["layout"]["pad_token_id"]))
     source.refuse_changed(index.blocks, planned, f"the plan {plan.outputs[0].manifest_file} read")
@@ -192,16 +190,14 @@ def _materialize(plan_path: Path, out: Path, execution: _Execution, comm: Comm, 
     amplification = read_amplification(comm, job.plan, index) if comm.size > 1 else 1.0
     config = plan.manifest.get("config", {})
     read_own = choose_read_own(execution.token_transfer, amplification, config.get("order", "input"), comm.size)
-    output = held.output = open_partial_output(comm, out, overwrite, fingerprint, done, held.faults)
+    output = held.output = open_partial_output(comm, out, overwrite, fingerprint, done, ctx.faults)
     fmt = ShardFormat(metadata=plan.metadata, pad_token_id=int(plan.manifest["layout"]["pad_token_id"]),
                       budget=budget, carried=CarriedColumns(limits=plan_limits(plan.manifest)))
-    with timed(timings, "materialize"):
-        written = materialize(comm, job, scanned, output, fmt, read_own=read_own, kept=kept,
-                              progress=job_stage(progress, "materialize", job.plan.num_bins,
-                                                 comm.allreduce_sum(job.plan.num_bins)))
+    with ctx.timed("materialize"):
+        written = materialize(ctx, job, scanned, output, fmt, read_own=read_own, kept=kept)
     shards = comm.gather(written.shards)
     pad_like = comm.allreduce_sum(source.tokens_equal_to_pad_id)  # as pack counts them: every input token
-    timings["total"] = time.perf_counter() - started
+    timings["total"] = time.perf_counter() - ctx.started
     # this run's own share of the work (a materialize plans nothing): `ranks`, `scale_out`, `throughput`
     ranks = comm.allgather(rank_report(comm, index, job.plan, written, timings,
                                        Transfer(read_own=read_own, amplification=amplification), sequences_planned=0))

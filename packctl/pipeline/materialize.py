@@ -64,6 +64,7 @@ from packctl.plan.prefix import piece_parents, prefix_pieces
 from packctl.contract.schema import GROUP_IDS, NUM_TOKENS, PARENT_SEGMENTS, SEQ_STARTS, SEQ_WEIGHTS, SOURCE_IDS
 from packctl.contract.thd import counted_loss_columns, lay_out_packs, lay_out_sequences
 from packctl.source.index import SequenceIndex
+from packctl.runtime import RunContext
 from packctl.specs import CarriedColumns
 
 @dataclass
@@ -499,12 +500,14 @@ def per_piece_columns(index: SequenceIndex, piece_gid: np.ndarray, fmt: ShardFor
     return columns
 
 
-def materialize(comm, job: WriteJob, scanned: Scanned, output: OutputDir, fmt: ShardFormat, *,
-                read_own: bool = False, progress: Callable[[int], None] = lambda n: None,
-                kept: dict[str, pa.ChunkedArray | np.ndarray] | None = None) -> MaterializeResult:
+def materialize(ctx: RunContext, job: WriteJob, scanned: Scanned, output: OutputDir, fmt: ShardFormat, *,
+                read_own: bool = False, kept: dict[str, pa.ChunkedArray | np.ndarray] | None = None
+                ) -> MaterializeResult:
     """Write this rank's run of units (module docstring); `job` holds this rank's packs
     (`dist.assign.hand_over`). With `read_own`, tokens are read from the input blocks, not exchanged.
-    `kept`: the per-piece values to write (`per_piece_columns`), when they are known already (a plan's)."""
+    `kept`: the per-piece values to write (`per_piece_columns`), when they are known already (a
+    plan's). Its progress advances by packs, of every rank's (`ctx.counter`)."""
+    comm, progress = ctx.comm, ctx.counter("materialize", job.plan.num_bins)
     plan, index, source, block_bounds = job.plan, scanned.index, scanned.source, scanned.block_bounds
     run = write_run(job.assignment, comm.rank)
     kept = per_piece_columns(index, plan.piece_gid, fmt, plan.piece_extra) if kept is None else kept

@@ -66,8 +66,7 @@ from packctl.pipeline.prefix import share_prefix_lengths
 from packctl.pipeline.step_loss import step_loss_columns
 from packctl.pipeline.report import (Corpus, RankSummary, Transfer, epochs_index, epochs_metrics, input_order_lengths,
                                      metrics_of, padded_batching_over_ranks, rank_report, throughput)
-from packctl.runtime import (Progress, RunInterrupted, SignalGuard, in_background, job_stage, run_guarded,
-                                      timed)
+from packctl.runtime import Progress, RunContext, RunInterrupted, SignalGuard, in_background, run_guarded
 from packctl.source.index import Resolution, SequenceIndex
 
 if TYPE_CHECKING:
@@ -113,10 +112,10 @@ def pack(config: PackConfig, *, progress: Progress | None = None, comm: Comm | N
     run = _Run()
 
     def body() -> PackResult:
-        run.started, run.jit = time.perf_counter(), CompileClock()
+        ctx, run.jit = RunContext(comm, progress, faults), CompileClock()
         run.ahead = CompileAhead.start(comm.size)
         decided = broadcast_outcome(comm, lambda: _preflight(config, out, lock, guard, faults))
-        return _pack(decided, comm, progress, out, guard, run, faults)
+        return _pack(decided, ctx, out, guard, run)
 
     def release() -> None:
         if run.ahead is not None:
@@ -132,36 +131,33 @@ class _Run:
     """What a run holds from its start to its end, whatever way it ends."""
     output: OutputDir | None = None
     ahead: CompileAhead | None = None  # the first run after an install: kernels compiled beside it
-    started: float = 0.0  # perf_counter at the start: timings' total
     jit: CompileClock | None = None  # the kernels' compile time, inside the stages' timings
 
 
-def _pack(decided: _Decided, comm: Comm, progress: Progress, out: Path, guard: SignalGuard, run: _Run,
-          faults: Faults | None) -> PackResult:
+def _pack(decided: _Decided, ctx: RunContext, out: Path, guard: SignalGuard, run: _Run) -> PackResult:
     """The stages of a run preflight decided (`decided`): scan, order and plan each epoch,
     assign, materialize, report and commit."""
-    timings: dict[str, float] = {}
+    comm, timings = ctx.comm, ctx.timings
     if decided.note is not None:  # OUT already holds this run's output
         note = decided.note
         return already_complete(out, note) if comm.rank == 0 else PackResult(output=out, counts={}, metrics={},
                                                                         timings={}, note=note)
     specs, record, index, done = decided.specs, decided.record, decided.index, decided.done
 
-    with timed(timings, "scan"):
-        scanned, corpus = _scan(comm, index, specs, progress, plan_only=record.plan_only)
+    with ctx.timed("scan"):
+        scanned, corpus = _scan(ctx, index, specs, plan_only=record.plan_only)
         if specs.order.mixture is not None:  # a blend's counts are of its uses
             corpus = blend_corpus(comm, scanned.index, specs.order, corpus)
     digests = _block_digests(comm, scanned)
     if done and digests is not None:
         broadcast_outcome(comm, lambda: _check_blocks_unchanged(out, scanned.index, digests))
-    each = [_plan_epoch(comm, scanned, corpus, specs, epoch, decided.inputs, timings, progress)
-            for epoch in range(specs.order.epochs)]
+    each = [_plan_epoch(ctx, scanned, corpus, specs, epoch, decided.inputs) for epoch in range(specs.order.epochs)]
     epochs, sequences_planned = [planned for planned, _ in each], [n for _, n in each]
     planned = join_epochs(epochs)
-    with timed(timings, "assign"):
+    with ctx.timed("assign"):
         job, transfer = _assign(comm, planned, scanned, specs.write, [e.plan.num_bins for e in epochs])
 
-    output = run.output = open_partial_output(comm, out, decided.overwrite, decided.fingerprint, done, faults)
+    output = run.output = open_partial_output(comm, out, decided.overwrite, decided.fingerprint, done, ctx.faults)
     if comm.rank == 0 and digests is not None:
         output.keep_block_digests(digests)
     # each rank summarizes its own windows beside materialize; the summaries are added up in report
@@ -170,12 +166,10 @@ def _pack(decided: _Decided, comm: Comm, progress: Progress, out: Path, guard: S
                                         for e, p in enumerate(epochs)])
     if run.ahead is not None:
         run.ahead.wait()  # compiled meanwhile: materialize loads them from the cache
-    with timed(timings, "materialize"):
-        written = materialize(comm, job, scanned, output, _shard_format(record, specs, scanned.index),
-                              read_own=transfer.read_own,
-                              progress=job_stage(progress, "materialize", job.plan.num_bins,
-                                                 comm.allreduce_sum(job.plan.num_bins)))
-    with timed(timings, "report"):
+    with ctx.timed("materialize"):
+        written = materialize(ctx, job, scanned, output, _shard_format(record, specs, scanned.index),
+                              read_own=transfer.read_own)
+    with ctx.timed("report"):
         mixture = blend_metrics(comm, scanned.index, specs.order, epochs[0]) if specs.order.mixture is not None else None
         corpus.tokens_equal_to_pad_id = (comm.allreduce_sum(scanned.source.tokens_equal_to_pad_id)
                                          if scanned.tokens_read else None)
@@ -184,7 +178,7 @@ def _pack(decided: _Decided, comm: Comm, progress: Progress, out: Path, guard: S
         # rank 0 only: one entry per shard
         shards = comm.gather([{n: i for n, i in written.shards.items() if shard_epoch is None or shard_epoch[n] == e}
                               for e in range(len(epochs))])
-    timings["total"] = time.perf_counter() - run.started
+    timings["total"] = time.perf_counter() - ctx.started
     timings["compile"] = run.jit.seconds  # inside the stages above; throughputs leave it out
     ranks = comm.allgather(rank_report(comm, scanned.index, job.plan, written, timings, transfer,
                                        sequences_planned=sum(sequences_planned)))
@@ -205,17 +199,17 @@ def _pack(decided: _Decided, comm: Comm, progress: Progress, out: Path, guard: S
                       plan_only=record.plan_only)
 
 
-def _plan_epoch(comm: Comm, scanned: Scanned, corpus: Corpus, specs: Specs, epoch: int, inputs: tuple[str, ...],
-                timings: dict[str, float], progress: Progress) -> tuple[Planned, int]:
+def _plan_epoch(ctx: RunContext, scanned: Scanned, corpus: Corpus, specs: Specs, epoch: int,
+                inputs: tuple[str, ...]) -> tuple[Planned, int]:
     """Order and plan one epoch (this rank's windows of it), with the epoch's own seed (plan/order.py
     `epoch_seed`), so its shuffle, ffs packing and step grouping are its own; with the number of
     sequences this rank planned."""
+    comm = ctx.comm
     specs = specs.for_epoch(epoch_seed(specs.order.seed, epoch)) if epoch else specs
-    with timed(timings, "order"):
+    with ctx.timed("order"):
         ordered = order_and_distribute(comm, scanned.index, specs.order, specs.groups, specs.windows, epoch)
-    with timed(timings, "plan"):
-        stage = job_stage(progress, "plan", len(ordered.gids), comm.allreduce_sum(len(ordered.gids)))
-        planned = plan_stage(comm, ordered, specs, progress=stage)
+    with ctx.timed("plan"):
+        planned = plan_stage(comm, ordered, specs, progress=ctx.counter("plan", len(ordered.gids)))
         if epoch == 0:  # every epoch packs the same sequences
             check_something_to_pack(comm, planned.plan, scanned.index, specs.lengths, inputs, corpus.skipped_empty)
         if planned.balanced is not None:  # every pack of a step gets the step's loss tokens
@@ -318,8 +312,7 @@ def _report(facts: _RunFacts, figures: tuple[RankSummary, int], shards: dict[int
     return metrics, listed_shards, manifest
 
 
-def _scan(comm: Comm, index: SequenceIndex, specs: Specs, progress: Progress,
-          plan_only: bool = False) -> tuple[Scanned, Corpus]:
+def _scan(ctx: RunContext, index: SequenceIndex, specs: Specs, plan_only: bool = False) -> tuple[Scanned, Corpus]:
     """Decode and check this rank's blocks (equal bytes per rank); the corpus counts of all ranks.
 
     A plan (`plan_only`) needs of the tokens only each piece's loss tokens (materialize.py): an
@@ -328,10 +321,11 @@ def _scan(comm: Comm, index: SequenceIndex, specs: Specs, progress: Progress,
     per-sequence loss tokens counted when there is a labels column, and kept in memory only then
     (the pieces of cut sequences are counted in them). Under --too-long error, such an input's
     over-long sequence is refused from those lengths, before a token of it is decoded."""
+    comm = ctx.comm
     block_bounds = split_blocks(index.blocks, comm.size)
     lo, hi = int(block_bounds[comm.rank]), int(block_bounds[comm.rank + 1])
     scan = specs.scan
-    stage = job_stage(progress, "scan", hi - lo, int(block_bounds[-1]))
+    stage = ctx.counter("scan", hi - lo, total=int(block_bounds[-1]))
     cheap = index.kind.scan_lengths(index, lo, hi, None if not plan_only else stage, skip_empty=scan.skip_empty) if (
         plan_only or specs.lengths.too_long == TooLong.ERROR) else None
     if cheap is not None and not plan_only:
