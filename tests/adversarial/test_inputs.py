@@ -489,11 +489,11 @@ def change_before_materialize(monkeypatch, change) -> None:
 
     original = run_module.materialize
 
-    def materialize(comm, *args, **kwargs):
-        if comm.rank == 0:
+    def materialize(ctx, *args, **kwargs):
+        if ctx.comm.rank == 0:
             change()
-        comm.barrier()
-        return original(comm, *args, **kwargs)
+        ctx.comm.barrier()
+        return original(ctx, *args, **kwargs)
 
     monkeypatch.setattr(run_module, "materialize", materialize)
 

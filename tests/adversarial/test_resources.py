@@ -254,12 +254,15 @@ def _boom(*args, **kwargs):
     ("plan_stage", [], "out of memory while planning the packs; lower --window"),
     ("plan_stage", ["--epochs", "2", "--order", "shuffle"], "fewer --epochs hold less"),
     ("plan_stage", ["--dp-size", "2", "--micro-batches", "1"], "a lower --dp-size or --micro-batches holds less"),
-    ("materialize", [], "out of memory while writing the packs; lower --memory-budget or --capacity"),
+    ("materialize.write_run", [], "out of memory while writing the packs; lower --memory-budget or --capacity"),
 ])
 def test_pack_out_of_memory_names_the_stage_and_the_option(corpus, tmp_path, monkeypatch, where, extra, mention):
-    from packctl.pipeline import run
+    """`where`: a name in pipeline/run.py, or `module.name` in another module of pipeline/ (the
+    first thing materialize does once its stage has begun)."""
+    import importlib
 
-    monkeypatch.setattr(run, where, _boom)
+    module, _, name = where.rpartition(".")
+    monkeypatch.setattr(importlib.import_module(f"packctl.pipeline.{module or 'run'}"), name, _boom)
     out = tmp_path / "out"
     line = assert_clean_error(packctl("pack", corpus, "-o", out, "--capacity", "64", "--too-long", "split", "-q",
                                       *extra), 2, mention)
