@@ -1,8 +1,9 @@
 """`packctl.pack(config)`: scan -> order -> plan -> assign -> materialize -> report, on one rank or many.
 
-Every stage receives the communicator (`packctl.mpi.comm`); a run without MPI is the same code
-with one rank. Only lengths travel through scan, order, plan and assign; tokens are read in
-materialize.
+Preflight takes the options once (`_Decided`: every stage's spec, what the outputs record, the
+index); from then on every stage receives the run's context (`packctl.runtime.RunContext`: the
+communicator, progress, timings), never the PackConfig. A run without MPI is the same code with one
+rank. Only lengths travel through scan, order, plan and assign; tokens are read in materialize.
 
     rank r:  scan its blocks (by bytes)          source/parquet.py
              order: sample-sort, whole windows   order.py (dealt by their sequences)
@@ -15,7 +16,7 @@ materialize.
     rank 0:  _metrics.json, _manifest.json (last)  report.py, contract/manifest.py -> OUT
 
 With --epochs K, order and plan run once per epoch (each rank's windows of every epoch are one run
-of the global order: planning.py), and the joined plan is assigned and materialized as one, so
+of the global order: pipeline/plan.py), and the joined plan is assigned and materialized as one, so
 every block is decoded as often as for one epoch and its sequences are written K times; each epoch
 is reported as an output of its own (OUT/epoch-0000e), and OUT/_epochs.json comes last.
 
