@@ -21,24 +21,14 @@ from support.paths import CHECKER
 from support.runs import run_cli
 
 boto3 = pytest.importorskip("boto3")
-from support.s3 import BUCKET, SECRET_KEY, authentication, s3, s3_server, use_scratch  # noqa: E402,F401  (fixtures)
-
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
-OPTIONS = dict(too_long="split", shard_rows=100)  # 278 packs: 3 shards
+from support.s3 import (BUCKET, OPTIONS, SAMPLE, SECRET_KEY, authentication, local, s3,  # noqa: E402,F401
+                        s3_server, use_scratch)  # (fixtures)
 ARGS = ["--too-long", "split", "--shard-rows", "100", "-q"]
 
 
 @pytest.fixture(autouse=True)
 def scratch(tmp_path, monkeypatch) -> Path:
     return use_scratch(tmp_path, monkeypatch)
-
-
-@pytest.fixture(scope="module")
-def local(tmp_path_factory) -> Path:
-    """What a pack of sample_data writes to a local directory."""
-    out = tmp_path_factory.mktemp("local") / "out"
-    pack(PackConfig(inputs=[str(SAMPLE)], output=str(out), **OPTIONS))
-    return out
 
 
 def _keys(s3, prefix: str) -> list[str]:

@@ -22,10 +22,8 @@ from packctl.stats import stats
 from packctl.verify import VerifyOptions, verify
 
 boto3 = pytest.importorskip("boto3")
-from support.s3 import BUCKET, SECRET_KEY, s3, s3_server, use_scratch  # noqa: E402,F401  (fixtures)
-
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
-OPTIONS = dict(too_long="split", shard_rows=100)  # 278 packs: 3 shards
+from support.s3 import (BUCKET, OPTIONS, SAMPLE, SECRET_KEY, local, s3, s3_server,  # noqa: E402,F401  (fixtures)
+                        use_scratch)
 
 
 @pytest.fixture(autouse=True)
@@ -33,13 +31,6 @@ def scratch(tmp_path, monkeypatch) -> Path:
     """The run's scratch and the cache of outputs read from a store, inside the test's folder."""
     monkeypatch.setenv("PACKCTL_OUTPUT_CACHE", str(tmp_path / "cache"))
     return use_scratch(tmp_path, monkeypatch)
-
-
-@pytest.fixture(scope="module")
-def local(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("local") / "out"
-    pack(PackConfig(inputs=[str(SAMPLE)], output=str(out), **OPTIONS))
-    return out
 
 
 def _upload(s3, directory: Path, prefix: str) -> None:

@@ -10,10 +10,13 @@ import contextlib
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 BUCKET = "packctl-test"
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
+OPTIONS = dict(too_long="split", shard_rows=100)  # sample_data in 278 packs: 3 shards
 ACCESS_KEY = "testing-key"
 SECRET_KEY = "testing-secret-do-not-log"
 
@@ -178,3 +181,14 @@ def use_scratch(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
     monkeypatch.setenv("TMPDIR", str(folder))
     return folder
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory) -> Path:
+    """What a pack of sample_data (`OPTIONS`) writes to a local directory: what a store's output
+    and its readers are compared with."""
+    from packctl import PackConfig, pack
+
+    out = tmp_path_factory.mktemp("local") / "out"
+    pack(PackConfig(inputs=[str(SAMPLE)], output=str(out), **OPTIONS))
+    return out
